@@ -1,0 +1,1 @@
+"""Writers of plans and pictures: plan JSON, Gantt timelines, torch pipelining CSV."""

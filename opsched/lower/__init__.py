@@ -1,0 +1,1 @@
+"""Lower level: time-indexed schedule MIP, list scheduler, bounds, neighbourhood search."""

@@ -1,0 +1,1 @@
+"""Upper level: blocks to device groups and parallel modes (MIP)."""
