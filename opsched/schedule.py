@@ -100,6 +100,11 @@ class StageGraph:
             raise OpschedError(f"stage ids must be 0..{len(ids) - 1} in order, got {ids}")
         if self.num_devices is None:
             self.num_devices = 1 + max((d for s in self.stages for d in s.devices), default=-1)
+        for s in self.stages:
+            _check_stage(s, self.num_devices)
+        for e in self.edges:
+            if not e.time >= 0 or not e.bytes >= 0:
+                raise OpschedError(f"edge {e.src}->{e.dst}: time and bytes must be >= 0, got {e.time}, {e.bytes}")
         self._preds: dict[int, list[Edge]] = {s.id: [] for s in self.stages}
         self._succs: dict[int, list[Edge]] = {s.id: [] for s in self.stages}
         for e in self.edges:
@@ -134,6 +139,24 @@ class StageGraph:
             if self.stages[sid].runs(m)
             for p in ("F",) + backward
         ]
+
+
+def _check_stage(s: Stage, num_devices: int) -> None:
+    """Reject a stage the simulator and validator could only misread."""
+    if not s.devices or len(set(s.devices)) != len(s.devices):
+        raise OpschedError(f"stage {s.id}: its device group must list distinct devices, got {s.devices}")
+    bad = [d for d in s.devices if not 0 <= d < num_devices]
+    if bad:
+        raise OpschedError(f"stage {s.id}: devices {bad} are outside 0..{num_devices - 1}; raise num_devices")
+    for p in ("F", "I", "W"):
+        t = s.time.get(p)
+        if t is None or not (isinstance(t, (int, float)) and 0 <= t < float("inf")):
+            raise OpschedError(f"stage {s.id}: time[{p!r}] must be a finite number >= 0, got {t!r}")
+    if not 0 <= s.act_w_bytes <= s.act_bytes or s.param_bytes < 0:
+        raise OpschedError(
+            f"stage {s.id}: need 0 <= act_w_bytes <= act_bytes and param_bytes >= 0, "
+            f"got act_bytes={s.act_bytes}, act_w_bytes={s.act_w_bytes}, param_bytes={s.param_bytes}"
+        )
 
 
 def _topological_order(sg: StageGraph) -> list[int]:
@@ -317,8 +340,7 @@ def simulate(sg: StageGraph, order: Order, microbatches: int) -> list[Event]:
     :class:`OpschedError` naming the first blocked action on each device when
     the order deadlocks. Events are returned sorted by (start, stage, microbatch, pass).
     """
-    _check_order_devices(sg, order)
-    queues = {d: list(acts) for d, acts in order.items()}
+    queues = _checked_queues(sg, order, microbatches)
     heads = {d: 0 for d in queues}
     device_free = {d: 0.0 for d in queues}
     finished: dict[Job, float] = {}
@@ -364,13 +386,51 @@ def simulate(sg: StageGraph, order: Order, microbatches: int) -> list[Event]:
     return events
 
 
-def _check_order_devices(sg: StageGraph, order: Order) -> None:
+def _checked_queues(sg: StageGraph, order: Order, microbatches: int) -> dict[int, list[Action]]:
+    """Copy ``order`` into per-device queues (every device present), rejecting misplaced actions.
+
+    Every action must name a real job, sit only on devices of its stage's group,
+    appear once per device, and appear on every device of the group (else
+    the simulation could only deadlock or run a job twice).
+    """
+    queues: dict[int, list[Action]] = {d: [] for d in range(sg.num_devices or 0)}
     for d, acts in order.items():
+        if d not in queues:
+            raise OpschedError(f"the order lists device {d}, but the StageGraph has devices 0..{sg.num_devices - 1}")
+        queues[d] = list(acts)
+    placed: dict[Action, list[int]] = {}
+    for d, acts in queues.items():
+        seen: set[Action] = set()
         for a in acts:
+            for job in _jobs_of(a):
+                _check_job(sg, job, microbatches)
             if d not in _action_devices(sg, a):
                 raise OpschedError(f"action {a} is listed on device {d}, which does not host its stage")
-    for d in range(sg.num_devices or 0):
-        order.setdefault(d, [])
+            if a in seen:
+                raise OpschedError(f"action {a} is listed twice on device {d}; list each action once")
+            seen.add(a)
+            placed.setdefault(a, []).append(d)
+    for a, devs in placed.items():
+        missing = sorted(set(_action_devices(sg, a)) - set(devs))
+        if missing:
+            raise OpschedError(
+                f"action {a} is listed on device(s) {devs} but not on {missing}; "
+                "a stage's action must appear on every device of its group"
+            )
+    return queues
+
+
+def _jobs_of(action: Action) -> tuple[Job, ...]:
+    return (action.first, action.second) if isinstance(action, Pair) else (action,)
+
+
+def _check_job(sg: StageGraph, job: Job, microbatches: int) -> None:
+    if not 0 <= job.stage < len(sg.stages):
+        raise OpschedError(f"action {job} names stage {job.stage}, which does not exist")
+    if job.pass_ not in PASSES:
+        raise OpschedError(f"action {job} has pass {job.pass_!r}; passes are F, I, W, B")
+    if not 0 <= job.microbatch < microbatches or not sg.stage(job.stage).runs(job.microbatch):
+        raise OpschedError(f"action {job}: stage {job.stage} does not run microbatch {job.microbatch}")
 
 
 def _action_devices(sg: StageGraph, action: Action) -> tuple[int, ...]:
@@ -433,3 +493,434 @@ def _ready_time(
                 return None  # not run yet (a pair never contains its own dependency)
             ready = max(ready, t + delay)
     return ready
+
+
+# --------------------------------------------------------------------------- validator
+
+
+class ScheduleError(OpschedError):
+    """A timed schedule breaks a validity rule of the plan contract; the message names the events."""
+
+
+def _name(e: Event) -> str:
+    return f"{e.stage}{e.pass_}{e.microbatch}"
+
+
+def _g(x: float) -> str:
+    return f"{x:.6g}"
+
+
+def _tolerance(events: Sequence[Event], rel_tol: float) -> float:
+    """Absolute slack for float comparisons: ``rel_tol`` times the makespan (at least ``rel_tol``)."""
+    span = max((abs(e.end) for e in events), default=0.0)
+    return rel_tol * max(span, 1.0)
+
+
+def _raise(problems: list[str]) -> None:
+    if problems:
+        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+        raise ScheduleError(problems[0] + more)
+
+
+def validate(schedule: Schedule, *, split_backward: bool | None = None, rel_tol: float = 1e-9) -> None:
+    """Check a timed schedule against the validity rules of the plan contract.
+
+    Independent of :func:`simulate` (it reads only the events), so it also
+    catches simulator bugs. Raises :class:`ScheduleError` naming the offending
+    events; returns ``None`` when the schedule is valid. Rules, in the order checked:
+
+    1. every event names a stage that runs its microbatch, a pass F/I/W/B and
+       finite times ``0 <= start``; its duration is the stage's pass time (a
+       pair: :func:`pair_duration`);
+    2. every (stage, microbatch) the stage runs has one F and either one B or
+       one I and one W, nothing else (``split_backward`` True demands I+W,
+       False demands B, None accepts either per job);
+    3. the two halves of a pair share a ``pair`` id, start, end and device group;
+    4. no two events overlap on any device of their groups, except the two halves of one pair;
+    5. dependencies (:func:`dependencies`) hold with the edge transfer times;
+    6. memory: parameters of the stages a device hosts plus the activations it
+       holds stay within ``schedule.memory_limit`` at every instant (skipped
+       when the limit is ``None``). An F allocates ``act_bytes`` at its start;
+       an I frees ``act_bytes - act_w_bytes`` at its end, a W the remaining
+       ``act_w_bytes`` at its end, a B all of it at its end. At equal times
+       frees happen before allocations, so a B ending when an F starts does
+       not count both microbatches.
+
+    Times are compared with a slack of ``rel_tol`` times the makespan.
+
+    >>> sg = chain_stage_graph(2, f=1, b=2, w=1)
+    >>> ev = [Event(0, 0, "F", 0, 1), Event(1, 0, "F", 1, 2), Event(1, 0, "B", 2, 4), Event(0, 0, "B", 3, 5)]
+    >>> try:
+    ...     validate(Schedule(sg, 1, ev))
+    ... except ScheduleError as exc:
+    ...     print(exc)
+    0B0 on device 0 starts at 3 before its dependency 1B0 ends at 4
+    """
+    sg, events = schedule.stage_graph, list(schedule.events)
+    eps = _tolerance(events, rel_tol)
+    _raise(_check_events(sg, events, schedule.microbatches, eps))
+    _raise(_check_complete(sg, events, schedule.microbatches, split_backward))
+    _raise(_check_pairs(sg, events, eps))
+    _raise(_check_exclusive(sg, events, eps))
+    _raise(_check_dependencies(sg, events, eps))
+    if schedule.memory_limit is not None:
+        _raise(_check_memory(sg, events, schedule.memory_limit, eps))
+
+
+def _check_events(sg: StageGraph, events: list[Event], microbatches: int, eps: float) -> list[str]:
+    problems = []
+    for e in events:
+        if not (isinstance(e.stage, int) and 0 <= e.stage < len(sg.stages)):
+            problems.append(f"event {_name(e)} names stage {e.stage}, which does not exist")
+        elif e.pass_ not in PASSES:
+            problems.append(f"event {_name(e)} has pass {e.pass_!r}; passes are F, I, W, B")
+        elif not (0 <= e.microbatch < microbatches and sg.stage(e.stage).runs(e.microbatch)):
+            problems.append(f"event {_name(e)}: stage {e.stage} does not run microbatch {e.microbatch}")
+        elif not (-eps <= e.start <= e.end < float("inf")):
+            problems.append(f"event {_name(e)} has times start={e.start}, end={e.end}; need 0 <= start <= end")
+        elif e.pair is None:
+            want = sg.stage(e.stage).duration(e.pass_)
+            if abs((e.end - e.start) - want) > eps:
+                problems.append(
+                    f"{_name(e)} lasts {_g(e.end - e.start)} ({_g(e.start)} to {_g(e.end)}) "
+                    f"but stage {e.stage}'s {e.pass_} takes {_g(want)}"
+                )
+    return problems
+
+
+def _check_complete(
+    sg: StageGraph, events: list[Event], microbatches: int, split_backward: bool | None
+) -> list[str]:
+    have: dict[tuple[int, int], list[str]] = {}
+    for e in events:
+        have.setdefault((e.stage, e.microbatch), []).append(e.pass_)
+    problems = []
+    for sid in sg.topological_order():
+        for m in range(microbatches):
+            if not sg.stage(sid).runs(m):
+                continue
+            passes = sorted(have.get((sid, m), []), key=PASSES.index)
+            allowed = {True: [["F", "I", "W"]], False: [["F", "B"]], None: [["F", "I", "W"], ["F", "B"]]}
+            if passes not in allowed[split_backward]:
+                want = " or ".join("+".join(p) for p in allowed[split_backward])
+                got = ", ".join(f"{sid}{p}{m}" for p in passes) or "nothing"
+                problems.append(f"stage {sid} microbatch {m} has {got}; it needs exactly {want}")
+    return problems
+
+
+def _check_pairs(sg: StageGraph, events: list[Event], eps: float) -> list[str]:
+    pairs: dict[int, list[Event]] = {}
+    for e in events:
+        if e.pair is not None:
+            pairs.setdefault(e.pair, []).append(e)
+    problems = []
+    for pid, halves in sorted(pairs.items()):
+        names = ", ".join(_name(e) for e in halves)
+        if len(halves) != 2:
+            problems.append(f"pair {pid} has {len(halves)} event(s) ({names}); a pair is exactly two events")
+            continue
+        a, b = halves
+        if abs(a.start - b.start) > eps or abs(a.end - b.end) > eps:
+            problems.append(f"pair {pid}: {_name(a)} and {_name(b)} must share start and end times")
+        elif set(sg.stage(a.stage).devices) != set(sg.stage(b.stage).devices):
+            problems.append(f"pair {pid}: {_name(a)} and {_name(b)} run on different device groups")
+        else:
+            want = pair_duration(sg, Pair(a.job, b.job))
+            if abs((a.end - a.start) - want) > eps:
+                problems.append(
+                    f"pair {pid} ({_name(a)};{_name(b)}) lasts {_g(a.end - a.start)} but the overlap rule gives {_g(want)}"
+                )
+    return problems
+
+
+def _device_intervals(sg: StageGraph, events: Iterable[Event]) -> dict[int, list[tuple[float, float, str]]]:
+    """device -> (start, end, label) of what occupies it; a pair is one interval."""
+    out: dict[int, list[tuple[float, float, str]]] = {d: [] for d in range(sg.num_devices or 0)}
+    by_pair: dict[int, list[Event]] = {}
+    for e in events:
+        if e.pair is not None:
+            by_pair.setdefault(e.pair, []).append(e)
+            continue
+        for d in sg.stage(e.stage).devices:
+            out[d].append((e.start, e.end, _name(e)))
+    for halves in by_pair.values():
+        label = "(" + ";".join(_name(e) for e in halves) + ")"
+        for d in sg.stage(halves[0].stage).devices:
+            out[d].append((halves[0].start, max(e.end for e in halves), label))
+    for d in out:
+        out[d].sort()
+    return out
+
+
+def _check_exclusive(sg: StageGraph, events: list[Event], eps: float) -> list[str]:
+    problems = []
+    for d, spans in _device_intervals(sg, events).items():
+        busy_until, last = float("-inf"), ""
+        for start, end, label in spans:
+            if start < busy_until - eps and end > start:
+                problems.append(
+                    f"{label} on device {d} starts at {_g(start)} while {last} runs until {_g(busy_until)}"
+                )
+            if end > busy_until:
+                busy_until, last = end, label
+    return problems
+
+
+def _check_dependencies(sg: StageGraph, events: list[Event], eps: float) -> list[str]:
+    by_job = {e.job: e for e in events}
+    kinds = {(e.stage, e.microbatch): e.pass_ for e in events if e.pass_ in ("I", "B")}
+    problems = []
+    for e in sorted(events, key=lambda e: (e.start, e.stage, e.microbatch, PASSES.index(e.pass_))):
+        for dep, delay in dependencies(sg, e.job, kinds):
+            d = by_job.get(dep)
+            if d is None:
+                problems.append(f"{_name(e)} depends on {dep}, which the schedule does not run")
+            elif e.start < d.end + delay - eps:
+                transfer = f" (+ transfer {_g(delay)})" if delay else ""
+                problems.append(
+                    f"{_name(e)} on device {sg.stage(e.stage).devices[0]} starts at {_g(e.start)} "
+                    f"before its dependency {dep} ends at {_g(d.end)}{transfer}"
+                )
+    return problems
+
+
+def _memory_changes(sg: StageGraph, events: Iterable[Event], eps: float):
+    """Activation changes as (snapped time, order, device, delta, event): frees (order 0) before allocations (1).
+
+    Times within ``eps`` of each other are snapped to one value so that a
+    free a rounding error after an allocation still counts as simultaneous.
+    """
+    raw = []
+    for e in events:
+        st = sg.stage(e.stage)
+        if e.pass_ == "F":
+            raw.append((e.start, 1, st.act_bytes, e))
+        elif e.pass_ == "I":
+            raw.append((e.end, 0, -(st.act_bytes - st.act_w_bytes), e))
+        elif e.pass_ == "W":
+            raw.append((e.end, 0, -st.act_w_bytes, e))
+        elif e.pass_ == "B":
+            raw.append((e.end, 0, -st.act_bytes, e))
+    snapped: dict[float, float] = {}
+    rep = None
+    for t in sorted({r[0] for r in raw}):
+        if rep is None or t - rep > eps:
+            rep = t
+        snapped[t] = rep
+    changes = []
+    for t, order, delta, e in raw:
+        for d in sg.stage(e.stage).devices:
+            changes.append((snapped[t], order, d, delta, e))
+    changes.sort(key=lambda c: (c[0], c[1], c[2], c[4].stage, c[4].microbatch, PASSES.index(c[4].pass_)))
+    return changes
+
+
+def device_param_bytes(sg: StageGraph) -> list[float]:
+    """Parameter bytes resident on each device: the sum over the stages it hosts."""
+    return [sum(sg.stage(s).param_bytes for s in sg.stages_on(d)) for d in range(sg.num_devices or 0)]
+
+
+def _check_memory(sg: StageGraph, events: list[Event], limit: float, eps: float) -> list[str]:
+    params = device_param_bytes(sg)
+    mem_eps = 1e-9 * max(abs(limit), 1.0)
+    problems = [
+        f"device {d} holds {_g(p)} bytes of parameters alone, over the memory limit {_g(limit)}"
+        for d, p in enumerate(params)
+        if p > limit + mem_eps
+    ]
+    if problems:
+        return problems
+    held: dict[int, dict[tuple[int, int], float]] = {d: {} for d in range(sg.num_devices or 0)}
+    reported: set[int] = set()
+    for t, order, d, delta, e in _memory_changes(sg, events, eps):
+        key = (e.stage, e.microbatch)
+        held[d][key] = held[d].get(key, 0.0) + delta
+        if abs(held[d][key]) <= mem_eps:
+            del held[d][key]
+        total = params[d] + sum(held[d].values())
+        if delta > 0 and total > limit + mem_eps and d not in reported:
+            reported.add(d)
+            holders = [f"{s}F{m}" for (s, m) in sorted(held[d], key=lambda k: (k[1], k[0]))]
+            shown = ", ".join(holders[:6]) + (f", ... ({len(holders)} in all)" if len(holders) > 6 else "")
+            problems.append(
+                f"device {d} needs {_g(total)} bytes at {_g(t)} when {_name(e)} starts "
+                f"(parameters {_g(params[d])} + activations of {shown}), over the memory limit {_g(limit)}"
+            )
+    return problems
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def memory_profile(schedule: Schedule, *, rel_tol: float = 1e-9) -> dict[int, list[tuple[float, float]]]:
+    """device -> step function of activation bytes, as ``[(time, bytes from then on), ...]``.
+
+    Uses the memory convention of :func:`validate` (allocate at the start of
+    F, free at the end of I/W/B, frees first at equal times). Each list starts
+    at time 0 and has strictly increasing times.
+
+    >>> sg = chain_stage_graph(1, f=1, b=2, w=1, act=1, act_w=0.5)
+    >>> ev = [Event(0, 0, "F", 0, 1), Event(0, 0, "I", 1, 2), Event(0, 0, "W", 2, 3)]
+    >>> memory_profile(Schedule(sg, 1, ev))
+    {0: [(0.0, 1.0), (2.0, 0.5), (3.0, 0.0)]}
+    """
+    sg = schedule.stage_graph
+    eps = _tolerance(schedule.events, rel_tol)
+    level = {d: 0.0 for d in range(sg.num_devices or 0)}
+    profile = {d: [(0.0, 0.0)] for d in level}
+    for t, _, d, delta, _e in _memory_changes(sg, schedule.events, eps):
+        level[d] += delta
+        steps = profile[d]
+        value = max(level[d], 0.0) if abs(level[d]) > 1e-12 * max(1.0, abs(delta)) else 0.0
+        if steps[-1][0] == t or (len(steps) == 1 and t <= 0.0):
+            steps[-1] = (float(max(t, 0.0)), value)
+        else:
+            steps.append((float(t), value))
+    return profile
+
+
+@dataclass
+class Metrics:
+    """Figures of one timed schedule; lists are indexed by device.
+
+    ``makespan`` is the end of the last event (a schedule starts at time 0);
+    ``busy`` counts the time a device runs something (an overlapped pair
+    once); ``idle = makespan - busy``; ``bubble_ratio = sum(idle) / (devices *
+    makespan)``. ``peak_memory_bytes = param_bytes + peak_activation_bytes``.
+    ``transferred_bytes`` sums edge bytes over the transfers actually made
+    between different device groups: each forward over an edge and each
+    gradient back over it. ``param_copies`` is the total parameter bytes over
+    stages divided by the unique ones (stages with a ``copy_of`` are copies);
+    with no parameter bytes at all it counts stages instead.
+    """
+
+    makespan: float
+    busy: list[float]
+    idle: list[float]
+    bubble_ratio: float
+    peak_activation_bytes: list[float]
+    param_bytes: list[float]
+    peak_memory_bytes: list[float]
+    transferred_bytes: float
+    param_copies: float
+
+    def to_dict(self) -> dict:
+        """Plain JSON-ready dict (the ``metrics`` object of plan.json)."""
+        return {
+            "makespan": self.makespan,
+            "busy": list(self.busy),
+            "idle": list(self.idle),
+            "bubble_ratio": self.bubble_ratio,
+            "peak_activation_bytes": list(self.peak_activation_bytes),
+            "param_bytes": list(self.param_bytes),
+            "peak_memory_bytes": list(self.peak_memory_bytes),
+            "transferred_bytes": self.transferred_bytes,
+            "param_copies": self.param_copies,
+        }
+
+
+def busy_time(schedule: Schedule) -> list[float]:
+    """Time each device runs something (the union of its events' intervals)."""
+    out = []
+    for d, spans in sorted(_device_intervals(schedule.stage_graph, schedule.events).items()):
+        total, cur_start, cur_end = 0.0, None, None
+        for start, end, _ in spans:
+            if cur_end is None or start > cur_end:
+                if cur_end is not None:
+                    total += cur_end - cur_start
+                cur_start, cur_end = start, end
+            else:
+                cur_end = max(cur_end, end)
+        if cur_end is not None:
+            total += cur_end - cur_start
+        out.append(total)
+    return out
+
+
+def metrics(schedule: Schedule) -> Metrics:
+    """Makespan, busy/idle time, bubble ratio, memory, transfers and parameter copies.
+
+    >>> sg = chain_stage_graph(2, f=1, b=2, w=1)
+    >>> order = {0: [Job(0, 0, "F"), Job(0, 0, "B")], 1: [Job(1, 0, "F"), Job(1, 0, "B")]}
+    >>> m = metrics(Schedule(sg, 1, simulate(sg, order, 1)))
+    >>> m.makespan, m.idle, m.bubble_ratio
+    (6.0, [3.0, 3.0], 0.5)
+    """
+    sg = schedule.stage_graph
+    n = sg.num_devices or 0
+    makespan = max((e.end for e in schedule.events), default=0.0)
+    busy = busy_time(schedule)
+    idle = [makespan - b for b in busy]
+    bubble = sum(idle) / (n * makespan) if n and makespan > 0 else 0.0
+    peak_act = [max(v for _, v in steps) for _, steps in sorted(memory_profile(schedule).items())]
+    params = device_param_bytes(sg)
+    return Metrics(
+        makespan=makespan,
+        busy=busy,
+        idle=idle,
+        bubble_ratio=bubble,
+        peak_activation_bytes=peak_act,
+        param_bytes=params,
+        peak_memory_bytes=[p + a for p, a in zip(params, peak_act)],
+        transferred_bytes=transferred_bytes(schedule),
+        param_copies=param_copies(sg),
+    )
+
+
+def transferred_bytes(schedule: Schedule) -> float:
+    """Edge bytes moved between different device groups: forwards into F, gradients into I/B."""
+    sg = schedule.stage_graph
+    ran = {(e.stage, e.microbatch, e.pass_) for e in schedule.events}
+    total = 0.0
+    for edge in sg.edges:
+        if set(sg.stage(edge.src).devices) == set(sg.stage(edge.dst).devices):
+            continue
+        for m in range(schedule.microbatches):
+            if not (sg.stage(edge.src).runs(m) and sg.stage(edge.dst).runs(m)):
+                continue
+            if (edge.dst, m, "F") in ran:
+                total += edge.bytes
+            if (edge.src, m, "I") in ran or (edge.src, m, "B") in ran:
+                total += edge.bytes
+    return total
+
+
+def param_copies(sg: StageGraph) -> float:
+    """Total parameter bytes over stages / unique parameter bytes (stage counts if there are none)."""
+    total = sum(s.param_bytes for s in sg.stages)
+    unique = sum(s.param_bytes for s in sg.stages if s.copy_of is None)
+    if total > 0 and unique > 0:
+        return total / unique
+    originals = sum(1 for s in sg.stages if s.copy_of is None)
+    return len(sg.stages) / originals if originals else 1.0
+
+
+def zb_bubble_rate(schedule: Schedule) -> float:
+    """The Zero Bubble paper's bubble rate: ``(cost - work) / cost``.
+
+    ``cost`` is the longest span of a device from the start of its first F to
+    the end of its last W or B; ``work`` is the busy time of that device (the
+    lowest device id among equal spans). Domain: the paper defines it for
+    chains with one stage per device, where ``work = m (T_F + T_B + T_W)``
+    exactly; on other stage graphs this per-device reading is an extension.
+
+    >>> sg = chain_stage_graph(2, f=1, b=2, w=1)
+    >>> order = {0: [Job(0, 0, "F"), Job(0, 0, "B")], 1: [Job(1, 0, "F"), Job(1, 0, "B")]}
+    >>> zb_bubble_rate(Schedule(sg, 1, simulate(sg, order, 1)))
+    0.5
+    """
+    sg = schedule.stage_graph
+    busy = busy_time(schedule)
+    best_span, best_device = 0.0, None
+    for d in range(sg.num_devices or 0):
+        mine = [e for e in schedule.events if d in sg.stage(e.stage).devices]
+        first_f = min((e.start for e in mine if e.pass_ == "F"), default=None)
+        last_bw = max((e.end for e in mine if e.pass_ in ("W", "B")), default=None)
+        if first_f is None or last_bw is None:
+            continue
+        span = last_bw - first_f
+        if best_device is None or span > best_span * (1 + 1e-12):
+            best_span, best_device = span, d
+    if best_device is None or best_span <= 0:
+        return 0.0
+    return (best_span - busy[best_device]) / best_span

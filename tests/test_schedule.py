@@ -1,0 +1,209 @@
+"""Simulator and metrics: dependencies, transfers, exclusivity, groups, pairs, deadlocks, figures."""
+
+import pytest
+
+from opsched.errors import OpschedError
+from opsched.schedule import (
+    Edge,
+    Event,
+    Job,
+    Pair,
+    Schedule,
+    Stage,
+    StageGraph,
+    chain_stage_graph,
+    memory_profile,
+    metrics,
+    simulate,
+    validate,
+    zb_bubble_rate,
+)
+
+
+def one_f_one_b(pp: int, microbatches: int) -> dict:
+    """A local 1F1B order (fused B) on a chain with one stage per device."""
+    order = {}
+    for s in range(pp):
+        warm = min(pp - s - 1, microbatches)
+        acts = [Job(s, m, "F") for m in range(warm)]
+        f, b = warm, 0
+        while b < microbatches:
+            if f < microbatches:
+                acts.append(Job(s, f, "F"))
+                f += 1
+            acts.append(Job(s, b, "B"))
+            b += 1
+        order[s] = acts
+    return order
+
+
+def timeline(events):
+    return {(str(e.job)): (e.start, e.end) for e in events}
+
+
+def test_chain_dependencies_and_transfer_times():
+    sg = chain_stage_graph(2, f=1, b=3, w=1, comm=0.5)
+    order = {0: [Job(0, 0, "F"), Job(0, 0, "I"), Job(0, 0, "W")], 1: [Job(1, 0, "F"), Job(1, 0, "I"), Job(1, 0, "W")]}
+    t = timeline(simulate(sg, order, 1))
+    assert t["0F0"] == (0, 1)
+    assert t["1F0"] == (1.5, 2.5)  # + transfer 0.5
+    assert t["1I0"] == (2.5, 4.5)  # I = B - W = 2
+    assert t["1W0"] == (4.5, 5.5)
+    assert t["0I0"] == (5.0, 7.0)  # gradient transfer 0.5 after 1I0
+    assert t["0W0"] == (7.0, 8.0)
+
+
+def test_transfer_time_is_only_what_the_edge_says():
+    # two stages on the same device with an edge time: the simulator does not
+    # invent or drop transfers; it uses the given edge time
+    stages = [Stage(0, (0,), {"F": 1, "I": 1, "W": 1}), Stage(1, (0,), {"F": 1, "I": 1, "W": 1})]
+    sg = StageGraph(stages, [Edge(0, 1, time=0.25)])
+    order = {0: [Job(0, 0, "F"), Job(1, 0, "F"), Job(1, 0, "B"), Job(0, 0, "B")]}
+    t = timeline(simulate(sg, order, 1))
+    assert t["1F0"] == (1.25, 2.25)
+    assert t["0B0"] == (4.5, 6.5)
+
+
+def test_device_exclusivity_follows_the_order():
+    sg = chain_stage_graph(1, f=1, b=2, w=1)
+    order = {0: [Job(0, 0, "F"), Job(0, 1, "F"), Job(0, 1, "B"), Job(0, 0, "B")]}
+    t = timeline(simulate(sg, order, 2))
+    assert t["0F1"] == (1, 2) and t["0B1"] == (2, 4) and t["0B0"] == (4, 6)
+
+
+def test_dag_with_branches_and_multi_device_stage():
+    # stage 0 on devices {0,1} feeds two branches (devices 0 and 1) which join in stage 3 on {0,1}
+    t3 = {"F": 1.0, "I": 1.0, "W": 1.0}
+    stages = [
+        Stage(0, (0, 1), t3),
+        Stage(1, (0,), {"F": 2.0, "I": 2.0, "W": 1.0}),
+        Stage(2, (1,), t3),
+        Stage(3, (0, 1), t3),
+    ]
+    edges = [Edge(0, 1), Edge(0, 2), Edge(1, 3, time=0.5), Edge(2, 3, time=0.5)]
+    sg = StageGraph(stages, edges)
+    order = {
+        0: [Job(0, 0, "F"), Job(1, 0, "F"), Job(3, 0, "F"), Job(3, 0, "B"), Job(1, 0, "B"), Job(0, 0, "B")],
+        1: [Job(0, 0, "F"), Job(2, 0, "F"), Job(3, 0, "F"), Job(3, 0, "B"), Job(2, 0, "B"), Job(0, 0, "B")],
+    }
+    events = simulate(sg, order, 1)
+    t = timeline(events)
+    assert t["3F0"] == (3.5, 4.5)  # waits for the slower branch 1F0 (ends 3) + 0.5
+    assert t["3B0"] == (4.5, 6.5)
+    assert t["1B0"] == (7.0, 10.0)
+    assert t["2B0"] == (7.0, 9.0)
+    assert t["0B0"] == (10.0, 12.0)  # both devices free and both branches done
+    validate(Schedule(sg, 1, events))
+
+
+def test_multi_device_action_waits_for_every_device_of_its_group():
+    t = {"F": 1.0, "I": 1.0, "W": 1.0}
+    sg = StageGraph([Stage(0, (0,), {"F": 3.0, "I": 1.0, "W": 1.0}), Stage(1, (0, 1), t), Stage(2, (1,), t)])
+    order = {0: [Job(0, 0, "F"), Job(1, 0, "F")], 1: [Job(2, 0, "F"), Job(1, 0, "F")]}
+    ev = timeline(simulate(sg, order, 1))
+    assert ev["1F0"] == (3.0, 4.0)
+
+
+def test_overlapped_pair_duration_rule():
+    for gain, dur in ((0.0, 3.0), (1.0, 2.0), (0.5, 2.5)):
+        sg = chain_stage_graph(1, f=1, b=2, w=1, overlap_gain=gain)
+        order = {0: [Job(0, 0, "F"), Pair(Job(0, 1, "F"), Job(0, 0, "B")), Job(0, 1, "B")]}
+        events = simulate(sg, order, 2)
+        pair = [e for e in events if e.pair is not None]
+        assert len(pair) == 2 and pair[0].pair == pair[1].pair
+        assert all((e.start, e.end) == (1.0, 1.0 + dur) for e in pair)
+        validate(Schedule(sg, 2, events))
+
+
+def test_deadlock_reports_first_blocked_action_on_each_device():
+    sg = chain_stage_graph(2)
+    order = {0: [Job(0, 0, "F"), Job(0, 1, "B"), Job(0, 1, "F")], 1: [Job(1, 1, "F"), Job(1, 0, "F")]}
+    with pytest.raises(OpschedError) as exc:
+        simulate(sg, order, 2)
+    assert str(exc.value) == "the order deadlocks: device 0 waits at 0B1, device 1 waits at 1F1"
+
+
+@pytest.mark.parametrize(
+    "order, needle",
+    [
+        ({0: [Job(1, 0, "F")]}, "does not host its stage"),
+        ({0: [Job(0, 0, "F"), Job(0, 0, "F")]}, "listed twice"),
+        ({0: [Job(0, 5, "F")]}, "does not run microbatch 5"),
+        ({7: []}, "lists device 7"),
+    ],
+)
+def test_malformed_orders_are_refused(order, needle):
+    sg = chain_stage_graph(2)
+    with pytest.raises(OpschedError, match=needle):
+        simulate(sg, order, 2)
+
+
+def test_group_action_missing_on_one_device_is_refused():
+    sg = StageGraph([Stage(0, (0, 1), {"F": 1, "I": 1, "W": 1})])
+    with pytest.raises(OpschedError, match="not on \\[1\\]"):
+        simulate(sg, {0: [Job(0, 0, "F")]}, 1)
+
+
+def test_simulate_does_not_mutate_the_order():
+    sg = chain_stage_graph(2)
+    order = {0: [Job(0, 0, "F"), Job(0, 0, "B")]}
+    with pytest.raises(OpschedError):
+        simulate(sg, order, 1)  # device 1 never runs 1F0/1B0 -> 0B0 blocks
+    assert list(order) == [0]
+
+
+def test_bad_stage_graphs_are_refused():
+    with pytest.raises(OpschedError, match="outside"):
+        StageGraph([Stage(0, (2,), {"F": 1, "I": 1, "W": 1})], num_devices=2)
+    with pytest.raises(OpschedError, match="act_w_bytes"):
+        StageGraph([Stage(0, (0,), {"F": 1, "I": 1, "W": 1}, act_bytes=1, act_w_bytes=2)])
+    with pytest.raises(OpschedError, match="cycle"):
+        t = {"F": 1, "I": 1, "W": 1}
+        StageGraph([Stage(0, (0,), t), Stage(1, (1,), t)], [Edge(0, 1), Edge(1, 0)])
+
+
+@pytest.mark.parametrize("pp, m", [(4, 8), (8, 16)])
+def test_1f1b_metrics_match_published_formulas(pp, m):
+    f, b = 1.0, 2.0
+    sg = chain_stage_graph(pp, f=f, b=b, w=1.0, act=1.0, act_w=0.5, param_bytes=3.0)
+    sched = Schedule(sg, m, simulate(sg, one_f_one_b(pp, m), m), name="1f1b")
+    validate(sched, split_backward=False)
+    mt = metrics(sched)
+    assert mt.makespan == pytest.approx((m + pp - 1) * (f + b))
+    assert mt.idle == pytest.approx([(pp - 1) * (f + b)] * pp)
+    assert mt.bubble_ratio == pytest.approx((pp - 1) / (m + pp - 1))
+    assert mt.peak_activation_bytes == [float(pp - d) for d in range(pp)]
+    assert mt.param_bytes == [3.0] * pp
+    assert mt.peak_memory_bytes == [3.0 + pp - d for d in range(pp)]
+    assert mt.param_copies == 1.0
+    assert zb_bubble_rate(sched) == pytest.approx((pp - 1) / (m + pp - 1))
+    d = mt.to_dict()
+    assert d["makespan"] == mt.makespan and len(d["idle"]) == pp
+
+
+def test_memory_profile_split_backward():
+    sg = chain_stage_graph(1, f=1, b=2, w=1, act=4, act_w=1)
+    order = {0: [Job(0, 0, "F"), Job(0, 1, "F"), Job(0, 0, "I"), Job(0, 1, "I"), Job(0, 0, "W"), Job(0, 1, "W")]}
+    sched = Schedule(sg, 2, simulate(sg, order, 2))
+    assert memory_profile(sched) == {0: [(0.0, 4.0), (1.0, 8.0), (3.0, 5.0), (4.0, 2.0), (5.0, 1.0), (6.0, 0.0)]}
+    assert metrics(sched).peak_activation_bytes == [8.0]
+
+
+def test_transferred_bytes_and_param_copies():
+    t = {"F": 1, "I": 1, "W": 1}
+    stages = [
+        Stage(0, (0,), t, param_bytes=10),
+        Stage(1, (1,), t, param_bytes=10),
+        Stage(2, (1,), t, param_bytes=10, copy_of=0),
+        Stage(3, (0,), t, param_bytes=10, copy_of=1),
+    ]
+    sg = StageGraph(stages, [Edge(0, 1, 0.1, bytes=5), Edge(2, 3, 0.1, bytes=7), Edge(1, 2, 0.0, bytes=100)])
+    order = {
+        0: [Job(0, 0, "F"), Job(3, 0, "F"), Job(3, 0, "B"), Job(0, 0, "B")],
+        1: [Job(1, 0, "F"), Job(2, 0, "F"), Job(2, 0, "B"), Job(1, 0, "B")],
+    }
+    mt = metrics(Schedule(sg, 1, simulate(sg, order, 1)))
+    # forward + gradient over each cross-device edge; the same-device edge 1->2 moves nothing
+    assert mt.transferred_bytes == 2 * 5 + 2 * 7
+    assert mt.param_copies == 2.0
+    assert mt.param_bytes == [20, 20]
