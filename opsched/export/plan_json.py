@@ -1,0 +1,254 @@
+"""plan.json: the plan contract (schema ``opsched.plan/1``, see DESIGN.md), written and read.
+
+A plan file holds the StageGraph (stages with their device groups, times,
+memory; edges with transfer times), the timed events and the metrics, so
+another tool can check or draw it without opsched. Optional fields written
+when they matter: a stage's ``name``, ``microbatches`` (the subset it runs)
+and ``copy_of``; top-level ``overlap_gain`` and ``method``.
+
+>>> from opsched.schedule import chain_stage_graph, simulate, Schedule, Job
+>>> sg = chain_stage_graph(1, f=1, b=2, w=1)
+>>> s = Schedule(sg, 1, simulate(sg, {0: [Job(0, 0, "F"), Job(0, 0, "B")]}, 1), name="demo")
+>>> d = plan_dict(s)
+>>> d["schema"], d["method"], d["schedule"]["events"][1]
+('opsched.plan/1', 'demo', {'stage': 0, 'microbatch': 0, 'pass': 'B', 'start': 1.0, 'end': 3.0})
+>>> schedule_from_dict(d)[0].events == s.events
+True
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+from opsched.errors import OpschedError
+from opsched.fileio import write_text
+from opsched.schedule import PASSES, Edge, Event, Metrics, Schedule, Stage, StageGraph
+from opsched.schedule import metrics as schedule_metrics
+from opsched.schedule import validate as validate_schedule
+
+SCHEMA = "opsched.plan/1"
+
+
+def plan_dict(schedule: Schedule, metrics: Metrics | dict | None = None, extra: dict | None = None) -> dict:
+    """The plan.json document of a timed schedule, as a plain dict.
+
+    ``metrics`` defaults to :func:`opsched.schedule.metrics` of the schedule;
+    a dict is merged over those (so a solver can add ``lower_bound``, ``gap``,
+    ``solver``, ``solve_seconds``). ``extra`` adds top-level fields; an
+    ``extra["metrics"]`` dict is merged into ``metrics`` instead of replacing it.
+    """
+    sg = schedule.stage_graph
+    if isinstance(metrics, Metrics):
+        computed = metrics.to_dict()
+    else:
+        computed = schedule_metrics(schedule).to_dict()
+        computed.update(metrics or {})
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "time_unit": "s",
+        "devices": sg.num_devices,
+        "microbatches": schedule.microbatches,
+        "memory_limit_bytes": schedule.memory_limit,
+        "stages": [_stage_dict(sg, s) for s in sg.stages],
+        "edges": [{"src": e.src, "dst": e.dst, "time": e.time, "bytes": e.bytes} for e in sg.edges],
+        "schedule": {"events": [_event_dict(e) for e in schedule.events]},
+        "metrics": computed,
+    }
+    if sg.overlap_gain:
+        doc["overlap_gain"] = sg.overlap_gain
+    if schedule.name:
+        doc["method"] = schedule.name
+    for key, value in (extra or {}).items():
+        if key == "metrics" and isinstance(value, dict):
+            doc["metrics"].update(value)
+        else:
+            doc[key] = value
+    return doc
+
+
+def _stage_dict(sg: StageGraph, s: Stage) -> dict:
+    d: dict[str, Any] = {
+        "id": s.id,
+        "devices": list(s.devices),
+        "preds": [e.src for e in sg.preds(s.id)],
+        "time": {p: float(s.time[p]) for p in ("F", "I", "W")},
+        "param_bytes": s.param_bytes,
+        "act_bytes": s.act_bytes,
+        "act_w_bytes": s.act_w_bytes,
+    }
+    if s.name:
+        d["name"] = s.name
+    if s.microbatches is not None:
+        d["microbatches"] = list(s.microbatches)
+    if s.copy_of is not None:
+        d["copy_of"] = s.copy_of
+    return d
+
+
+def _event_dict(e: Event) -> dict:
+    d: dict[str, Any] = {"stage": e.stage, "microbatch": e.microbatch, "pass": e.pass_, "start": e.start, "end": e.end}
+    if e.pair is not None:
+        d["pair"] = e.pair
+    return d
+
+
+def dumps_plan(doc: dict) -> str:
+    """JSON text of a plan document: indented, one event per line, strict JSON (no NaN)."""
+    events = doc.get("schedule", {}).get("events", [])
+    marker = "__OPSCHED_EVENTS__"
+    shell = dict(doc, schedule=dict(doc.get("schedule", {}), events=marker))
+    try:
+        text = json.dumps(shell, indent=2, allow_nan=False)
+        lines = ",\n".join("      " + json.dumps(e, allow_nan=False) for e in events)
+    except ValueError as exc:
+        raise OpschedError(f"the plan holds a non-finite number and cannot be written as JSON: {exc}") from None
+    body = "[\n" + lines + "\n    ]" if events else "[]"
+    return text.replace(json.dumps(marker), body, 1) + "\n"
+
+
+def write_plan(path: str | os.PathLike, schedule: Schedule, *, extra: dict | None = None, validate: bool = True) -> dict:
+    """Validate ``schedule`` (unless told not to), then write its plan.json atomically; returns the document.
+
+    An invalid schedule raises :class:`opsched.schedule.ScheduleError` and writes nothing.
+    """
+    if validate:
+        validate_schedule(schedule)
+    doc = plan_dict(schedule, extra=extra)
+    write_text(path, dumps_plan(doc))
+    return doc
+
+
+def read_plan(path: str | os.PathLike) -> tuple[Schedule, dict]:
+    """Read a plan.json into a :class:`Schedule` and the raw document.
+
+    Raises :class:`OpschedError` with one line naming the file and the bad
+    field when the file is missing, not JSON, or does not follow the schema.
+    It does not validate the schedule itself; call
+    :func:`opsched.schedule.validate` for that.
+    """
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except FileNotFoundError:
+        raise OpschedError(f"{path}: no such plan file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise OpschedError(f"{path}: cannot read the plan file: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise OpschedError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    try:
+        return schedule_from_dict(doc)
+    except OpschedError as exc:
+        raise OpschedError(f"{path}: {exc}") from None
+
+
+def schedule_from_dict(doc: Any) -> tuple[Schedule, dict]:
+    """Build the :class:`Schedule` of a plan document; returns ``(schedule, doc)``."""
+    if not isinstance(doc, dict):
+        raise OpschedError("a plan must be a JSON object")
+    if doc.get("schema") != SCHEMA:
+        raise OpschedError(f"field schema is {doc.get('schema')!r}, expected {SCHEMA!r}")
+    devices = _int(doc, "devices", "devices", minimum=1)
+    microbatches = _int(doc, "microbatches", "microbatches", minimum=1)
+    limit = doc.get("memory_limit_bytes")
+    if limit is not None:
+        limit = _num(doc, "memory_limit_bytes", "memory_limit_bytes")
+    stages_raw = _list(doc, "stages", "stages")
+    stages, preds = [], []
+    for k, raw in enumerate(stages_raw):
+        where = f"stages[{k}]"
+        if not isinstance(raw, dict):
+            raise OpschedError(f"field {where} must be an object")
+        if _int(raw, "id", f"{where}.id") != k:
+            raise OpschedError(f"field {where}.id is {raw['id']}; stage ids must be 0..n-1 in order")
+        devs = tuple(_int({"d": d}, "d", f"{where}.devices") for d in _list(raw, "devices", f"{where}.devices"))
+        time_raw = raw.get("time")
+        if not isinstance(time_raw, dict):
+            raise OpschedError(f"field {where}.time must be an object with F, I and W")
+        time = {p: _num(time_raw, p, f"{where}.time.{p}") for p in ("F", "I", "W")}
+        mbs = raw.get("microbatches")
+        if mbs is not None:
+            mbs = tuple(_int({"m": m}, "m", f"{where}.microbatches") for m in _list(raw, "microbatches", f"{where}.microbatches"))
+        copy_of = raw.get("copy_of")
+        if copy_of is not None:
+            copy_of = _int(raw, "copy_of", f"{where}.copy_of")
+        stages.append(
+            Stage(
+                id=k,
+                devices=devs,
+                time=time,
+                param_bytes=_num(raw, "param_bytes", f"{where}.param_bytes"),
+                act_bytes=_num(raw, "act_bytes", f"{where}.act_bytes"),
+                act_w_bytes=_num(raw, "act_w_bytes", f"{where}.act_w_bytes"),
+                name=str(raw.get("name", "")),
+                microbatches=mbs,
+                copy_of=copy_of,
+            )
+        )
+        preds.append([_int({"p": p}, "p", f"{where}.preds") for p in _list(raw, "preds", f"{where}.preds")])
+    edges = []
+    for k, raw in enumerate(_list(doc, "edges", "edges")):
+        where = f"edges[{k}]"
+        if not isinstance(raw, dict):
+            raise OpschedError(f"field {where} must be an object")
+        edges.append(
+            Edge(
+                _int(raw, "src", f"{where}.src"),
+                _int(raw, "dst", f"{where}.dst"),
+                time=_num(raw, "time", f"{where}.time"),
+                bytes=_num(raw, "bytes", f"{where}.bytes") if "bytes" in raw else 0.0,
+            )
+        )
+    gain = _num(doc, "overlap_gain", "overlap_gain") if "overlap_gain" in doc else 0.0
+    sg = StageGraph(stages, edges, num_devices=devices, overlap_gain=gain)
+    for k, ps in enumerate(preds):
+        from_edges = sorted(e.src for e in edges if e.dst == k)
+        if sorted(ps) != from_edges:
+            raise OpschedError(f"field stages[{k}].preds is {ps} but the edges into stage {k} come from {from_edges}")
+    sched_raw = doc.get("schedule")
+    if not isinstance(sched_raw, dict):
+        raise OpschedError("field schedule must be an object with an events list")
+    events = []
+    for k, raw in enumerate(_list(sched_raw, "events", "schedule.events")):
+        where = f"schedule.events[{k}]"
+        if not isinstance(raw, dict):
+            raise OpschedError(f"field {where} must be an object")
+        pass_ = raw.get("pass")
+        if pass_ not in PASSES:
+            raise OpschedError(f"field {where}.pass is {pass_!r}; passes are F, I, W, B")
+        pair = raw.get("pair")
+        events.append(
+            Event(
+                _int(raw, "stage", f"{where}.stage"),
+                _int(raw, "microbatch", f"{where}.microbatch"),
+                pass_,
+                _num(raw, "start", f"{where}.start"),
+                _num(raw, "end", f"{where}.end"),
+                None if pair is None else _int(raw, "pair", f"{where}.pair"),
+            )
+        )
+    name = doc.get("method", "")
+    return Schedule(sg, microbatches, events, memory_limit=limit, name=name if isinstance(name, str) else ""), doc
+
+
+def _num(obj: dict, key: str, where: str) -> float:
+    v = obj.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise OpschedError(f"field {where} must be a finite number, got {v!r}")
+    return float(v)
+
+
+def _int(obj: dict, key: str, where: str, minimum: int = 0) -> int:
+    v = obj.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise OpschedError(f"field {where} must be an integer >= {minimum}, got {v!r}")
+    return v
+
+
+def _list(obj: dict, key: str, where: str) -> list:
+    v = obj.get(key)
+    if not isinstance(v, list):
+        raise OpschedError(f"field {where} must be a list, got {v!r}")
+    return v

@@ -1,0 +1,133 @@
+"""plan.json: schema fields, round trip, refusal of invalid schedules and malformed files."""
+
+import json
+
+import pytest
+
+from opsched.errors import OpschedError
+from opsched.export.plan_json import SCHEMA, plan_dict, read_plan, write_plan
+from opsched.schedule import Edge, Event, Job, Pair, Schedule, ScheduleError, Stage, StageGraph, metrics, simulate
+
+
+def dual_direction_schedule():
+    """Two devices, two directions (stage 2 and 3 copy 1 and 0), a pair, a split backward."""
+    t = {"F": 1.0, "I": 1.5, "W": 0.5}
+    stages = [
+        Stage(0, (0,), t, param_bytes=4.0, act_bytes=2.0, act_w_bytes=1.0, name="fwd0", microbatches=(0, 1)),
+        Stage(1, (1,), t, param_bytes=4.0, act_bytes=2.0, act_w_bytes=1.0, name="fwd1", microbatches=(0, 1)),
+        Stage(2, (1,), t, param_bytes=4.0, act_bytes=2.0, act_w_bytes=1.0, name="rev0", microbatches=(2, 3), copy_of=1),
+        Stage(3, (0,), t, param_bytes=4.0, act_bytes=2.0, act_w_bytes=1.0, name="rev1", microbatches=(2, 3), copy_of=0),
+    ]
+    edges = [Edge(0, 1, time=0.25, bytes=8.0), Edge(2, 3, time=0.25, bytes=8.0)]
+    sg = StageGraph(stages, edges, num_devices=2, overlap_gain=0.5)
+    order = {
+        0: [Job(0, 0, "F"), Job(0, 1, "F"), Job(3, 2, "F"), Pair(Job(3, 3, "F"), Job(3, 2, "B")), Job(3, 3, "B"),
+            Job(0, 0, "I"), Job(0, 1, "B"), Job(0, 0, "W")],
+        1: [Job(2, 2, "F"), Job(2, 3, "F"), Job(1, 0, "F"), Pair(Job(1, 1, "F"), Job(1, 0, "I")), Job(1, 1, "B"),
+            Job(2, 2, "B"), Job(2, 3, "B"), Job(1, 0, "W")],
+    }
+    return Schedule(sg, 4, simulate(sg, order, 4), memory_limit=100.0, name="hand")
+
+
+def test_plan_dict_has_the_contract_fields():
+    sched = dual_direction_schedule()
+    d = plan_dict(sched, extra={"lower_bound": 1.0, "metrics": {"solver": "cbc"}})
+    assert d["schema"] == SCHEMA and d["time_unit"] == "s"
+    assert d["devices"] == 2 and d["microbatches"] == 4 and d["memory_limit_bytes"] == 100.0
+    st = d["stages"][3]
+    assert st == {
+        "id": 3, "devices": [0], "preds": [2], "time": {"F": 1.0, "I": 1.5, "W": 0.5}, "param_bytes": 4.0,
+        "act_bytes": 2.0, "act_w_bytes": 1.0, "name": "rev1", "microbatches": [2, 3], "copy_of": 0,
+    }
+    assert d["edges"][0] == {"src": 0, "dst": 1, "time": 0.25, "bytes": 8.0}
+    assert d["overlap_gain"] == 0.5 and d["method"] == "hand" and d["lower_bound"] == 1.0
+    assert d["metrics"]["solver"] == "cbc"
+    assert d["metrics"]["makespan"] == metrics(sched).makespan
+    pairs = [e for e in d["schedule"]["events"] if "pair" in e]
+    assert len(pairs) == 4 and {e["pass"] for e in pairs} == {"F", "B", "I"}
+
+
+def test_round_trip(tmp_path):
+    sched = dual_direction_schedule()
+    path = tmp_path / "plan.json"
+    doc = write_plan(path, sched, extra={"lower_bound": 2.0})
+    back, raw = read_plan(path)
+    assert raw == json.loads(path.read_text()) == doc
+    assert back.events == sched.events
+    assert back.stage_graph.stages == sched.stage_graph.stages
+    assert back.stage_graph.edges == sched.stage_graph.edges
+    assert back.stage_graph.overlap_gain == 0.5 and back.stage_graph.num_devices == 2
+    assert (back.microbatches, back.memory_limit, back.name) == (4, 100.0, "hand")
+    assert metrics(back) == metrics(sched)
+    # writing what was read gives the same bytes: deterministic output
+    write_plan(tmp_path / "again.json", back, extra={"lower_bound": 2.0})
+    assert (tmp_path / "again.json").read_text() == path.read_text()
+
+
+def test_invalid_schedule_writes_nothing(tmp_path):
+    sched = dual_direction_schedule()
+    sched.memory_limit = 5.0  # below parameters + one activation on each device
+    path = tmp_path / "plan.json"
+    with pytest.raises(ScheduleError, match="memory limit 5"):
+        write_plan(path, sched)
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_no_memory_limit_is_null(tmp_path):
+    sched = dual_direction_schedule()
+    sched.memory_limit = None
+    write_plan(tmp_path / "p.json", sched)
+    assert json.loads((tmp_path / "p.json").read_text())["memory_limit_bytes"] is None
+    assert read_plan(tmp_path / "p.json")[0].memory_limit is None
+
+
+@pytest.mark.parametrize(
+    "mutate, needle",
+    [
+        (lambda d: d.update(schema="other/2"), "field schema is 'other/2'"),
+        (lambda d: d["stages"][1]["time"].pop("I"), r"stages\[1\].time.I must be a finite number"),
+        (lambda d: d["schedule"]["events"][0].update({"pass": "X"}), r"schedule.events\[0\].pass is 'X'"),
+        (lambda d: d["stages"][1].update(preds=[]), r"stages\[1\].preds is \[\] but the edges"),
+        (lambda d: d["stages"][0].update(id=5), r"stages\[0\].id is 5"),
+        (lambda d: d.update(devices="two"), "field devices must be an integer"),
+        (lambda d: d["edges"][0].update(dst=9), "edge 0->9 names a stage that does not exist"),
+        (lambda d: d.pop("schedule"), "field schedule must be an object"),
+    ],
+)
+def test_malformed_plans_give_one_line(tmp_path, mutate, needle):
+    d = plan_dict(dual_direction_schedule())
+    mutate(d)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(OpschedError, match=needle) as exc:
+        read_plan(path)
+    assert "\n" not in str(exc.value) and str(path) in str(exc.value)
+
+
+def test_not_json_and_missing_file(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{ nope")
+    with pytest.raises(OpschedError, match="not valid JSON"):
+        read_plan(bad)
+    with pytest.raises(OpschedError, match="no such plan file"):
+        read_plan(tmp_path / "missing.json")
+
+
+def test_events_one_per_line(tmp_path):
+    sched = dual_direction_schedule()
+    write_plan(tmp_path / "p.json", sched)
+    lines = [ln for ln in (tmp_path / "p.json").read_text().splitlines() if '"pass"' in ln]
+    assert len(lines) == len(sched.events)
+
+
+def test_event_with_unknown_stage_is_refused_by_validate_not_reader(tmp_path):
+    sched = dual_direction_schedule()
+    d = plan_dict(sched)
+    d["schedule"]["events"].append({"stage": 0, "microbatch": 3, "pass": "F", "start": 0.0, "end": 1.0})
+    (tmp_path / "p.json").write_text(json.dumps(d))
+    back, _ = read_plan(tmp_path / "p.json")
+    from opsched.schedule import validate
+
+    with pytest.raises(ScheduleError, match="does not run microbatch 3"):
+        validate(back)
+    assert isinstance(back.events[-1], Event)
