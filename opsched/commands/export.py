@@ -1,0 +1,55 @@
+"""Write a plan as a schedule file for torch.distributed.pipelining.
+
+The compute-only CSV has one row per pipeline rank (one rank per device group,
+ranks numbered by the group's smallest device) and one action per cell, in the
+plan's event order on that rank. torch's ``_PipelineScheduleRuntime`` loads it
+with ``_load_csv(path, format="compute_only")``. A plan torch cannot run (a
+branching StageGraph, a stage that runs only some microbatches, an order that
+would deadlock) is refused and no file is written.
+
+example:
+  opsched export out/plan.json --torch-csv out/schedule.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from opsched.errors import OpschedError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("plan", metavar="PLAN.json", help="a plan written by `opsched plan` or `opsched compare`")
+    parser.add_argument(
+        "--torch-csv", metavar="FILE.csv", required=True, help="where to write the compute-only schedule CSV"
+    )
+    parser.add_argument(
+        "--no-torch-check",
+        action="store_true",
+        help="skip loading the file with torch's own loader and deadlock simulation (done when torch is installed)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from opsched.export import torch_csv
+
+    schedule = _read_plan_schedule(args.plan)
+    check = not args.no_torch_check and torch_csv.torch_available()
+    rows = torch_csv.write_torch_csv(args.torch_csv, schedule, check_with_torch=check)
+    groups = torch_csv.torch_ranks(schedule.stage_graph)
+    mapping = ", ".join(f"rank {r} = devices {list(g)}" for r, g in enumerate(groups))
+    status = "passed torch's loader and deadlock simulation" if check else "not checked with torch"
+    print(
+        f"wrote {args.torch_csv}: {len(rows)} ranks ({mapping}), {len(schedule.stage_graph.stages)} stages, "
+        f"{schedule.microbatches} microbatches, {sum(len(r) for r in rows)} actions; {status}"
+    )
+    return 0
+
+
+def _read_plan_schedule(path: str):
+    try:
+        from opsched.export.plan_json import read_plan
+    except ImportError:
+        raise OpschedError("reading plan.json needs opsched.export.plan_json, which this checkout lacks") from None
+    schedule, _extra = read_plan(path)
+    return schedule

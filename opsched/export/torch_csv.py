@@ -1,0 +1,541 @@
+"""Schedules as CSV files for PyTorch's pipeline runtime (``torch.distributed.pipelining``).
+
+PyTorch's ``_PipelineScheduleRuntime`` reads a schedule from a CSV file: one row
+per pipeline rank in rank order, one action per cell (``0F3``, ``2I5``, ``2W5``,
+``1B0``, an overlapped pair ``(0F7;7B3)OVERLAP_F_B``), stage ids global. In the
+*compute-only* format the runtime inserts the sends and receives itself.
+
+This module goes both ways:
+
+* :func:`torch_rows` / :func:`write_torch_csv` turn an opsched order (or a timed
+  :class:`~opsched.schedule.Schedule`) into such a file, after checking that
+  PyTorch's runtime can express the plan (a chain of stages, every stage runs
+  every microbatch, device groups equal or disjoint) and that the order cannot
+  deadlock;
+* :func:`read_torch_csv` reads a hand-written file (compute-only, or with comm
+  actions, which are ignored for timing) back into an opsched order, with
+  errors that name the row and cell.
+
+One pipeline rank is one device group: a stage on devices ``(2, 3)`` runs on one
+rank. Ranks are the distinct device groups, numbered by their smallest device.
+
+>>> from opsched.schedule import Job, chain_stage_graph
+>>> sg = chain_stage_graph(2, f=1, b=2, w=1)
+>>> order = {0: [Job(0, 0, "F"), Job(0, 0, "B")], 1: [Job(1, 0, "F"), Job(1, 0, "B")]}
+>>> torch_rows(sg, order, microbatches=1)
+[['0F0', '0B0'], ['1F0', '1B0']]
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+from pathlib import Path
+from typing import Sequence
+
+from opsched.errors import OpschedError
+from opsched.fileio import atomic_path
+from opsched.schedule import (
+    Action,
+    Job,
+    Order,
+    Pair,
+    Schedule,
+    StageGraph,
+    dependencies,
+    simulate,
+)
+
+_JOB_RE = re.compile(r"^(\d+)([FIWB])(\d+)$")
+_COMM_RE = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|UNSHARD|RESHARD|REDUCE_GRAD)(\d*)$")
+_PAIR_RE = re.compile(r"^\(([^;()]*);([^;()]*)\)OVERLAP_F_B$")
+_EXAMPLE = "expected e.g. 1F3, 1I3, 1W3, 1B3, (0F7;3B2)OVERLAP_F_B or a comm action such as 1SEND_F3"
+
+
+# --------------------------------------------------------------------------- ranks
+
+
+def torch_ranks(sg: StageGraph) -> list[tuple[int, ...]]:
+    """The pipeline ranks of ``sg``: its distinct device groups, ordered by smallest device.
+
+    Raises :class:`OpschedError` when two groups share a device without being
+    the same group (PyTorch gives each stage exactly one rank).
+
+    >>> from opsched.schedule import chain_stage_graph
+    >>> torch_ranks(chain_stage_graph(4, devices=2, placement="v"))
+    [(0,), (1,)]
+    """
+    groups: list[tuple[int, ...]] = []
+    owner: dict[int, tuple[int, tuple[int, ...]]] = {}
+    for s in sg.stages:
+        group = tuple(sorted(s.devices))
+        for d in group:
+            if d in owner and owner[d][1] != group:
+                other, other_group = owner[d]
+                raise OpschedError(
+                    f"stage {s.id} runs on devices {group}, which overlap stage {other}'s group {other_group} "
+                    "without being the same group; torch's runtime gives each stage one pipeline rank, "
+                    "so device groups must be equal or disjoint"
+                )
+            owner.setdefault(d, (s.id, group))
+        if group not in groups:
+            groups.append(group)
+    return sorted(groups, key=min)
+
+
+def stage_ranks(sg: StageGraph) -> dict[int, int]:
+    """stage id -> pipeline rank (see :func:`torch_ranks`)."""
+    ranks = {g: r for r, g in enumerate(torch_ranks(sg))}
+    return {s.id: ranks[tuple(sorted(s.devices))] for s in sg.stages}
+
+
+def check_expressible(sg: StageGraph, microbatches: int) -> None:
+    """Raise :class:`OpschedError` saying why PyTorch's runtime cannot run ``sg``, if it cannot.
+
+    The runtime (torch 2.6 to 2.13) passes activations only from stage k to
+    stage k+1, so the StageGraph must be the chain 0 -> 1 -> ... -> N-1; every
+    stage runs every microbatch; a stage's device group maps to one rank.
+    """
+    n = len(sg.stages)
+    for s in sg.stages:
+        succs = sorted(e.dst for e in sg.succs(s.id))
+        preds = sorted(e.src for e in sg.preds(s.id))
+        if len(succs) > 1 or len(preds) > 1:
+            which = f"stage {s.id} feeds stages {succs}" if len(succs) > 1 else f"stages {preds} feed stage {s.id}"
+            raise OpschedError(
+                f"the StageGraph branches ({which}); torch.distributed.pipelining only runs a chain of "
+                "stages 0 -> 1 -> ... -> N-1, so this plan cannot be exported (plan it with a chain of stages)"
+            )
+        want_succs = [s.id + 1] if s.id < n - 1 else []
+        if succs != want_succs:
+            got = f"feeds stage {succs[0]}" if succs else "feeds no stage"
+            want = f"stage {s.id + 1}" if want_succs else "no stage"
+            raise OpschedError(
+                f"stage {s.id} {got}, but torch.distributed.pipelining runs stage k into stage k+1: "
+                f"stage {s.id} must feed {want}; number the stages along the chain"
+            )
+        if s.microbatches is not None and set(s.microbatches) != set(range(microbatches)):
+            raise OpschedError(
+                f"stage {s.id} runs only microbatches {list(s.microbatches)} (e.g. one direction of "
+                "bidirectional DualPipe with copied stages); torch's runtime sends every microbatch through "
+                "every stage, so this plan cannot be exported (use DualPipeV, which torch runs)"
+            )
+    torch_ranks(sg)
+
+
+# --------------------------------------------------------------------------- schedule -> order
+
+
+def _job_key(sg: StageGraph, job: Job) -> tuple:
+    """A tie-break between events that start and end together (zero durations) that respects dependencies."""
+    topo = sg.topological_order().index(job.stage)
+    phase = {"F": (0, topo), "I": (1, -topo), "B": (1, -topo), "W": (2, topo)}[job.pass_]
+    return phase + (job.microbatch,)
+
+
+def order_from_schedule(schedule: Schedule) -> Order:
+    """The order of a timed schedule: each device's events by start time, pairs joined.
+
+    The two halves of an overlapped pair (events with the same ``pair`` id)
+    become one :class:`~opsched.schedule.Pair`, its F first as PyTorch writes it.
+    """
+    sg = schedule.stage_graph
+    by_pair: dict[int, list] = {}
+    for e in schedule.events:
+        if e.pair is not None:
+            by_pair.setdefault(e.pair, []).append(e)
+    items: list[tuple[tuple, Action, tuple[int, ...]]] = []
+    seen_pairs: set[int] = set()
+    for e in schedule.events:
+        if e.pair is not None:
+            if e.pair in seen_pairs:
+                continue
+            seen_pairs.add(e.pair)
+            halves = by_pair[e.pair]
+            if len(halves) != 2:
+                raise OpschedError(f"pair id {e.pair} has {len(halves)} events; a pair joins exactly two jobs")
+            a, b = sorted((h.job for h in halves), key=lambda j: (j.pass_ != "F", j.stage, j.microbatch))
+            action: Action = Pair(a, b)
+            key = (e.start, e.end) + _job_key(sg, a)
+            devices = sg.stage(a.stage).devices
+        else:
+            action = e.job
+            key = (e.start, e.end) + _job_key(sg, e.job)
+            devices = sg.stage(e.stage).devices
+        items.append((key, action, devices))
+    order: Order = {d: [] for d in range(sg.num_devices or 0)}
+    for key, action, devices in sorted(items, key=lambda it: it[0]):
+        for d in devices:
+            order[d].append(action)
+    return order
+
+
+# --------------------------------------------------------------------------- order -> rows
+
+
+def _jobs(action: Action) -> tuple[Job, ...]:
+    return (action.first, action.second) if isinstance(action, Pair) else (action,)
+
+
+def _check_complete(sg: StageGraph, rows: Sequence[Sequence[Action]], microbatches: int, where) -> None:
+    """Every (stage, microbatch) has one F and either one B or one I and one W, each listed once.
+
+    ``where(row, index)`` names a cell in error messages.
+    """
+    seen: dict[Job, tuple[int, int]] = {}
+    for r, row in enumerate(rows):
+        for i, action in enumerate(row):
+            for job in _jobs(action):
+                if job.stage >= len(sg.stages):
+                    raise OpschedError(
+                        f"{where(r, i)}: '{action}' names stage {job.stage}, but the plan has stages "
+                        f"0..{len(sg.stages) - 1}"
+                    )
+                if job.microbatch >= microbatches:
+                    raise OpschedError(
+                        f"{where(r, i)}: '{action}' names microbatch {job.microbatch}, but there are "
+                        f"{microbatches} microbatches (0..{microbatches - 1})"
+                    )
+                if job in seen:
+                    raise OpschedError(
+                        f"{where(r, i)}: '{job}' appears a second time (first at {where(*seen[job])}); "
+                        "list each action once"
+                    )
+                seen[job] = (r, i)
+    ranks = stage_ranks(sg)
+    for s in sg.stages:
+        for m in range(microbatches):
+            if not s.runs(m):
+                continue
+            missing = [p for p in ("F",) if Job(s.id, m, p) not in seen]
+            has_b = Job(s.id, m, "B") in seen
+            has_i, has_w = Job(s.id, m, "I") in seen, Job(s.id, m, "W") in seen
+            if has_b and (has_i or has_w):
+                raise OpschedError(
+                    f"stage {s.id} microbatch {m} has both a full backward {s.id}B{m} and a split one "
+                    f"({s.id}I{m}/{s.id}W{m}); keep either B or I and W"
+                )
+            if not has_b:
+                missing += [p for p, has in (("I", has_i), ("W", has_w)) if not has]
+                if not has_i and not has_w:
+                    missing = missing[:-2] + ["B (or I and W)"]
+            if missing:
+                r = ranks[s.id]
+                raise OpschedError(
+                    f"stage {s.id} microbatch {m} has no {' and no '.join(missing)}: add "
+                    f"{', '.join(f'{s.id}{p[0]}{m}' for p in missing)} to row {r + 1} (rank {r})"
+                )
+
+
+def _backward_kinds(rows: Sequence[Sequence[Action]]) -> dict[tuple[int, int], str]:
+    kinds: dict[tuple[int, int], str] = {}
+    for row in rows:
+        for a in row:
+            for job in _jobs(a):
+                if job.pass_ in ("I", "B"):
+                    kinds[(job.stage, job.microbatch)] = job.pass_
+    return kinds
+
+
+def _blocked_heads(sg: StageGraph, rows: Sequence[Sequence[Action]]) -> dict[int, tuple[int, list[Job]]] | None:
+    """Run the rows in order without times, as torch's runtime does.
+
+    Returns None when every row runs to its end, else, for each row that is
+    stuck, the index of its blocked action and the dependencies it waits for.
+    """
+    backward = _backward_kinds(rows)
+    done: set[Job] = set()
+    heads = [0] * len(rows)
+    while True:
+        progressed = False
+        for r, row in enumerate(rows):
+            while heads[r] < len(row):
+                jobs = _jobs(row[heads[r]])
+                if any(d not in done for job in jobs for d, _ in dependencies(sg, job, backward)):
+                    break
+                done.update(jobs)
+                heads[r] += 1
+                progressed = True
+        if all(heads[r] >= len(row) for r, row in enumerate(rows)):
+            return None
+        if not progressed:
+            return {
+                r: (heads[r], [d for job in _jobs(row[heads[r]]) for d, _ in dependencies(sg, job, backward) if d not in done])
+                for r, row in enumerate(rows)
+                if heads[r] < len(row)
+            }
+
+
+def _deadlock_detail(rows, blocked, where) -> str:
+    return "; ".join(
+        f"{where(r, i)}: '{rows[r][i]}' waits for {', '.join(map(str, deps))}" for r, (i, deps) in blocked.items()
+    )
+
+
+def _rank_rows(sg: StageGraph, order: Order) -> list[list[Action]]:
+    """One list of actions per rank (device group), checking the group's devices agree."""
+    rows = []
+    for group in torch_ranks(sg):
+        lists = {d: list(order.get(d, [])) for d in group}
+        first = lists[group[0]]
+        for d in group[1:]:
+            if lists[d] != first:
+                raise OpschedError(
+                    f"devices {group[0]} and {d} of one group list different actions; torch runs a device "
+                    "group as one pipeline rank, so every device of the group must run the same order"
+                )
+        rows.append(first)
+    return rows
+
+
+def checked_rank_rows(sg: StageGraph, order: Order, microbatches: int, name: str = "the order") -> list[list[Action]]:
+    """Rank rows of ``order`` after every check: expressible, complete, placed, deadlock-free."""
+    check_expressible(sg, microbatches)
+    ranks = stage_ranks(sg)
+    for d, acts in order.items():
+        for a in acts:
+            for job in _jobs(a):
+                if job.stage >= len(sg.stages) or d not in sg.stage(job.stage).devices:
+                    raise OpschedError(f"{name}: action {a} is listed on device {d}, which does not host its stage")
+    rows = _rank_rows(sg, order)
+    where = lambda r, i: f"{name} rank {r}, action {i + 1}"  # noqa: E731
+    _check_complete(sg, rows, microbatches, where)
+    for r, row in enumerate(rows):
+        for a in row:
+            if isinstance(a, Pair) and ranks[a.first.stage] != ranks[a.second.stage]:
+                raise OpschedError(f"{name}: pair {a} joins stages on different ranks")
+    blocked = _blocked_heads(sg, rows)
+    if blocked:
+        detail = _deadlock_detail(rows, blocked, where)
+        raise OpschedError(f"{name} would deadlock in torch's runtime: {detail}; reorder the actions")
+    return rows
+
+
+def torch_rows(sg: StageGraph, order: Order, microbatches: int) -> list[list[str]]:
+    """The compute-only CSV rows of ``order``: one list of action strings per rank.
+
+    Raises :class:`OpschedError` when torch cannot express the plan or the
+    order is incomplete or would deadlock (so a bad file is never written).
+    """
+    return [[str(a) for a in row] for row in checked_rank_rows(sg, order, microbatches)]
+
+
+def csv_text(rows: Sequence[Sequence[str]]) -> str:
+    """CSV text of rows, as ``csv.writer`` writes it (what torch's ``_dump_csv`` does)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    for row in rows:
+        writer.writerow(row)
+    return buf.getvalue()
+
+
+def write_torch_csv(
+    path: str | os.PathLike,
+    schedule: Schedule | None = None,
+    *,
+    sg: StageGraph | None = None,
+    order: Order | None = None,
+    microbatches: int | None = None,
+    check_with_torch: bool = True,
+) -> list[list[str]]:
+    """Write a schedule (or ``sg`` + ``order`` + ``microbatches``) as a compute-only torch CSV.
+
+    The file is written atomically and only after every check passed: opsched's
+    own (see :func:`torch_rows`) and, when torch is installed and
+    ``check_with_torch``, torch's loader, validation and deadlock simulation
+    (:func:`check_with_torch_loader`). Returns the rows.
+    """
+    if schedule is not None:
+        sg, order, microbatches = schedule.stage_graph, order_from_schedule(schedule), schedule.microbatches
+    if sg is None or order is None or microbatches is None:
+        raise OpschedError("write_torch_csv needs a schedule, or sg, order and microbatches")
+    rows = torch_rows(sg, order, microbatches)
+    with atomic_path(path) as tmp:
+        tmp.write_text(csv_text(rows), encoding="utf-8", newline="")
+        if check_with_torch and torch_available():
+            check_with_torch_loader(tmp, num_stages=len(sg.stages), microbatches=microbatches)
+    return rows
+
+
+# --------------------------------------------------------------------------- torch's own checks
+
+
+def torch_available() -> bool:
+    """True when ``torch.distributed.pipelining`` imports (torch is an optional extra)."""
+    try:
+        import torch.distributed.pipelining.schedules  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def _mock_stages(num_stages: int, num_ranks: int, per_rank: int):
+    from types import SimpleNamespace
+
+    return [
+        SimpleNamespace(num_stages=num_stages, group_size=num_ranks, group_rank=0, stage_index=k, submod=None)
+        for k in range(max(per_rank, 1))
+    ]
+
+
+def load_with_torch(path: str | os.PathLike, num_stages: int, microbatches: int):
+    """Load a compute-only CSV with torch's own ``_PipelineScheduleRuntime._load_csv``.
+
+    No process group is needed: the runtime object is built on stand-in stage
+    records. Returns the runtime (``pipeline_order`` and
+    ``pipeline_order_with_comms`` filled in). torch's errors pass through.
+    """
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+    with open(path, newline="") as f:
+        num_ranks = sum(1 for _ in csv.reader(f))
+    runtime = _PipelineScheduleRuntime(_mock_stages(num_stages, num_ranks, 1), microbatches)
+    runtime._load_csv(str(path), format="compute_only")
+    return runtime
+
+
+def torch_simulate(runtime) -> dict:
+    """Run torch's dry-run deadlock simulation (``_simulate_comms_compute``) on a loaded runtime.
+
+    torch's simulator knows compute and send/receive actions only, so the
+    REDUCE_GRAD/UNSHARD/RESHARD bookkeeping actions are dropped and an
+    overlapped pair is unrolled into its two sub-actions, in the order the
+    runtime executes them.
+    """
+    from torch.distributed.pipelining.schedules import _ComputationType, _simulate_comms_compute
+
+    skip = {_ComputationType.REDUCE_GRAD, _ComputationType.UNSHARD, _ComputationType.RESHARD}
+    flat = {}
+    for rank, actions in runtime.pipeline_order_with_comms.items():
+        out = []
+        for a in actions:
+            if a is None or a.computation_type in skip:
+                continue
+            out.extend(a.sub_actions if a.sub_actions is not None else (a,))
+        flat[rank] = out
+    mapping = runtime.stage_index_to_group_rank
+    return _simulate_comms_compute(flat, lambda s: mapping[s], runtime._num_stages)
+
+
+def check_with_torch_loader(path: str | os.PathLike, num_stages: int, microbatches: int) -> None:
+    """Load ``path`` with torch's loader and run torch's validation and deadlock simulation.
+
+    Raises :class:`OpschedError` with torch's first message line when torch rejects it.
+    """
+    import contextlib
+
+    try:
+        runtime = load_with_torch(path, num_stages, microbatches)
+        # torch prints the stuck schedule before raising; keep stdout clean
+        with contextlib.redirect_stdout(io.StringIO()):
+            torch_simulate(runtime)
+    except (AssertionError, ValueError, RuntimeError, KeyError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise OpschedError(f"torch's pipeline runtime rejects the schedule: {first}") from None
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def parse_cell(text: str) -> Action | str | None:
+    """Parse one CSV cell: a Job, a Pair, ``"comm"`` for a comm/bookkeeping action, None if empty.
+
+    Raises ``ValueError`` with a short reason on anything else.
+
+    >>> parse_cell("1F3"), parse_cell("(0F7;3B2)OVERLAP_F_B"), parse_cell("1SEND_F3"), parse_cell(" ")
+    (Job(stage=1, microbatch=3, pass_='F'), Pair(first=Job(stage=0, microbatch=7, pass_='F'), second=Job(stage=3, microbatch=2, pass_='B')), 'comm', None)
+    """
+    text = text.strip()
+    if not text:
+        return None
+    if m := _JOB_RE.match(text):
+        return Job(int(m.group(1)), int(m.group(3)), m.group(2))
+    if _COMM_RE.match(text):
+        return "comm"
+    if m := _PAIR_RE.match(text):
+        halves = []
+        for part in (m.group(1).strip(), m.group(2).strip()):
+            j = _JOB_RE.match(part)
+            if not j:
+                raise ValueError(f"'{part}' inside the pair is not a compute action")
+            halves.append(Job(int(j.group(1)), int(j.group(3)), j.group(2)))
+        return Pair(halves[0], halves[1])
+    raise ValueError("is not an action")
+
+
+def read_torch_csv(path: str | os.PathLike, sg: StageGraph, microbatches: int) -> Order:
+    """Read a PyTorch pipeline CSV (compute-only, or with comm actions) into an opsched order.
+
+    Row r is pipeline rank r, i.e. the r-th device group of ``sg`` (see
+    :func:`torch_ranks`); its actions go to every device of that group. Comm
+    and bookkeeping actions (SEND_F, RECV_B, UNSHARD, REDUCE_GRAD, ...) are
+    checked for syntax and ignored, as opsched times transfers from the
+    StageGraph's edges. Checks, each error naming the row and cell: every cell
+    parses, every action sits on the rank that hosts its stage, every job is
+    present exactly once, and the order can run without deadlock.
+
+    >>> import tempfile, os                                  # doctest: +SKIP
+    >>> order = read_torch_csv("schedule.csv", sg, 8)        # doctest: +SKIP
+    """
+    name = Path(path).name
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            raw = list(csv.reader(f))
+    except FileNotFoundError:
+        raise OpschedError(f"{path}: no such schedule file; pass the path of a CSV file") from None
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise OpschedError(f"{path}: cannot read it as CSV ({exc})") from None
+    check_expressible(sg, microbatches)
+    groups = torch_ranks(sg)
+    while raw and not any(c.strip() for c in raw[-1]):
+        raw.pop()  # a trailing blank line is not a rank
+    if len(raw) != len(groups):
+        raise OpschedError(
+            f"{name} has {len(raw)} rows but the plan has {len(groups)} pipeline ranks "
+            f"(device groups {groups}); write one row per rank in rank order"
+        )
+    ranks = stage_ranks(sg)
+    rows: list[list[Action]] = []
+    cells: list[list[int]] = []  # 1-based cell number of each kept action
+    where_cell = lambda r, c: f"{name} row {r + 1} (rank {r}), cell {c}"  # noqa: E731
+    for r, row in enumerate(raw):
+        kept: list[Action] = []
+        kept_cells: list[int] = []
+        for c, text in enumerate(row, start=1):
+            try:
+                action = parse_cell(text)
+            except ValueError as exc:
+                raise OpschedError(f"{where_cell(r, c)}: '{text.strip()}' {exc}; {_EXAMPLE}") from None
+            if action is None or action == "comm":
+                continue
+            for job in _jobs(action):
+                if job.stage >= len(sg.stages):
+                    raise OpschedError(
+                        f"{where_cell(r, c)}: '{text.strip()}' names stage {job.stage}, but the plan has stages "
+                        f"0..{len(sg.stages) - 1}"
+                    )
+                if ranks[job.stage] != r:
+                    raise OpschedError(
+                        f"{where_cell(r, c)}: '{text.strip()}' runs stage {job.stage}, which lives on rank "
+                        f"{ranks[job.stage]} (devices {groups[ranks[job.stage]]}); move it to row {ranks[job.stage] + 1}"
+                    )
+            if isinstance(action, Pair) and action.first == action.second:
+                raise OpschedError(f"{where_cell(r, c)}: '{text.strip()}' pairs a job with itself")
+            kept.append(action)
+            kept_cells.append(c)
+        rows.append(kept)
+        cells.append(kept_cells)
+    where = lambda r, i: where_cell(r, cells[r][i])  # noqa: E731
+    _check_complete(sg, rows, microbatches, where)
+    blocked = _blocked_heads(sg, rows)
+    if blocked:
+        detail = _deadlock_detail(rows, blocked, where)
+        raise OpschedError(f"the schedule deadlocks: {detail}; reorder the actions so every dependency comes first")
+    order: Order = {d: [] for d in range(sg.num_devices or 0)}
+    for group, row in zip(groups, rows):
+        for d in group:
+            order[d] = list(row)
+    simulate(sg, order, microbatches)  # the timing check every order goes through
+    return order
