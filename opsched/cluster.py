@@ -1,0 +1,311 @@
+"""The machine and the training settings a plan is made for.
+
+A :class:`Cluster` describes identical devices packed ``devices_per_node`` to a
+node: peak FLOP/s per dtype with an achievable-efficiency factor, memory
+capacity and bandwidth, and the bandwidth and latency of the links inside a
+node and between nodes. :class:`Training` holds what the step looks like:
+microbatch count and size, the compute dtype and the bytes each parameter
+costs in memory (weights + gradients + optimizer state).
+
+Clusters come from a named preset (:data:`PRESETS`) or a JSON / TOML file
+(:func:`load_cluster`); :func:`resolve_cluster` implements the CLI rule
+"``--devices N`` alone picks the default preset". Every field is checked:
+a missing or negative one is an :class:`OpschedError` naming it.
+
+>>> c = preset("h100-sxm", devices=16)
+>>> c.nodes, c.flops_per_second("bf16") == 989e12 * 0.5
+(2, True)
+>>> parse_bytes("80GiB") == 80 * 2**30
+True
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from opsched.errors import OpschedError
+
+#: preset used when only ``--devices N`` is given
+DEFAULT_PRESET = "h100-sxm"
+
+#: Adam in mixed precision: bf16 weight (2) + bf16 gradient (2) + fp32 master
+#: weight, first and second moment (4 + 4 + 4 = 12) = 16 bytes per parameter.
+ADAM_MIXED_PRECISION_BYTES = {"param": 2.0, "grad": 2.0, "optimizer": 12.0}
+
+DTYPE_BYTES = {"fp8": 1, "bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Identical devices, ``devices_per_node`` to a node.
+
+    Units: FLOP/s, bytes, bytes/s, seconds. ``efficiency`` scales peak FLOP/s
+    to what dense training kernels achieve (model FLOPs utilisation).
+    """
+
+    name: str
+    devices: int
+    devices_per_node: int
+    peak_flops: Mapping[str, float]  # dtype -> peak dense FLOP/s of one device
+    efficiency: float
+    memory_bytes: float  # capacity of one device
+    memory_bandwidth: float  # bytes/s of one device's memory
+    intra_node_bandwidth: float  # bytes/s, one direction, between two devices of a node
+    intra_node_latency: float  # seconds per message
+    inter_node_bandwidth: float  # bytes/s, one direction, per device across nodes
+    inter_node_latency: float
+
+    @property
+    def nodes(self) -> int:
+        """Number of nodes (the last one may be partly used)."""
+        return math.ceil(self.devices / self.devices_per_node)
+
+    def node_of(self, device: int) -> int:
+        return device // self.devices_per_node
+
+    def flops_per_second(self, dtype: str) -> float:
+        """Achievable FLOP/s of one device in ``dtype`` (peak × efficiency)."""
+        if dtype not in self.peak_flops:
+            known = ", ".join(sorted(self.peak_flops))
+            raise OpschedError(f"cluster {self.name!r} has no peak FLOP/s for dtype {dtype!r}; known: {known}")
+        return float(self.peak_flops[dtype]) * self.efficiency
+
+    def link(self, devices_a: tuple[int, ...], devices_b: tuple[int, ...]) -> tuple[float, float]:
+        """(bandwidth, latency) of the slowest link between two device sets.
+
+        Intra-node when every device of both sets sits on one node, else inter-node.
+        """
+        nodes = {self.node_of(d) for d in devices_a} | {self.node_of(d) for d in devices_b}
+        if len(nodes) <= 1:
+            return self.intra_node_bandwidth, self.intra_node_latency
+        return self.inter_node_bandwidth, self.inter_node_latency
+
+
+@dataclass(frozen=True)
+class Training:
+    """What one training step looks like.
+
+    ``microbatch_size`` is the number of samples in a microbatch; block costs
+    come from the import dims, so it is used only to report samples/s.
+    ``bytes_per_param`` is the memory each parameter costs on a device that
+    holds it: weight + gradient + optimizer state (default: Adam in mixed
+    precision, 2 + 2 + 12 = 16). ``grad_bytes`` is the size of one gradient
+    element on the wire (the data-parallel all-reduce).
+    """
+
+    microbatches: int = 8
+    microbatch_size: int = 1
+    dtype: str = "bf16"
+    param_bytes: float = ADAM_MIXED_PRECISION_BYTES["param"]
+    grad_bytes: float = ADAM_MIXED_PRECISION_BYTES["grad"]
+    optimizer_bytes: float = ADAM_MIXED_PRECISION_BYTES["optimizer"]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.microbatches, int) or self.microbatches < 1:
+            raise OpschedError(f"microbatches must be a positive integer, got {self.microbatches!r}; pass --microbatches M with M >= 1")
+        if not isinstance(self.microbatch_size, int) or self.microbatch_size < 1:
+            raise OpschedError(f"microbatch size must be a positive integer, got {self.microbatch_size!r}")
+        if self.dtype not in DTYPE_BYTES:
+            raise OpschedError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPE_BYTES)}")
+        for name in ("param_bytes", "grad_bytes", "optimizer_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < 0:
+                raise OpschedError(f"training setting {name} must be a number >= 0, got {value!r}")
+
+    @property
+    def bytes_per_param(self) -> float:
+        """Memory per parameter held: weight + gradient + optimizer state."""
+        return float(self.param_bytes + self.grad_bytes + self.optimizer_bytes)
+
+
+# --------------------------------------------------------------------------- presets
+
+# Figures are public datasheet values: dense (no sparsity) tensor-core FLOP/s,
+# HBM capacity and bandwidth, NVLink bandwidth per direction (half the
+# bidirectional figure), one 400 Gb/s (H100/H200) or 200 Gb/s (A100) NIC per GPU.
+# Latencies are typical small-message figures. Efficiency 0.5 is a common MFU
+# for large-model training.
+PRESETS: dict[str, dict[str, Any]] = {
+    "h100-sxm": {
+        "devices_per_node": 8,
+        "peak_flops": {"fp8": 1979e12, "bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
+        "efficiency": 0.5,
+        "memory_bytes": 80e9,
+        "memory_bandwidth": 3.35e12,
+        "intra_node_bandwidth": 450e9,
+        "intra_node_latency": 5e-6,
+        "inter_node_bandwidth": 50e9,
+        "inter_node_latency": 10e-6,
+    },
+    "a100-80g": {
+        "devices_per_node": 8,
+        "peak_flops": {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
+        "efficiency": 0.5,
+        "memory_bytes": 80e9,
+        "memory_bandwidth": 2.039e12,
+        "intra_node_bandwidth": 300e9,
+        "intra_node_latency": 5e-6,
+        "inter_node_bandwidth": 25e9,
+        "inter_node_latency": 10e-6,
+    },
+    "h200": {
+        "devices_per_node": 8,
+        "peak_flops": {"fp8": 1979e12, "bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
+        "efficiency": 0.5,
+        "memory_bytes": 141e9,
+        "memory_bandwidth": 4.8e12,
+        "intra_node_bandwidth": 450e9,
+        "intra_node_latency": 5e-6,
+        "inter_node_bandwidth": 50e9,
+        "inter_node_latency": 10e-6,
+    },
+}
+
+_NUMBER_FIELDS = (
+    "devices_per_node",
+    "efficiency",
+    "memory_bytes",
+    "memory_bandwidth",
+    "intra_node_bandwidth",
+    "intra_node_latency",
+    "inter_node_bandwidth",
+    "inter_node_latency",
+)
+
+
+def preset(name: str, devices: int | None = None) -> Cluster:
+    """The named preset cluster with ``devices`` devices (default: one node).
+
+    >>> preset("a100-80g").devices
+    8
+    """
+    if name not in PRESETS:
+        raise OpschedError(f"unknown preset {name!r}; choose one of {', '.join(sorted(PRESETS))}")
+    spec = dict(PRESETS[name])
+    spec["devices"] = spec["devices_per_node"] if devices is None else devices
+    return cluster_from_dict(spec, source=f"preset {name}", name=name)
+
+
+def cluster_from_dict(spec: Mapping[str, Any], source: str = "cluster", name: str | None = None) -> Cluster:
+    """Build and check a :class:`Cluster` from a mapping.
+
+    A ``"preset"`` key names a preset whose fields fill in what ``spec`` leaves
+    out. Every field must be present and every number positive (latencies
+    may be 0; efficiency must lie in (0, 1]).
+    """
+    spec = dict(spec)
+    base = spec.pop("preset", None)
+    if base is not None:
+        if base not in PRESETS:
+            raise OpschedError(f"{source}: unknown preset {base!r}; choose one of {', '.join(sorted(PRESETS))}")
+        merged = dict(PRESETS[base])
+        merged.update(spec)
+        spec = merged
+    known = {f.name for f in fields(Cluster)}
+    unknown = sorted(set(spec) - known)
+    if unknown:
+        raise OpschedError(f"{source}: unknown field {unknown[0]!r}; fields are {', '.join(sorted(known - {'name'}))}")
+    for key in ("devices",) + _NUMBER_FIELDS + ("peak_flops",):
+        if key not in spec:
+            raise OpschedError(f"{source}: missing field {key!r}; add it (see docs/cost-model.md) or start from a preset")
+    for key in ("devices", "devices_per_node"):
+        if not isinstance(spec[key], int) or isinstance(spec[key], bool) or spec[key] < 1:
+            raise OpschedError(f"{source}: field {key!r} must be a positive integer, got {spec[key]!r}")
+    for key in _NUMBER_FIELDS[1:]:
+        value = spec[key]
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise OpschedError(f"{source}: field {key!r} must be a number, got {value!r}")
+        if value < 0 or (value == 0 and not key.endswith("latency")):
+            raise OpschedError(f"{source}: field {key!r} must be positive, got {value!r}")
+    if spec["efficiency"] > 1:
+        raise OpschedError(f"{source}: field 'efficiency' is a fraction of peak in (0, 1], got {spec['efficiency']!r}")
+    peaks = spec["peak_flops"]
+    if not isinstance(peaks, Mapping) or not peaks:
+        raise OpschedError(f"{source}: field 'peak_flops' must map dtypes to FLOP/s, e.g. {{\"bf16\": 989e12}}")
+    for dtype, value in peaks.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise OpschedError(f"{source}: peak_flops[{dtype!r}] must be a positive number, got {value!r}")
+    values = {k: spec[k] for k in spec if k != "name"}
+    values["peak_flops"] = {str(k): float(v) for k, v in peaks.items()}
+    return Cluster(name=str(name or spec.get("name") or base or "custom"), **values)
+
+
+def load_cluster(path: str | Path, devices: int | None = None) -> Cluster:
+    """Read a cluster from a ``.json`` or ``.toml`` file; ``devices`` overrides the file's count.
+
+    TOML needs Python 3.11 (tomllib); on 3.10 use JSON.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise OpschedError(f"cluster file {str(p)!r} does not exist; pass --cluster PATH to a .json or .toml file")
+    text = p.read_text(encoding="utf-8")
+    if p.suffix.lower() == ".toml":
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10
+            raise OpschedError(f"reading {p} needs Python >= 3.11 (tomllib); write the cluster as JSON instead") from None
+        try:
+            spec = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise OpschedError(f"cluster file {p} is not valid TOML: {exc}") from None
+    else:
+        try:
+            spec = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise OpschedError(f"cluster file {p} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
+    if not isinstance(spec, dict):
+        raise OpschedError(f"cluster file {p} must hold one object of fields")
+    if devices is not None:
+        spec["devices"] = devices
+    return cluster_from_dict(spec, source=f"cluster file {p}")
+
+
+def resolve_cluster(devices: int | None = None, cluster_file: str | None = None, preset_name: str | None = None) -> Cluster:
+    """The CLI rule: a file, else a preset, else the default preset; ``devices`` overrides.
+
+    >>> resolve_cluster(devices=16).name
+    'h100-sxm'
+    """
+    if devices is not None and (not isinstance(devices, int) or devices < 1):
+        raise OpschedError(f"--devices must be a positive integer, got {devices!r}")
+    if cluster_file and preset_name:
+        raise OpschedError("give either --cluster FILE or --preset NAME, not both")
+    if cluster_file:
+        return load_cluster(cluster_file, devices)
+    if devices is None and preset_name is None:
+        raise OpschedError("say how many devices to plan for: --devices N (or a --cluster file that sets devices)")
+    return preset(preset_name or DEFAULT_PRESET, devices)
+
+
+_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str | float | int) -> float:
+    """Parse a memory size: ``80GiB``, ``80GB``, ``8e10``, ``512MiB``.
+
+    >>> parse_bytes("1.5 GB")
+    1500000000.0
+    """
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise OpschedError(f"cannot read memory size {text!r}; write e.g. 80GiB, 80GB or 8e10")
+        value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if value <= 0:
+        raise OpschedError(f"memory size must be positive, got {text!r}")
+    return value
+
+
+def with_devices(cluster: Cluster, devices: int) -> Cluster:
+    """The same cluster with a different device count."""
+    if devices < 1:
+        raise OpschedError(f"devices must be at least 1, got {devices}")
+    return replace(cluster, devices=devices)

@@ -1,0 +1,217 @@
+"""Time and memory of a block under a parallel mode, and of a transfer between groups.
+
+One module, one set of formulas (written out in ``docs/cost-model.md``):
+
+* **compute** (roofline): ``max(flops / (peak × eff), io_bytes / mem_bw)``;
+* **backward**: I (input gradient) costs the forward again; W (weight
+  gradient) costs the forward again only for blocks with parameters
+  (a weight matmul ``Y = X·A`` has backward ``dX = dY·Aᵀ`` (I) and
+  ``dA = Xᵀ·dY`` (W), each as many FLOPs as the forward);
+* **parallel modes** on a group of ``k`` devices: tensor parallel degree
+  ``tp``, data-parallel replicas ``dp`` (``tp × dp = k``), or expert parallel
+  ``ep = k`` for blocks holding several experts;
+* **collectives** by the alpha-beta model on the slowest link of the ranks
+  involved: ring all-reduce ``2(k-1)α + 2(k-1)/k · n/β``, all-to-all
+  ``(k-1)α + (k-1)/k · n/β``;
+* **transfer** of ``n`` bytes between groups: ``α + n/β`` (0 on the same group).
+
+>>> from opsched.cluster import preset
+>>> c = preset("h100-sxm")
+>>> roofline_time(989e12 * 0.5, 0.0, c, "bf16")
+1.0
+>>> transfer_time(50e9, preset("h100-sxm", 16), (0,), (8,))   # across nodes: 10 us + 50 GB / 50 GB/s
+1.00001
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from opsched.cluster import Cluster, Training
+from opsched.errors import OpschedError
+from opsched.graph import Block
+
+
+@dataclass(frozen=True, order=True)
+class Mode:
+    """How a block uses the ``tp × dp × ep`` devices of its group.
+
+    ``tp``: tensor-parallel degree (weights and compute split, activations
+    all-reduced); ``dp``: data-parallel replicas (each takes 1/dp of the
+    microbatch, gradients all-reduced once per step); ``ep``: expert-parallel
+    degree (the block's experts spread over the devices, tokens exchanged by
+    all-to-all).
+
+    >>> str(Mode(tp=2, dp=4)), str(Mode()), Mode(ep=4).size
+    ('tp2.dp4', 'single', 4)
+    """
+
+    tp: int = 1
+    dp: int = 1
+    ep: int = 1
+
+    @property
+    def size(self) -> int:
+        return self.tp * self.dp * self.ep
+
+    def __str__(self) -> str:
+        parts = [f"{k}{v}" for k, v in (("tp", self.tp), ("dp", self.dp), ("ep", self.ep)) if v > 1]
+        return ".".join(parts) or "single"
+
+
+@dataclass(frozen=True)
+class BlockCost:
+    """Per-microbatch pass times (s) and per-device memory (bytes) of a block under a mode.
+
+    ``grad_sync`` is the data-parallel gradient all-reduce, once per step (s).
+    """
+
+    F: float
+    I: float  # noqa: E741 (the pass is called I)
+    W: float
+    param_bytes: float  # weights + gradients + optimizer state, per device
+    act_bytes: float  # saved for backward per microbatch, per device, from F until I
+    act_w_bytes: float  # of which kept until W
+    grad_sync: float = 0.0
+
+    @property
+    def work(self) -> float:
+        """F + I + W: the device time one microbatch costs."""
+        return self.F + self.I + self.W
+
+
+_EXPERT_INDEX = re.compile(r"experts?[._/](\d+)", re.IGNORECASE)
+
+
+def expert_count(block: Block) -> int:
+    """Number of distinct experts whose operators the block holds (0 if none).
+
+    Read from the module paths in operator names and the block scope
+    (``.../experts.3/...``, ``expert_3``).
+
+    >>> b = Block(0, "moe", ("layers.0", "mlp"), ops=("l0/experts.0/w1", "l0/experts.1/w1"))
+    >>> expert_count(b)
+    2
+    """
+    found = set()
+    for text in (*block.ops, *block.scope, block.name):
+        found.update(_EXPERT_INDEX.findall(text))
+    return len(found)
+
+
+def divisors(n: int) -> list[int]:
+    """Divisors of ``n`` in increasing order.
+
+    >>> divisors(12)
+    [1, 2, 3, 4, 6, 12]
+    """
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def modes_for(block: Block, group_size: int) -> list[Mode]:
+    """The parallel modes a block may take on a group of ``group_size`` devices.
+
+    Every split ``tp × dp = group_size``; plus ``ep = group_size`` when the
+    block holds at least ``group_size`` experts. Blocks without parameters
+    gain nothing from tensor parallelism, so they only take ``dp = group_size``.
+
+    >>> [str(m) for m in modes_for(Block(0, "attn", (), (), flops=1.0, param_count=10), 4)]
+    ['dp4', 'tp2.dp2', 'tp4']
+    """
+    if group_size < 1:
+        raise OpschedError(f"group size must be at least 1, got {group_size}")
+    if block.param_count <= 0:
+        return [Mode(dp=group_size)]
+    modes = [Mode(tp=t, dp=group_size // t) for t in divisors(group_size)]
+    if group_size > 1 and expert_count(block) >= group_size:
+        modes.append(Mode(ep=group_size))
+    return modes
+
+
+def roofline_time(flops: float, io_bytes: float, cluster: Cluster, dtype: str) -> float:
+    """The slower of compute and memory traffic on one device."""
+    return max(flops / cluster.flops_per_second(dtype), io_bytes / cluster.memory_bandwidth)
+
+
+def allreduce_time(nbytes: float, ranks: int, bandwidth: float, latency: float) -> float:
+    """Ring all-reduce of ``nbytes`` over ``ranks`` devices: ``2(k-1)α + 2(k-1)/k · n/β``.
+
+    >>> allreduce_time(8.0, 4, bandwidth=1.0, latency=0.5)
+    15.0
+    """
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (ranks - 1) * latency + 2 * (ranks - 1) / ranks * nbytes / bandwidth
+
+
+def alltoall_time(nbytes: float, ranks: int, bandwidth: float, latency: float) -> float:
+    """All-to-all of ``nbytes`` held by each device: ``(k-1)α + (k-1)/k · n/β``."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    return (ranks - 1) * latency + (ranks - 1) / ranks * nbytes / bandwidth
+
+
+def group_devices(first: int, size: int) -> tuple[int, ...]:
+    return tuple(range(first, first + size))
+
+
+def block_cost(block: Block, mode: Mode, devices: tuple[int, ...], cluster: Cluster, training: Training) -> BlockCost:
+    """Cost of one block on the device group ``devices`` under ``mode``.
+
+    Ranks are laid out tensor-parallel innermost: the tp ranks of a replica
+    are consecutive devices (they talk most), replicas are strided by tp.
+
+    >>> from opsched.cluster import preset, Training
+    >>> c, t = preset("h100-sxm"), Training()
+    >>> b = Block(0, "mlp", (), (), flops=989e12, param_count=1000)
+    >>> block_cost(b, Mode(), (0,), c, t).F
+    2.0
+    """
+    if mode.size != len(devices):
+        raise OpschedError(f"mode {mode} needs {mode.size} devices, the group has {len(devices)}")
+    share = mode.size  # every mode splits a microbatch's compute over the whole group
+    compute = roofline_time(block.flops / share, block.io_bytes / share, cluster, training.dtype)
+    has_weights = block.param_count > 0
+    f = i = compute
+    w = compute if has_weights else 0.0
+    if mode.tp > 1 and has_weights:
+        # one all-reduce of the block's output in F and one of its input gradient in I
+        bw, lat = cluster.link(devices[: mode.tp], devices[: mode.tp])
+        comm = allreduce_time(block.output_bytes / mode.dp, mode.tp, bw, lat)
+        f += comm
+        i += comm
+    if mode.ep > 1:
+        # dispatch and combine: two all-to-alls of the tokens in F, two in I
+        bw, lat = cluster.link(devices, devices)
+        comm = 2 * alltoall_time(block.output_bytes / mode.ep, mode.ep, bw, lat)
+        f += comm
+        i += comm
+    sync = 0.0
+    if mode.dp > 1 and has_weights:
+        replicas = devices[:: mode.tp]
+        bw, lat = cluster.link(replicas, replicas)
+        sync = allreduce_time(block.param_count / (mode.tp * mode.ep) * training.grad_bytes, mode.dp, bw, lat)
+    act = block.output_bytes / share
+    return BlockCost(
+        F=f,
+        I=i,
+        W=w,
+        param_bytes=block.param_count * training.bytes_per_param / (mode.tp * mode.ep),
+        act_bytes=act,
+        # the weight gradient needs the inputs of the weight matmuls: about half the saved tensors
+        act_w_bytes=act / 2 if has_weights else 0.0,
+        grad_sync=sync,
+    )
+
+
+def transfer_time(nbytes: float, cluster: Cluster, src: tuple[int, ...], dst: tuple[int, ...]) -> float:
+    """Time to send ``nbytes`` of activations from group ``src`` to group ``dst``: ``α + n/β``.
+
+    Zero when both are the same group (the tensor stays in memory) or nothing
+    is sent. Intra-node link when both groups sit on one node, else inter-node.
+    """
+    if nbytes <= 0 or tuple(src) == tuple(dst):
+        return 0.0
+    bw, lat = cluster.link(tuple(src), tuple(dst))
+    return lat + nbytes / bw

@@ -1,0 +1,414 @@
+"""The upper MIP: each block to a slot (so a device group) and a parallel mode.
+
+The math, with the same symbols, is in ``docs/formulation-upper.md``. Each
+constraint family is one function named after it; :func:`solve_upper` builds
+the model from them, and :func:`estimate` evaluates the same objective for a
+given assignment in plain Python (used for warm starts, reports and tests).
+
+Symbols: blocks ``b``, block edges ``(u, v)`` with ``bytes_uv``, slots
+``s = 0..S-1`` on groups ``g(s)``, modes ``m`` of a block; ``x[b,s,m]``
+binary; ``X[b,s] = Σ_m x[b,s,m]``; ``work[b,g,m]`` = F + I + W of the block,
+``par[b,g,m]`` and ``act[b,g,m]`` its per-device parameter and activation
+bytes, ``sync[b,g,m]`` its gradient all-reduce per step; ``n(s) = min(M, S - s)``
+microbatches in flight at slot ``s``.
+
+>>> import networkx as nx
+>>> from opsched.graph import Block
+>>> from opsched.cluster import preset, Training
+>>> from opsched.upper.layouts import Layout
+>>> bg = nx.DiGraph(kind="BlockGraph")
+>>> for i in range(4):
+...     bg.add_node(i, block=Block(i, f"b{i}", (), (), flops=1e12, param_count=10**6, output_bytes=1e6))
+>>> bg.add_edges_from([(0, 1), (1, 2), (2, 3)], bytes=1e6)
+>>> p = upper_problem(bg, Layout(2, 2), preset("h100-sxm", 2), Training(microbatches=4))
+>>> sol = solve_upper(p)
+>>> sorted(set(s for s, _ in sol.assignment.values()))   # both groups used, two blocks each
+[0, 1]
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+
+import mip
+import networkx as nx
+
+from opsched.cluster import Cluster, Training
+from opsched.cost import BlockCost, Mode, block_cost, modes_for
+from opsched.errors import OpschedError
+from opsched.upper.layouts import Layout
+
+#: block id -> (slot, mode)
+Assignment = dict[int, tuple[int, Mode]]
+
+
+@dataclass
+class UpperProblem:
+    """Everything the MIP and :func:`estimate` need, precomputed from the inputs."""
+
+    blocks: list[int]  # block ids in topological order
+    edges: dict[tuple[int, int], float]  # (u, v) -> bytes per microbatch
+    layout: Layout
+    modes: dict[int, list[Mode]]
+    cost: dict[tuple[int, int, Mode], BlockCost]  # (block, group, mode)
+    microbatches: int
+    memory_limit: float
+    transfer_rate: dict[tuple[int, int], float]  # (slot a, slot b) -> seconds per byte
+    transfer_latency: dict[tuple[int, int], float]  # (slot a, slot b) -> seconds per message
+    names: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def slots(self) -> int:
+        return self.layout.slots
+
+    def in_flight(self, slot: int) -> int:
+        """Microbatches whose activations slot ``slot`` holds at peak (1F1B-like): min(M, S - s)."""
+        return min(self.microbatches, self.slots - slot)
+
+    def group(self, slot: int) -> int:
+        return self.layout.group_of_slot(slot)
+
+
+@dataclass
+class UpperSolution:
+    """An assignment with its estimated step time and how the solver fared."""
+
+    layout: Layout
+    assignment: Assignment
+    estimate: dict[str, float]  # see :func:`estimate`
+    status: str  # optimal, feasible or heuristic
+    bound: float  # the solver's proven lower bound on the objective
+    solve_seconds: float
+
+    @property
+    def objective(self) -> float:
+        return self.estimate["step_time"]
+
+
+def upper_problem(
+    bg: nx.DiGraph,
+    layout: Layout,
+    cluster: Cluster,
+    training: Training,
+    memory_limit: float | None = None,
+) -> UpperProblem:
+    """Precompute costs of every block under every mode on every group, and slot-to-slot links."""
+    if layout.devices != cluster.devices:
+        raise OpschedError(f"layout {layout} is for {layout.devices} devices, the cluster has {cluster.devices}")
+    if bg.number_of_nodes() == 0:
+        raise OpschedError("the block graph is empty; nothing to place")
+    if not nx.is_directed_acyclic_graph(bg):
+        raise OpschedError("the block graph has a cycle; coarsening must keep it a DAG")
+    blocks = list(nx.lexicographical_topological_sort(bg))
+    records = {b: bg.nodes[b]["block"] for b in blocks}
+    modes = {b: modes_for(records[b], layout.group_size) for b in blocks}
+    cost = {}
+    for g in range(layout.groups):
+        devs = layout.devices_of_group(g)
+        for b in blocks:
+            for m in modes[b]:
+                cost[(b, g, m)] = block_cost(records[b], m, devs, cluster, training)
+    rate, latency = {}, {}
+    for a, c in itertools.combinations(range(layout.slots), 2):
+        ga, gc = layout.devices_of_group(layout.group_of_slot(a)), layout.devices_of_group(layout.group_of_slot(c))
+        # the terms of cost.transfer_time: latency + bytes / bandwidth, 0 within one group
+        bw, lat = cluster.link(ga, gc)
+        rate[(a, c)] = 0.0 if ga == gc else 1.0 / bw
+        latency[(a, c)] = 0.0 if ga == gc else lat
+    edges = {(u, v): float(d.get("bytes", 0.0)) for u, v, d in bg.edges(data=True)}
+    return UpperProblem(
+        blocks=blocks,
+        edges=edges,
+        layout=layout,
+        modes=modes,
+        cost=cost,
+        microbatches=training.microbatches,
+        memory_limit=float(cluster.memory_bytes if memory_limit is None else memory_limit),
+        transfer_rate=rate,
+        transfer_latency=latency,
+        names={b: records[b].name for b in blocks},
+    )
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def estimate(p: UpperProblem, assignment: Assignment) -> dict[str, float]:
+    """The objective of the MIP for one assignment, in plain Python.
+
+    Returns ``step_time = (M - 1)·bottleneck + critical_path + grad_sync`` and
+    its parts, ``memory`` (the largest per-device memory over groups) and
+    ``feasible`` (1.0 when no block flows back and memory fits, else 0.0).
+    """
+    S, G = p.slots, p.layout.groups
+    slot_work = [0.0] * S
+    group_work = [0.0] * G
+    group_sync = [0.0] * G
+    group_mem = [0.0] * G
+    for b, (s, m) in assignment.items():
+        c = p.cost[(b, p.group(s), m)]
+        slot_work[s] += c.work
+        group_work[p.group(s)] += c.work
+        group_sync[p.group(s)] += c.grad_sync
+        group_mem[p.group(s)] += c.param_bytes + p.in_flight(s) * c.act_bytes
+    flows_back = any(assignment[u][0] > assignment[v][0] for u, v in p.edges)
+    pair_bytes: dict[tuple[int, int], float] = {}
+    for (u, v), nbytes in p.edges.items():
+        a, c = assignment[u][0], assignment[v][0]
+        if a < c:
+            pair_bytes[(a, c)] = pair_bytes.get((a, c), 0.0) + nbytes
+    tau = {pair: p.transfer_latency[pair] + n * p.transfer_rate[pair] for pair, n in pair_bytes.items()}
+    bottleneck = max(group_work + [2 * t for t in tau.values()])
+    finish = [0.0] * S
+    for s in range(S):
+        finish[s] = slot_work[s] + max([finish[a] + 2 * tau[(a, c)] for (a, c) in tau if c == s], default=0.0)
+    critical = max(finish)
+    sync = max(group_sync)
+    memory = max(group_mem)
+    return {
+        "step_time": (p.microbatches - 1) * bottleneck + critical + sync,
+        "bottleneck": bottleneck,
+        "critical_path": critical,
+        "grad_sync": sync,
+        "memory": memory,
+        "feasible": float(not flows_back and memory <= p.memory_limit * (1 + 1e-9)),
+    }
+
+
+# --------------------------------------------------------------------------- constraint families
+
+
+def each_block_once(model: mip.Model, p: UpperProblem, x) -> None:
+    """Σ_{s,m} x[b,s,m] = 1 for every block b."""
+    for b in p.blocks:
+        model.add_constr(mip.xsum(x[b, s, m] for s in range(p.slots) for m in p.modes[b]) == 1, name=f"once_{b}")
+
+
+def no_backward_flow(model: mip.Model, p: UpperProblem, X) -> None:
+    """For each edge (u, v) and slot s: Σ_{s' ≤ s} X[v,s'] ≤ Σ_{s' ≤ s} X[u,s'].
+
+    v never sits in an earlier slot than u, so stage edges only go forward and
+    the StageGraph is a DAG. Mutually unreachable blocks are not constrained
+    against each other: they may take different slots (groups).
+    """
+    for u, v in p.edges:
+        for s in range(p.slots - 1):
+            model.add_constr(
+                mip.xsum(X[v, t] for t in range(s + 1)) <= mip.xsum(X[u, t] for t in range(s + 1)),
+                name=f"flow_{u}_{v}_{s}",
+            )
+
+
+def memory_per_device(model: mip.Model, p: UpperProblem, x) -> None:
+    """For each group g: Σ_{s∈g} Σ_{b,m} x[b,s,m]·(par[b,g,m] + n(s)·act[b,g,m]) ≤ memory limit."""
+    for g in range(p.layout.groups):
+        terms = [
+            x[b, s, m] * (p.cost[(b, g, m)].param_bytes + p.in_flight(s) * p.cost[(b, g, m)].act_bytes)
+            for s in p.layout.slots_of_group(g)
+            for b in p.blocks
+            for m in p.modes[b]
+        ]
+        # scaled to GB so the row's coefficients stay well conditioned
+        model.add_constr(mip.xsum(t * 1e-9 for t in terms) <= p.memory_limit * 1e-9, name=f"memory_{g}")
+
+
+def cut_edge_transfers(model: mip.Model, p: UpperProblem, X):
+    """Linearised transfers between slots a < c.
+
+    z[u,v,a,c] ≥ X[u,a] + X[v,c] - 1 (edge (u, v) crosses from slot a to c, on
+    distinct groups); y[a,c] ≥ z (slots a and c are joined by a stage edge;
+    for slots on one group y ≥ X[u,a] + X[v,c] - 1 directly, the transfer is 0);
+    τ[a,c] = lat[a,c]·y[a,c] + Σ_(u,v) bytes_uv·rate[a,c]·z[u,v,a,c].
+    Returns (y, τ) as dicts over slot pairs.
+    """
+    y, tau = {}, {}
+    for a, c in itertools.combinations(range(p.slots), 2):
+        y[a, c] = model.add_var(lb=0.0, ub=1.0, name=f"y_{a}_{c}")
+        rate = p.transfer_rate[(a, c)]
+        lat = p.transfer_latency[(a, c)]
+        terms = []
+        for (u, v), nbytes in p.edges.items():
+            if rate > 0 or lat > 0:
+                z = model.add_var(lb=0.0, ub=1.0, name=f"z_{u}_{v}_{a}_{c}")
+                model.add_constr(z >= X[u, a] + X[v, c] - 1)
+                model.add_constr(y[a, c] >= z)
+                terms.append(nbytes * rate * z)
+            else:
+                model.add_constr(y[a, c] >= X[u, a] + X[v, c] - 1)
+        tau[a, c] = lat * y[a, c] + mip.xsum(terms)
+    return y, tau
+
+
+def step_time_estimate(model: mip.Model, p: UpperProblem, x, y, tau, big_m: float):
+    """Objective rows: T = (M - 1)·B + C + R.
+
+    B ≥ Σ_{s∈g,b,m} work[b,g,m]·x[b,s,m] for each group (bottleneck load per
+    microbatch) and B ≥ 2τ[a,c] (a link carries activations and gradients);
+    e[s] ≥ T_s = Σ_{b,m} work·x[b,s,m], e[c] ≥ e[a] + T_c + 2τ[a,c] - big_m·(1 - y[a,c])
+    (fill and drain: the longest path through the stage DAG, forward and
+    backward); C ≥ e[s]; R ≥ Σ_{s∈g,b,m} sync[b,g,m]·x[b,s,m] (gradient all-reduce).
+    Returns the objective expression.
+    """
+    B = model.add_var(lb=0.0, name="bottleneck")
+    C = model.add_var(lb=0.0, name="critical_path")
+    R = model.add_var(lb=0.0, name="grad_sync")
+    slot_work = {
+        s: mip.xsum(p.cost[(b, p.group(s), m)].work * x[b, s, m] for b in p.blocks for m in p.modes[b])
+        for s in range(p.slots)
+    }
+    for g in range(p.layout.groups):
+        slots = p.layout.slots_of_group(g)
+        model.add_constr(B >= mip.xsum(slot_work[s] for s in slots), name=f"load_{g}")
+        sync = mip.xsum(p.cost[(b, g, m)].grad_sync * x[b, s, m] for s in slots for b in p.blocks for m in p.modes[b])
+        model.add_constr(R >= sync, name=f"sync_{g}")
+    e = {s: model.add_var(lb=0.0, name=f"finish_{s}") for s in range(p.slots)}
+    for s in range(p.slots):
+        model.add_constr(e[s] >= slot_work[s])
+        model.add_constr(C >= e[s])
+    for a, c in tau:
+        model.add_constr(B >= 2 * tau[a, c])
+        model.add_constr(e[c] >= e[a] + slot_work[c] + 2 * tau[a, c] - big_m * (1 - y[a, c]))
+    return (p.microbatches - 1) * B + C + R
+
+
+# --------------------------------------------------------------------------- solve
+
+
+def contiguous_start(p: UpperProblem) -> Assignment | None:
+    """A feasible assignment to warm-start from: topological order cut into balanced slots.
+
+    Each block takes the mode with the least work that fits; cuts fall where
+    the running work passes s/S of the total. Tries the least-memory mode per
+    block when that does not fit. Returns None when neither fits.
+    """
+    best = None
+    for pick in ("work", "memory"):
+        chosen = {}
+        for b in p.blocks:
+            key = (lambda m: (p.cost[(b, 0, m)].work, p.cost[(b, 0, m)].param_bytes)) if pick == "work" else (
+                lambda m: (p.cost[(b, 0, m)].param_bytes + p.cost[(b, 0, m)].act_bytes, p.cost[(b, 0, m)].work)
+            )
+            chosen[b] = min(p.modes[b], key=key)
+        total = sum(p.cost[(b, 0, chosen[b])].work for b in p.blocks) or 1.0
+        run, assignment = 0.0, {}
+        for b in p.blocks:
+            w = p.cost[(b, 0, chosen[b])].work
+            slot = min(p.slots - 1, int(math.floor((run + w / 2) / total * p.slots)))
+            assignment[b] = (slot, chosen[b])
+            run += w
+        est = estimate(p, assignment)
+        if est["feasible"] and (best is None or est["step_time"] < best[1]["step_time"]):
+            best = (assignment, est)
+    return None if best is None else best[0]
+
+
+def solve_upper(
+    p: UpperProblem,
+    time_limit: float = 30.0,
+    solver: str = "cbc",
+    start: Assignment | None = None,
+    threads: int = 1,
+) -> UpperSolution:
+    """Solve the upper MIP; raises :class:`OpschedError` when no assignment fits in memory.
+
+    ``start`` (default: :func:`contiguous_start`) warm-starts the solver, so
+    the answer is never worse than it. Deterministic for a given solver and
+    thread count.
+    """
+    t0 = time.perf_counter()
+    model = _new_model(solver, threads)
+    x = {
+        (b, s, m): model.add_var(var_type=mip.BINARY, name=f"x_{b}_{s}_{i}")
+        for b in p.blocks
+        for s in range(p.slots)
+        for i, m in enumerate(p.modes[b])
+    }
+    X = {(b, s): mip.xsum(x[b, s, m] for m in p.modes[b]) for b in p.blocks for s in range(p.slots)}
+    each_block_once(model, p, x)
+    no_backward_flow(model, p, X)
+    memory_per_device(model, p, x)
+    y, tau = cut_edge_transfers(model, p, X)
+    big_m = _big_m(p)
+    model.objective = mip.minimize(step_time_estimate(model, p, x, y, tau, big_m))
+    if start is None:
+        start = contiguous_start(p)
+    if start is not None:
+        model.start = [(x[b, s, m], 1.0) for b, (s, m) in start.items()]
+    status = model.optimize(max_seconds=max(1.0, time_limit))
+    seconds = time.perf_counter() - t0
+    if status == mip.OptimizationStatus.INFEASIBLE or model.num_solutions == 0:
+        if start is not None:
+            return UpperSolution(p.layout, start, estimate(p, start), "heuristic", 0.0, seconds)
+        raise OpschedError(
+            f"no placement on layout {p.layout} fits in {p.memory_limit / 2**30:.1f} GiB per device; "
+            f"the smallest that fits is about {minimum_memory(p, solver=solver) / 2**30:.1f} GiB"
+        )
+    assignment = {}
+    for b in p.blocks:
+        (s, m) = max(((s, m) for s in range(p.slots) for m in p.modes[b]), key=lambda sm: x[b, sm[0], sm[1]].x)
+        assignment[b] = (s, m)
+    est = estimate(p, assignment)
+    state = "optimal" if status == mip.OptimizationStatus.OPTIMAL else "feasible"
+    return UpperSolution(p.layout, assignment, est, state, float(model.objective_bound), seconds)
+
+
+def minimum_memory(p: UpperProblem, solver: str = "cbc", time_limit: float = 10.0) -> float:
+    """The least per-device memory any assignment on this layout needs (ignoring time).
+
+    Solves min P s.t. each block once, no backward flow, P ≥ memory of each group.
+    """
+    model = _new_model(solver, 1)
+    x = {
+        (b, s, m): model.add_var(var_type=mip.BINARY)
+        for b in p.blocks
+        for s in range(p.slots)
+        for m in p.modes[b]
+    }
+    X = {(b, s): mip.xsum(x[b, s, m] for m in p.modes[b]) for b in p.blocks for s in range(p.slots)}
+    each_block_once(model, p, x)
+    no_backward_flow(model, p, X)
+    peak = model.add_var(lb=0.0)
+    for g in range(p.layout.groups):
+        model.add_constr(
+            peak
+            >= mip.xsum(
+                x[b, s, m] * 1e-9 * (p.cost[(b, g, m)].param_bytes + p.in_flight(s) * p.cost[(b, g, m)].act_bytes)
+                for s in p.layout.slots_of_group(g)
+                for b in p.blocks
+                for m in p.modes[b]
+            )
+        )
+    model.objective = mip.minimize(peak)
+    model.optimize(max_seconds=time_limit)
+    if model.num_solutions == 0:
+        return math.inf
+    # the incumbent is an upper bound on the minimum; a memory that large surely fits
+    return float(model.objective_value) * 1e9
+
+
+def _new_model(solver: str, threads: int) -> mip.Model:
+    name = {"cbc": mip.CBC, "highs": "HiGHS"}.get(solver.lower())
+    if name is None:
+        raise OpschedError(f"unknown solver {solver!r}; choose cbc or highs")
+    try:
+        model = mip.Model(sense=mip.MINIMIZE, solver_name=name)
+    except Exception as exc:  # python-mip raises plain exceptions when a backend is missing
+        raise OpschedError(f"solver {solver} is not available ({exc}); install highsbox or use --solver cbc") from None
+    model.verbose = 0
+    model.threads = threads
+    model.seed = 0
+    model.max_mip_gap = 1e-6
+    return model
+
+
+def _big_m(p: UpperProblem) -> float:
+    """An upper bound on any finish time e[s]: all work plus every transfer twice."""
+    work = sum(
+        max(p.cost[(b, g, m)].work for g in range(p.layout.groups) for m in p.modes[b]) for b in p.blocks
+    )
+    rate = max(p.transfer_rate.values(), default=0.0)
+    lat = sum(p.transfer_latency.values())
+    return work + 2 * (lat + rate * sum(p.edges.values())) + 1e-9

@@ -1,0 +1,115 @@
+"""Cost model against hand computation (issue 5 item 2)."""
+
+import pytest
+
+from opsched.cluster import Training, cluster_from_dict
+from opsched.cost import (
+    Mode,
+    allreduce_time,
+    alltoall_time,
+    block_cost,
+    expert_count,
+    modes_for,
+    roofline_time,
+    transfer_time,
+)
+from opsched.graph import Block
+
+# round numbers so every figure below is easy to check by hand
+SPEC = {
+    "devices": 8,
+    "devices_per_node": 4,
+    "peak_flops": {"bf16": 100e12},
+    "efficiency": 0.5,  # 50 TFLOP/s achievable
+    "memory_bytes": 80e9,
+    "memory_bandwidth": 1e12,
+    "intra_node_bandwidth": 100e9,
+    "intra_node_latency": 1e-6,
+    "inter_node_bandwidth": 10e9,
+    "inter_node_latency": 10e-6,
+}
+C = cluster_from_dict(SPEC)
+T = Training(microbatches=4)
+
+
+def block(flops=50e12, io=0.0, params=1_000_000, out=1e9, ops=()):
+    return Block(0, "b", ("layers.0",), tuple(ops), flops=flops, param_count=params, output_bytes=out, io_bytes=io)
+
+
+def test_roofline_takes_the_slower_of_compute_and_memory():
+    assert roofline_time(50e12, 0.0, C, "bf16") == pytest.approx(1.0)  # 50e12 / 50e12
+    assert roofline_time(1e9, 3e12, C, "bf16") == pytest.approx(3.0)  # 3e12 B / 1e12 B/s
+
+
+def test_single_device_backward_split():
+    c = block_cost(block(), Mode(), (0,), C, T)
+    assert (c.F, c.I, c.W) == pytest.approx((1.0, 1.0, 1.0))  # B = 2F split I = F, W = F
+    assert c.param_bytes == 16e6  # 1e6 params x 16 bytes
+    assert c.act_bytes == 1e9 and c.act_w_bytes == 0.5e9
+    assert c.grad_sync == 0.0
+
+
+def test_block_without_weights_has_no_w():
+    c = block_cost(block(params=0), Mode(), (0,), C, T)
+    assert (c.F, c.I, c.W) == pytest.approx((1.0, 1.0, 0.0))
+    assert c.act_w_bytes == 0.0 and c.param_bytes == 0.0
+
+
+def test_tensor_parallel_adds_one_all_reduce_per_f_and_i():
+    c = block_cost(block(), Mode(tp=4), (0, 1, 2, 3), C, T)
+    # compute 1/4 s; ring all-reduce of 1e9 B on 4 ranks intra-node: 2*3*1e-6 + 2*3/4*1e9/100e9 = 0.015006
+    comm = 6e-6 + 1.5 * 1e9 / 100e9
+    assert c.F == pytest.approx(0.25 + comm)
+    assert c.I == pytest.approx(0.25 + comm)
+    assert c.W == pytest.approx(0.25)
+    assert c.param_bytes == pytest.approx(4e6)
+    assert c.act_bytes == pytest.approx(0.25e9)
+
+
+def test_data_parallel_syncs_gradients_once_per_step():
+    c = block_cost(block(), Mode(dp=4), (0, 1, 2, 3), C, T)
+    assert c.F == pytest.approx(0.25) and c.W == pytest.approx(0.25)
+    assert c.param_bytes == 16e6  # every replica holds everything
+    # all-reduce of 1e6 params x 2 bytes over 4 replicas: 6e-6 + 1.5 * 2e6 / 100e9
+    assert c.grad_sync == pytest.approx(6e-6 + 1.5 * 2e6 / 100e9)
+
+
+def test_groups_across_nodes_use_the_inter_node_link():
+    devs = tuple(range(8))
+    c = block_cost(block(), Mode(tp=2, dp=4), devs, C, T)
+    # tp pair (0,1) is intra-node: 2*1e-6 + 1 * (1e9/4)/100e9
+    assert c.F == pytest.approx(50e12 / 8 / 50e12 + 2e-6 + 0.25e9 / 100e9)
+    # replicas 0,2,4,6 straddle two nodes: 6*10e-6 + 1.5 * (0.5e6 * 2) / 10e9
+    assert c.grad_sync == pytest.approx(60e-6 + 1.5 * 1e6 / 10e9)
+
+
+def test_expert_parallel_mode_and_all_to_all():
+    ops = [f"layers.0/experts.{i}/w1" for i in range(4)]
+    b = block(ops=ops)
+    assert expert_count(b) == 4
+    assert Mode(ep=4) in modes_for(b, 4)
+    assert Mode(ep=4) not in modes_for(block(), 4)
+    c = block_cost(b, Mode(ep=4), (0, 1, 2, 3), C, T)
+    a2a = 3 * 1e-6 + 0.75 * (1e9 / 4) / 100e9
+    assert c.F == pytest.approx(0.25 + 2 * a2a)
+    assert c.param_bytes == pytest.approx(4e6)
+
+
+def test_collectives_alpha_beta():
+    assert allreduce_time(100.0, 1, 1.0, 1.0) == 0.0
+    assert allreduce_time(100.0, 2, 10.0, 1.0) == pytest.approx(2 + 10)
+    assert alltoall_time(100.0, 2, 10.0, 1.0) == pytest.approx(1 + 5)
+
+
+def test_transfer_intra_inter_and_same_group():
+    assert transfer_time(1e9, C, (0,), (1,)) == pytest.approx(1e-6 + 0.01)
+    assert transfer_time(1e9, C, (3,), (4,)) == pytest.approx(10e-6 + 0.1)
+    assert transfer_time(1e9, C, (0, 1), (0, 1)) == 0.0
+    assert transfer_time(0.0, C, (0,), (4,)) == 0.0
+
+
+def test_modes_cover_every_split_of_the_group():
+    modes = modes_for(block(), 4)
+    assert {str(m) for m in modes} == {"dp4", "tp2.dp2", "tp4"}
+    assert all(m.size == 4 for m in modes)
+    assert [str(m) for m in modes_for(block(params=0), 4)] == ["dp4"]
