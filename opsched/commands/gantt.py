@@ -1,0 +1,52 @@
+"""Draw a plan.json as a Gantt timeline.
+
+The format follows the output suffix: .svg or .png (matplotlib picture),
+.html (self-contained page with hover details) or .json (Perfetto /
+chrome://tracing trace). Give -o several times to write several formats.
+The plan is validated first; --no-validate draws an invalid plan anyway
+(useful to see what is wrong with it).
+
+example:
+  opsched gantt out/plan.json -o out/gantt.png -o out/gantt.html --title "DualPipe PP=8"
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from opsched.errors import OpschedError
+
+SUFFIXES = (".svg", ".png", ".html", ".htm", ".json")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("plan", metavar="PLAN.json", help="a plan file (schema opsched.plan/1)")
+    parser.add_argument(
+        "-o", "--output", action="append", required=True, metavar="OUT",
+        help="output file: .svg, .png, .html or .json (Perfetto); repeat for several",
+    )
+    parser.add_argument("--title", help="title shown instead of the method name (makespan and bubble ratio follow)")
+    parser.add_argument("--no-validate", action="store_true", help="draw the plan even if it breaks a validity rule")
+
+
+def run(args: argparse.Namespace) -> int:
+    from opsched.export.gantt import write_gantt
+    from opsched.export.plan_json import read_plan
+    from opsched.schedule import ScheduleError, validate
+
+    # check every output name before writing anything, so a typo leaves no partial set of files
+    for out in args.output:
+        if Path(out).suffix.lower() not in SUFFIXES:
+            raise OpschedError(f"cannot tell the Gantt format of {out!r}: use a .svg, .png, .html or .json file name")
+    schedule, _doc = read_plan(args.plan)
+    if not args.no_validate:
+        try:
+            validate(schedule)
+        except ScheduleError as exc:
+            raise OpschedError(f"{args.plan} is not a valid plan: {exc} (use --no-validate to draw it anyway)") from None
+    for out in args.output:
+        write_gantt(schedule, out, title=args.title)
+        print(f"wrote {out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,176 @@
+"""Gantt outputs: trace JSON fields, SVG well-formed XML, HTML self-contained, PNG size; the CLI."""
+
+import json
+import struct
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+
+import pytest
+
+from opsched.cli import main
+from opsched.errors import OpschedError
+from opsched.export.gantt import gantt_bars, write_gantt
+from opsched.export.gantt_image import write_image
+from opsched.export.plan_json import write_plan
+from opsched.schedule import Job, Pair, Schedule, Stage, StageGraph, chain_stage_graph, simulate
+
+
+def small_schedule():
+    """Three devices: a 2-device stage, a V-shaped second stage on device 0, one overlapped pair."""
+    t = {"F": 1.0, "I": 1.0, "W": 1.0}
+    stages = [Stage(0, (0, 1), t, name="embed"), Stage(1, (2,), t), Stage(2, (0,), t, name="head")]
+    from opsched.schedule import Edge
+
+    sg = StageGraph(stages, [Edge(0, 1, 0.5, 10.0), Edge(1, 2, 0.5, 10.0)], overlap_gain=0.5)
+    order = {
+        0: [Job(0, 0, "F"), Job(0, 1, "F"), Job(2, 0, "F"), Pair(Job(2, 1, "F"), Job(2, 0, "B")), Job(2, 1, "I"),
+            Job(2, 1, "W"), Job(0, 0, "B"), Job(0, 1, "B")],
+        1: [Job(0, 0, "F"), Job(0, 1, "F"), Job(0, 0, "B"), Job(0, 1, "B")],
+        2: [Job(1, 0, "F"), Job(1, 1, "F"), Job(1, 0, "B"), Job(1, 1, "B")],
+    }
+    return Schedule(sg, 2, simulate(sg, order, 2), name="hand-made", memory_limit=10.0)
+
+
+def test_bars_cover_every_device_of_a_group_and_pairs_once():
+    s = small_schedule()
+    bars = gantt_bars(s)
+    assert sum(1 for b in bars if b.label == "0F0") == 2  # on devices 0 and 1
+    pairs = [b for b in bars if b.is_pair]
+    assert len(pairs) == 1 and pairs[0].label == "2F1+2B0" and pairs[0].chunk == 1
+    assert all(b.chunk == 0 for b in bars if b.events[0].stage in (0, 1))
+
+
+def test_trace_json_fields(tmp_path):
+    s = small_schedule()
+    path = write_gantt(s, tmp_path / "trace.json")
+    doc = json.loads(path.read_text())
+    evs = doc["traceEvents"]
+    names = {e["tid"]: e["args"]["name"] for e in evs if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert names == {0: "device 0", 1: "device 1", 2: "device 2"}
+    xs = [e for e in evs if e["ph"] == "X"]
+    # one X event per (event, device of its stage's group)
+    assert len(xs) == sum(len(s.stage_graph.stage(e.stage).devices) for e in s.events)
+    f0 = [e for e in xs if e["args"] == {"stage": 0, "microbatch": 0, "pass": "F", "stage_name": "embed"}]
+    assert sorted(e["tid"] for e in f0) == [0, 1]
+    assert f0[0]["ts"] == 0 and f0[0]["dur"] == pytest.approx(1e6)  # plan seconds -> microseconds
+    paired = [e for e in xs if "pair" in e["args"]]
+    assert len(paired) == 2 and paired[0]["ts"] == paired[1]["ts"] and paired[0]["dur"] == paired[1]["dur"]
+    assert any(e["ph"] == "C" for e in evs)
+    assert doc["otherData"]["method"] == "hand-made"
+
+
+def test_svg_is_xml_with_title(tmp_path):
+    path = write_gantt(small_schedule(), tmp_path / "g.svg", title="My plan")
+    root = ET.parse(path).getroot()
+    assert root.tag.endswith("svg")
+    text = path.read_text()
+    assert "My plan" in text and "bubble ratio" in text and "makespan" in text
+
+
+def test_svg_is_deterministic(tmp_path):
+    a = write_gantt(small_schedule(), tmp_path / "a.svg").read_bytes()
+    b = write_gantt(small_schedule(), tmp_path / "b.svg").read_bytes()
+    assert a == b
+
+
+def png_size(path):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_png_has_the_expected_pixel_size(tmp_path):
+    path = write_image(small_schedule(), tmp_path / "g.png", width=6, height=2.5, dpi=40)
+    assert png_size(path) == (240, 100)
+    import matplotlib.image
+
+    img = matplotlib.image.imread(path)
+    assert img.shape[:2] == (100, 240)
+    assert img[..., :3].std() > 0.05  # not a blank image
+
+
+class Collect(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags, self.stack, self.data = [], [], []
+        self.titles = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        if tag not in ("meta", "br", "hr", "img", "input", "link"):  # HTML void elements have no end tag
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag):
+        assert self.stack and self.stack[-1] == tag, (tag, self.stack[-3:])
+        self.stack.pop()
+
+    def handle_data(self, data):
+        if self.stack and self.stack[-1] == "title":
+            self.titles.append(data)
+        self.data.append(data)
+
+
+def test_html_is_self_contained_and_well_formed(tmp_path):
+    s = small_schedule()
+    path = write_gantt(s, tmp_path / "g.html")
+    text = path.read_text()
+    parser = Collect()
+    parser.feed(text)
+    parser.close()
+    assert parser.stack == []
+    assert "http://" not in text and "https://" not in text
+    tags = [t for t, _ in parser.tags]
+    assert "svg" in tags and tags.count("rect") == len(gantt_bars(s)) + 1  # + the pair's second half
+    assert not any(t in ("link", "img", "iframe") for t in tags)
+    assert not any(t == "script" and "src" in a for t, a in parser.tags)
+    assert any("stage 2 (head), microbatch 1, forward F" in t for t in parser.titles)
+    plan = json.loads(next(d for d in parser.data if d.startswith('{"schema"')))
+    assert plan["method"] == "hand-made" and len(plan["schedule"]["events"]) == len(s.events)
+
+
+def test_unknown_suffix_is_refused(tmp_path):
+    with pytest.raises(OpschedError, match=r"\.svg, \.png, \.html or \.json"):
+        write_gantt(small_schedule(), tmp_path / "g.pdf")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_gantt_writes_every_format(tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    write_plan(plan, small_schedule())
+    outs = [tmp_path / f"g.{x}" for x in ("svg", "png", "html", "json")]
+    args = ["gantt", str(plan), "--title", "T1"]
+    for o in outs:
+        args += ["-o", str(o)]
+    assert main(args) == 0
+    assert all(o.exists() and o.stat().st_size > 0 for o in outs)
+    assert "T1" in outs[0].read_text()
+
+
+def test_cli_gantt_refuses_invalid_plan_unless_asked(tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    doc = write_plan(plan, small_schedule())
+    doc["schedule"]["events"][0]["start"] += 0.5
+    doc["schedule"]["events"][0]["end"] += 0.5
+    plan.write_text(json.dumps(doc))
+    out = tmp_path / "g.svg"
+    assert main(["gantt", str(plan), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "is not a valid plan" in err and "--no-validate" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+    assert main(["gantt", str(plan), "-o", str(out), "--no-validate"]) == 0
+    assert out.exists()
+
+
+def test_cli_gantt_bad_suffix_writes_nothing(tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    write_plan(plan, small_schedule())
+    assert main(["gantt", str(plan), "-o", str(tmp_path / "a.svg"), "-o", str(tmp_path / "b.txt")]) == 2
+    assert "b.txt" in capsys.readouterr().err
+    assert not (tmp_path / "a.svg").exists()
+
+
+def test_chain_picture_smoke(tmp_path):
+    sg = chain_stage_graph(2, f=1, b=2, w=1)
+    order = {0: [Job(0, 0, "F"), Job(0, 0, "I"), Job(0, 0, "W")], 1: [Job(1, 0, "F"), Job(1, 0, "I"), Job(1, 0, "W")]}
+    s = Schedule(sg, 1, simulate(sg, order, 1))
+    assert png_size(write_gantt(s, tmp_path / "c.png")) == (1400, int(round((1.6 + 0.42 * 2) * 100)))
