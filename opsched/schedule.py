@@ -24,6 +24,7 @@ in opsched goes through, baselines and MIP plans alike.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence, Union
 
@@ -150,7 +151,7 @@ def _check_stage(s: Stage, num_devices: int) -> None:
         raise OpschedError(f"stage {s.id}: devices {bad} are outside 0..{num_devices - 1}; raise num_devices")
     for p in ("F", "I", "W"):
         t = s.time.get(p)
-        if t is None or not (isinstance(t, (int, float)) and 0 <= t < float("inf")):
+        if t is None or isinstance(t, bool) or not (isinstance(t, numbers.Real) and 0 <= t < float("inf")):
             raise OpschedError(f"stage {s.id}: time[{p!r}] must be a finite number >= 0, got {t!r}")
     if not 0 <= s.act_w_bytes <= s.act_bytes or s.param_bytes < 0:
         raise OpschedError(
@@ -510,6 +511,10 @@ def _g(x: float) -> str:
     return f"{x:.6g}"
 
 
+def _devices_text(devices: Sequence[int]) -> str:
+    return f"device {devices[0]}" if len(devices) == 1 else "devices " + ",".join(map(str, devices))
+
+
 def _tolerance(events: Sequence[Event], rel_tol: float) -> float:
     """Absolute slack for float comparisons: ``rel_tol`` times the makespan (at least ``rel_tol``)."""
     span = max((abs(e.end) for e in events), default=0.0)
@@ -678,7 +683,7 @@ def _check_dependencies(sg: StageGraph, events: list[Event], eps: float) -> list
             elif e.start < d.end + delay - eps:
                 transfer = f" (+ transfer {_g(delay)})" if delay else ""
                 problems.append(
-                    f"{_name(e)} on device {sg.stage(e.stage).devices[0]} starts at {_g(e.start)} "
+                    f"{_name(e)} on {_devices_text(sg.stage(e.stage).devices)} starts at {_g(e.start)} "
                     f"before its dependency {dep} ends at {_g(d.end)}{transfer}"
                 )
     return problems
@@ -806,16 +811,17 @@ class Metrics:
 
     def to_dict(self) -> dict:
         """Plain JSON-ready dict (the ``metrics`` object of plan.json)."""
+        floats = lambda xs: [float(x) for x in xs]  # noqa: E731 - plain floats even from numpy inputs
         return {
-            "makespan": self.makespan,
-            "busy": list(self.busy),
-            "idle": list(self.idle),
-            "bubble_ratio": self.bubble_ratio,
-            "peak_activation_bytes": list(self.peak_activation_bytes),
-            "param_bytes": list(self.param_bytes),
-            "peak_memory_bytes": list(self.peak_memory_bytes),
-            "transferred_bytes": self.transferred_bytes,
-            "param_copies": self.param_copies,
+            "makespan": float(self.makespan),
+            "busy": floats(self.busy),
+            "idle": floats(self.idle),
+            "bubble_ratio": float(self.bubble_ratio),
+            "peak_activation_bytes": floats(self.peak_activation_bytes),
+            "param_bytes": floats(self.param_bytes),
+            "peak_memory_bytes": floats(self.peak_memory_bytes),
+            "transferred_bytes": float(self.transferred_bytes),
+            "param_copies": float(self.param_copies),
         }
 
 

@@ -131,3 +131,15 @@ def test_event_with_unknown_stage_is_refused_by_validate_not_reader(tmp_path):
     with pytest.raises(ScheduleError, match="does not run microbatch 3"):
         validate(back)
     assert isinstance(back.events[-1], Event)
+
+
+def test_numpy_numbers_are_written_as_plain_json(tmp_path):
+    np = pytest.importorskip("numpy")
+    t = {"F": np.float64(1.0), "I": np.int64(1), "W": np.float32(0.5)}
+    sg = StageGraph([Stage(0, (np.int64(0),), t, param_bytes=np.int64(3))])
+    events = [Event(0, 0, "F", np.float64(0.0), np.float64(1.0)), Event(0, 0, "B", np.int64(1), np.float64(2.5))]
+    sched = Schedule(sg, 1, events, memory_limit=np.int64(10))
+    write_plan(tmp_path / "p.json", sched)
+    back, doc = read_plan(tmp_path / "p.json")
+    assert doc["memory_limit_bytes"] == 10.0 and doc["stages"][0]["devices"] == [0]
+    assert back.events == events

@@ -51,9 +51,9 @@ def plan_dict(schedule: Schedule, metrics: Metrics | dict | None = None, extra: 
         "time_unit": "s",
         "devices": sg.num_devices,
         "microbatches": schedule.microbatches,
-        "memory_limit_bytes": schedule.memory_limit,
+        "memory_limit_bytes": None if schedule.memory_limit is None else float(schedule.memory_limit),
         "stages": [_stage_dict(sg, s) for s in sg.stages],
-        "edges": [{"src": e.src, "dst": e.dst, "time": e.time, "bytes": e.bytes} for e in sg.edges],
+        "edges": [{"src": int(e.src), "dst": int(e.dst), "time": float(e.time), "bytes": float(e.bytes)} for e in sg.edges],
         "schedule": {"events": [_event_dict(e) for e in schedule.events]},
         "metrics": computed,
     }
@@ -70,28 +70,31 @@ def plan_dict(schedule: Schedule, metrics: Metrics | dict | None = None, extra: 
 
 
 def _stage_dict(sg: StageGraph, s: Stage) -> dict:
+    # int()/float() turn numpy numbers (from solvers) into plain JSON numbers
     d: dict[str, Any] = {
-        "id": s.id,
-        "devices": list(s.devices),
-        "preds": [e.src for e in sg.preds(s.id)],
+        "id": int(s.id),
+        "devices": [int(x) for x in s.devices],
+        "preds": [int(e.src) for e in sg.preds(s.id)],
         "time": {p: float(s.time[p]) for p in ("F", "I", "W")},
-        "param_bytes": s.param_bytes,
-        "act_bytes": s.act_bytes,
-        "act_w_bytes": s.act_w_bytes,
+        "param_bytes": float(s.param_bytes),
+        "act_bytes": float(s.act_bytes),
+        "act_w_bytes": float(s.act_w_bytes),
     }
     if s.name:
-        d["name"] = s.name
+        d["name"] = str(s.name)
     if s.microbatches is not None:
-        d["microbatches"] = list(s.microbatches)
+        d["microbatches"] = [int(m) for m in s.microbatches]
     if s.copy_of is not None:
-        d["copy_of"] = s.copy_of
+        d["copy_of"] = int(s.copy_of)
     return d
 
 
 def _event_dict(e: Event) -> dict:
-    d: dict[str, Any] = {"stage": e.stage, "microbatch": e.microbatch, "pass": e.pass_, "start": e.start, "end": e.end}
+    d: dict[str, Any] = {
+        "stage": int(e.stage), "microbatch": int(e.microbatch), "pass": e.pass_, "start": float(e.start), "end": float(e.end)
+    }
     if e.pair is not None:
-        d["pair"] = e.pair
+        d["pair"] = int(e.pair)
     return d
 
 
