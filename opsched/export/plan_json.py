@@ -49,8 +49,8 @@ def plan_dict(schedule: Schedule, metrics: Metrics | dict | None = None, extra: 
     doc: dict[str, Any] = {
         "schema": SCHEMA,
         "time_unit": "s",
-        "devices": sg.num_devices,
-        "microbatches": schedule.microbatches,
+        "devices": int(sg.num_devices or 0),
+        "microbatches": int(schedule.microbatches),
         "memory_limit_bytes": None if schedule.memory_limit is None else float(schedule.memory_limit),
         "stages": [_stage_dict(sg, s) for s in sg.stages],
         "edges": [{"src": int(e.src), "dst": int(e.dst), "time": float(e.time), "bytes": float(e.bytes)} for e in sg.edges],
