@@ -174,3 +174,12 @@ def test_chain_picture_smoke(tmp_path):
     order = {0: [Job(0, 0, "F"), Job(0, 0, "I"), Job(0, 0, "W")], 1: [Job(1, 0, "F"), Job(1, 0, "I"), Job(1, 0, "W")]}
     s = Schedule(sg, 1, simulate(sg, order, 1))
     assert png_size(write_gantt(s, tmp_path / "c.png")) == (1400, int(round((1.6 + 0.42 * 2) * 100)))
+
+
+def test_pair_halves_keep_their_own_stage_shade():
+    from opsched.schedule import Event
+
+    sg = chain_stage_graph(2, devices=1, placement="interleaved")
+    events = [Event(0, 1, "F", 0, 1, pair=3), Event(1, 0, "B", 0, 1, pair=3)]
+    (bar,) = gantt_bars(Schedule(sg, 2, events))
+    assert bar.label == "0F1+1B0" and bar.chunks == (0, 1)

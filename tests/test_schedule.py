@@ -207,3 +207,18 @@ def test_transferred_bytes_and_param_copies():
     assert mt.transferred_bytes == 2 * 5 + 2 * 7
     assert mt.param_copies == 2.0
     assert mt.param_bytes == [20, 20]
+
+
+def test_zb_bubble_rate_ignores_staggered_starts():
+    # each device works without a gap from its first F to its last backward:
+    # the Zero Bubble rate is 0 although devices idle at the start or the end
+    sg = chain_stage_graph(2, f=1, b=1, w=0, act_w=0)
+    events = [Event(0, 0, "F", 0, 1), Event(1, 0, "F", 1, 2), Event(1, 0, "B", 2, 3), Event(0, 0, "B", 3, 4)]
+    s = Schedule(sg, 1, events)
+    validate(s)
+    assert metrics(s).bubble_ratio == pytest.approx(0.5)
+    assert zb_bubble_rate(s) == pytest.approx(0.5)  # device 0 spans 0..4 with a gap of 2
+    events = [Event(0, 0, "F", 0, 1), Event(0, 0, "B", 1, 2), Event(1, 0, "F", 1, 2), Event(1, 0, "B", 2, 3)]
+    s = Schedule(sg, 1, events)  # not a valid dependency order; the rate only reads spans
+    assert metrics(s).bubble_ratio == pytest.approx(1 / 3)
+    assert zb_bubble_rate(s) == 0.0

@@ -35,16 +35,20 @@ PASS_NAMES = {"F": "forward", "I": "backward (inputs)", "W": "backward (weights)
 class Bar:
     """One occupied interval of one device: a job, or both halves of an overlapped pair.
 
-    ``chunk`` is the position of the (first) job's stage among the stages the
-    device hosts (0 for the first), so a second model chunk or DualPipe's
-    reverse direction can be drawn in a lighter shade.
+    ``chunks[k]`` is the position of ``events[k]``'s stage among the stages
+    the device hosts (0 for the first), so a second model chunk or DualPipe's
+    reverse direction can be drawn in a lighter shade; ``chunk`` is the first's.
     """
 
     device: int
     start: float
     end: float
     events: tuple[Event, ...]
-    chunk: int
+    chunks: tuple[int, ...]
+
+    @property
+    def chunk(self) -> int:
+        return self.chunks[0]
 
     @property
     def label(self) -> str:
@@ -68,8 +72,8 @@ def gantt_bars(schedule: Schedule) -> list[Bar]:
         evs.sort(key=lambda e: (PASSES.index(e.pass_) != 0, e.stage, e.microbatch))  # F half first
         first = evs[0]
         for d in sg.stage(first.stage).devices:
-            chunk = hosted[d].index(first.stage)
-            bars.append(Bar(d, first.start, max(e.end for e in evs), tuple(evs), chunk))
+            chunks = tuple(hosted[d].index(e.stage) if e.stage in hosted[d] else 0 for e in evs)
+            bars.append(Bar(d, first.start, max(e.end for e in evs), tuple(evs), chunks))
     bars.sort(key=lambda b: (b.device, b.start, b.label))
     return bars
 

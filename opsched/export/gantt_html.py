@@ -67,12 +67,12 @@ def svg_chart(schedule: Schedule) -> str:
             tip = escape(job_description(e, schedule))
             out.append(
                 f'<g class="job mb{e.microbatch}" data-mb="{e.microbatch}">'
-                f'<rect x="{x:.2f}" y="{y:.2f}" width="{w:.2f}" height="{part:.2f}" fill="{bar_colour(e.pass_, b.chunk)}" {stroke}>'
+                f'<rect x="{x:.2f}" y="{y:.2f}" width="{w:.2f}" height="{part:.2f}" fill="{bar_colour(e.pass_, b.chunks[k])}" {stroke}>'
                 f"<title>{tip}</title></rect>"
             )
             label = str(e.microbatch)
             if w >= 6.5 * len(label) + 3 and part >= 10:
-                colour = "#fff" if b.chunk == 0 else "#000"
+                colour = "#fff" if b.chunks[k] == 0 else "#000"
                 out.append(
                     f'<text x="{x + w / 2:.2f}" y="{y + part / 2 + 3.5:.2f}" text-anchor="middle" fill="{colour}" '
                     f'font-size="{10 if part >= 14 else 8}" pointer-events="none">{label}</text>'
@@ -116,7 +116,7 @@ def html_page(schedule: Schedule, *, title: str | None = None) -> str:
     legend = "".join(
         f'<span><i style="background:{PASS_COLOURS[p]}"></i>{p} {escape(PASS_NAMES[p])}</span>' for p in used
     )
-    if any(b.chunk > 0 for b in gantt_bars(schedule)):
+    if any(max(b.chunks) > 0 for b in gantt_bars(schedule)):
         legend += f'<span><i style="background:{lighten("#777777", 0.45)}"></i>lighter: 2nd stage on the device</span>'
     if any(e.pair is not None for e in schedule.events):
         legend += '<span><i style="background:#fff;border-color:#000"></i>overlapped F&amp;B pair (top/bottom halves)</span>'

@@ -93,7 +93,7 @@ def _draw(fig, schedule: Schedule, title: str | None, Patch) -> None:
             ax.broken_barh(
                 [(b.start, b.end - b.start)],
                 (y0, part),
-                facecolors=bar_colour(e.pass_, b.chunk),
+                facecolors=bar_colour(e.pass_, b.chunks[k]),
                 edgecolors="black" if b.is_pair else "white",
                 linewidth=0.9 if b.is_pair else 0.4,
             )
@@ -102,11 +102,11 @@ def _draw(fig, schedule: Schedule, title: str | None, Patch) -> None:
             if (b.end - b.start) * px_per_unit >= 5.5 * len(text) + 3 and part * ROW_INCHES * fig.dpi >= 8:
                 ax.text(
                     (b.start + b.end) / 2, y0 + part / 2, text, ha="center", va="center",
-                    fontsize=font if not b.is_pair else font - 1, color="white" if b.chunk == 0 else "black",
+                    fontsize=font if not b.is_pair else font - 1, color="white" if b.chunks[k] == 0 else "black",
                 )
     used = sorted({e.pass_ for e in schedule.events}, key=PASSES.index)
     handles = [Patch(facecolor=PASS_COLOURS[p], label=f"{p} {PASS_NAMES[p]}") for p in used]
-    if any(b.chunk > 0 for b in bars):
+    if any(max(b.chunks) > 0 for b in bars):
         handles.append(Patch(facecolor=lighten("#777777", 0.45), label="lighter: 2nd stage on the device"))
     if any(b.is_pair for b in bars):
         handles.append(Patch(facecolor="white", edgecolor="black", label="overlapped F&B pair (top/bottom halves)"))
