@@ -1,0 +1,33 @@
+"""GPipe: every forward, then every backward (fused B), one stage per device.
+
+Preconditions: a chain with stage k on device k, microbatches >= 1.
+Activations: a device holds every microbatch at the end of its forwards (M).
+
+>>> from opsched.schedule import chain_stage_graph
+>>> [str(a) for a in order(chain_stage_graph(2), 2)[1]]
+['1F0', '1F1', '1B0', '1B1']
+"""
+
+from __future__ import annotations
+
+from opsched.baselines import placement
+from opsched.baselines.common import check_microbatches
+from opsched.schedule import Job, Order, StageGraph
+
+PLACEMENT = "chain"
+
+
+def place(sg: StageGraph, microbatches: int, comm: float | None = None) -> StageGraph:
+    """The chain regrouped into one stage per device, stage k on device k."""
+    return placement.chain_graph(sg, comm=comm)
+
+
+def order(sg: StageGraph, microbatches: int) -> Order:
+    """All forwards in microbatch order, then all backwards in microbatch order."""
+    d = sg.num_devices
+    placement.expect_placement(sg, list(range(d)), "gpipe", "stage k on device k")
+    check_microbatches("gpipe", microbatches, 1)
+    return {
+        s: [Job(s, m, "F") for m in range(microbatches)] + [Job(s, m, "B") for m in range(microbatches)]
+        for s in range(d)
+    }

@@ -1,0 +1,276 @@
+"""Re-placing a chain of stages the way a hand-written schedule needs it.
+
+Every baseline is defined on a *chain* of logical stages (stage k feeds stage
+k+1) with one device per stage. A user's chain may have more or fewer stages
+than a method needs, so :func:`regroup` merges consecutive stages (summing
+times and memory) or splits each stage into equal parts, and the ``*_graph``
+functions put the result on devices:
+
+* :func:`chain_graph`: stage k on device k (GPipe, 1F1B, ZB-H1, ZB-H2);
+* :func:`interleaved_graph`: stage k on device k mod D (interleaved 1F1B);
+* :func:`v_graph`: stage k on device k for k < D, else 2D-1-k (ZB-V, DualPipeV);
+* :func:`dual_graph`: two copies of a D-stage chain running in opposite
+  directions, logical stage j of the second copy on device D-1-j (DualPipe).
+
+Transfer times: an edge between two stages on one device costs nothing. An
+edge between different devices keeps the time it had in the input when that
+was non-zero; otherwise (the ends shared a device in the input, or the edge is
+new because a stage was split) it takes ``comm``, by default the largest edge
+time of the input graph (a chain has one link speed).
+
+>>> from opsched.schedule import chain_stage_graph
+>>> sg = chain_stage_graph(4, f=[1, 2, 3, 4], comm=0.5)
+>>> placed = chain_graph(sg, devices=2)
+>>> [(s.devices, s.time["F"]) for s in placed.stages]
+[((0,), 3.0), ((1,), 7.0)]
+>>> [e.time for e in placed.edges]
+[0.5]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from opsched.errors import Unsupported
+from opsched.schedule import Edge, Stage, StageGraph
+
+
+@dataclass(frozen=True)
+class Part:
+    """One logical stage after regrouping, before it is given a device.
+
+    ``link_in`` is the transfer time of the edge that feeds it when it crosses
+    devices (``None`` for the first part).
+    """
+
+    time: dict
+    param_bytes: float
+    act_bytes: float
+    act_w_bytes: float
+    name: str
+    link_in: float | None
+    bytes_in: float = 0.0
+
+
+def chain_stages(sg: StageGraph) -> list[Stage]:
+    """The stages of ``sg`` in chain order; raises Unsupported if ``sg`` is not a simple chain.
+
+    A chain has edges exactly k -> k+1 and every stage on one device; every
+    microbatch runs on every stage.
+    """
+    n = len(sg.stages)
+    if n == 0:
+        raise Unsupported("the stage graph is empty; give at least one stage")
+    links = sorted((e.src, e.dst) for e in sg.edges)
+    if links != [(k, k + 1) for k in range(n - 1)]:
+        raise Unsupported(
+            "hand-written schedules need a chain of stages (edges 0->1->...->P-1); "
+            "this stage graph branches, so compare it with the MIP only"
+        )
+    for s in sg.stages:
+        if len(s.devices) != 1:
+            raise Unsupported(f"hand-written schedules need one device per stage; stage {s.id} has {s.devices}")
+        if s.microbatches is not None or s.copy_of is not None:
+            raise Unsupported(
+                f"stage {s.id} is already a direction copy (microbatches or copy_of set); "
+                "give the plain chain of logical stages"
+            )
+    return list(sg.stages)
+
+
+def _default_comm(sg: StageGraph) -> float:
+    return max((e.time for e in sg.edges), default=0.0)
+
+
+def regroup(sg: StageGraph, count: int, comm: float | None = None) -> list[Part]:
+    """The chain of ``sg`` as ``count`` logical stages.
+
+    More stages than ``count``: consecutive stages are merged into ``count``
+    groups whose sizes differ by at most one (larger groups first), summing
+    pass times and memory. Fewer: each stage is split into ``count / P``
+    equal parts (needs ``count`` to be a multiple of P). Raises Unsupported
+    otherwise.
+
+    >>> from opsched.schedule import chain_stage_graph
+    >>> [p.time["F"] for p in regroup(chain_stage_graph(2, f=[2, 4]), 4)]
+    [1.0, 1.0, 2.0, 2.0]
+    """
+    stages = chain_stages(sg)
+    link = _default_comm(sg) if comm is None else float(comm)
+    edge_into = {e.dst: e for e in sg.edges}
+    p = len(stages)
+    if count < 1:
+        raise Unsupported(f"need at least one stage, got {count}")
+    if p >= count:
+        base, extra = divmod(p, count)
+        parts, k = [], 0
+        for g in range(count):
+            size = base + (1 if g < extra else 0)
+            group = stages[k : k + size]
+            first = edge_into.get(group[0].id)
+            parts.append(
+                Part(
+                    time={x: sum(float(s.time[x]) for s in group) for x in ("F", "I", "W")},
+                    param_bytes=sum(s.param_bytes for s in group),
+                    act_bytes=sum(s.act_bytes for s in group),
+                    act_w_bytes=sum(s.act_w_bytes for s in group),
+                    name="+".join(s.name or f"stage{s.id}" for s in group),
+                    link_in=None if first is None else (first.time or link),
+                    bytes_in=0.0 if first is None else first.bytes,
+                )
+            )
+            k += size
+        return parts
+    if count % p:
+        raise Unsupported(
+            f"cannot turn {p} stages into {count}: splitting needs {count} to be a multiple of {p}; "
+            f"give {count} stages or a multiple of it"
+        )
+    pieces = count // p
+    parts = []
+    for s in stages:
+        into = edge_into.get(s.id)
+        for j in range(pieces):
+            if j == 0:
+                link_in = None if into is None else (into.time or link)
+                bytes_in = 0.0 if into is None else into.bytes
+            else:
+                # a new edge inside a split stage: same link, and its activation
+                # is as large as what the stage itself receives (best estimate)
+                link_in, bytes_in = link, (into.bytes if into is not None else 0.0)
+            parts.append(
+                Part(
+                    time={x: float(s.time[x]) / pieces for x in ("F", "I", "W")},
+                    param_bytes=s.param_bytes / pieces,
+                    act_bytes=s.act_bytes / pieces,
+                    act_w_bytes=s.act_w_bytes / pieces,
+                    name=f"{s.name or f'stage{s.id}'}/{j + 1}of{pieces}",
+                    link_in=link_in,
+                    bytes_in=bytes_in,
+                )
+            )
+    return parts
+
+
+def _build(
+    parts: list[Part],
+    devices_of: list[int],
+    num_devices: int,
+    overlap_gain: float,
+    *,
+    first_id: int = 0,
+    microbatches: tuple[int, ...] | None = None,
+    copy: bool = False,
+) -> tuple[list[Stage], list[Edge]]:
+    """Stages ``first_id ..`` for ``parts`` on ``devices_of``, chained by edges."""
+    stages = [
+        Stage(
+            id=first_id + k,
+            devices=(devices_of[k],),
+            time=dict(part.time),
+            param_bytes=part.param_bytes,
+            act_bytes=part.act_bytes,
+            act_w_bytes=part.act_w_bytes,
+            name=part.name,
+            microbatches=microbatches,
+            copy_of=k if copy else None,
+        )
+        for k, part in enumerate(parts)
+    ]
+    edges = [
+        Edge(
+            first_id + k - 1,
+            first_id + k,
+            time=0.0 if devices_of[k - 1] == devices_of[k] else float(parts[k].link_in or 0.0),
+            bytes=parts[k].bytes_in,
+        )
+        for k in range(1, len(parts))
+    ]
+    return stages, edges
+
+
+def chain_graph(sg: StageGraph, devices: int | None = None, comm: float | None = None) -> StageGraph:
+    """One stage per device: the chain regrouped into D stages, stage k on device k."""
+    d = sg.num_devices if devices is None else devices
+    parts = regroup(sg, d, comm)
+    stages, edges = _build(parts, list(range(d)), d, sg.overlap_gain)
+    return StageGraph(stages, edges, num_devices=d, overlap_gain=sg.overlap_gain)
+
+
+def interleaved_graph(sg: StageGraph, chunks: int, comm: float | None = None) -> StageGraph:
+    """``chunks`` stages per device: the chain regrouped into chunks x D stages, stage k on device k mod D."""
+    d = sg.num_devices
+    parts = regroup(sg, chunks * d, comm)
+    stages, edges = _build(parts, [k % d for k in range(len(parts))], d, sg.overlap_gain)
+    return StageGraph(stages, edges, num_devices=d, overlap_gain=sg.overlap_gain)
+
+
+def v_graph(sg: StageGraph, comm: float | None = None) -> StageGraph:
+    """Two stages per device in a V: the chain regrouped into 2D stages, device i holds i and 2D-1-i."""
+    d = sg.num_devices
+    parts = regroup(sg, 2 * d, comm)
+    place = [k if k < d else 2 * d - 1 - k for k in range(2 * d)]
+    stages, edges = _build(parts, place, d, sg.overlap_gain)
+    return StageGraph(stages, edges, num_devices=d, overlap_gain=sg.overlap_gain)
+
+
+def dual_graph(sg: StageGraph, microbatches: int, comm: float | None = None) -> StageGraph:
+    """DualPipe's two directions on D devices.
+
+    The chain is regrouped into PP = D logical stages. Stages 0..D-1 (the
+    first copy, direction 0) put logical stage r on device r and run
+    microbatches 0 .. M/2-1; stages D..2D-1 (the second copy, direction 1,
+    ``copy_of`` = its logical stage) put logical stage j on device D-1-j and
+    run microbatches M/2 .. M-1. So device r holds logical stages r and D-1-r.
+    """
+    d = sg.num_devices
+    parts = regroup(sg, d, comm)
+    half = microbatches // 2
+    down, down_edges = _build(
+        parts, list(range(d)), d, sg.overlap_gain, microbatches=tuple(range(half))
+    )
+    up, up_edges = _build(
+        parts,
+        [d - 1 - j for j in range(d)],
+        d,
+        sg.overlap_gain,
+        first_id=d,
+        microbatches=tuple(range(half, microbatches)),
+        copy=True,
+    )
+    return StageGraph(down + up, down_edges + up_edges, num_devices=d, overlap_gain=sg.overlap_gain)
+
+
+# ----------------------------------------------------------------------- checks
+
+
+def expect_single_devices(sg: StageGraph, method: str) -> None:
+    """Every stage on exactly one device, else Unsupported."""
+    for s in sg.stages:
+        if len(s.devices) != 1:
+            raise Unsupported(f"{method} needs one device per stage; stage {s.id} runs on {s.devices}")
+
+
+def expect_chain_edges(sg: StageGraph, ids: list[int], method: str) -> None:
+    """The stages ``ids`` form a chain in that order, else Unsupported."""
+    have = {(e.src, e.dst) for e in sg.edges}
+    need = {(ids[k], ids[k + 1]) for k in range(len(ids) - 1)}
+    if not need <= have:
+        missing = sorted(need - have)
+        raise Unsupported(f"{method} needs stages {ids} chained in order; edges {missing} are missing")
+
+
+def expect_placement(sg: StageGraph, place: list[int], method: str, rule: str) -> None:
+    """Stage k sits on device ``place[k]`` for every k, else Unsupported naming ``rule``."""
+    expect_single_devices(sg, method)
+    if len(sg.stages) != len(place):
+        raise Unsupported(
+            f"{method} needs {len(place)} stages on {sg.num_devices} devices ({rule}), got {len(sg.stages)}; "
+            "use baselines.placed_stage_graph to re-place the chain"
+        )
+    wrong = [s.id for s in sg.stages if s.devices[0] != place[s.id]]
+    if wrong:
+        raise Unsupported(
+            f"{method} needs {rule}; stages {wrong} are elsewhere; use baselines.placed_stage_graph"
+        )
+    expect_chain_edges(sg, list(range(len(place))), method)

@@ -1,0 +1,90 @@
+"""ZB-V (Zero Bubble, arXiv 2401.10241 section 6): two chunks per device in a V.
+
+Device r of D holds chunk 0 = stage r (on the way down) and chunk 1 = stage
+2D-1-r (on the way back up), so the first and last stage share device 0.
+Each device runs, in order (counts for device r):
+
+1. warm-up: 2(D-r)-1 forwards of chunk 0;
+2. r times: forward of chunk 1, forward of chunk 0;
+3. D-r times: forward, I and W of chunk 1;
+4. steady state until all forwards are done: (forward if any left), I and W
+   of chunk 0, then forward, I and W of chunk 1;
+5. cool-down: r times I of chunk 0 and I of chunk 1; D-r times I and W of
+   chunk 0 (the W's of this phase go in I order per chunk);
+6. the remaining W's of chunk 1, then of chunk 0.
+
+Like PyTorch's ScheduleZBVZeroBubble, the counts are computed for
+max(M, 2D-1) microbatches and the jobs of microbatches >= M are dropped, so
+small M still gives a valid order. Zero bubble inside the steady state when
+F = I = W; peak activations D·M_B per device's 2 chunks (the paper: p·M_B).
+
+Preconditions: 2D stages in the V placement, microbatches >= 1.
+"""
+
+from __future__ import annotations
+
+from opsched.baselines import placement
+from opsched.baselines.common import Counters, check_microbatches
+from opsched.schedule import Job, Order, StageGraph
+
+PLACEMENT = "v"
+
+
+def place(sg: StageGraph, microbatches: int, comm: float | None = None) -> StageGraph:
+    """The chain regrouped into 2D stages on D devices in a V."""
+    return placement.v_graph(sg, comm)
+
+
+def v_place(devices: int) -> list[int]:
+    """Device of each of the 2D stages of a V: k for k < D, else 2D-1-k."""
+    return [k if k < devices else 2 * devices - 1 - k for k in range(2 * devices)]
+
+
+def device_actions(rank: int, devices: int, microbatches: int) -> list[Job]:
+    """The ZB-V action list of device ``rank``."""
+    padded = max(microbatches, 2 * devices - 1)
+    down, up = rank, 2 * devices - 1 - rank
+    c = Counters()
+    acts: list[Job] = []
+    fwd = {down: 0, up: 0}
+
+    def f(stage):
+        fwd[stage] += 1
+        acts.append(c.job(stage, "F"))
+
+    def i_then_w(stage):
+        acts.append(c.job(stage, "I"))
+        acts.append(c.job(stage, "W"))
+
+    for _ in range(2 * (devices - rank) - 1):
+        f(down)
+    for _ in range(rank):
+        f(up)
+        f(down)
+    for _ in range(devices - rank):
+        f(up)
+        i_then_w(up)
+    while fwd[up] < fwd[down] or fwd[down] < padded:
+        if fwd[down] < padded:
+            f(down)
+        i_then_w(down)
+        f(up)
+        i_then_w(up)
+    for _ in range(rank):
+        acts.append(c.job(down, "I"))
+        acts.append(c.job(up, "I"))
+    for _ in range(devices - rank):
+        acts.append(c.job(down, "I"))
+        acts.append(c.job(down, "W"))
+    for stage in (up, down):
+        while c.next.get((stage, "W"), 0) < padded:
+            acts.append(c.job(stage, "W"))
+    return [a for a in acts if a.microbatch < microbatches]
+
+
+def order(sg: StageGraph, microbatches: int) -> Order:
+    """The ZB-V order on 2D stages in the V placement."""
+    d = sg.num_devices
+    placement.expect_placement(sg, v_place(d), "zb-v", "2D stages in a V (device i holds stages i and 2D-1-i)")
+    check_microbatches("zb-v", microbatches, 1)
+    return {r: device_actions(r, d, microbatches) for r in range(d)}
