@@ -1,0 +1,593 @@
+"""Generate the bundled full-size ONNX graphs of ``models/`` with ``onnx.helper``.
+
+Every model is written as a *shape-only* graph: weights are typed graph inputs
+(no initializer data), so a 47 B-parameter model fits in a file of a few
+hundred KB and imports without reading any tensor data. Run::
+
+    python models/build.py                 # regenerate every bundled model here
+    python models/build.py --out DIR llama_7b switch_moe   # some models, elsewhere
+
+Conventions shared by all models (see ``models/README.md``):
+
+- opset 23 (``Attention`` with ``q_num_heads``/``kv_num_heads`` for GQA,
+  ``RMSNormalization``, ``LayerNormalization``, ``Gelu``); activations and
+  weights in bfloat16, routers in float32 (``TopK`` has no bfloat16 kernel in
+  opset 23, and routers run in float32 in the reference implementations).
+- node names follow the legacy PyTorch exporter, ``/model/layers.3/self_attn/q_proj/MatMul``,
+  so the module scope of a node is its name without the last part; weight inputs
+  are named like the Hugging Face parameters, ``model.layers.3.self_attn.q_proj.weight``.
+- symbolic dims ``batch`` and ``seq`` (Switch adds ``dec_seq``) on the data inputs,
+  with defaults in ``metadata_props["opsched.default_dims"]`` (``batch=1,seq=4096``)
+  and the names of the data inputs in ``metadata_props["opsched.data_inputs"]``;
+  every other graph input is a weight.
+- MoE layers are a loop over experts, as in the Hugging Face implementations:
+  per expert ``NonZero`` over its routing weights gives the (data-dependent)
+  tokens it serves, ``GatherND`` dispatches them, the expert's own MatMul chain
+  runs, and one ``ScatterND`` (reduction ``add``) per layer combines all experts
+  onto the residual stream. The experts of a layer are therefore parallel
+  branches (no path between two of them), and their token count is the only
+  data-dependent dim: the importer resolves it by balanced routing,
+  ``capacity_factor * batch * seq * top_k / experts``, so ``--dim`` values and
+  ``--capacity-factor`` determine expert FLOPs.
+- positional encodings without parameters (RoPE) and T5's relative position
+  bias (384 parameters per stack) are left out: they change FLOPs by well under
+  0.1 % and are not what a pipeline planner decides about.
+
+Output is deterministic: the same script writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+
+import onnx
+from onnx import TensorProto, helper
+
+OPSET = 23
+BF16 = TensorProto.BFLOAT16
+F32 = TensorProto.FLOAT
+I64 = TensorProto.INT64
+
+
+class GraphBuilder:
+    """Accumulate the nodes and typed inputs of one shape-only ONNX graph.
+
+    Scopes are module paths written with ``/`` (``model/layers.0/mlp``); a node
+    is named ``/<scope>/<OpType>`` (``_1``, ``_2``... when repeated in a scope),
+    as the legacy exporter does; its outputs get short names ``t<node index>[_<i>]``.
+
+    >>> b = GraphBuilder("tiny")
+    >>> x = b.data("x", ["batch", 8])
+    >>> y = linear(b, "model/proj", x, 8, 4)
+    >>> b.param_count
+    32
+    """
+
+    def __init__(self, name: str, dtype: int = BF16):
+        self.name = name
+        self.dtype = dtype
+        self.nodes: list[onnx.NodeProto] = []
+        self.inputs: list[onnx.ValueInfoProto] = []
+        self.data_inputs: list[str] = []
+        self.outputs: list[onnx.ValueInfoProto] = []
+        self.param_count = 0
+        self.moe: set[tuple[int, int]] = set()  # (experts, top_k) of the routed layers
+        self._names: dict[str, int] = {}
+
+    def data(self, name: str, shape: list, elem_type: int | None = None) -> str:
+        """Declare a data (non-weight) graph input and return its name."""
+        elem = self.dtype if elem_type is None else elem_type
+        self.inputs.append(helper.make_tensor_value_info(name, elem, shape))
+        self.data_inputs.append(name)
+        return name
+
+    def weight(self, scope: str, leaf: str, shape: list[int]) -> str:
+        """Declare a weight as a typed graph input named like the PyTorch parameter."""
+        name = ".".join([part for part in scope.split("/") if part] + [leaf])
+        self.inputs.append(helper.make_tensor_value_info(name, self.dtype, shape))
+        self.param_count += math.prod(shape)
+        return name
+
+    def node(self, scope: str, op_type: str, inputs: list[str], n_outputs: int = 1, **attrs):
+        """Add one node in ``scope``; return its output name (or list of names if several)."""
+        base = f"/{scope}/{op_type}" if scope else f"/{op_type}"
+        count = self._names.get(base, 0)
+        self._names[base] = count + 1
+        name = base if count == 0 else f"{base}_{count}"
+        # short tensor names keep the files small; the node name carries the scope
+        outputs = [f"t{len(self.nodes)}" + (f"_{i}" if i else "") for i in range(n_outputs)]
+        self.nodes.append(helper.make_node(op_type, inputs, outputs, name=name, **attrs))
+        return outputs[0] if n_outputs == 1 else outputs
+
+    def const(self, scope: str, values: list[int]) -> str:
+        """A 1-D int64 ``Constant`` node (shapes, axes, indices): never a parameter."""
+        tensor = helper.make_tensor("value", I64, [len(values)], values)
+        return self.node(scope, "Constant", [], value=tensor)
+
+    def output(self, tensor: str, name: str, shape: list, elem_type: int | None = None) -> None:
+        """Rename ``tensor`` (the output of the last node) to ``name`` and make it a graph output."""
+        last = self.nodes[-1]
+        assert list(last.output) == [tensor], "a graph output must be the last node's only output"
+        last.output[0] = name
+        elem = self.dtype if elem_type is None else elem_type
+        self.outputs.append(helper.make_tensor_value_info(name, elem, shape))
+
+    def model(self, default_dims: dict[str, int], doc: str) -> onnx.ModelProto:
+        """The finished ModelProto, with the opsched metadata keys set."""
+        graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs)
+        model = helper.make_model(
+            graph,
+            opset_imports=[helper.make_opsetid("", OPSET)],
+            producer_name="opsched models/build.py",
+            doc_string=doc,
+        )
+        props = {
+            "opsched.default_dims": ",".join(f"{k}={v}" for k, v in default_dims.items()),
+            "opsched.data_inputs": ",".join(self.data_inputs),
+            "opsched.param_count": str(self.param_count),
+        }
+        if self.moe:
+            # a hint for readers and importers; the graph itself carries the same facts
+            props["opsched.moe"] = ";".join(f"experts={e},top_k={k}" for e, k in sorted(self.moe))
+        helper.set_model_props(model, props)
+        return model
+
+
+# ---------------------------------------------------------------- layers
+
+
+def linear(b: GraphBuilder, scope: str, x: str, d_in: int, d_out: int, bias: bool = False) -> str:
+    """``x @ W (+ bias)`` with ``W`` of shape ``[d_in, d_out]`` (the exported orientation)."""
+    y = b.node(scope, "MatMul", [x, b.weight(scope, "weight", [d_in, d_out])])
+    if bias:
+        y = b.node(scope, "Add", [y, b.weight(scope, "bias", [d_out])])
+    return y
+
+
+def rms_norm(b: GraphBuilder, scope: str, x: str, dim: int, eps: float = 1e-5) -> str:
+    """RMSNorm over the last axis with a learned scale (Llama, Mixtral, T5)."""
+    scale = b.weight(scope, "weight", [dim])
+    return b.node(scope, "RMSNormalization", [x, scale], axis=-1, epsilon=eps)
+
+
+def layer_norm(b: GraphBuilder, scope: str, x: str, dim: int, eps: float = 1e-5) -> str:
+    """LayerNorm over the last axis with scale and bias (CLIP)."""
+    scale = b.weight(scope, "weight", [dim])
+    bias = b.weight(scope, "bias", [dim])
+    return b.node(scope, "LayerNormalization", [x, scale, bias], axis=-1, epsilon=eps)
+
+
+def embedding(b: GraphBuilder, scope: str, ids: str, vocab: int, dim: int) -> str:
+    """Token embedding lookup: ``Gather(weight[vocab, dim], ids)``."""
+    return b.node(scope, "Gather", [b.weight(scope, "weight", [vocab, dim]), ids], axis=0)
+
+
+def silu(b: GraphBuilder, scope: str, x: str) -> str:
+    """``x * sigmoid(x)`` (ONNX has no SiLU operator)."""
+    return b.node(scope, "Mul", [x, b.node(scope, "Sigmoid", [x])])
+
+
+def quick_gelu(b: GraphBuilder, scope: str, x: str) -> str:
+    """CLIP's activation, ``x * sigmoid(1.702 x)``."""
+    k = b.node(scope, "Constant", [], value=helper.make_tensor("value", b.dtype, [], [1.702]))
+    return b.node(scope, "Mul", [x, b.node(scope, "Sigmoid", [b.node(scope, "Mul", [x, k])])])
+
+
+def attention(
+    b: GraphBuilder,
+    scope: str,
+    x: str,
+    dim: int,
+    heads: int,
+    kv_heads: int | None = None,
+    head_dim: int | None = None,
+    causal: bool = True,
+    bias: bool = False,
+    names: tuple[str, str, str, str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+    kv_source: str | None = None,
+    scale: float | None = None,
+) -> str:
+    """Multi-head (or grouped-query) attention: projections, opset-23 ``Attention``, output.
+
+    ``kv_source`` gives cross-attention (keys and values from another sequence).
+    """
+    kv_heads = heads if kv_heads is None else kv_heads
+    head_dim = dim // heads if head_dim is None else head_dim
+    kv_in = x if kv_source is None else kv_source
+    q = linear(b, f"{scope}/{names[0]}", x, dim, heads * head_dim, bias)
+    k = linear(b, f"{scope}/{names[1]}", kv_in, dim, kv_heads * head_dim, bias)
+    v = linear(b, f"{scope}/{names[2]}", kv_in, dim, kv_heads * head_dim, bias)
+    attrs = {"q_num_heads": heads, "kv_num_heads": kv_heads, "is_causal": int(causal)}
+    if scale is not None:
+        attrs["scale"] = scale
+    a = b.node(scope, "Attention", [q, k, v], **attrs)
+    return linear(b, f"{scope}/{names[3]}", a, heads * head_dim, dim, bias)
+
+
+def swiglu_mlp(
+    b: GraphBuilder,
+    scope: str,
+    x: str,
+    dim: int,
+    ff: int,
+    names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+) -> str:
+    """Llama-style gated MLP: ``down(silu(gate(x)) * up(x))``."""
+    gate = silu(b, scope, linear(b, f"{scope}/{names[0]}", x, dim, ff))
+    up = linear(b, f"{scope}/{names[1]}", x, dim, ff)
+    return linear(b, f"{scope}/{names[2]}", b.node(scope, "Mul", [gate, up]), ff, dim)
+
+
+def relu_mlp(b: GraphBuilder, scope: str, x: str, dim: int, ff: int) -> str:
+    """T5 v1.0 feed-forward (Switch Transformer experts): ``wo(relu(wi(x)))``, no biases."""
+    h = b.node(scope, "Relu", [linear(b, f"{scope}/wi", x, dim, ff)])
+    return linear(b, f"{scope}/wo", h, ff, dim)
+
+
+def gelu_mlp(b: GraphBuilder, scope: str, x: str, dim: int, ff: int, quick: bool = True) -> str:
+    """Two-layer MLP with biases, ``fc2(act(fc1(x)))`` (CLIP encoders)."""
+    h = linear(b, f"{scope}/fc1", x, dim, ff, bias=True)
+    h = quick_gelu(b, scope, h) if quick else b.node(scope, "Gelu", [h])
+    return linear(b, f"{scope}/fc2", h, ff, dim, bias=True)
+
+
+def moe_layer(
+    b: GraphBuilder,
+    scope: str,
+    x: str,
+    residual: str,
+    dim: int,
+    experts: int,
+    top_k: int,
+    expert_fn,
+    gate_name: str = "gate",
+    normalize_top_k: bool = True,
+) -> str:
+    """A routed mixture-of-experts layer; returns ``residual + sum_e w_e * expert_e(x)``.
+
+    Router (float32): ``softmax(x @ W_gate)``, ``TopK``, optionally renormalised
+    over the chosen k. The dense weight matrix ``[batch, seq, experts]`` (zero
+    where an expert is not chosen) is split per expert; each expert gathers
+    the tokens with a non-zero weight (``NonZero`` -> ``GatherND``), runs
+    ``expert_fn(b, scope_of_expert, tokens)`` on ``[tokens_e, dim]``, scales by
+    its weight, and one ``ScatterND(reduction="add")`` adds every expert's
+    output onto the residual stream. Experts share no node, so they are
+    parallel branches; only ``tokens_e`` is data-dependent.
+    """
+    b.moe.add((experts, top_k))
+    logits = linear(b, f"{scope}/{gate_name}", x, dim, experts)
+    probs = b.node(scope, "Softmax", [b.node(scope, "Cast", [logits], to=F32)], axis=-1)
+    top_w, top_i = b.node(scope, "TopK", [probs, b.const(scope, [top_k])], n_outputs=2, axis=-1)
+    if normalize_top_k:
+        total = b.node(scope, "ReduceSum", [top_w, b.const(scope, [-1])], keepdims=1)
+        top_w = b.node(scope, "Div", [top_w, total])
+    # one-hot of the chosen experts, weighted: [batch, seq, k, experts] -> [batch, seq, experts]
+    last = b.const(scope, [-1])
+    chosen = b.node(
+        scope, "Equal", [b.node(scope, "Unsqueeze", [top_i, last]), b.const(scope, list(range(experts)))]
+    )
+    chosen = b.node(scope, "Cast", [chosen], to=F32)
+    weighted = b.node(scope, "Mul", [chosen, b.node(scope, "Unsqueeze", [top_w, last])])
+    dense_w = b.node(scope, "ReduceSum", [weighted, b.const(scope, [2])], keepdims=0)
+    dense_w = b.node(scope, "Cast", [dense_w], to=b.dtype)
+    per_expert = b.node(scope, "Split", [dense_w], n_outputs=experts, axis=2, num_outputs=experts)
+    if experts == 1:
+        per_expert = [per_expert]
+    axis2 = b.const(scope, [2])
+    axis1 = b.const(scope, [1])
+    x4 = b.node(scope, "Unsqueeze", [x, axis2])  # [batch, seq, 1, dim], indexed by [N, 3]
+    indices, updates = [], []
+    for e in range(experts):
+        idx = b.node(scope, "Transpose", [b.node(scope, "NonZero", [per_expert[e]])], perm=[1, 0])
+        tokens = b.node(scope, "GatherND", [x4, idx])
+        w = b.node(scope, "Unsqueeze", [b.node(scope, "GatherND", [per_expert[e], idx]), axis1])
+        y = expert_fn(b, f"{scope}/experts.{e}", tokens)
+        indices.append(idx)
+        updates.append(b.node(scope, "Mul", [y, w]))
+    all_idx = b.node(scope, "Concat", indices, axis=0)
+    all_upd = b.node(scope, "Concat", updates, axis=0)
+    base = b.node(scope, "Unsqueeze", [residual, axis2])
+    out = b.node(scope, "ScatterND", [base, all_idx, all_upd], reduction="add")
+    return b.node(scope, "Squeeze", [out, axis2])
+
+
+# ---------------------------------------------------------------- decoder LMs
+
+
+def decoder_lm(
+    b: GraphBuilder,
+    prefix: str,
+    h: str,
+    *,
+    layers: int,
+    dim: int,
+    heads: int,
+    kv_heads: int,
+    vocab: int,
+    mlp_fn,
+    mlp_name: str = "mlp",
+    head_scope: str = "lm_head",
+    eps: float = 1e-5,
+) -> str:
+    """Llama-family decoder stack on embeddings ``h``; returns the logits.
+
+    ``mlp_fn(b, scope, x_normed, residual, layer)`` returns the layer output
+    *including* the residual (MoE layers fuse it into their scatter-add).
+    """
+    for i in range(layers):
+        scope = f"{prefix}/layers.{i}"
+        a = attention(b, f"{scope}/self_attn", rms_norm(b, f"{scope}/input_layernorm", h, dim, eps), dim, heads, kv_heads)
+        h = b.node(scope, "Add", [h, a])
+        normed = rms_norm(b, f"{scope}/post_attention_layernorm", h, dim, eps)
+        h = mlp_fn(b, f"{scope}/{mlp_name}", normed, h, i)
+    h = rms_norm(b, f"{prefix}/norm", h, dim, eps)
+    return linear(b, head_scope, h, dim, vocab)
+
+
+def dense_mlp(dim: int, ff: int):
+    """An ``mlp_fn`` for :func:`decoder_lm`: SwiGLU MLP plus residual."""
+
+    def mlp(b, scope, x, residual, layer):
+        return b.node(scope.rsplit("/", 1)[0], "Add", [residual, swiglu_mlp(b, scope, x, dim, ff)])
+
+    return mlp
+
+
+def build_llama_7b() -> onnx.ModelProto:
+    """Llama-2-7B: 32 layers, d=4096, 32 heads, SwiGLU FFN 11008, vocab 32000 (6.74 B)."""
+    b = GraphBuilder("llama_7b")
+    ids = b.data("input_ids", ["batch", "seq"], I64)
+    h = embedding(b, "model/embed_tokens", ids, 32000, 4096)
+    logits = decoder_lm(b, "model", h, layers=32, dim=4096, heads=32, kv_heads=32, vocab=32000, mlp_fn=dense_mlp(4096, 11008))
+    b.output(logits, "logits", ["batch", "seq", 32000])
+    return b.model({"batch": 1, "seq": 4096}, build_llama_7b.__doc__)
+
+
+def build_mixtral_8x7b() -> onnx.ModelProto:
+    """Mixtral-8x7B: 32 layers, d=4096, GQA 32/8 heads, 8 SwiGLU experts (FFN 14336) top-2, vocab 32000 (46.7 B)."""
+    b = GraphBuilder("mixtral_8x7b")
+    ids = b.data("input_ids", ["batch", "seq"], I64)
+    h = embedding(b, "model/embed_tokens", ids, 32000, 4096)
+
+    def expert(b, scope, t):
+        return swiglu_mlp(b, scope, t, 4096, 14336, names=("w1", "w3", "w2"))
+
+    def mlp(b, scope, x, residual, layer):
+        return moe_layer(b, scope, x, residual, 4096, 8, 2, expert, normalize_top_k=True)
+
+    logits = decoder_lm(
+        b, "model", h, layers=32, dim=4096, heads=32, kv_heads=8, vocab=32000, mlp_fn=mlp, mlp_name="block_sparse_moe"
+    )
+    b.output(logits, "logits", ["batch", "seq", 32000])
+    return b.model({"batch": 1, "seq": 4096}, build_mixtral_8x7b.__doc__)
+
+
+def build_deepseek_moe() -> onnx.ModelProto:
+    """DeepSeek-MoE-16B: 28 layers, d=2048, 16 heads; layer 0 dense (FFN 10944); layers 1-27:
+    2 shared experts (one fused SwiGLU MLP of 2x1408) + 64 routed SwiGLU experts (1408) top-6; vocab 102400 (16.4 B)."""
+    b = GraphBuilder("deepseek_moe")
+    dim = 2048
+    ids = b.data("input_ids", ["batch", "seq"], I64)
+    h = embedding(b, "model/embed_tokens", ids, 102400, dim)
+    dense = dense_mlp(dim, 10944)
+
+    def expert(b, scope, t):
+        return swiglu_mlp(b, scope, t, dim, 1408)
+
+    def mlp(b, scope, x, residual, layer):
+        if layer == 0:
+            return dense(b, scope, x, residual, layer)
+        shared = swiglu_mlp(b, f"{scope}/shared_experts", x, dim, 2 * 1408)
+        base = b.node(scope.rsplit("/", 1)[0], "Add", [residual, shared])
+        return moe_layer(b, scope, x, base, dim, 64, 6, expert, normalize_top_k=False)
+
+    logits = decoder_lm(b, "model", h, layers=28, dim=dim, heads=16, kv_heads=16, vocab=102400, mlp_fn=mlp, eps=1e-6)
+    b.output(logits, "logits", ["batch", "seq", 102400])
+    return b.model({"batch": 1, "seq": 4096}, build_deepseek_moe.__doc__)
+
+
+# ---------------------------------------------------------------- Switch (encoder-decoder, top-1)
+
+
+def build_switch_moe() -> onnx.ModelProto:
+    """Switch-Base-8: T5-base encoder-decoder (12+12 layers, d=768, 12 heads, ReLU FFN 3072, vocab 32128,
+    tied embeddings); every other FFN (layers 1, 3, ..., 11 of each stack) is a top-1 MoE of 8 experts (0.62 B)."""
+    b = GraphBuilder("switch_moe")
+    dim, ff, heads, vocab, experts = 768, 3072, 12, 32128, 8
+    enc_ids = b.data("input_ids", ["batch", "seq"], I64)
+    dec_ids = b.data("decoder_input_ids", ["batch", "dec_seq"], I64)
+    shared = b.weight("shared", "weight", [vocab, dim])
+    t5_attn = {"names": ("q", "k", "v", "o"), "scale": 1.0}  # T5 folds 1/sqrt(d) into its init
+
+    def expert(b, scope, t):
+        return relu_mlp(b, scope, t, dim, ff)
+
+    def ff_layer(scope, h, i):
+        normed = rms_norm(b, f"{scope}/layer_norm", h, dim, 1e-6)
+        if i % 2 == 1:
+            return moe_layer(b, f"{scope}/mlp", normed, h, dim, experts, 1, expert, "router/classifier", False)
+        return b.node(scope, "Add", [h, relu_mlp(b, f"{scope}/mlp", normed, dim, ff)])
+
+    h = b.node("encoder/embed_tokens", "Gather", [shared, enc_ids], axis=0)
+    for i in range(12):
+        scope = f"encoder/block.{i}"
+        normed = rms_norm(b, f"{scope}/layer.0/layer_norm", h, dim, 1e-6)
+        a = attention(b, f"{scope}/layer.0/SelfAttention", normed, dim, heads, causal=False, **t5_attn)
+        h = b.node(f"{scope}/layer.0", "Add", [h, a])
+        h = ff_layer(f"{scope}/layer.1", h, i)
+    memory = rms_norm(b, "encoder/final_layer_norm", h, dim, 1e-6)
+
+    h = b.node("decoder/embed_tokens", "Gather", [shared, dec_ids], axis=0)
+    for i in range(12):
+        scope = f"decoder/block.{i}"
+        normed = rms_norm(b, f"{scope}/layer.0/layer_norm", h, dim, 1e-6)
+        a = attention(b, f"{scope}/layer.0/SelfAttention", normed, dim, heads, causal=True, **t5_attn)
+        h = b.node(f"{scope}/layer.0", "Add", [h, a])
+        normed = rms_norm(b, f"{scope}/layer.1/layer_norm", h, dim, 1e-6)
+        a = attention(
+            b, f"{scope}/layer.1/EncDecAttention", normed, dim, heads, causal=False, kv_source=memory, **t5_attn
+        )
+        h = b.node(f"{scope}/layer.1", "Add", [h, a])
+        h = ff_layer(f"{scope}/layer.2", h, i)
+    h = rms_norm(b, "decoder/final_layer_norm", h, dim, 1e-6)
+    # tied output embedding, scaled by dim**-0.5 as T5 does when tying
+    k = b.node("lm_head", "Constant", [], value=helper.make_tensor("value", b.dtype, [], [dim**-0.5]))
+    w_t = b.node("lm_head", "Transpose", [shared], perm=[1, 0])
+    logits = b.node("lm_head", "MatMul", [b.node("lm_head", "Mul", [h, k]), w_t])
+    b.output(logits, "logits", ["batch", "dec_seq", vocab])
+    return b.model({"batch": 1, "seq": 512, "dec_seq": 128}, build_switch_moe.__doc__)
+
+
+# ---------------------------------------------------------------- CLIP and LLaVA
+
+
+def vit_tower(b: GraphBuilder, prefix: str, pixels: str, image: int, layers: int, dim: int = 1024,
+              heads: int = 16, ff: int = 4096, patch: int = 14) -> str:
+    """CLIP vision transformer up to the encoder output ``[batch, 1 + patches, dim]``.
+
+    Patch embedding (Conv, no bias), class token and position embedding, pre-LayerNorm,
+    ``layers`` pre-norm encoder layers (quick-GELU MLP). The class token is
+    prepended by padding the patch sequence with one zero row and adding
+    ``onehot_row0 * class_embedding + position_embedding``: the same result as
+    concatenating an expanded class token, with static shapes, and the class
+    embedding is read as a broadcast (bias-like) operand.
+    """
+    grid = image // patch
+    tokens = grid * grid + 1
+    emb = f"{prefix}/embeddings"
+    conv_w = b.weight(f"{emb}/patch_embedding", "weight", [dim, 3, patch, patch])
+    x = b.node(f"{emb}/patch_embedding", "Conv", [pixels, conv_w], strides=[patch, patch], kernel_shape=[patch, patch])
+    x = b.node(emb, "Reshape", [x, b.const(emb, [0, dim, -1])])
+    x = b.node(emb, "Transpose", [x], perm=[0, 2, 1])  # [batch, patches, dim]
+    x = b.node(emb, "Pad", [x, b.const(emb, [0, 1, 0, 0, 0, 0])])
+    row0 = helper.make_tensor("value", b.dtype, [tokens, 1], [1.0] + [0.0] * (tokens - 1))
+    cls = b.node(emb, "Mul", [b.node(emb, "Constant", [], value=row0), b.weight(emb, "class_embedding", [dim])])
+    pos = b.node(emb, "Add", [cls, b.weight(f"{emb}/position_embedding", "weight", [tokens, dim])])
+    x = b.node(emb, "Add", [x, pos])
+    x = layer_norm(b, f"{prefix}/pre_layrnorm", x, dim)
+    return clip_encoder(b, f"{prefix}/encoder", x, layers, dim, heads, ff, causal=False)
+
+
+def clip_encoder(b: GraphBuilder, prefix: str, x: str, layers: int, dim: int, heads: int, ff: int, causal: bool) -> str:
+    """Pre-norm transformer encoder layers of CLIP (both towers)."""
+    for i in range(layers):
+        scope = f"{prefix}/layers.{i}"
+        a = attention(
+            b, f"{scope}/self_attn", layer_norm(b, f"{scope}/layer_norm1", x, dim), dim, heads,
+            causal=causal, bias=True, names=("q_proj", "k_proj", "v_proj", "out_proj"),
+        )
+        x = b.node(scope, "Add", [x, a])
+        m = gelu_mlp(b, f"{scope}/mlp", layer_norm(b, f"{scope}/layer_norm2", x, dim), dim, ff)
+        x = b.node(scope, "Add", [x, m])
+    return x
+
+
+def l2_normalize(b: GraphBuilder, scope: str, x: str) -> str:
+    """``x / ||x||`` over the last axis."""
+    norm = b.node(scope, "ReduceL2", [x, b.const(scope, [-1])], keepdims=1)
+    return b.node(scope, "Div", [x, norm])
+
+
+def build_clip_vit_l14() -> onnx.ModelProto:
+    """CLIP ViT-L/14 (224 px): vision tower 24 layers d=1024, text tower 12 layers d=768 (context 77,
+    vocab 49408), projections to 768, contrastive logits [batch, batch] (0.43 B)."""
+    b = GraphBuilder("clip_vit_l14")
+    pixels = b.data("pixel_values", ["batch", 3, 224, 224])
+    ids = b.data("input_ids", ["batch", 77], I64)
+
+    v = vit_tower(b, "vision_model", pixels, 224, 24)
+    v = b.node("vision_model", "Gather", [v, b.node("vision_model", "Constant", [], value=helper.make_tensor("value", I64, [], [0]))], axis=1)
+    v = layer_norm(b, "vision_model/post_layernorm", v, 1024)
+    img = linear(b, "visual_projection", v, 1024, 768)
+
+    t = embedding(b, "text_model/embeddings/token_embedding", ids, 49408, 768)
+    t = b.node("text_model/embeddings", "Add", [t, b.weight("text_model/embeddings/position_embedding", "weight", [77, 768])])
+    t = clip_encoder(b, "text_model/encoder", t, 12, 768, 12, 3072, causal=True)
+    t = layer_norm(b, "text_model/final_layer_norm", t, 768)
+    eot = b.node("text_model", "ArgMax", [ids], axis=1, keepdims=1)  # end-of-text has the largest id
+    t = b.node("text_model", "GatherND", [t, eot], batch_dims=1)
+    txt = linear(b, "text_projection", t, 768, 768)
+
+    img = l2_normalize(b, "", img)
+    txt = l2_normalize(b, "", txt)
+    scale = b.node("", "Exp", [b.weight("", "logit_scale", [])])
+    sim = b.node("", "MatMul", [img, b.node("", "Transpose", [txt], perm=[1, 0])])
+    b.output(b.node("", "Mul", [sim, scale]), "logits_per_image", ["batch", "batch"])
+    return b.model({"batch": 8}, build_clip_vit_l14.__doc__)
+
+
+def build_llava_7b() -> onnx.ModelProto:
+    """LLaVA-1.5-7B: CLIP ViT-L/14-336 vision encoder (features of layer 23 of 24, class token dropped,
+    576 patches) -> 2-layer GELU MLP projector -> Llama-2-7B language model (vocab 32064) (7.05 B)."""
+    b = GraphBuilder("llava_7b")
+    pixels = b.data("pixel_values", ["batch", 3, 336, 336])
+    ids = b.data("input_ids", ["batch", "seq"], I64)
+    # (batch index, position) of each of the 576 image tokens in input_ids, as the processor lays them out
+    where = b.data("image_positions", ["batch", 576, 2], I64)
+
+    # LLaVA reads the penultimate layer: the 24th layer and post_layernorm never run, so are left out
+    v = vit_tower(b, "model/vision_tower/vision_model", pixels, 336, 23)
+    v = b.node("model/vision_tower", "Slice", [v, b.const("model/vision_tower", [1]), b.const("model/vision_tower", [577]), b.const("model/vision_tower", [1])])
+    proj = "model/multi_modal_projector"
+    v = linear(b, f"{proj}/linear_1", v, 1024, 4096, bias=True)
+    v = linear(b, f"{proj}/linear_2", b.node(proj, "Gelu", [v]), 4096, 4096, bias=True)
+
+    h = embedding(b, "model/language_model/embed_tokens", ids, 32064, 4096)
+    h = b.node("model", "ScatterND", [h, where, v])  # image features replace the image-token embeddings
+    logits = decoder_lm(
+        b, "model/language_model", h, layers=32, dim=4096, heads=32, kv_heads=32, vocab=32064, mlp_fn=dense_mlp(4096, 11008)
+    )
+    b.output(logits, "logits", ["batch", "seq", 32064])
+    return b.model({"batch": 1, "seq": 2048}, build_llava_7b.__doc__)
+
+
+MODELS = {
+    "mixtral_8x7b": build_mixtral_8x7b,
+    "deepseek_moe": build_deepseek_moe,
+    "switch_moe": build_switch_moe,
+    "clip_vit_l14": build_clip_vit_l14,
+    "llava_7b": build_llava_7b,
+    "llama_7b": build_llama_7b,
+}
+
+
+def write_model(model: onnx.ModelProto, path: str) -> None:
+    """Serialise deterministically and write atomically (temp file, then rename)."""
+    data = model.SerializeToString(deterministic=True)
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".onnx")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Regenerate the bundled shape-only ONNX models.")
+    parser.add_argument("names", nargs="*", help=f"models to build (default: all of {', '.join(MODELS)})")
+    parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)), help="output folder")
+    args = parser.parse_args(argv)
+    unknown = [n for n in args.names if n not in MODELS]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+    os.makedirs(args.out, exist_ok=True)
+    for name in args.names or MODELS:
+        model = MODELS[name]()
+        path = os.path.join(args.out, f"{name}.onnx")
+        write_model(model, path)
+        params = {p.key: p.value for p in model.metadata_props}["opsched.param_count"]
+        print(f"{path}: {len(model.graph.node)} nodes, {int(params):,} parameters, "
+              f"{os.path.getsize(path) / 1024:.0f} KB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

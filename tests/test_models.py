@@ -1,0 +1,222 @@
+"""The bundled full-size models in ``models/``: valid ONNX, faithful sizes, parallel experts."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+from pathlib import Path
+
+import networkx as nx
+import onnx
+import pytest
+
+MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+NAMES = ["mixtral_8x7b", "deepseek_moe", "switch_moe", "clip_vit_l14", "llava_7b", "llama_7b"]
+MOE = {"mixtral_8x7b": (8, 2), "deepseek_moe": (64, 6), "switch_moe": (8, 1)}  # experts, top_k
+
+# Published parameter counts of the reference checkpoints, and how far ours may be.
+PUBLISHED = {
+    "mixtral_8x7b": (46.7e9, 0.005),
+    "deepseek_moe": (16.4e9, 0.005),
+    "llama_7b": (6_738_415_616, 0.0),  # Llama-2-7B, exact
+    "clip_vit_l14": (427_616_513, 0.0),  # openai/clip-vit-large-patch14, exact
+    # LLaVA-1.5-7B holds 7,063,427,072; we leave out the vision layer and norm it never runs
+    "llava_7b": (7_063_427_072 - 12_596_224 - 2_048, 0.0),
+    "switch_moe": (619e6, 0.005),  # switch-base-8 (relative position bias left out)
+}
+
+
+def load_build():
+    """Import ``models/build.py`` (``models/`` is a folder of scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location("opsched_models_build", MODELS_DIR / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load(name: str) -> onnx.ModelProto:
+    return onnx.load(str(MODELS_DIR / f"{name}.onnx"), load_external_data=False)
+
+
+def metadata(model: onnx.ModelProto) -> dict[str, str]:
+    return {p.key: p.value for p in model.metadata_props}
+
+
+def weights(model: onnx.ModelProto) -> dict[str, list[int]]:
+    """Weight name -> static shape: every graph input not declared as data."""
+    data = set(metadata(model)["opsched.data_inputs"].split(","))
+    out = {}
+    for vi in model.graph.input:
+        if vi.name in data:
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        assert all(d.HasField("dim_value") for d in dims), f"weight {vi.name} has a symbolic dim"
+        out[vi.name] = [d.dim_value for d in dims]
+    return out
+
+
+def count_params(model: onnx.ModelProto) -> int:
+    """Parameters counted from the typed weight inputs (shapes only)."""
+    return sum(math.prod(shape) for shape in weights(model).values())
+
+
+def node_graph(model: onnx.ModelProto) -> nx.DiGraph:
+    """ONNX nodes as a DiGraph: an edge from the producer to each consumer of a tensor."""
+    g = nx.DiGraph()
+    producer = {}
+    for n in model.graph.node:
+        g.add_node(n.name)
+        for o in n.output:
+            producer[o] = n.name
+    for n in model.graph.node:
+        for i in n.input:
+            if i in producer:
+                g.add_edge(producer[i], n.name)
+    return g
+
+
+def crossing_paths(g: nx.DiGraph, groups: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Pairs (a, b) of groups of one family with a path from a node of a to a node of b.
+
+    A group key is ``"family|member"`` (e.g. a layer and one of its experts);
+    keys without ``|`` form one family. One pass in topological order carries,
+    for every node, the groups that reach it as a bit mask, so the check stays
+    linear in the graph size.
+    """
+    keys = sorted(groups)
+    bit = {n: i for i, key in enumerate(keys) for n in groups[key]}
+    family_mask: dict[str, int] = {}
+    for i, key in enumerate(keys):
+        family = key.split("|")[0] if "|" in key else ""
+        family_mask[family] = family_mask.get(family, 0) | 1 << i
+    mask_of = {i: family_mask[key.split("|")[0] if "|" in key else ""] for i, key in enumerate(keys)}
+    reach: dict[str, int] = {}
+    found = set()
+    for n in nx.topological_sort(g):
+        mask = 0
+        for p in g.predecessors(n):
+            mask |= reach[p]
+        if n in bit:
+            me = bit[n]
+            others = mask & mask_of[me] & ~(1 << me)
+            while others:
+                low = others & -others
+                found.add((keys[low.bit_length() - 1], keys[me]))
+                others ^= low
+            mask |= 1 << me
+        reach[n] = mask
+    return sorted(found)
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {name: load(name) for name in NAMES}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_model_is_valid_onnx_and_fully_shaped(models, name):
+    model = models[name]
+    onnx.checker.check_model(model, full_check=True)
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, check_type=True)
+    shapes = {vi.name: vi.type.tensor_type for vi in [*inferred.graph.value_info, *inferred.graph.output]}
+    for n in inferred.graph.node:
+        for o in n.output:
+            assert shapes[o].HasField("shape"), f"{name}: no shape inferred for {o} of {n.name}"
+    # the only dims shape inference cannot know are the tokens routed to each expert
+    routed = [vi.name for vi in inferred.graph.value_info
+              if any(d.dim_param.startswith("unk__") for d in vi.type.tensor_type.shape.dim)]
+    if name not in MOE:
+        assert routed == []
+    out = inferred.graph.output[0].type.tensor_type.shape.dim
+    assert [d.dim_param or d.dim_value for d in out][:1] == ["batch"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_metadata_declares_dims_data_inputs_and_scopes(models, name):
+    model = models[name]
+    meta = metadata(model)
+    assert model.opset_import[0].version == 23
+    defaults = dict(item.split("=") for item in meta["opsched.default_dims"].split(","))
+    data = meta["opsched.data_inputs"].split(",")
+    inputs = {vi.name: vi for vi in model.graph.input}
+    assert set(data) <= set(inputs) and "batch" in defaults
+    symbolic = {d.dim_param for name_ in data for d in inputs[name_].type.tensor_type.shape.dim if d.dim_param}
+    assert symbolic == set(defaults), "every symbolic dim has a default, and every default is used"
+    assert all(int(v) > 0 for v in defaults.values())
+    assert int(meta["opsched.param_count"]) == count_params(model)
+    # legacy-exporter node names: a module path then the op, unique
+    names = [n.name for n in model.graph.node]
+    assert len(set(names)) == len(names)
+    assert all(re.fullmatch(r"(/[\w.]+)+", n) for n in names)
+    assert sum("/layers." in n or "/block." in n for n in names) > len(names) // 2
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_parameter_counts_match_the_reference_models(models, name):
+    expected, tolerance = PUBLISHED[name]
+    got = count_params(models[name])
+    assert abs(got - expected) <= tolerance * expected, f"{name}: {got:,} vs {expected:,.0f}"
+
+
+def test_mixtral_has_46_7_billion_parameters(models):
+    got = count_params(models["mixtral_8x7b"])
+    assert abs(got - 46.7e9) / 46.7e9 < 0.005
+    shapes = weights(models["mixtral_8x7b"])
+    experts = [n for n in shapes if re.fullmatch(r"model\.layers\.\d+\.block_sparse_moe\.experts\.\d+\.w1\.weight", n)]
+    assert len(experts) == 32 * 8 and shapes[experts[0]] == [4096, 14336]
+    assert shapes["model.layers.0.self_attn.k_proj.weight"] == [4096, 1024]  # GQA: 8 kv heads of 128
+
+
+@pytest.mark.parametrize("name", sorted(MOE))
+def test_experts_of_a_layer_are_parallel_branches(models, name):
+    model = models[name]
+    experts, top_k = MOE[name]
+    groups: dict[str, set[str]] = {}
+    for n in model.graph.node:
+        m = re.match(r"(.*)/experts\.(\d+)/", n.name)
+        if m:
+            groups.setdefault(f"{m.group(1)}|{int(m.group(2)):03d}", set()).add(n.name)
+    layers = {key.split("|")[0] for key in groups}
+    assert all(sum(key.startswith(layer + "|") for key in groups) == experts for layer in layers)
+    assert len(layers) == {"mixtral_8x7b": 32, "deepseek_moe": 27, "switch_moe": 12}[name]
+    g = node_graph(model)
+    assert nx.is_directed_acyclic_graph(g)
+    assert crossing_paths(g, groups) == []
+    # every expert has its own MatMul chain fed by the dispatch and read by the combine
+    topk = [n for n in model.graph.node if n.op_type == "TopK"]
+    assert len(topk) == len(layers)
+
+
+def test_crossing_paths_detects_a_path_within_a_family_only():
+    g = nx.DiGraph([("a1", "x"), ("x", "b1"), ("c1", "y"), ("b1", "d1")])
+    groups = {"L0|a": {"a1"}, "L0|b": {"b1"}, "L0|c": {"c1"}, "L1|d": {"d1"}}
+    assert crossing_paths(g, groups) == [("L0|a", "L0|b")]
+
+
+def test_clip_towers_are_parallel_until_the_similarity(models):
+    model = models["clip_vit_l14"]
+    towers = {"vision": set(), "text": set()}
+    for n in model.graph.node:
+        if n.name.startswith("/vision_model/"):
+            towers["vision"].add(n.name)
+        elif n.name.startswith("/text_model/"):
+            towers["text"].add(n.name)
+    assert len(towers["vision"]) > 300 and len(towers["text"]) > 150
+    assert crossing_paths(node_graph(model), towers) == []
+
+
+def test_regeneration_is_byte_identical(tmp_path):
+    build = load_build()
+    assert build.main(["--out", str(tmp_path), "llama_7b", "clip_vit_l14"]) == 0
+    for name in ("llama_7b", "clip_vit_l14"):
+        assert (tmp_path / f"{name}.onnx").read_bytes() == (MODELS_DIR / f"{name}.onnx").read_bytes()
+
+
+def test_every_bundled_model_matches_its_generator():
+    """The shipped files are what the generator builds today (not stale)."""
+    build = load_build()
+    assert sorted(build.MODELS) == sorted(NAMES)
+    for name in NAMES:
+        built = build.MODELS[name]().SerializeToString(deterministic=True)
+        assert built == (MODELS_DIR / f"{name}.onnx").read_bytes(), f"{name}.onnx is stale: run python models/build.py"
