@@ -220,3 +220,69 @@ def test_every_bundled_model_matches_its_generator():
     for name in NAMES:
         built = build.MODELS[name]().SerializeToString(deterministic=True)
         assert built == (MODELS_DIR / f"{name}.onnx").read_bytes(), f"{name}.onnx is stale: run python models/build.py"
+
+
+# ---------------------------------------------------------------- through the importer
+
+
+def weight_readers(model: onnx.ModelProto) -> dict[str, int]:
+    """Weight name -> number of nodes reading it."""
+    names = set(weights(model))
+    readers = dict.fromkeys(names, 0)
+    for n in model.graph.node:
+        for i in set(n.input):
+            if i in names:
+                readers[i] += 1
+    return readers
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "deepseek_moe" else n for n in NAMES]
+)
+def test_importer_counts_the_same_parameters(models, name):
+    onnx_import = pytest.importorskip("opsched.onnx_import")
+    from opsched.graph import ops, totals
+
+    g = onnx_import.import_onnx(MODELS_DIR / f"{name}.onnx")
+    got = int(totals(g)["param_count"])
+    own = count_params(models[name])
+    shapes, readers = weights(models[name]), weight_readers(models[name])
+    assert all(r >= 1 for r in readers.values()), "every weight is read"
+    tied = {w: r for w, r in readers.items() if r > 1}
+    scalars = [w for w, s in shapes.items() if math.prod(s) < 2]
+    if not tied and not scalars:
+        assert got == own
+    else:
+        # Only switch_moe (one embedding tied to encoder, decoder and lm_head) and
+        # clip_vit_l14 (the scalar logit_scale) get here. opsched.onnx_import
+        # documents counting a weight once per reader and scalars as constants;
+        # accept that rule or a plain count, nothing else.
+        assert set(tied) <= {"shared.weight"} and set(scalars) <= {"logit_scale"}
+        per_reader = own + sum((r - 1) * math.prod(shapes[w]) for w, r in tied.items())
+        per_reader -= sum(math.prod(shapes[w]) for w in scalars)
+        assert got in (own, per_reader), f"{name}: importer {got:,}, own count {own:,}"
+    assert g.graph["dims"]["batch"] == int(metadata(models[name])["opsched.default_dims"].split(",")[0].split("=")[1])
+    if name in MOE:
+        scopes = {op.scope for op in ops(g)}
+        assert any(f"experts.{MOE[name][0] - 1}" in scope for scope in scopes)
+
+
+@pytest.mark.parametrize("capacity_factor", [1.0, 1.25])
+def test_importer_expert_flops_follow_dims_and_capacity_factor(capacity_factor):
+    """Switch (top-1 of 8 experts): each expert gets ceil(cf * tokens / 8) tokens, per stack."""
+    onnx_import = pytest.importorskip("opsched.onnx_import")
+    from opsched.graph import ops
+
+    batch, seq, dec_seq = 2, 64, 32
+    g = onnx_import.import_onnx(
+        MODELS_DIR / "switch_moe.onnx", {"batch": batch, "seq": seq, "dec_seq": dec_seq}, capacity_factor
+    )
+    per_stack = {"encoder": 0.0, "decoder": 0.0}
+    for op in ops(g):
+        if op.op_type == "MatMul" and any(part.startswith("experts.") for part in op.scope):
+            per_stack[op.scope[0]] += op.flops
+    dim, ff, experts, sparse_layers = 768, 3072, 8, 6
+    for stack, tokens in (("encoder", batch * seq), ("decoder", batch * dec_seq)):
+        routed = math.ceil(capacity_factor * tokens / experts)
+        # wi and wo: 2 MatMuls of 2 * routed * dim * ff FLOPs per expert
+        assert per_stack[stack] == sparse_layers * experts * 2 * (2 * routed * dim * ff)
