@@ -1,0 +1,378 @@
+"""Coarsening: merge an OpGraph's operators into blocks (a BlockGraph).
+
+>>> from opsched.onnx_import import import_onnx                    # doctest: +SKIP
+>>> bg = coarsen(import_onnx("models/mixtral_8x7b.onnx"), target_blocks=120)  # doctest: +SKIP
+
+Three steps, each of which keeps the result a DAG and every cost exact:
+
+1. **Labels by module scope.** Each op gets a label, a prefix of its scope:
+
+   * ``depth=None`` (default): the scope up to and including its first
+     indexed module (``layers.3``), or its first module if none is indexed;
+   * ``depth=d``: the first ``d`` scope components;
+
+   and in both cases at least down to its deepest **branch** module. A branch
+   is a child module that runs in parallel with a sibling: two children of
+   one parent with no path between their ops in either direction, that are
+   either indexed (``experts.0`` / ``experts.1`` / ``shared_experts.0``) or
+   each carry at least 5 % of the model's FLOPs and sit outside any indexed
+   module (the towers of a two-tower model, not the projections of a layer). So the experts of a layer and the towers of CLIP always get labels
+   of their own, whatever the depth.
+
+   Ops computed from constants and weights only (a ``Constant``, a legacy
+   ``Identity`` of a weight) take the label of their consumer.
+
+2. **Acyclic split.** Merging by label alone can create cycles (a residual
+   add in the parent scope sits both before and after a child). Each op gets
+   a rank: ``rank(v) = max over preds u of rank(u) + (label(u) != label(v))``
+   (constant-only ops as late as their consumers allow). A block is a connected
+   set of ops with one (label, rank). Every edge between two blocks strictly
+   increases the rank, so the block graph is a DAG; a layer's router, its
+   experts and its combine step land in three consecutive ranks.
+
+3. **Greedy contraction** of small blocks into a neighbour, smallest FLOPs
+   first, down to ``target_blocks`` (with ``target_blocks=None``, only blocks
+   without FLOPs are contracted). A contraction only merges ``u -> v`` when
+   ``u`` has no other successor and ``v`` no other predecessor (a chain), which
+   keeps the graph acyclic and leaves the reachability between all other ops
+   unchanged: parallel branches stay parallel. When no chain edge is left the
+   result has more blocks than the target (graph attribute ``target_met``).
+
+Block costs are exact sums over their ops; a block edge carries the bytes of
+the distinct tensors that cross it (a tensor read twice by one block is sent
+once; tensors read only for their shape cost 0).
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+from collections import defaultdict
+
+import networkx as nx
+
+from opsched.errors import OpschedError
+from opsched.graph import COST_FIELDS, Block
+
+_INDEXED = re.compile(r"\.\d+$")
+SHAPE_READERS = frozenset({"Shape", "Size"})
+BIG_BRANCH_SHARE = 0.05
+
+
+def coarsen(opgraph: nx.DiGraph, depth: int | None = None, target_blocks: int | None = None) -> nx.DiGraph:
+    """Merge the operators of an OpGraph into a BlockGraph (see the module docstring).
+
+    Returns a DiGraph with ``kind="BlockGraph"``, integer node ids in
+    topological order, node attribute ``"block"`` (a :class:`Block`) and edge
+    attributes ``"bytes"`` and ``"tensors"``.
+    """
+    if depth is not None and depth < 0:
+        raise OpschedError(f"--depth must be 0 or more, got {depth}")
+    if target_blocks is not None and target_blocks < 1:
+        raise OpschedError(f"--blocks must be at least 1, got {target_blocks}")
+    if opgraph.number_of_nodes() == 0:
+        raise OpschedError("the operator graph is empty: nothing to coarsen")
+    order = list(nx.topological_sort(opgraph))
+    branch_depth = _branch_depths(opgraph, order)
+    labels = _labels(opgraph, order, depth, branch_depth)
+    groups = _acyclic_groups(opgraph, order, labels)
+    members, edges = _contract(opgraph, order, groups, labels, target_blocks)
+    return _block_graph(opgraph, order, members, edges, labels, depth, target_blocks)
+
+
+# --------------------------------------------------------------------------- labels
+
+
+def _scope(opgraph, v) -> tuple[str, ...]:
+    return opgraph.nodes[v]["op"].scope
+
+
+def _branch_depths(opgraph, order) -> dict[tuple[str, ...], int]:
+    """For each scope prefix that is a branch module, its length (see the module docstring).
+
+    Reachability between sibling modules is computed in one topological pass
+    with Python ints as bitsets over (parent, child) pairs.
+    """
+    bit_of: dict[tuple[str, ...], int] = {}
+    own: dict[str, int] = {}
+    for v in order:
+        scope = _scope(opgraph, v)
+        mask = 0
+        for k in range(1, len(scope) + 1):
+            prefix = scope[:k]
+            b = bit_of.get(prefix)
+            if b is None:
+                b = bit_of[prefix] = len(bit_of)
+            mask |= 1 << b
+        own[v] = mask
+    reach: dict[str, int] = {}
+    reached_by: dict[tuple[str, ...], int] = defaultdict(int)
+    flops: dict[tuple[str, ...], float] = defaultdict(float)
+    for v in order:
+        r = 0
+        for u in opgraph.predecessors(v):
+            r |= reach[u]
+        scope = _scope(opgraph, v)
+        f = opgraph.nodes[v]["op"].flops
+        for k in range(1, len(scope) + 1):
+            reached_by[scope[:k]] |= r
+            flops[scope[:k]] += f
+        reach[v] = r | own[v]
+    total = sum(opgraph.nodes[v]["op"].flops for v in order) or 1.0
+    children: dict[tuple[str, ...], list[tuple[str, ...]]] = defaultdict(list)
+    for prefix in bit_of:
+        children[prefix[:-1]].append(prefix)
+    depths: dict[tuple[str, ...], int] = {}
+    for parent, kids in children.items():
+        if len(kids) < 2:
+            continue
+        for a in kids:
+            for b in kids:
+                if a >= b:
+                    continue
+                if not (_eligible(a, b, flops, total)):
+                    continue
+                a_reaches_b = (reached_by[b] >> bit_of[a]) & 1
+                b_reaches_a = (reached_by[a] >> bit_of[b]) & 1
+                if not a_reaches_b and not b_reaches_a:
+                    depths[a] = len(a)
+                    depths[b] = len(b)
+    return depths
+
+
+def _eligible(a, b, flops, total) -> bool:
+    """Indexed siblings (experts) or big siblings outside any indexed module (towers)."""
+    if _INDEXED.search(a[-1]) and _INDEXED.search(b[-1]):
+        return True
+    if any(_INDEXED.search(part) for part in a[:-1]):
+        return False  # e.g. the w1 / w3 projections inside one expert
+    return flops[a] >= BIG_BRANCH_SHARE * total and flops[b] >= BIG_BRANCH_SHARE * total
+
+
+def _labels(opgraph, order, depth, branch_depth) -> dict[str, tuple[str, ...]]:
+    labels: dict[str, tuple[str, ...]] = {}
+    for v in order:
+        scope = _scope(opgraph, v)
+        if depth is None:
+            cut = next((k + 1 for k, part in enumerate(scope) if _INDEXED.search(part)), min(1, len(scope)))
+        else:
+            cut = depth
+        for k in range(len(scope), 0, -1):
+            if scope[:k] in branch_depth:
+                cut = max(cut, k)
+                break
+        labels[v] = scope[:cut]
+    # Constant-only ops follow their (first) consumer, so they never form blocks of their own.
+    index = {v: i for i, v in enumerate(order)}
+    for v in reversed(order):
+        if opgraph.nodes[v].get("const") and opgraph.out_degree(v) > 0:
+            first = min(opgraph.successors(v), key=index.__getitem__)
+            labels[v] = labels[first]
+    return labels
+
+
+# --------------------------------------------------------------------------- acyclic split
+
+
+def _acyclic_groups(opgraph, order, labels) -> dict[str, int]:
+    """Group id per op: connected pieces of equal (label, rank); the quotient is a DAG."""
+    rank: dict[str, int] = {}
+    for v in order:
+        r = 0
+        for u in opgraph.predecessors(v):
+            r = max(r, rank[u] + (labels[u] != labels[v]))
+        rank[v] = r
+    # Ops computed from constants go as late as their consumers allow (their
+    # predecessors are constant too, and are moved after them in this reverse pass).
+    for v in reversed(order):
+        if opgraph.out_degree(v) > 0 and opgraph.nodes[v].get("const"):
+            rank[v] = min(rank[s] - (labels[s] != labels[v]) for s in opgraph.successors(v))
+    # Union-find over edges inside one (label, rank).
+    parent = {v: v for v in order}
+
+    def find(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for u, v in opgraph.edges():
+        if labels[u] == labels[v] and rank[u] == rank[v]:
+            ru, rv = find(u), find(v)
+            if ru != rv:
+                parent[ru] = rv
+    group_id: dict[str, int] = {}
+    groups: dict[str, int] = {}
+    for v in order:
+        root = find(v)
+        if root not in group_id:
+            group_id[root] = len(group_id)
+        groups[v] = group_id[root]
+    return groups
+
+
+# --------------------------------------------------------------------------- contraction
+
+
+def _contract(opgraph, order, groups, labels, target_blocks):
+    """Greedy chain contraction; returns (members per group, set of group edges)."""
+    members: dict[int, list[str]] = defaultdict(list)
+    for v in order:
+        members[groups[v]].append(v)
+    succ: dict[int, set[int]] = defaultdict(set)
+    pred: dict[int, set[int]] = defaultdict(set)
+    for u, v in opgraph.edges():
+        a, b = groups[u], groups[v]
+        if a != b:
+            succ[a].add(b)
+            pred[b].add(a)
+    flops = {g: sum(opgraph.nodes[v]["op"].flops for v in vs) for g, vs in members.items()}
+    io = {g: sum(opgraph.nodes[v]["op"].io_bytes for v in vs) for g, vs in members.items()}
+    alive = set(members)
+    heap = [(flops[g], io[g], g) for g in members]
+    heapq.heapify(heap)
+    next_id = max(members) + 1 if members else 0
+    while heap:
+        if target_blocks is not None and len(alive) <= target_blocks:
+            break
+        f, b, g = heapq.heappop(heap)
+        if g not in alive or f != flops[g]:
+            continue
+        if target_blocks is None and f > 0:
+            break  # default: only blocks without FLOPs are folded into a neighbour
+        options = []
+        if len(pred[g]) == 1:
+            p = next(iter(pred[g]))
+            if len(succ[p]) == 1:
+                options.append((flops[p], io[p], p, p, g))
+        if len(succ[g]) == 1:
+            s = next(iter(succ[g]))
+            if len(pred[s]) == 1:
+                options.append((flops[s], io[s], s, g, s))
+        if not options:
+            continue  # a fork/join block: merging it would join parallel branches
+        _, _, _, u, v = min(options)
+        new = next_id
+        next_id += 1
+        members[new] = members.pop(u) + members.pop(v)
+        succ[new] = succ.pop(v, set())
+        pred[new] = pred.pop(u, set())
+        succ.pop(u, None)
+        pred.pop(v, None)
+        for s in succ[new]:
+            pred[s].discard(v)
+            pred[s].add(new)
+        for p in pred[new]:
+            succ[p].discard(u)
+            succ[p].add(new)
+        flops[new] = flops.pop(u) + flops.pop(v)
+        io[new] = io.pop(u) + io.pop(v)
+        alive -= {u, v}
+        alive.add(new)
+        heapq.heappush(heap, (flops[new], io[new], new))
+    edges = {(a, b) for a in alive for b in succ[a]}
+    return {g: members[g] for g in alive}, edges
+
+
+# --------------------------------------------------------------------------- result
+
+
+def _common_prefix(scopes) -> tuple[str, ...]:
+    scopes = list(scopes)
+    first = scopes[0]
+    k = len(first)
+    for s in scopes[1:]:
+        k = min(k, len(s))
+        for i in range(k):
+            if s[i] != first[i]:
+                k = i
+                break
+    return first[:k]
+
+
+def _dominant_label(recs, labels) -> tuple[str, ...]:
+    """The label holding most FLOPs in a block (ties: the first), used to name it."""
+    weight: dict[tuple[str, ...], float] = {}
+    for rec, label in zip(recs, labels):
+        weight[label] = weight.get(label, 0.0) + rec.flops
+    return max(weight, key=lambda k: (weight[k], -labels.index(k)))
+
+
+def _block_graph(opgraph, order, members, edges, labels, depth, target_blocks) -> nx.DiGraph:
+    index = {v: i for i, v in enumerate(order)}
+    gdag = nx.DiGraph()
+    gdag.add_nodes_from(members)
+    gdag.add_edges_from(edges)
+    # Deterministic topological order of blocks: by the position of their first op.
+    first = {g: min(index[v] for v in vs) for g, vs in members.items()}
+    topo = list(nx.lexicographical_topological_sort(gdag, key=first.__getitem__))
+    new_id = {g: i for i, g in enumerate(topo)}
+    bg = nx.DiGraph(name=opgraph.graph.get("name", "model"), kind="BlockGraph", depth=depth,
+                    target_blocks=target_blocks,
+                    target_met=target_blocks is None or len(members) <= target_blocks,
+                    dims=dict(opgraph.graph.get("dims", {})), source=opgraph.graph.get("source"))
+    block_of: dict[str, int] = {}
+    name_count: dict[str, int] = defaultdict(int)
+    for g in topo:
+        ops_sorted = sorted(members[g], key=index.__getitem__)
+        for v in ops_sorted:
+            block_of[v] = new_id[g]
+        recs = [opgraph.nodes[v]["op"] for v in ops_sorted]
+        scope = _common_prefix(labels[v] for v in ops_sorted)
+        base = "/".join(_dominant_label(recs, [labels[v] for v in ops_sorted])) or "(root)"
+        name_count[base] += 1
+        name = base if name_count[base] == 1 else f"{base}#{name_count[base] - 1}"
+        types: dict[str, int] = {}
+        for r in recs:
+            types[r.op_type] = types.get(r.op_type, 0) + 1
+        sums = {f: sum(getattr(r, f) for r in recs) for f in COST_FIELDS}
+        sums["param_count"] = int(sums["param_count"])
+        bg.add_node(new_id[g], block=Block(new_id[g], name, scope, tuple(ops_sorted), op_types=types, **sums))
+    tensor_bytes = opgraph.graph.get("tensor_bytes", {})
+    crossing: dict[tuple[int, int], dict[str, float]] = defaultdict(dict)
+    for u, v, data in opgraph.edges(data=True):
+        a, b = block_of[u], block_of[v]
+        if a == b:
+            continue
+        shape_only = opgraph.nodes[v]["op"].op_type in SHAPE_READERS
+        seen = crossing[(a, b)]
+        tensors = data.get("tensors") or [f"{u}->{v}"]
+        for t in tensors:
+            size = 0.0 if shape_only else float(tensor_bytes.get(t, data.get("bytes", 0.0) if len(tensors) == 1 else 0.0))
+            seen[t] = max(seen.get(t, 0.0), size)
+    for (a, b), tensors in sorted(crossing.items()):
+        bg.add_edge(a, b, bytes=float(sum(tensors.values())), tensors=sorted(tensors))
+    return bg
+
+
+def block_of_ops(blockgraph: nx.DiGraph) -> dict[str, int]:
+    """OpGraph node name -> block id."""
+    return {v: b for b, data in blockgraph.nodes(data=True) for v in data["block"].ops}
+
+
+def parallel_branches(g: nx.DiGraph) -> int:
+    """Width of a DAG by levels: the most nodes that share one ASAP level.
+
+    A node's level is the length of the longest path from a source to it;
+    two nodes on one level are never connected by a path, so this counts
+    mutually unreachable blocks that can run at the same time (e.g. the
+    experts of one MoE layer, plus its shared expert). Blocks (or ops) without
+    FLOPs, such as a shared constant, are not counted. It is a lower bound
+    on the largest antichain, and equal to it for the series-parallel block
+    graphs coarsening produces from layer stacks.
+
+    >>> import networkx as nx
+    >>> parallel_branches(nx.DiGraph([(0, 1), (0, 2), (0, 3), (1, 4), (2, 4), (3, 4)]))
+    3
+    """
+    if g.number_of_nodes() == 0:
+        return 0
+    key = "block" if g.graph.get("kind") == "BlockGraph" else "op"
+    level: dict = {}
+    counts: dict[int, int] = defaultdict(int)
+    for v in nx.topological_sort(g):
+        level[v] = max((level[u] + 1 for u in g.predecessors(v)), default=0)
+        rec = g.nodes[v].get(key)
+        if rec is None or rec.flops > 0:
+            counts[level[v]] += 1
+    return max(counts.values(), default=0)

@@ -1,0 +1,889 @@
+"""ONNX model -> OpGraph, with a forward cost for every operator.
+
+>>> g = import_onnx("models/mixtral_8x7b.onnx", dims={"batch": 1, "seq": 4096})  # doctest: +SKIP
+>>> from opsched.graph import totals
+>>> totals(g)["param_count"]                                                     # doctest: +SKIP
+
+What the importer does, in order:
+
+1. **Load without weights**: ``onnx.load(path, load_external_data=False)``. Only
+   tensor *shapes* are read; the one exception is tiny integer constants (the
+   ``K`` of a TopK), read to size MoE routing.
+2. **Dimensions**: symbolic dims of the graph inputs take their values from
+   ``dims``; a model may carry defaults in its metadata key
+   ``opsched.default_dims`` (``"batch=1,seq=4096"``), which ``dims`` overrides.
+   A dim left without a value is an :class:`OpschedError` naming it and the
+   flag ``--dim NAME=VALUE``. Symbolic expressions the exporter wrote into
+   ``value_info`` (``"2*s0"``) are evaluated with those values.
+3. **Shape inference** (``onnx.shape_inference``, with data propagation).
+4. **MoE routing assumption**: an expert loop exported with ``NonZero`` has
+   data-dependent token counts. Each ``NonZero`` output is pinned to
+   ``[rank, n]`` with **balanced routing**::
+
+       n = ceil(capacity_factor * tokens * top_k / num_experts)
+
+   where ``num_experts`` (the routed axis) and ``tokens`` (the other elements)
+   come from the input of the nearest upstream ``TopK`` (the router) and
+   ``top_k`` is its ``K``. Shape inference then runs again so the expert
+   branches get static shapes. A ``NonZero`` with no router upstream is
+   assumed all-nonzero (a warning says so). Capacity-style routing
+   (``TopK`` over tokens) is static already and needs no assumption.
+5. **Costs** per node (forward, one microbatch; a multiply-add is 2 FLOPs):
+
+   ======================================  =========================================
+   MatMul, Gemm                            2*M*N*K (+ M*N when Gemm has a bias C)
+   Conv / ConvTranspose                    2 * out * (C_in/group) * kernel (+ out for a bias)
+   Einsum                                  n_operands * product of all index sizes (1 operand: input size)
+   Attention (opset 23)                    2*B*H*Sq*Skv*(Dqk + Dv) + 6*B*H*Sq*Skv (scale + softmax)
+   LayerNormalization                      8 per element (7 without bias)
+   RMSNormalization / SimplifiedLayerNorm  4 per element
+   Batch/Instance/GroupNormalization       8 per element
+   Softmax, LogSoftmax                     5 per element
+   elementwise (Add, Mul, Relu, Sigmoid,   1 per output element
+   Erf, Where, Equal, ...)
+   reductions (ReduceSum, ReduceMean, ...)  1 per input element (2 for L2, SumSquare, LogSumExp)
+   pooling                                 output elements * kernel size
+   TopK, ArgMax, CumSum                    1 per input element
+   Gather/Scatter/Reshape/Transpose/...    0 FLOPs: bytes only
+   unknown op types                        0 FLOPs: bytes only, listed in a warning
+   ======================================  =========================================
+
+   ``output_bytes`` is the size of the tensors a node writes, ``io_bytes`` the
+   tensors it reads plus writes. An edge ``u -> v`` carries the bytes of the
+   tensors v reads from u (0 when v only reads their shape: ``Shape``, ``Size``).
+
+6. **Parameters**. Candidate weight tensors are floating-point initializers
+   (with or without their external data present: the shape is in the
+   TensorProto) and graph inputs that are weights. Which graph inputs are
+   weights: when the model's metadata has ``opsched.data_inputs``
+   (``"input_ids,pixel_values"``) every other graph input is a weight;
+   otherwise a graph input is a weight when it has a fully static
+   floating-point shape and every read of it (directly or through Identity,
+   Transpose, Cast, Reshape, Squeeze, Unsqueeze, Flatten) is as the weight operand of
+   MatMul/Gemm/Einsum (not the first operand), Conv, a normalisation (scale,
+   bias), Gather (the table), or as the lower-rank operand of an elementwise
+   op (a bias). A weight tensor is a parameter of the node that reads it in a
+   weight position (those ops, elementwise ops included, any operand);
+   tensors of fewer than 2 elements count as constants. A small weight (at
+   most 1024 elements) read by several nodes counts once per reader, a bigger
+   one once (owned by its first reader): torch's exporters deduplicate small
+   equal-valued tensors (every LayerNorm weight starts as ones; dynamo shares
+   one initializer, legacy adds Identity copies), while a big tensor read
+   twice (directly or through an alias op such as Transpose) is a tied weight
+   (shared embeddings).
+
+Module scope per node: dynamo's ``metadata_props["pkg.torch.onnx.name_scopes"]``
+(full or relative module names; the leaf op name is dropped) or legacy names
+``/model/layers.3/mlp/experts.1/w1/MatMul`` (the last component, the op, is
+dropped). Scopes are tuples of module names: ``("model", "layers.3", "mlp",
+"experts.1", "w1")``.
+
+Graph attributes of the result: ``name``, ``kind="OpGraph"``, ``dims`` (the
+resolved dims), ``warnings`` (list of str), ``exporter`` ("dynamo", "legacy"
+or "helper"), ``capacity_factor``, ``data_inputs``, ``tensor_bytes`` (tensor
+name -> bytes, for every tensor on an edge), ``moe_routing`` (NonZero node ->
+assumed count). Node attribute ``const`` is True for nodes computed from
+constants and weights only (no data input reaches them).
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import os
+import re
+from collections import deque
+
+import networkx as nx
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from opsched.errors import OpschedError
+from opsched.graph import OpNode, add_op, new_op_graph
+
+DEFAULT_DIMS_KEY = "opsched.default_dims"
+DATA_INPUTS_KEY = "opsched.data_inputs"
+NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
+
+# Bytes per element of each TensorProto data type (sub-byte types as fractions).
+_DTYPE_BYTES = {
+    TensorProto.FLOAT: 4, TensorProto.UINT8: 1, TensorProto.INT8: 1, TensorProto.UINT16: 2,
+    TensorProto.INT16: 2, TensorProto.INT32: 4, TensorProto.INT64: 8, TensorProto.STRING: 8,
+    TensorProto.BOOL: 1, TensorProto.FLOAT16: 2, TensorProto.DOUBLE: 8, TensorProto.UINT32: 4,
+    TensorProto.UINT64: 8, TensorProto.COMPLEX64: 8, TensorProto.COMPLEX128: 16,
+    TensorProto.BFLOAT16: 2,
+}
+for _name, _size in (("FLOAT8E4M3FN", 1), ("FLOAT8E4M3FNUZ", 1), ("FLOAT8E5M2", 1),
+                     ("FLOAT8E5M2FNUZ", 1), ("FLOAT8E8M0", 1), ("UINT4", 0.5), ("INT4", 0.5),
+                     ("FLOAT4E2M1", 0.5), ("UINT2", 0.25), ("INT2", 0.25)):
+    if hasattr(TensorProto, _name):
+        _DTYPE_BYTES[getattr(TensorProto, _name)] = _size
+
+_FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
+_FLOAT_TYPES |= {v for k, v in TensorProto.DataType.items() if k.startswith("FLOAT8") or k.startswith("FLOAT4")}
+
+# Ops that only move, copy or index data: bytes, no FLOPs.
+BYTES_ONLY_OPS = frozenset("""
+Gather GatherElements GatherND Scatter ScatterElements ScatterND Reshape Transpose Concat Split
+SplitToSequence Slice Squeeze Unsqueeze Flatten Expand Tile Pad Cast CastLike Identity Shape Size
+Constant ConstantOfShape Range NonZero OneHot DepthToSpace SpaceToDepth Trilu Dropout Compress
+Unique EyeLike ReverseSequence Resize Upsample Col2Im Optional OptionalGetElement
+OptionalHasElement SequenceAt SequenceConstruct SequenceEmpty SequenceErase SequenceInsert
+SequenceLength ConcatFromSequence TensorScatter
+""".split())
+
+ELEMENTWISE_OPS = frozenset("""
+Add Sub Mul Div Pow Mod Neg Abs Reciprocal Sqrt Exp Log Relu LeakyRelu PRelu Elu Selu Celu Gelu
+Sigmoid HardSigmoid HardSwish Tanh Softplus Softsign Mish Swish Erf Sin Cos Tan Asin Acos Atan Sinh
+Cosh Asinh Acosh Atanh Floor Ceil Round Sign Clip Min Max Mean Sum Where Equal Less LessOrEqual
+Greater GreaterOrEqual Not And Or Xor BitShift BitwiseAnd BitwiseOr BitwiseXor BitwiseNot IsNaN
+IsInf ThresholdedRelu Shrink QuickGelu FastGelu BiasGelu
+""".split())
+
+REDUCE_OPS = frozenset("""
+ReduceSum ReduceMean ReduceMax ReduceMin ReduceProd ReduceL1 ReduceLogSum ArgMax ArgMin
+""".split())
+REDUCE2_OPS = frozenset({"ReduceL2", "ReduceSumSquare", "ReduceLogSumExp"})
+POOL_OPS = frozenset({"MaxPool", "AveragePool", "LpPool"})
+GLOBAL_POOL_OPS = frozenset({"GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"})
+PER_ELEMENT = {
+    "LayerNormalization": 8, "BatchNormalization": 8, "InstanceNormalization": 8,
+    "GroupNormalization": 8, "RMSNormalization": 4, "SimplifiedLayerNormalization": 4,
+    "SkipLayerNormalization": 9, "SkipSimplifiedLayerNormalization": 5,
+    "Softmax": 5, "LogSoftmax": 5, "Hardmax": 2, "LpNormalization": 3,
+    "MeanVarianceNormalization": 6, "TopK": 1, "CumSum": 1,
+}
+
+# Ops whose output is the same weight under another name or layout.
+ALIAS_OPS = frozenset({"Identity", "Transpose", "Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten"})
+NORM_OPS = frozenset({"LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization",
+                      "GroupNormalization", "InstanceNormalization", "BatchNormalization",
+                      "SkipLayerNormalization", "SkipSimplifiedLayerNormalization"})
+SHAPE_READERS = frozenset({"Shape", "Size"})
+# Exporters deduplicate equal-valued weights up to this many elements (norm scales, zero biases).
+DEDUP_LIMIT = 1024
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_model(path) -> onnx.ModelProto:
+    """Read an ONNX file's protobuf without its external weight data.
+
+    Raises :class:`OpschedError` for a missing file, a file that is not ONNX,
+    a truncated protobuf, or a model without nodes.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise OpschedError(f"model file not found: {path} (check the path)")
+    if os.path.isdir(path):
+        raise OpschedError(f"{path} is a directory, not an ONNX file")
+    try:
+        model = onnx.load(path, load_external_data=False)
+    except Exception as exc:  # protobuf DecodeError and friends: not a model
+        raise OpschedError(
+            f"{path} is not a readable ONNX model ({type(exc).__name__}: file truncated or not ONNX)"
+        ) from None
+    if model.ir_version <= 0 or not model.HasField("graph"):
+        raise OpschedError(f"{path} is not an ONNX model (no graph or IR version); export it with torch.onnx.export")
+    if len(model.graph.node) == 0:
+        raise OpschedError(f"{path}: the ONNX graph is empty (no nodes); nothing to plan")
+    return model
+
+
+def parse_dims(text: str, source: str = "dims") -> dict[str, int]:
+    """Parse ``"batch=1,seq=4096"`` into ``{"batch": 1, "seq": 4096}``.
+
+    >>> parse_dims("batch=1, seq=4096")
+    {'batch': 1, 'seq': 4096}
+    """
+    out: dict[str, int] = {}
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        out.update(parse_dim(item, source))
+    return out
+
+
+def parse_dim(item: str, source: str = "--dim") -> dict[str, int]:
+    """Parse one ``NAME=VALUE`` with a positive integer value."""
+    name, sep, value = item.partition("=")
+    name = name.strip()
+    try:
+        number = int(value.strip())
+    except ValueError:
+        number = 0
+    if not sep or not name or number <= 0:
+        raise OpschedError(f"bad dimension {item!r} in {source}: write NAME=VALUE with a positive integer, e.g. seq=4096")
+    return {name: number}
+
+
+def _metadata(model: onnx.ModelProto) -> dict[str, str]:
+    return {p.key: p.value for p in model.metadata_props}
+
+
+# --------------------------------------------------------------------------- dims and shapes
+
+
+def _eval_dim_expr(expr: str, dims: dict[str, int]) -> int | None:
+    """Evaluate an exporter's symbolic dim expression (``"2*s0"``) with known dims, or None."""
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError:
+        return None
+
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name):
+            if node.id not in dims:
+                raise KeyError(node.id)
+            return dims[node.id]
+        if isinstance(node, ast.BinOp):
+            a, b = ev(node.left), ev(node.right)
+            ops = {ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b,
+                   ast.FloorDiv: lambda: a // b, ast.Mod: lambda: a % b,
+                   ast.Div: lambda: a // b if b and a % b == 0 else None}
+            f = ops.get(type(node.op))
+            if f is None:
+                raise ValueError(expr)
+            return f()
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -ev(node.operand)
+        raise ValueError(expr)
+
+    try:
+        value = ev(tree)
+    except (KeyError, ValueError, ZeroDivisionError, TypeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _resolve_dims(model: onnx.ModelProto, dims: dict[str, int] | None, warnings: list[str]) -> dict[str, int]:
+    """Defaults from metadata, overridden by ``dims``; error on any unresolved graph-input dim."""
+    meta = _metadata(model)
+    resolved: dict[str, int] = {}
+    if DEFAULT_DIMS_KEY in meta:
+        resolved.update(parse_dims(meta[DEFAULT_DIMS_KEY], f"the model's {DEFAULT_DIMS_KEY} metadata"))
+    for name, value in (dims or {}).items():
+        if int(value) <= 0:
+            raise OpschedError(f"dimension {name}={value} must be a positive integer")
+        resolved[name] = int(value)
+    init_names = {t.name for t in model.graph.initializer}
+    missing: dict[str, str] = {}
+    used: set[str] = set()
+    for vi in model.graph.input:
+        if vi.name in init_names or not vi.type.HasField("tensor_type"):
+            continue
+        for axis, d in enumerate(vi.type.tensor_type.shape.dim):
+            if d.HasField("dim_value") and d.dim_value > 0:
+                continue
+            if d.HasField("dim_param") and d.dim_param:
+                value = resolved.get(d.dim_param)
+                if value is None:
+                    value = _eval_dim_expr(d.dim_param, resolved)
+                if value is None:
+                    missing.setdefault(d.dim_param, vi.name)
+                used.add(d.dim_param)
+            else:
+                raise OpschedError(
+                    f"graph input '{vi.name}' has an unnamed dynamic dimension (axis {axis}); "
+                    "re-export with named dynamic dims so it can be set with --dim NAME=VALUE"
+                )
+    if missing:
+        names = ", ".join(f"'{k}' (input '{v}')" for k, v in sorted(missing.items()))
+        flags = " ".join(f"--dim {k}=VALUE" for k in sorted(missing))
+        raise OpschedError(f"unresolved symbolic dimension {names}: set it with {flags}")
+    unused = sorted(set(dims or {}) - used)
+    if unused:
+        warnings.append(f"dims not used by any graph input: {', '.join(unused)}")
+    return resolved
+
+
+def _set_dims(tensor_type, dims: dict[str, int], keep_unknown: bool) -> None:
+    """Replace symbolic dims by values in place; drop (make unknown) what cannot be evaluated."""
+    for d in tensor_type.shape.dim:
+        if d.HasField("dim_param"):
+            value = dims.get(d.dim_param) or _eval_dim_expr(d.dim_param, dims)
+            if value is not None:
+                d.dim_value = value
+            elif not keep_unknown:
+                d.Clear()
+
+
+def _substitute_dims(model: onnx.ModelProto, dims: dict[str, int]) -> None:
+    g = model.graph
+    for vi in list(g.input) + list(g.output) + list(g.value_info):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+            _set_dims(vi.type.tensor_type, dims, keep_unknown=False)
+
+
+def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
+    try:
+        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    except Exception as exc:  # inference errors on malformed graphs: report, keep going without it
+        raise OpschedError(f"ONNX shape inference failed: {str(exc).splitlines()[0][:200]}") from None
+
+
+def _shape_table(model: onnx.ModelProto) -> dict[str, tuple[tuple[int | None, ...] | None, int]]:
+    """Tensor name -> (shape with None for unknown dims, or None if rank unknown; elem_type)."""
+    table: dict[str, tuple] = {}
+    g = model.graph
+    for vi in list(g.value_info) + list(g.input) + list(g.output):
+        if not vi.type.HasField("tensor_type"):
+            continue
+        tt = vi.type.tensor_type
+        if tt.HasField("shape"):
+            shape = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tt.shape.dim)
+        else:
+            shape = None
+        old = table.get(vi.name)
+        if old is None or (old[0] is None or None in old[0]):
+            table[vi.name] = (shape, tt.elem_type)
+    for t in g.initializer:
+        table[t.name] = (tuple(int(x) for x in t.dims), t.data_type)
+    for n in g.node:
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                    table[n.output[0]] = (tuple(int(x) for x in a.t.dims), a.t.data_type)
+    return table
+
+
+def _static(shape) -> bool:
+    return shape is not None and None not in shape
+
+
+def _numel(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+# --------------------------------------------------------------------------- graph structure
+
+
+def _check_structure(g: onnx.GraphProto, path: str) -> list[int]:
+    """Topological order of node indices; errors for dangling inputs and cycles."""
+    producer: dict[str, int] = {}
+    for i, n in enumerate(g.node):
+        for o in n.output:
+            if o:
+                producer[o] = i
+    available = {t.name for t in g.initializer} | {vi.name for vi in g.input}
+    indeg = [0] * len(g.node)
+    succs: list[list[int]] = [[] for _ in g.node]
+    for i, n in enumerate(g.node):
+        for name in n.input:
+            if not name:
+                continue  # omitted optional input
+            if name in producer:
+                indeg[i] += 1
+                succs[producer[name]].append(i)
+            elif name not in available:
+                raise OpschedError(
+                    f"{path}: node '{n.name or n.op_type}' reads tensor '{name}' that no node, "
+                    "initializer or graph input provides (dangling input); re-export the model"
+                )
+    queue = deque(i for i, d in enumerate(indeg) if d == 0)
+    order = []
+    while queue:
+        i = queue.popleft()
+        order.append(i)
+        for j in succs[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                queue.append(j)
+    if len(order) < len(g.node):
+        stuck = next(i for i, d in enumerate(indeg) if d > 0)
+        raise OpschedError(
+            f"{path}: the ONNX graph has a cycle (through node '{g.node[stuck].name or g.node[stuck].op_type}'); "
+            "an ONNX graph must be acyclic"
+        )
+    return order
+
+
+def _small_int_values(model: onnx.ModelProto) -> dict[str, list[int]]:
+    """Values of tiny integer constants (initializers and Constant nodes), e.g. a TopK's K."""
+    out: dict[str, list[int]] = {}
+    int_types = {TensorProto.INT64, TensorProto.INT32}
+
+    def grab(name, t):
+        if t.data_type in int_types and len(t.dims) <= 1 and _numel(t.dims) <= 8 and t.data_location != TensorProto.EXTERNAL:
+            try:
+                out[name] = [int(x) for x in numpy_helper.to_array(t).reshape(-1)]
+            except Exception:  # malformed tiny constant: just unknown
+                pass
+
+    for t in model.graph.initializer:
+        grab(t.name, t)
+    for n in model.graph.node:
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                    grab(n.output[0], a.t)
+                elif a.name == "value_int":
+                    out[n.output[0]] = [int(a.i)]
+                elif a.name == "value_ints":
+                    out[n.output[0]] = [int(x) for x in a.ints]
+    return out
+
+
+def _attr(node, name, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+# --------------------------------------------------------------------------- MoE routing
+
+
+def _pin_nonzero(model, shapes, capacity_factor, warnings, routing) -> bool:
+    """Give each NonZero with an unknown count a static output shape (balanced routing). True if any changed."""
+    g = model.graph
+    producer = {o: n for n in g.node for o in n.output if o}
+    small = None
+    pins: dict[str, list[int]] = {}
+    for n in g.node:
+        if n.op_type != "NonZero":
+            continue
+        out_shape, _ = shapes.get(n.output[0], (None, 0))
+        if _static(out_shape):
+            continue
+        in_shape, _ = shapes.get(n.input[0], (None, 0))
+        if not _static(in_shape):
+            continue  # its input is not known yet: a later pass
+        if small is None:
+            small = _small_int_values(model)
+        count = _routed_count(n, producer, shapes, small, capacity_factor)
+        if count is None:
+            count = max(1, _numel(in_shape))
+            warnings.append(f"NonZero '{n.name}': no router TopK upstream; assumed all {count} elements nonzero")
+        count = min(max(1, count), max(1, _numel(in_shape)))
+        routing[n.name or n.output[0]] = count
+        pins[n.output[0]] = [len(in_shape), count]
+    if not pins:
+        return False
+    kept = [vi for vi in g.value_info if vi.name not in pins]
+    del g.value_info[:]
+    g.value_info.extend(kept)
+    g.value_info.extend(onnx.helper.make_tensor_value_info(name, TensorProto.INT64, shape) for name, shape in pins.items())
+    return True
+
+
+def _routed_count(nonzero, producer, shapes, small, capacity_factor) -> int | None:
+    """ceil(cf * tokens * top_k / num_experts) from the nearest TopK above ``nonzero``."""
+    seen = set()
+    queue = deque([nonzero])
+    while queue:
+        node = queue.popleft()
+        for name in node.input:
+            p = producer.get(name)
+            if p is None or id(p) in seen:
+                continue
+            seen.add(id(p))
+            if p.op_type == "TopK":
+                x_shape, _ = shapes.get(p.input[0], (None, 0))
+                k = small.get(p.input[1]) if len(p.input) > 1 else None
+                if k is None:
+                    k = [_attr(p, "k")] if _attr(p, "k") is not None else None
+                if _static(x_shape) and x_shape and k:
+                    axis = _attr(p, "axis", -1) % len(x_shape)
+                    experts = x_shape[axis]
+                    tokens = _numel(x_shape) // max(1, experts)
+                    return math.ceil(capacity_factor * tokens * k[0] / max(1, experts) - 1e-9)
+            queue.append(p)
+    return None
+
+
+# --------------------------------------------------------------------------- costs
+
+
+def op_flops(op_type: str, node, in_shapes: list, out_shapes: list) -> float | None:
+    """Forward FLOPs of one node from its input and output shapes.
+
+    Returns 0.0 for data-movement ops, ``None`` when the op type is unknown or a
+    shape it needs is unknown. See the module docstring for the formulas.
+
+    >>> import onnx
+    >>> n = onnx.helper.make_node("MatMul", ["a", "b"], ["c"])
+    >>> op_flops("MatMul", n, [(2, 3, 4), (4, 5)], [(2, 3, 5)])
+    120.0
+    """
+    if op_type in BYTES_ONLY_OPS:
+        return 0.0
+    out0 = out_shapes[0] if out_shapes else None
+    in0 = in_shapes[0] if in_shapes else None
+    if op_type in ("MatMul", "MatMulInteger", "FusedMatMul"):
+        if not _static(in0) or not _static(out0) or not in0:
+            return None
+        return 2.0 * in0[-1] * _numel(out0)
+    if op_type == "Gemm":
+        if not _static(in0) or not _static(out0) or len(in0) != 2:
+            return None
+        k = in0[0] if _attr(node, "transA", 0) else in0[1]
+        bias = _numel(out0) if len(in_shapes) > 2 and in_shapes[2] is not None and node.input[2] else 0
+        return 2.0 * k * _numel(out0) + bias
+    if op_type in ("Conv", "ConvInteger"):
+        w = in_shapes[1] if len(in_shapes) > 1 else None
+        if not _static(w) or not _static(out0):
+            return None
+        per_out = _numel(w[1:])  # (C_in / group) * kernel
+        bias = _numel(out0) if len(in_shapes) > 2 and node.input[2] else 0
+        return 2.0 * _numel(out0) * per_out + bias
+    if op_type == "ConvTranspose":
+        w = in_shapes[1] if len(in_shapes) > 1 else None
+        if not _static(w) or not _static(in0) or not _static(out0):
+            return None
+        per_in = _numel(w[1:])  # (C_out / group) * kernel, per input element
+        bias = _numel(out0) if len(in_shapes) > 2 and node.input[2] else 0
+        return 2.0 * _numel(in0) * per_in + bias
+    if op_type == "Einsum":
+        return _einsum_flops(node, in_shapes)
+    if op_type == "Attention":
+        return _attention_flops(node, in_shapes)
+    if op_type in PER_ELEMENT:
+        base = in0 if op_type in ("TopK", "CumSum") else (in0 or out0)
+        if not _static(base):
+            return None
+        per = PER_ELEMENT[op_type]
+        if op_type == "LayerNormalization" and (len(node.input) < 3 or not node.input[2]):
+            per -= 1
+        return float(per * _numel(base))
+    if op_type in ELEMENTWISE_OPS:
+        if not _static(out0):
+            return None
+        return float(_numel(out0))
+    if op_type in REDUCE_OPS or op_type in REDUCE2_OPS:
+        if not _static(in0):
+            return None
+        return float((2 if op_type in REDUCE2_OPS else 1) * _numel(in0))
+    if op_type in POOL_OPS:
+        kernel = _attr(node, "kernel_shape")
+        if not _static(out0) or not kernel:
+            return None
+        return float(_numel(out0) * _numel(kernel))
+    if op_type in GLOBAL_POOL_OPS:
+        return float(_numel(in0)) if _static(in0) else None
+    return None
+
+
+def _einsum_flops(node, in_shapes) -> float | None:
+    eq = (_attr(node, "equation") or b"")
+    eq = eq.decode() if isinstance(eq, bytes) else eq
+    lhs = eq.replace(" ", "").split("->")[0]
+    terms = lhs.split(",")
+    if len(terms) != len(in_shapes) or "." in lhs:
+        return None
+    sizes: dict[str, int] = {}
+    for term, shape in zip(terms, in_shapes):
+        if not _static(shape) or len(term) != len(shape):
+            return None
+        for letter, d in zip(term, shape):
+            sizes[letter] = max(sizes.get(letter, 1), d)
+    if len(terms) == 1:
+        return float(_numel(in_shapes[0]))
+    return float(len(terms) * _numel(sizes.values()))
+
+
+def _attention_flops(node, in_shapes) -> float | None:
+    q, k, v = (in_shapes + [None, None, None])[:3]
+    if not (_static(q) and _static(k) and _static(v)):
+        return None
+    if len(q) == 4:
+        b, h, sq, dqk = q
+        skv, dv = k[2], v[3]
+    elif len(q) == 3:
+        hq = _attr(node, "q_num_heads")
+        hkv = _attr(node, "kv_num_heads")
+        if not hq or not hkv:
+            return None
+        b, sq, h = q[0], q[1], hq
+        dqk, skv, dv = q[2] // hq, k[1], v[2] // hkv
+    else:
+        return None
+    past = in_shapes[4] if len(in_shapes) > 4 else None
+    if _static(past) and len(past) == 4:
+        skv += past[2]
+    scores = b * h * sq * skv
+    return float(2 * scores * (dqk + dv) + 6 * scores)
+
+
+# --------------------------------------------------------------------------- scopes
+
+
+def node_scope(node) -> tuple[str, ...]:
+    """Module path of a node from dynamo metadata or a legacy ``/a/b/Op`` name.
+
+    >>> import onnx
+    >>> node_scope(onnx.helper.make_node("MatMul", ["a", "b"], ["c"], name="/model/layers.3/mlp/experts.1/w1/MatMul"))
+    ('model', 'layers.3', 'mlp', 'experts.1', 'w1')
+    """
+    for p in node.metadata_props:
+        if p.key == NAME_SCOPES_KEY:
+            return _dynamo_scope(p.value)
+    name = node.name
+    if name.startswith("/"):
+        return tuple(part for part in name.split("/")[1:-1] if part)
+    return ()
+
+
+def _dynamo_scope(text: str) -> tuple[str, ...]:
+    try:
+        items = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return ()
+    if not isinstance(items, (list, tuple)):
+        return ()
+    modules = [str(x) for x in items[:-1] if str(x)]  # the last item is the leaf op
+    out: list[str] = []
+    full = ""
+    for m in modules:
+        if full and m.startswith(full + "."):
+            rel = m[len(full) + 1:]  # full dotted path: keep the new part
+            full = m
+        else:
+            rel = m
+            full = f"{full}.{m}" if full else m
+        out.extend(_split_module_path(rel))
+    return tuple(out)
+
+
+_INDEX = re.compile(r"^\d+$")
+
+
+def _split_module_path(rel: str) -> list[str]:
+    """``"encoder.layers.0"`` -> ``["encoder", "layers.0"]``: an index stays with its container."""
+    parts = rel.split(".")
+    out: list[str] = []
+    for part in parts:
+        if _INDEX.match(part) and out:
+            out[-1] = f"{out[-1]}.{part}"
+        else:
+            out.append(part)
+    return out
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def _weight_inputs(model, shapes, data_meta: list[str] | None) -> set[str]:
+    """Graph inputs that are weights (see the module docstring for the rule)."""
+    g = model.graph
+    init_names = {t.name for t in g.initializer}
+    inputs = [vi for vi in g.input if vi.name not in init_names]
+    if data_meta is not None:
+        return {vi.name for vi in inputs} - set(data_meta)
+    consumers: dict[str, list] = {}
+    for n in g.node:
+        for k, name in enumerate(n.input):
+            if name:
+                consumers.setdefault(name, []).append((n, k))
+    weights = set()
+    for vi in inputs:
+        shape, elem = shapes.get(vi.name, (None, 0))
+        if elem not in _FLOAT_TYPES or not _static(shape):
+            continue
+        if _read_as_weight(vi.name, consumers, shapes):
+            weights.add(vi.name)
+    return weights
+
+
+def _read_as_weight(name, consumers, shapes, depth=0) -> bool:
+    """True when every read of ``name`` (following alias ops) is in a weight position."""
+    reads = consumers.get(name, [])
+    if not reads:
+        return False
+    for n, k in reads:
+        if n.op_type in ALIAS_OPS and k == 0 and depth < 4:
+            if not _read_as_weight(n.output[0], consumers, shapes, depth + 1):
+                return False
+        elif not _weight_position(n, k, shapes, strong=True):
+            return False
+    return True
+
+
+def _weight_position(node, k, shapes, strong: bool) -> bool:
+    """Whether input ``k`` of ``node`` is where a weight goes."""
+    t = node.op_type
+    if t in ("MatMul", "Gemm", "Einsum", "MatMulInteger", "FusedMatMul"):
+        return k >= 1 or not strong
+    if t in ("Conv", "ConvTranspose", "ConvInteger", "PRelu"):
+        return k >= 1
+    if t in NORM_OPS:
+        return 1 <= k <= (2 if t != "SkipLayerNormalization" else 4)
+    if t == "Gather":
+        return k == 0
+    if t in ("Add", "Sub", "Mul", "Div"):
+        if not strong:
+            return True
+        me = shapes.get(node.input[k], (None, 0))[0]
+        others = [shapes.get(x, (None, 0))[0] for j, x in enumerate(node.input) if j != k]
+        return me is not None and any(o is not None and len(o) > len(me) for o in others)
+    return False
+
+
+# --------------------------------------------------------------------------- main entry
+
+
+def import_onnx(path, dims: dict[str, int] | None = None, capacity_factor: float = 1.0) -> nx.DiGraph:
+    """Read an ONNX model into an OpGraph with per-operator forward costs.
+
+    ``dims`` sets symbolic dimensions (overriding the model's
+    ``opsched.default_dims`` metadata); ``capacity_factor`` scales the
+    balanced-routing token count of data-dependent MoE loops. See the module
+    docstring for every rule. Raises :class:`OpschedError` on bad input.
+    """
+    if not (capacity_factor > 0 and math.isfinite(capacity_factor)):
+        raise OpschedError(f"capacity factor must be a positive number, got {capacity_factor}")
+    path = os.fspath(path)
+    model = load_model(path)
+    warnings: list[str] = []
+    if model.functions:
+        try:
+            model = onnx.inliner.inline_local_functions(model)
+        except Exception:  # keep the calls as unknown ops
+            warnings.append("could not inline the model's local functions; their calls cost bytes only")
+    order = _check_structure(model.graph, path)
+    resolved = _resolve_dims(model, dims, warnings)
+    _substitute_dims(model, resolved)
+    model = _infer(model)
+    routing: dict[str, int] = {}
+    shapes = _shape_table(model)
+    for _ in range(8):  # NonZero pins may unlock further NonZeros downstream
+        if not _pin_nonzero(model, shapes, capacity_factor, warnings, routing):
+            break
+        model = _infer(model)
+        shapes = _shape_table(model)
+    meta = _metadata(model)
+    data_meta = [s.strip() for s in meta[DATA_INPUTS_KEY].split(",") if s.strip()] if DATA_INPUTS_KEY in meta else None
+    weight_inputs = _weight_inputs(model, shapes, data_meta)
+    return _build_graph(model, path, order, shapes, resolved, weight_inputs, warnings, capacity_factor, routing)
+
+
+def _tensor_bytes(shapes, name) -> float:
+    """Bytes of one tensor (0 when its shape is unknown)."""
+    shape, elem = shapes.get(name, (None, 0))
+    return float(_numel(shape) * _DTYPE_BYTES.get(elem, 4)) if _static(shape) else 0.0
+
+
+class _BytesOf(dict):
+    """Memoised tensor name -> bytes for one shape table."""
+
+    def __init__(self, shapes):
+        super().__init__()
+        self.shapes = shapes
+
+    def __missing__(self, name):
+        value = self[name] = _tensor_bytes(self.shapes, name)
+        return value
+
+
+def _exporter(model) -> str:
+    if model.producer_name.lower().startswith("pytorch"):
+        for n in model.graph.node[:50]:
+            if any(p.key == NAME_SCOPES_KEY for p in n.metadata_props):
+                return "dynamo"
+        return "legacy"
+    return "helper"
+
+
+def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capacity_factor, routing):
+    g_onnx = model.graph
+    init_names = {t.name for t in g_onnx.initializer}
+    graph_inputs = [vi.name for vi in g_onnx.input if vi.name not in init_names]
+    data_inputs = [n for n in graph_inputs if n not in weight_inputs]
+    # Weight-derived tensor name -> the weight it comes from.
+    weightlike = {t.name: t.name for t in g_onnx.initializer if t.data_type in _FLOAT_TYPES}
+    weightlike.update((w, w) for w in weight_inputs)
+    name = g_onnx.name or os.path.splitext(os.path.basename(path))[0]
+    g = new_op_graph(name, dims=dict(dims), warnings=warnings, exporter=_exporter(model),
+                     capacity_factor=capacity_factor, data_inputs=data_inputs, source=os.path.basename(path),
+                     moe_routing=routing)
+    keys: list[str] = [""] * len(g_onnx.node)
+    used: set[str] = set()
+    for i, n in enumerate(g_onnx.node):
+        key = n.name or f"{n.op_type}_{i}"
+        if key in used:
+            key = f"{key}#{i}"
+        used.add(key)
+        keys[i] = key
+    producer: dict[str, int] = {}
+    const_tensors = set(init_names) | set(weight_inputs)
+    unknown: dict[str, int] = {}
+    uncosted: list[str] = []
+    tensor_bytes: dict[str, float] = {}
+    bytes_of = _BytesOf(shapes)
+    counted: set[str] = set()
+    for i in order:
+        n = g_onnx.node[i]
+        in_shapes = [shapes.get(x, (None, 0))[0] if x else None for x in n.input]
+        out_shapes = [shapes.get(x, (None, 0))[0] if x else None for x in n.output]
+        flops = op_flops(n.op_type, n, in_shapes, out_shapes)
+        if flops is None:
+            known = n.op_type in ELEMENTWISE_OPS or n.op_type in PER_ELEMENT or n.op_type in REDUCE_OPS \
+                or n.op_type in REDUCE2_OPS or n.op_type in POOL_OPS or n.op_type in GLOBAL_POOL_OPS \
+                or n.op_type in ("MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "Attention",
+                                 "MatMulInteger", "FusedMatMul", "ConvInteger")
+            if known:
+                uncosted.append(keys[i])
+            else:
+                unknown[n.op_type] = unknown.get(n.op_type, 0) + 1
+            flops = 0.0
+        param_count = 0
+        param_bytes = 0.0
+        if n.op_type in ALIAS_OPS:
+            if n.input and n.input[0] in weightlike:
+                for o in n.output:
+                    if o:
+                        weightlike[o] = weightlike[n.input[0]]
+        else:
+            for k, x in enumerate(n.input):
+                if x and x in weightlike and _weight_position(n, k, shapes, strong=False):
+                    shape, elem = shapes.get(x, (None, 0))
+                    if not _static(shape) or _numel(shape) < 2:
+                        continue
+                    if _numel(shape) > DEDUP_LIMIT:
+                        if weightlike[x] in counted:
+                            continue  # a big weight read twice (maybe transposed) is one tied weight
+                        counted.add(weightlike[x])
+                    param_count += _numel(shape)
+                    param_bytes += _numel(shape) * _DTYPE_BYTES.get(elem, 4)
+        out_bytes = sum(bytes_of[o] for o in n.output if o)
+        in_bytes = sum(bytes_of[x] for x in n.input if x)
+        scope = node_scope(n)
+        op = OpNode(keys[i], n.op_type, scope, flops=float(flops), param_count=int(param_count),
+                    param_bytes=float(param_bytes), output_bytes=float(out_bytes), io_bytes=float(in_bytes + out_bytes))
+        add_op(g, op)
+        is_const = all((not x) or x in const_tensors for x in n.input)
+        g.nodes[keys[i]]["const"] = is_const
+        if is_const:
+            const_tensors.update(o for o in n.output if o)
+        for x in n.input:
+            if x in producer:
+                u = keys[producer[x]]
+                b = 0.0 if n.op_type in SHAPE_READERS else bytes_of[x]
+                tensor_bytes[x] = bytes_of[x]
+                if g.has_edge(u, keys[i]):
+                    data = g.edges[u, keys[i]]
+                    if x not in data["tensors"]:
+                        data["tensors"].append(x)
+                        data["bytes"] += b
+                else:
+                    g.add_edge(u, keys[i], bytes=b, tensors=[x])
+        for o in n.output:
+            if o:
+                producer[o] = i
+    if unknown:
+        listing = ", ".join(f"{t} x{c}" for t, c in sorted(unknown.items()))
+        warnings.append(f"unknown op types costed as bytes only: {listing}")
+    if uncosted:
+        warnings.append(f"{len(uncosted)} ops have unknown shapes, FLOPs counted as 0: {', '.join(uncosted[:5])}"
+                        + (" ..." if len(uncosted) > 5 else ""))
+    g.graph["tensor_bytes"] = tensor_bytes
+    return g
