@@ -1,0 +1,308 @@
+"""Run a pipeline schedule on CPU processes with torch.distributed.pipelining.
+
+:func:`run_job` starts one process per pipeline rank (gloo backend, a file
+rendezvous, ``torch.set_num_threads(1)`` in each), builds the tiny MoE model of
+:mod:`opsched.torchrun.model`, keeps each rank's stages, and runs a few
+training steps of either an exported CSV (loaded into
+``_PipelineScheduleRuntime`` with ``_load_csv(path, format="compute_only")``)
+or one of torch's built-in schedule classes. Each rank reports its losses,
+gradients, step times and per-stage F/I/W/B compute times;
+:func:`compare_with_reference` checks the losses and every gradient against a
+single-process run of the same model and data.
+
+>>> job = RunJob(ModelSpec(blocks=(1, 1)), {0: 0, 1: 1}, microbatches=4,   # doctest: +SKIP
+...              schedule="csv", csv_path="schedule.csv")
+>>> results = run_job(job)                                                  # doctest: +SKIP
+>>> compare_with_reference(job, results)["ok"]                              # doctest: +SKIP
+True
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from opsched.errors import OpschedError
+from opsched.torchrun.model import ModelSpec, batch, build_stage_modules, loss_fn, reference_step, sgd_update
+
+#: torch built-in schedules opsched can run for comparison, and their stages per rank
+BUILTINS = {
+    "GPipe": 1,
+    "1F1B": 1,
+    "Interleaved1F1B": 2,
+    "InterleavedZeroBubble": 2,
+    "ZBVZeroBubble": 2,
+    "DualPipeV": 2,
+}
+
+
+@dataclass
+class RunJob:
+    """What every rank runs: the model, the stage -> rank map, the schedule, the steps.
+
+    ``schedule`` is ``"csv"`` (then ``csv_path`` names a compute-only CSV) or
+    a key of :data:`BUILTINS`. The first ``warmup`` steps are run but not timed.
+    """
+
+    spec: ModelSpec
+    stage_ranks: dict[int, int]
+    microbatches: int
+    schedule: str = "csv"
+    csv_path: str | None = None
+    microbatch_size: int = 2
+    steps: int = 2
+    warmup: int = 0
+    lr: float = 0.05
+    record_grads: bool = True
+    measure_comm: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return 1 + max(self.stage_ranks.values())
+
+
+@dataclass
+class RankResult:
+    """What one rank reports back (plain data, saved with ``torch.save``)."""
+
+    rank: int
+    stages: list[int]
+    losses: list[list[float]] = field(default_factory=list)  # per step, per microbatch (last stage only)
+    grads: list[dict] = field(default_factory=list)  # per step: "stage.param" -> tensor
+    step_seconds: list[float] = field(default_factory=list)  # timed steps only
+    compute_seconds: dict = field(default_factory=dict)  # (stage, pass) -> list of durations
+    comm_seconds: float | None = None  # one-way latency of an activation-sized message
+
+
+# --------------------------------------------------------------------------- worker
+
+
+def _timed(stage, method: str, kind, store, enabled) -> None:
+    """Wrap ``stage.method`` to add its wall time to ``store[(stage index, kind(args))]``."""
+    original = getattr(stage, method)
+
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        out = original(*args, **kwargs)
+        if enabled[0]:
+            store[(stage.stage_index, kind(args, kwargs))].append(time.perf_counter() - t0)
+        return out
+
+    setattr(stage, method, wrapper)
+
+
+def _make_schedule(job: RunJob, pstages):
+    from torch.distributed.pipelining import schedules
+
+    if job.schedule == "csv":
+        sched = schedules._PipelineScheduleRuntime(pstages, job.microbatches, loss_fn=loss_fn, scale_grads=True)
+        sched._load_csv(job.csv_path, format="compute_only")
+        return sched
+    cls = schedules.get_schedule_class(job.schedule)
+    if issubclass(cls, schedules.PipelineScheduleSingle):
+        return cls(pstages[0], job.microbatches, loss_fn=loss_fn, scale_grads=True)
+    return cls(pstages, job.microbatches, loss_fn=loss_fn, scale_grads=True)
+
+
+def _measure_comm(job: RunJob, rank: int, dist, torch) -> float | None:
+    """Median one-way time of an activation-sized message between ranks 0 and 1."""
+    if job.world_size < 2 or rank > 1:
+        return None
+    t = torch.zeros(job.microbatch_size, job.spec.seq, job.spec.dim, dtype=job.spec.torch_dtype())
+    rounds = []
+    for _ in range(30):
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(t, 1)
+            dist.recv(t, 1)
+        else:
+            dist.recv(t, 0)
+            dist.send(t, 0)
+        rounds.append(time.perf_counter() - t0)
+    return statistics.median(rounds[5:]) / 2
+
+
+def _worker(rank: int, job: RunJob, workdir: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{workdir}/store", rank=rank, world_size=job.world_size
+    )
+    try:
+        modules = build_stage_modules(job.spec)
+        n = job.spec.num_stages
+        mine = sorted(s for s, r in job.stage_ranks.items() if r == rank)
+        pstages = [PipelineStage(modules[s], s, n, torch.device("cpu")) for s in mine]
+        store: dict = defaultdict(list)
+        enabled = [False]
+        for st in pstages:
+            _timed(st, "forward_one_chunk", lambda a, k: "F", store, enabled)
+            _timed(
+                st, "backward_one_chunk", lambda a, k: "B" if k.get("full_backward", True) else "I", store, enabled
+            )
+            _timed(st, "backward_weight_one_chunk", lambda a, k: "W", store, enabled)
+        sched = _make_schedule(job, pstages)
+        result = RankResult(rank=rank, stages=mine)
+        if job.measure_comm:
+            result.comm_seconds = _measure_comm(job, rank, dist, torch)
+        local = [modules[s] for s in mine]
+        has_first, has_last = 0 in mine, n - 1 in mine
+        for step in range(job.warmup + job.steps):
+            timed = step >= job.warmup
+            x, y = batch(job.spec, job.microbatches * job.microbatch_size, step)
+            for m in local:
+                m.zero_grad(set_to_none=True)
+            losses: list = []
+            args = (x,) if has_first else ()
+            kwargs = {"target": y, "losses": losses} if has_last else {}
+            enabled[0] = timed
+            dist.barrier()
+            t0 = time.perf_counter()
+            sched.step(*args, **kwargs)
+            elapsed = time.perf_counter() - t0
+            enabled[0] = False
+            if timed:
+                result.step_seconds.append(elapsed)
+            if has_last:
+                result.losses.append([float(v.detach()) for v in losses])
+            if job.record_grads:
+                result.grads.append(
+                    {
+                        f"{s}.{name}": (p.grad.detach().clone() if p.grad is not None else None)
+                        for s in mine
+                        for name, p in modules[s].named_parameters()
+                    }
+                )
+            sgd_update(local, job.lr)
+        result.compute_seconds = dict(store)
+        torch.save(result.__dict__, os.path.join(workdir, f"rank{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------- parent
+
+
+def run_job(job: RunJob, timeout: float = 120.0) -> list[RankResult]:
+    """Run ``job`` on ``job.world_size`` fresh processes; return each rank's result.
+
+    Raises :class:`OpschedError` if a rank fails or the run exceeds ``timeout``
+    seconds (every process is then stopped).
+    """
+    import torch
+    import torch.multiprocessing as mp
+
+    _check_job(job)
+    with tempfile.TemporaryDirectory(prefix="opsched-torchrun-") as workdir:
+        ctx = mp.start_processes(_worker, args=(job, workdir), nprocs=job.world_size, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout
+        try:
+            while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
+                if time.monotonic() > deadline:
+                    raise OpschedError(
+                        f"the torch run did not finish within {timeout:.0f} s (a deadlock, or an overloaded "
+                        "machine); raise the timeout or check the schedule"
+                    )
+        except mp.ProcessRaisedException as exc:
+            last = str(exc).strip().splitlines()[-1]
+            raise OpschedError(f"a pipeline rank failed: {last}") from None
+        except mp.ProcessExitedException as exc:
+            raise OpschedError(f"a pipeline rank exited abnormally: {exc}") from None
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+        results = []
+        for r in range(job.world_size):
+            data = torch.load(Path(workdir) / f"rank{r}.pt", weights_only=False)
+            results.append(RankResult(**data))
+        return results
+
+
+def _check_job(job: RunJob) -> None:
+    n = job.spec.num_stages
+    if sorted(job.stage_ranks) != list(range(n)):
+        raise OpschedError(f"stage_ranks must map stages 0..{n - 1} to ranks, got {sorted(job.stage_ranks)}")
+    used = sorted(set(job.stage_ranks.values()))
+    if used != list(range(len(used))):
+        raise OpschedError(f"pipeline ranks must be numbered 0..N-1 without gaps; stage_ranks uses ranks {used}")
+    if job.schedule == "csv" and not job.csv_path:
+        raise OpschedError("a csv run needs csv_path")
+    if job.schedule != "csv" and job.schedule not in BUILTINS:
+        raise OpschedError(f"unknown schedule {job.schedule!r}; choose csv or one of {sorted(BUILTINS)}")
+
+
+def compare_with_reference(job: RunJob, results: list[RankResult], rtol: float = 1e-9, atol: float = 1e-12) -> dict:
+    """Check the run's losses and every gradient against one process running the same steps.
+
+    Returns ``{"ok", "steps", "params", "max_loss_diff", "max_grad_diff", "problems"}``;
+    ``problems`` lists each mismatch (empty when ``ok``).
+    """
+    import torch
+
+    modules = build_stage_modules(job.spec)
+    last = next(r for r in results if job.spec.num_stages - 1 in r.stages)
+    grads = {}
+    for r in results:
+        for step, g in enumerate(r.grads):
+            grads.setdefault(step, {}).update(g)
+    problems: list[str] = []
+    max_loss = max_grad = 0.0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for step in range(job.warmup + job.steps):
+            x, y = batch(job.spec, job.microbatches * job.microbatch_size, step)
+            ref_losses, ref_grads = reference_step(modules, x, y, job.microbatches)
+            got = last.losses[step]
+            for m, (a, b) in enumerate(zip(got, ref_losses)):
+                max_loss = max(max_loss, abs(a - b))
+                if abs(a - b) > atol + rtol * abs(b):
+                    problems.append(f"step {step} microbatch {m}: loss {a!r} != reference {b!r}")
+            if len(got) != len(ref_losses):
+                problems.append(f"step {step}: {len(got)} losses, reference has {len(ref_losses)}")
+            if job.record_grads:
+                for name, ref in ref_grads.items():
+                    g = grads.get(step, {}).get(name)
+                    if g is None:
+                        problems.append(f"step {step}: no gradient for {name}")
+                        continue
+                    diff = float((g - ref).abs().max())
+                    max_grad = max(max_grad, diff)
+                    if not torch.allclose(g, ref, rtol=rtol, atol=atol):
+                        problems.append(f"step {step}: gradient of {name} differs by {diff:.3g}")
+            sgd_update(modules, job.lr)
+    finally:
+        torch.set_num_threads(threads)
+    return {
+        "ok": not problems,
+        "steps": job.warmup + job.steps,
+        "params": len(ref_grads),
+        "max_loss_diff": max_loss,
+        "max_grad_diff": max_grad,
+        "problems": problems,
+    }
+
+
+def step_seconds(results: list[RankResult]) -> list[float]:
+    """Each timed step's wall time: the slowest rank's (ranks start together after a barrier)."""
+    return [max(vals) for vals in zip(*(r.step_seconds for r in results))]
+
+
+def compute_medians(results: list[RankResult]) -> dict[tuple[int, str], float]:
+    """(stage, pass) -> median measured compute time in seconds, over all ranks and timed steps."""
+    out = {}
+    for r in results:
+        for key, vals in r.compute_seconds.items():
+            out[key] = statistics.median(vals)
+    return out
