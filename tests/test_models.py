@@ -213,6 +213,13 @@ def test_regeneration_is_byte_identical(tmp_path):
         assert (tmp_path / f"{name}.onnx").read_bytes() == (MODELS_DIR / f"{name}.onnx").read_bytes()
 
 
+def test_build_rejects_an_unknown_model_name(tmp_path, capsys):
+    with pytest.raises(SystemExit) as err:
+        load_build().main(["--out", str(tmp_path), "gpt5"])
+    assert err.value.code == 2 and "unknown model(s) gpt5" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_every_bundled_model_matches_its_generator():
     """The shipped files are what the generator builds today (not stale)."""
     build = load_build()
@@ -261,7 +268,8 @@ def test_importer_counts_the_same_parameters(models, name):
         per_reader = own + sum((r - 1) * math.prod(shapes[w]) for w, r in tied.items())
         per_reader -= sum(math.prod(shapes[w]) for w in scalars)
         assert got in (own, per_reader), f"{name}: importer {got:,}, own count {own:,}"
-    assert g.graph["dims"]["batch"] == int(metadata(models[name])["opsched.default_dims"].split(",")[0].split("=")[1])
+    defaults = dict(item.split("=") for item in metadata(models[name])["opsched.default_dims"].split(","))
+    assert g.graph["dims"] == {k: int(v) for k, v in defaults.items()}
     if name in MOE:
         scopes = {op.scope for op in ops(g)}
         assert any(f"experts.{MOE[name][0] - 1}" in scope for scope in scopes)
