@@ -31,7 +31,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import mip
 import networkx as nx
@@ -59,10 +59,19 @@ class UpperProblem:
     transfer_rate: dict[tuple[int, int], float]  # (slot a, slot b) -> seconds per byte
     transfer_latency: dict[tuple[int, int], float]  # (slot a, slot b) -> seconds per message
     names: dict[int, str] = field(default_factory=dict)
+    domain: dict[int, list[int]] | None = None  # block -> slots it may take (None: all)
 
     @property
     def slots(self) -> int:
         return self.layout.slots
+
+    def allowed(self, b: int) -> list[int]:
+        """Slots block ``b`` may take, increasing."""
+        return list(range(self.slots)) if self.domain is None else self.domain[b]
+
+    def choices(self, b: int) -> list[tuple[int, Mode]]:
+        """Every (slot, mode) block ``b`` may take."""
+        return [(s, m) for s in self.allowed(b) for m in self.modes[b]]
 
     def in_flight(self, slot: int) -> int:
         """Microbatches whose activations slot ``slot`` holds at peak (1F1B-like): min(M, S - s)."""
@@ -184,7 +193,7 @@ def estimate(p: UpperProblem, assignment: Assignment) -> dict[str, float]:
 def each_block_once(model: mip.Model, p: UpperProblem, x) -> None:
     """Σ_{s,m} x[b,s,m] = 1 for every block b."""
     for b in p.blocks:
-        model.add_constr(mip.xsum(x[b, s, m] for s in range(p.slots) for m in p.modes[b]) == 1, name=f"once_{b}")
+        model.add_constr(mip.xsum(x[b, s, m] for s, m in p.choices(b)) == 1, name=f"once_{b}")
 
 
 def no_backward_flow(model: mip.Model, p: UpperProblem, X) -> None:
@@ -192,27 +201,29 @@ def no_backward_flow(model: mip.Model, p: UpperProblem, X) -> None:
 
     v never sits in an earlier slot than u, so stage edges only go forward and
     the StageGraph is a DAG. Mutually unreachable blocks are not constrained
-    against each other: they may take different slots (groups).
+    against each other: they may take different slots (groups). Rows that
+    hold whatever x is (v cannot be at or before s, or u surely is) are left out.
     """
     for u, v in p.edges:
+        du, dv = p.allowed(u), p.allowed(v)
         for s in range(p.slots - 1):
-            model.add_constr(
-                mip.xsum(X[v, t] for t in range(s + 1)) <= mip.xsum(X[u, t] for t in range(s + 1)),
-                name=f"flow_{u}_{v}_{s}",
-            )
+            lhs = [X[v, t] for t in dv if t <= s]
+            if not lhs or du[-1] <= s:
+                continue
+            model.add_constr(mip.xsum(lhs) <= mip.xsum(X[u, t] for t in du if t <= s), name=f"flow_{u}_{v}_{s}")
 
 
 def memory_per_device(model: mip.Model, p: UpperProblem, x) -> None:
     """For each group g: Σ_{s∈g} Σ_{b,m} x[b,s,m]·(par[b,g,m] + n(s)·act[b,g,m]) ≤ memory limit."""
-    for g in range(p.layout.groups):
-        terms = [
-            x[b, s, m] * (p.cost[(b, g, m)].param_bytes + p.in_flight(s) * p.cost[(b, g, m)].act_bytes)
-            for s in p.layout.slots_of_group(g)
-            for b in p.blocks
-            for m in p.modes[b]
-        ]
+    rows: dict[int, list] = {g: [] for g in range(p.layout.groups)}
+    for (b, s, m), var in x.items():
+        g = p.group(s)
+        c = p.cost[(b, g, m)]
         # scaled to GB so the row's coefficients stay well conditioned
-        model.add_constr(mip.xsum(t * 1e-9 for t in terms) <= p.memory_limit * 1e-9, name=f"memory_{g}")
+        rows[g].append(var * ((c.param_bytes + p.in_flight(s) * c.act_bytes) * 1e-9))
+    for g, terms in rows.items():
+        if terms:
+            model.add_constr(mip.xsum(terms) <= p.memory_limit * 1e-9, name=f"memory_{g}")
 
 
 def cut_edge_transfers(model: mip.Model, p: UpperProblem, X):
@@ -222,23 +233,26 @@ def cut_edge_transfers(model: mip.Model, p: UpperProblem, X):
     distinct groups); y[a,c] ≥ z (slots a and c are joined by a stage edge;
     for slots on one group y ≥ X[u,a] + X[v,c] - 1 directly, the transfer is 0);
     τ[a,c] = lat[a,c]·y[a,c] + Σ_(u,v) bytes_uv·rate[a,c]·z[u,v,a,c].
-    Returns (y, τ) as dicts over slot pairs.
+    Returns (y, τ) as dicts over the slot pairs some edge can join.
     """
-    y, tau = {}, {}
-    for a, c in itertools.combinations(range(p.slots), 2):
-        y[a, c] = model.add_var(lb=0.0, ub=1.0, name=f"y_{a}_{c}")
-        rate = p.transfer_rate[(a, c)]
-        lat = p.transfer_latency[(a, c)]
-        terms = []
-        for (u, v), nbytes in p.edges.items():
-            if rate > 0 or lat > 0:
-                z = model.add_var(lb=0.0, ub=1.0, name=f"z_{u}_{v}_{a}_{c}")
-                model.add_constr(z >= X[u, a] + X[v, c] - 1)
-                model.add_constr(y[a, c] >= z)
-                terms.append(nbytes * rate * z)
-            else:
-                model.add_constr(y[a, c] >= X[u, a] + X[v, c] - 1)
-        tau[a, c] = lat * y[a, c] + mip.xsum(terms)
+    y, terms = {}, {}
+    for (u, v), nbytes in p.edges.items():
+        for a in p.allowed(u):
+            for c in p.allowed(v):
+                if c <= a:
+                    continue
+                if (a, c) not in y:
+                    y[a, c] = model.add_var(lb=0.0, ub=1.0, name=f"y_{a}_{c}")
+                    terms[a, c] = []
+                rate, lat = p.transfer_rate[(a, c)], p.transfer_latency[(a, c)]
+                if rate > 0 or lat > 0:
+                    z = model.add_var(lb=0.0, ub=1.0, name=f"z_{u}_{v}_{a}_{c}")
+                    model.add_constr(z >= X[u, a] + X[v, c] - 1)
+                    model.add_constr(y[a, c] >= z)
+                    terms[a, c].append(nbytes * rate * z)
+                else:
+                    model.add_constr(y[a, c] >= X[u, a] + X[v, c] - 1)
+    tau = {ac: p.transfer_latency[ac] * y[ac] + mip.xsum(terms[ac]) for ac in y}
     return y, tau
 
 
@@ -255,15 +269,18 @@ def step_time_estimate(model: mip.Model, p: UpperProblem, x, y, tau, big_m: floa
     B = model.add_var(lb=0.0, name="bottleneck")
     C = model.add_var(lb=0.0, name="critical_path")
     R = model.add_var(lb=0.0, name="grad_sync")
-    slot_work = {
-        s: mip.xsum(p.cost[(b, p.group(s), m)].work * x[b, s, m] for b in p.blocks for m in p.modes[b])
-        for s in range(p.slots)
-    }
+    work_terms: dict[int, list] = {s: [] for s in range(p.slots)}
+    sync_terms: dict[int, list] = {g: [] for g in range(p.layout.groups)}
+    for (b, s, m), var in x.items():
+        c = p.cost[(b, p.group(s), m)]
+        work_terms[s].append(c.work * var)
+        if c.grad_sync > 0:
+            sync_terms[p.group(s)].append(c.grad_sync * var)
+    slot_work = {s: mip.xsum(t) for s, t in work_terms.items()}
     for g in range(p.layout.groups):
         slots = p.layout.slots_of_group(g)
         model.add_constr(B >= mip.xsum(slot_work[s] for s in slots), name=f"load_{g}")
-        sync = mip.xsum(p.cost[(b, g, m)].grad_sync * x[b, s, m] for s in slots for b in p.blocks for m in p.modes[b])
-        model.add_constr(R >= sync, name=f"sync_{g}")
+        model.add_constr(R >= mip.xsum(sync_terms[g]), name=f"sync_{g}")
     e = {s: model.add_var(lb=0.0, name=f"finish_{s}") for s in range(p.slots)}
     for s in range(p.slots):
         model.add_constr(e[s] >= slot_work[s])
@@ -278,31 +295,88 @@ def step_time_estimate(model: mip.Model, p: UpperProblem, x, y, tau, big_m: floa
 
 
 def contiguous_start(p: UpperProblem) -> Assignment | None:
-    """A feasible assignment to warm-start from: topological order cut into balanced slots.
+    """A feasible assignment to warm-start from: the topological order cut into slots.
 
-    Each block takes the mode with the least work that fits; cuts fall where
-    the running work passes s/S of the total. Tries the least-memory mode per
-    block when that does not fit. Returns None when neither fits.
+    Two mode rules (each block's least-work mode; its least-memory mode) times
+    two cut rules (equal shares of the total work; the smallest per-slot work
+    cap that a greedy left-to-right fill meets within memory, by bisection).
+    Returns the best of these under :func:`estimate`, or None when none fits.
     """
-    best = None
+    candidates = []
     for pick in ("work", "memory"):
-        chosen = {}
-        for b in p.blocks:
-            key = (lambda m: (p.cost[(b, 0, m)].work, p.cost[(b, 0, m)].param_bytes)) if pick == "work" else (
-                lambda m: (p.cost[(b, 0, m)].param_bytes + p.cost[(b, 0, m)].act_bytes, p.cost[(b, 0, m)].work)
-            )
-            chosen[b] = min(p.modes[b], key=key)
-        total = sum(p.cost[(b, 0, chosen[b])].work for b in p.blocks) or 1.0
-        run, assignment = 0.0, {}
-        for b in p.blocks:
-            w = p.cost[(b, 0, chosen[b])].work
-            slot = min(p.slots - 1, int(math.floor((run + w / 2) / total * p.slots)))
-            assignment[b] = (slot, chosen[b])
-            run += w
-        est = estimate(p, assignment)
-        if est["feasible"] and (best is None or est["step_time"] < best[1]["step_time"]):
-            best = (assignment, est)
+        chosen = {b: min(p.modes[b], key=_mode_key(p, b, pick)) for b in p.blocks}
+        candidates.append(_proportional_cut(p, chosen))
+        candidates.append(_capped_cut(p, chosen))
+    best = None
+    for a in candidates:
+        if a is None:
+            continue
+        est = estimate(p, a)
+        if est["feasible"] and (best is None or est["step_time"] < best[1]):
+            best = (a, est["step_time"])
     return None if best is None else best[0]
+
+
+def _mode_key(p: UpperProblem, b: int, pick: str):
+    def key(m: Mode):
+        c = p.cost[(b, 0, m)]
+        return (c.work, c.param_bytes) if pick == "work" else (c.param_bytes + c.act_bytes, c.work)
+
+    return key
+
+
+def _proportional_cut(p: UpperProblem, chosen: dict[int, Mode]) -> Assignment:
+    total = sum(p.cost[(b, 0, chosen[b])].work for b in p.blocks) or 1.0
+    run, assignment = 0.0, {}
+    for b in p.blocks:
+        w = p.cost[(b, 0, chosen[b])].work
+        assignment[b] = (min(p.slots - 1, int(math.floor((run + w / 2) / total * p.slots))), chosen[b])
+        run += w
+    return assignment
+
+
+def _greedy_fill(p: UpperProblem, chosen: dict[int, Mode], cap: float) -> Assignment | None:
+    """Fill slots in order, moving on when the slot's work would pass ``cap`` or its group's memory the limit."""
+    mem = [0.0] * p.layout.groups
+    slot, work, assignment = 0, 0.0, {}
+    for b in p.blocks:
+        while True:
+            if slot >= p.slots:
+                return None
+            g = p.group(slot)
+            c = p.cost[(b, g, chosen[b])]
+            need = c.param_bytes + p.in_flight(slot) * c.act_bytes
+            if (work == 0.0 or work + c.work <= cap) and mem[g] + need <= p.memory_limit:
+                break
+            slot, work = slot + 1, 0.0
+        assignment[b] = (slot, chosen[b])
+        work += c.work
+        mem[g] += need
+    return assignment
+
+
+def _capped_cut(p: UpperProblem, chosen: dict[int, Mode]) -> Assignment | None:
+    works = [p.cost[(b, 0, chosen[b])].work for b in p.blocks]
+    lo, hi = max(works), sum(works)
+    best = _greedy_fill(p, chosen, hi)
+    if best is None:
+        return None
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        a = _greedy_fill(p, chosen, mid)
+        if a is None:
+            lo = mid
+        else:
+            best, hi = a, mid
+    return best
+
+
+def within_window(p: UpperProblem, center: Assignment, radius: int) -> UpperProblem:
+    """The same problem with each block limited to slots within ``radius`` of its slot in ``center``."""
+    domain = {
+        b: list(range(max(0, center[b][0] - radius), min(p.slots, center[b][0] + radius + 1))) for b in p.blocks
+    }
+    return replace(p, domain=domain)
 
 
 def solve_upper(
@@ -311,81 +385,92 @@ def solve_upper(
     solver: str = "cbc",
     start: Assignment | None = None,
     threads: int = 1,
+    window: int | None = None,
 ) -> UpperSolution:
     """Solve the upper MIP; raises :class:`OpschedError` when no assignment fits in memory.
 
     ``start`` (default: :func:`contiguous_start`) warm-starts the solver, so
-    the answer is never worse than it. Deterministic for a given solver and
-    thread count.
+    the answer is never worse than it. With ``window`` the MIP is solved
+    repeatedly over slots within ``window`` of the incumbent's (a large
+    neighbourhood search) until it stops improving or time runs out; the
+    status is then ``window`` and the bound is not a global one (0).
+    Deterministic for a given solver and thread count when the time limit is
+    not reached.
     """
     t0 = time.perf_counter()
-    model = _new_model(solver, threads)
-    x = {
-        (b, s, m): model.add_var(var_type=mip.BINARY, name=f"x_{b}_{s}_{i}")
-        for b in p.blocks
-        for s in range(p.slots)
-        for i, m in enumerate(p.modes[b])
-    }
-    X = {(b, s): mip.xsum(x[b, s, m] for m in p.modes[b]) for b in p.blocks for s in range(p.slots)}
-    each_block_once(model, p, x)
-    no_backward_flow(model, p, X)
-    memory_per_device(model, p, x)
-    y, tau = cut_edge_transfers(model, p, X)
-    big_m = _big_m(p)
-    model.objective = mip.minimize(step_time_estimate(model, p, x, y, tau, big_m))
     if start is None:
         start = contiguous_start(p)
-    if start is not None:
-        model.start = [(x[b, s, m], 1.0) for b, (s, m) in start.items()]
-    status = model.optimize(max_seconds=max(1.0, time_limit))
+    if window is None or window >= p.slots - 1:
+        found, status, bound = _solve_once(p, time_limit, solver, start, threads)
+    else:
+        found, status, bound = start, "window", 0.0
+        while True:
+            left = time_limit - (time.perf_counter() - t0)
+            if left < 1.0 or found is None:
+                break
+            cand, _, _ = _solve_once(within_window(p, found, window), left, solver, found, threads)
+            if cand is None or estimate(p, cand)["step_time"] >= estimate(p, found)["step_time"] * (1 - 1e-6):
+                break
+            found = cand
     seconds = time.perf_counter() - t0
-    if status == mip.OptimizationStatus.INFEASIBLE or model.num_solutions == 0:
-        if start is not None:
-            return UpperSolution(p.layout, start, estimate(p, start), "heuristic", 0.0, seconds)
+    if found is None:
         raise OpschedError(
             f"no placement on layout {p.layout} fits in {p.memory_limit / 2**30:.1f} GiB per device; "
             f"the smallest that fits is about {minimum_memory(p, solver=solver) / 2**30:.1f} GiB"
         )
-    assignment = {}
+    return UpperSolution(p.layout, found, estimate(p, found), status, bound, seconds)
+
+
+def _solve_once(
+    p: UpperProblem, time_limit: float, solver: str, start: Assignment | None, threads: int
+) -> tuple[Assignment | None, str, float]:
+    """Build and solve the MIP over ``p``'s domain: (assignment or None, status, bound)."""
+    model = _new_model(solver, threads)
+    x = {}
     for b in p.blocks:
-        (s, m) = max(((s, m) for s in range(p.slots) for m in p.modes[b]), key=lambda sm: x[b, sm[0], sm[1]].x)
-        assignment[b] = (s, m)
-    est = estimate(p, assignment)
+        for s, m in p.choices(b):
+            x[b, s, m] = model.add_var(var_type=mip.BINARY, name=f"x_{b}_{s}_{p.modes[b].index(m)}")
+    X = {(b, s): mip.xsum(x[b, s, m] for m in p.modes[b]) for b in p.blocks for s in p.allowed(b)}
+    each_block_once(model, p, x)
+    no_backward_flow(model, p, X)
+    memory_per_device(model, p, x)
+    y, tau = cut_edge_transfers(model, p, X)
+    model.objective = mip.minimize(step_time_estimate(model, p, x, y, tau, _big_m(p)))
+    if start is not None and all((b, s, m) in x for b, (s, m) in start.items()):
+        model.start = [(x[b, s, m], 1.0) for b, (s, m) in start.items()]
+    status = model.optimize(max_seconds=max(1.0, time_limit))
+    if status == mip.OptimizationStatus.INFEASIBLE or model.num_solutions == 0:
+        return start, "heuristic", 0.0
+    assignment = {b: max(p.choices(b), key=lambda sm: x[b, sm[0], sm[1]].x) for b in p.blocks}
+    if start is not None and estimate(p, start)["step_time"] < estimate(p, assignment)["step_time"]:
+        assignment = start  # never worse than the warm start
     state = "optimal" if status == mip.OptimizationStatus.OPTIMAL else "feasible"
-    return UpperSolution(p.layout, assignment, est, state, float(model.objective_bound), seconds)
+    return assignment, state, float(model.objective_bound)
 
 
 def minimum_memory(p: UpperProblem, solver: str = "cbc", time_limit: float = 10.0) -> float:
     """The least per-device memory any assignment on this layout needs (ignoring time).
 
-    Solves min P s.t. each block once, no backward flow, P ≥ memory of each group.
+    Solves min P s.t. each block once, no backward flow, P ≥ memory of each
+    group. With the time limit reached, the incumbent is returned: an upper
+    bound on the minimum, so a memory that large surely fits.
     """
     model = _new_model(solver, 1)
-    x = {
-        (b, s, m): model.add_var(var_type=mip.BINARY)
-        for b in p.blocks
-        for s in range(p.slots)
-        for m in p.modes[b]
-    }
-    X = {(b, s): mip.xsum(x[b, s, m] for m in p.modes[b]) for b in p.blocks for s in range(p.slots)}
+    x = {(b, s, m): model.add_var(var_type=mip.BINARY) for b in p.blocks for s, m in p.choices(b)}
+    X = {(b, s): mip.xsum(x[b, s, m] for m in p.modes[b]) for b in p.blocks for s in p.allowed(b)}
     each_block_once(model, p, x)
     no_backward_flow(model, p, X)
     peak = model.add_var(lb=0.0)
-    for g in range(p.layout.groups):
-        model.add_constr(
-            peak
-            >= mip.xsum(
-                x[b, s, m] * 1e-9 * (p.cost[(b, g, m)].param_bytes + p.in_flight(s) * p.cost[(b, g, m)].act_bytes)
-                for s in p.layout.slots_of_group(g)
-                for b in p.blocks
-                for m in p.modes[b]
-            )
-        )
+    rows: dict[int, list] = {g: [] for g in range(p.layout.groups)}
+    for (b, s, m), var in x.items():
+        c = p.cost[(b, p.group(s), m)]
+        rows[p.group(s)].append(var * ((c.param_bytes + p.in_flight(s) * c.act_bytes) * 1e-9))
+    for terms in rows.values():
+        model.add_constr(peak >= mip.xsum(terms))
     model.objective = mip.minimize(peak)
     model.optimize(max_seconds=time_limit)
     if model.num_solutions == 0:
         return math.inf
-    # the incumbent is an upper bound on the minimum; a memory that large surely fits
     return float(model.objective_value) * 1e9
 
 
