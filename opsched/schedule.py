@@ -516,9 +516,9 @@ def _devices_text(devices: Sequence[int]) -> str:
 
 
 def _tolerance(events: Sequence[Event], rel_tol: float) -> float:
-    """Absolute slack for float comparisons: ``rel_tol`` times the makespan (at least ``rel_tol``)."""
+    """Absolute slack for float comparisons: ``rel_tol`` times the makespan (plan times may be tiny, so no floor)."""
     span = max((abs(e.end) for e in events), default=0.0)
-    return rel_tol * max(span, 1.0)
+    return rel_tol * span
 
 
 def _raise(problems: list[str]) -> None:
@@ -727,7 +727,7 @@ def device_param_bytes(sg: StageGraph) -> list[float]:
 
 def _check_memory(sg: StageGraph, events: list[Event], limit: float, eps: float) -> list[str]:
     params = device_param_bytes(sg)
-    mem_eps = 1e-9 * max(abs(limit), 1.0)
+    mem_eps = 1e-9 * abs(limit)
     problems = [
         f"device {d} holds {_g(p)} bytes of parameters alone, over the memory limit {_g(limit)}"
         for d, p in enumerate(params)
@@ -740,7 +740,7 @@ def _check_memory(sg: StageGraph, events: list[Event], limit: float, eps: float)
     for t, order, d, delta, e in _memory_changes(sg, events, eps):
         key = (e.stage, e.microbatch)
         held[d][key] = held[d].get(key, 0.0) + delta
-        if abs(held[d][key]) <= mem_eps:
+        if abs(held[d][key]) <= 1e-9 * sg.stage(e.stage).act_bytes:  # fully freed, up to rounding
             del held[d][key]
         total = params[d] + sum(held[d].values())
         if delta > 0 and total > limit + mem_eps and d not in reported:

@@ -266,3 +266,16 @@ def test_dropping_or_duplicating_an_event_is_caught(sched, data):
     doubled = dataclasses.replace(sched, events=sched.events + [e])
     with pytest.raises(ScheduleError):
         validate(doubled)
+
+
+def test_tiny_time_units_keep_a_relative_tolerance():
+    # microsecond-scale plan times: a 1 ns overlap is 1e-4 of the makespan and must be caught
+    sg = chain_stage_graph(1, f=1e-6, b=2e-6, w=1e-6)
+    good = [Event(0, 0, "F", 0.0, 1e-6), Event(0, 0, "B", 1e-6, 3e-6)]
+    validate(Schedule(sg, 1, good))
+    bad = [Event(0, 0, "F", 0.0, 1e-6), Event(0, 0, "B", 1e-6 - 1e-9, 3e-6 - 1e-9)]
+    with pytest.raises(ScheduleError, match="0B0"):
+        validate(Schedule(sg, 1, bad))
+    # a rounding error far below 1e-9 x makespan is accepted
+    rounded = [Event(0, 0, "F", 0.0, 1e-6), Event(0, 0, "B", 1e-6 * (1 - 1e-13), 3e-6 * (1 - 1e-13) + 1e-19)]
+    validate(Schedule(sg, 1, rounded))
