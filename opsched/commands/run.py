@@ -1,0 +1,96 @@
+"""Execute a plan on CPU processes with torch.distributed.pipelining and check it.
+
+The plan is exported to a compute-only CSV (as `opsched export` does), a tiny
+MoE transformer is split into the plan's stages (each stage gets 1 to 4 blocks,
+in proportion to its planned forward time), and one process per pipeline rank
+(gloo backend, one thread each) loads the CSV into torch's
+``_PipelineScheduleRuntime`` and runs a few training steps. The losses and
+every parameter gradient are compared with a single-process run of the same
+model and data; the exit code is 0 when they match, 1 when they do not.
+
+Needs torch (``pip install "opsched[torch]"``).
+
+example:
+  opsched run out/plan.json --steps 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+from opsched.errors import OpschedError
+
+MAX_RANKS = 8
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("plan", metavar="PLAN.json", help="a plan written by opsched")
+    parser.add_argument("--steps", type=int, default=2, help="training steps to run and check (default 2)")
+    parser.add_argument("--microbatch-size", type=int, default=2, help="samples per microbatch (default 2)")
+    parser.add_argument("--dim", type=int, default=16, help="model width of the tiny MoE transformer (default 16)")
+    parser.add_argument("--dtype", choices=["float64", "float32"], default="float64",
+                        help="float64 (default) allows a tight gradient tolerance")
+    parser.add_argument("--torch-csv", metavar="FILE.csv", help="also keep the exported schedule CSV here")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds before the run is stopped (default 300)")
+
+
+def blocks_per_stage(forward_times: list[float], most: int = 4) -> tuple[int, ...]:
+    """Blocks of the tiny model per stage, in proportion to the planned forward times (1..most).
+
+    >>> blocks_per_stage([1.0, 2.0, 1.0, 9.0])
+    (1, 2, 1, 4)
+    """
+    positive = [t for t in forward_times if t > 0]
+    unit = min(positive) if positive else 1.0
+    return tuple(max(1, min(most, round(t / unit))) for t in forward_times)
+
+
+def run(args: argparse.Namespace) -> int:
+    from opsched.export import torch_csv
+
+    if not torch_csv.torch_available():
+        raise OpschedError('`opsched run` needs torch: pip install "opsched[torch]" (torch>=2.6)')
+    from opsched.torchrun.launch import RunJob, compare_with_reference, compute_medians, run_job, step_seconds
+    from opsched.torchrun.model import ModelSpec
+
+    if args.steps < 1 or args.microbatch_size < 1 or args.dim < 2 or args.dim % 2:
+        raise OpschedError("--steps and --microbatch-size must be >= 1 and --dim an even number >= 2")
+    from opsched.commands.export import _read_plan_schedule
+
+    schedule = _read_plan_schedule(args.plan)
+    sg = schedule.stage_graph
+    ranks = torch_csv.torch_ranks(sg)
+    if len(ranks) > MAX_RANKS:
+        raise OpschedError(
+            f"the plan has {len(ranks)} pipeline ranks; `opsched run` starts one process per rank on this "
+            f"machine and allows at most {MAX_RANKS}"
+        )
+    spec = ModelSpec(dim=args.dim, hidden=2 * args.dim, heads=2, blocks=blocks_per_stage(
+        [s.duration("F") for s in sg.stages]), dtype=args.dtype)
+    with tempfile.TemporaryDirectory(prefix="opsched-run-") as tmp:
+        csv_path = Path(args.torch_csv) if args.torch_csv else Path(tmp) / "schedule.csv"
+        torch_csv.write_torch_csv(csv_path, schedule)
+        job = RunJob(spec, torch_csv.stage_ranks(sg), schedule.microbatches, csv_path=str(csv_path),
+                     microbatch_size=args.microbatch_size, steps=args.steps)
+        print(f"running {args.plan}: {len(ranks)} ranks (gloo, 1 thread each), {len(sg.stages)} stages with "
+              f"{list(spec.blocks)} MoE blocks, {schedule.microbatches} microbatches, {args.steps} steps")
+        results = run_job(job, timeout=args.timeout)
+    report = compare_with_reference(job, results)
+    last = next(r for r in results if len(sg.stages) - 1 in r.stages)
+    for step, losses in enumerate(last.losses):
+        print(f"  step {step}: mean loss {statistics.fmean(losses):.6f}")
+    times = step_seconds(results)
+    print(f"  measured step time: median {1e3 * statistics.median(times):.1f} ms over {len(times)} steps")
+    medians = compute_medians(results)
+    for s in sg.stages:
+        parts = ", ".join(f"{p} {1e3 * medians[(s.id, p)]:.2f}" for p in ("F", "I", "W", "B") if (s.id, p) in medians)
+        print(f"  stage {s.id} (rank {job.stage_ranks[s.id]}): {parts} ms")
+    verdict = "match" if report["ok"] else "DO NOT match"
+    print(f"losses and {report['params']} parameter gradients {verdict} the single-process reference "
+          f"(max |loss diff| {report['max_loss_diff']:.2g}, max |grad diff| {report['max_grad_diff']:.2g})")
+    for problem in report["problems"][:10]:
+        print(f"  {problem}")
+    return 0 if report["ok"] else 1
