@@ -38,10 +38,10 @@ NAMES: list[str] = list(METHODS)
 
 #: how each placement puts stages on devices (for tables and docs)
 PLACEMENTS = {
-    "chain": "one stage per device",
-    "interleaved": "stage k on device k mod D",
-    "v": "V: device i holds stages i and 2D-1-i",
-    "dual": "two copies: device r holds stages r and PP-1-r",
+    "chain": "chain, stage k on device k",
+    "interleaved": "interleaved, stage k on device k mod D",
+    "v": "V, device i holds stages i and 2D-1-i",
+    "dual": "two copies, device r holds stages r and PP-1-r",
 }
 
 

@@ -1,0 +1,362 @@
+"""Time the hand-written pipeline schedules (and the MIP, when available) on one pipeline.
+
+The pipeline is a synthetic chain of --stages stages, or the stage graph of a
+plan file (--plan). Every method re-places the same chain the way it needs
+on the same devices (see docs/baselines.md) and goes through the one
+simulator and validator; a method whose preconditions fail, or that needs
+more memory than --memory-limit, is listed with the reason.
+
+F, B, W, A and AW take one value or a comma list with one value per stage;
+B is the full backward, so the input-gradient part is I = B - W. Memory is in
+the units of A (activation per microbatch per stage; AW of it is held until W).
+
+examples:
+  opsched compare --stages 8 --microbatches 16 --f 1 --b 2 --w 1
+  opsched compare --stages 8 --devices 4 --placement v --microbatches 16 --methods zb-v,dualpipev
+  opsched compare --stages 4 --microbatches 12 --f 1,1,2,1 --memory-limit dualpipe --json
+  opsched compare --stages 8 --microbatches 20 -o out/   # out/<method>/plan.json + Gantt pictures
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from opsched.errors import OpschedError, Unsupported
+
+#: the Gantt files written per method with -o
+GANTT_FILES = ("gantt.svg", "gantt.png", "gantt.html", "trace.json")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    src = parser.add_argument_group("pipeline")
+    src.add_argument("--stages", metavar="P", help="number of stages of the synthetic chain")
+    src.add_argument("--microbatches", metavar="M", help="microbatches per step (default with --plan: the plan's)")
+    src.add_argument("--f", default="1", metavar="F", help="forward time per stage (default 1)")
+    src.add_argument("--b", default="2", metavar="B", help="full backward time per stage, I + W (default 2)")
+    src.add_argument("--w", default="1", metavar="W", help="weight-gradient part of B (default 1)")
+    src.add_argument("--devices", metavar="D", help="devices (default P)")
+    src.add_argument(
+        "--placement", default="chain", choices=("chain", "v", "interleaved"),
+        help="how the P stages sit on the D devices as given (the MIP uses it; each baseline re-places)",
+    )
+    src.add_argument("--comm", default="0", metavar="C", help="transfer time between stages on different devices")
+    src.add_argument("--act", default="1", metavar="A", help="activation per microbatch per stage (default 1)")
+    src.add_argument("--act-w", default="0.5", metavar="AW", help="part of A held until W (default 0.5)")
+    src.add_argument("--overlap-gain", default="0", metavar="G",
+                     help="overlapped F&B pair lasts F + B - G*min(F, B); 0 = no gain (default), 1 = perfect")
+    src.add_argument("--plan", metavar="PLAN.json", help="take the stage graph from a plan file instead")
+    run_ = parser.add_argument_group("methods")
+    run_.add_argument("--methods", metavar="a,b,...", help="methods to run (default: all baselines, and mip if present)")
+    run_.add_argument("--memory-limit", metavar="X",
+                      help="per-device memory limit: a number, or a method name meaning that method's peak")
+    run_.add_argument("--time-limit", default="30", metavar="S", help="MIP time limit in seconds (default 30)")
+    run_.add_argument("--solver", default="cbc", choices=("cbc", "highs"), help="MIP solver (default cbc)")
+    run_.add_argument("--quiet", action="store_true", help="no MIP progress lines")
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="print a JSON list of per-method objects instead of a table")
+    out.add_argument("-o", "--output", metavar="DIR", help="write DIR/<method>/plan.json and its Gantt pictures")
+
+
+# --------------------------------------------------------------------------- input
+
+
+def number(flag: str, text: str, *, minimum: float = 0.0, maximum: float | None = None) -> float:
+    """One number from a flag, within bounds, else a one-line OpschedError."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise OpschedError(f"{flag}: expected a number, got {text!r}") from None
+    if not (minimum <= value < float("inf")) or (maximum is not None and value > maximum):
+        bound = f"between {minimum:g} and {maximum:g}" if maximum is not None else f">= {minimum:g}"
+        raise OpschedError(f"{flag}: must be a finite number {bound}, got {text}")
+    return value
+
+
+def integer(flag: str, text: str, minimum: int = 1) -> int:
+    """One whole number >= ``minimum`` from a flag."""
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise OpschedError(f"{flag}: expected a whole number, got {text!r}") from None
+    if value < minimum:
+        raise OpschedError(f"{flag}: must be at least {minimum}, got {value}")
+    return value
+
+
+def per_stage(flag: str, text: str) -> float | list[float]:
+    """A number or a comma list of numbers (one per stage)."""
+    items = [x.strip() for x in str(text).split(",")]
+    values = [number(flag, x) for x in items]
+    return values[0] if len(values) == 1 else values
+
+
+def mip_solver():
+    """``opsched.lower.solve`` if the lower level provides it, else None."""
+    try:
+        from opsched.lower import solve
+    except ImportError:
+        return None
+    return solve
+
+
+def method_names(args: argparse.Namespace, solve) -> list[str]:
+    """The methods to run, in table order; unknown names are refused."""
+    from opsched.baselines import NAMES
+
+    known = NAMES + (["mip"] if solve is not None else [])
+    if not args.methods:
+        return known
+    names = [n.strip().lower() for n in args.methods.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        extra = "" if solve is not None else " (mip needs opsched.lower.solve, not available here)"
+        raise OpschedError(f"--methods: unknown method {', '.join(unknown) or '(none)'}; choose from {','.join(known)}{extra}")
+    return list(dict.fromkeys(names))
+
+
+def stage_graph_from_args(args: argparse.Namespace):
+    """(StageGraph, microbatches) from the synthetic flags or from --plan."""
+    from opsched.schedule import chain_stage_graph
+
+    if args.plan:
+        synthetic = [f for f in ("stages", "devices") if getattr(args, f) is not None]
+        if synthetic:
+            raise OpschedError(f"--plan takes the stages from the plan; drop --{synthetic[0]}")
+        from opsched.export.plan_json import read_plan
+
+        schedule, _doc = read_plan(args.plan)
+        m = integer("--microbatches", args.microbatches) if args.microbatches else schedule.microbatches
+        sg = schedule.stage_graph
+        if args.overlap_gain != "0":
+            sg.overlap_gain = number("--overlap-gain", args.overlap_gain, maximum=1.0)
+        return sg, m
+    if args.stages is None or args.microbatches is None:
+        raise OpschedError("give --stages P and --microbatches M (or --plan PLAN.json)")
+    p = integer("--stages", args.stages)
+    m = integer("--microbatches", args.microbatches)
+    d = integer("--devices", args.devices) if args.devices is not None else p
+    sg = chain_stage_graph(
+        p,
+        f=per_stage("--f", args.f),
+        b=per_stage("--b", args.b),
+        w=per_stage("--w", args.w),
+        devices=d,
+        placement=args.placement,
+        comm=number("--comm", args.comm),
+        act=per_stage("--act", args.act),
+        act_w=per_stage("--act-w", args.act_w),
+        overlap_gain=number("--overlap-gain", args.overlap_gain, maximum=1.0),
+    )
+    for s in sg.stages:
+        if s.act_w_bytes > s.act_bytes:
+            raise OpschedError(f"stage {s.id}: --act-w {s.act_w_bytes:g} exceeds --act {s.act_bytes:g}; AW is part of A")
+    return sg, m
+
+
+# --------------------------------------------------------------------------- running
+
+
+def describe_placement(name: str, sg) -> str:
+    """A short text of how a schedule's stage graph sits on devices."""
+    from opsched.baselines import PLACEMENTS, placement_of
+
+    p = len(sg.stages)
+    if name == "mip":
+        return f"as given ({p} stages)"
+    return f"{PLACEMENTS[placement_of(name)]} ({p} stages)"
+
+
+def run_method(name: str, sg, microbatches: int, limit: float | None, args, solve):
+    """(schedule, extra metrics) of one method; raises OpschedError with the reason it cannot run."""
+    from opsched.baselines import run_baseline
+    from opsched.schedule import validate
+
+    if name == "mip":
+        result = solve(
+            sg,
+            microbatches,
+            memory_limit=limit,
+            time_limit=number("--time-limit", args.time_limit),
+            solver=args.solver,
+            progress=not args.quiet,
+        )
+        extra = {
+            "lower_bound": result.lower_bound,
+            "gap": result.gap,
+            "solver": result.solver,
+            "solve_seconds": result.solve_seconds,
+        }
+        schedule = result.schedule
+        schedule.name = schedule.name or "mip"
+    else:
+        comm = max((e.time for e in sg.edges), default=0.0)
+        schedule = run_baseline(name, sg, microbatches, memory_limit=limit, comm=comm)
+        extra = {}
+    validate(schedule)
+    return schedule, extra
+
+
+def resolve_limit(text: str | None, sg, microbatches: int, args, solve) -> tuple[float | None, str | None]:
+    """(limit, method it came from) for --memory-limit: a number, or a method's peak memory per device."""
+    from opsched.baselines import NAMES
+    from opsched.schedule import metrics
+
+    if text is None:
+        return None, None
+    name = text.strip().lower()
+    if name in NAMES or (name == "mip" and solve is not None):
+        try:
+            schedule, _ = run_method(name, sg, microbatches, None, args, solve)
+        except OpschedError as exc:
+            raise OpschedError(f"--memory-limit {name}: {name} cannot run on this pipeline ({exc})") from None
+        return max(metrics(schedule).peak_memory_bytes), name
+    try:
+        return number("--memory-limit", text), None
+    except OpschedError:
+        raise OpschedError(
+            f"--memory-limit: give a number or a method name ({', '.join(NAMES)}), got {text!r}"
+        ) from None
+
+
+def row_of(name: str, schedule, extra: dict) -> dict:
+    """The JSON object of one method that ran."""
+    from opsched.schedule import metrics, zb_bubble_rate
+
+    m = metrics(schedule)
+    sg = schedule.stage_graph
+    return {
+        "method": name,
+        "placement": describe_placement(name, sg),
+        "devices": sg.num_devices,
+        "stages": len(sg.stages),
+        "makespan": m.makespan,
+        "bubble_ratio": m.bubble_ratio,
+        "idle": m.idle,
+        "peak_activation_bytes": max(m.peak_activation_bytes, default=0.0),
+        "peak_activation_bytes_per_device": m.peak_activation_bytes,
+        "peak_memory_bytes": max(m.peak_memory_bytes, default=0.0),
+        "param_copies": m.param_copies,
+        "zb_bubble_rate": zb_bubble_rate(schedule),
+        "error": None,
+        **extra,
+    }
+
+
+def refused_row(name: str, reason: str) -> dict:
+    """The JSON object of a method that could not run, with the reason."""
+    return {
+        "method": name,
+        "makespan": None,
+        "bubble_ratio": None,
+        "peak_activation_bytes": None,
+        "error": reason,
+    }
+
+
+def compare(sg, microbatches: int, names: list[str], limit: float | None, args, solve) -> tuple[list[dict], dict]:
+    """Run every method; returns the rows (in ``names`` order) and the schedules that ran."""
+    rows, schedules = [], {}
+    for name in names:
+        try:
+            schedule, extra = run_method(name, sg, microbatches, limit, args, solve)
+        except Unsupported as exc:
+            rows.append(refused_row(name, str(exc)))
+            continue
+        except OpschedError as exc:  # e.g. an order that deadlocks or breaks the memory limit
+            rows.append(refused_row(name, f"{name}: {exc}"))
+            continue
+        schedule.memory_limit = limit
+        schedules[name] = schedule
+        rows.append(row_of(name, schedule, extra))
+    return rows, schedules
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _g(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def idle_text(idle: list[float]) -> str:
+    """Idle time per device: one value when all agree, else the list (or min..max for many devices)."""
+    if max(idle) - min(idle) <= 1e-9 * max(1.0, max(idle)):
+        return f"{_g(idle[0])} each"
+    if len(idle) <= 8:
+        return " ".join(_g(x) for x in idle)
+    return f"{_g(min(idle))}..{_g(max(idle))}"
+
+
+def table(rows: list[dict], header: str) -> str:
+    """The plain-text table of method x (makespan, bubble ratio, idle per device, peak activation, copies, placement)."""
+    cols = ["method", "makespan", "bubble", "idle per device", "peak act", "params", "placement"]
+    body = []
+    for r in rows:
+        if r["error"]:
+            body.append([r["method"], "refused: " + r["error"]])
+            continue
+        body.append([
+            r["method"],
+            _g(r["makespan"]),
+            f"{r['bubble_ratio']:.4f}",
+            idle_text(r["idle"]),
+            _g(r["peak_activation_bytes"]),
+            f"{r['param_copies']:g}x",
+            r["placement"],
+        ])
+    full = [b for b in body if len(b) == len(cols)]
+    widths = [max([len(c)] + [len(b[i]) for b in full]) for i, c in enumerate(cols)]
+    widths[0] = max([widths[0]] + [len(b[0]) for b in body])
+    right = {1, 2, 4, 5}
+
+    def line(cells):
+        if len(cells) == 2:
+            return f"{cells[0]:<{widths[0]}}  {cells[1]}"
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return "\n".join([header, line(cols)] + [line(b) for b in body])
+
+
+def write_outputs(out_dir: Path, rows: list[dict], schedules: dict) -> None:
+    """DIR/<method>/plan.json and Gantt files for every method that ran, and DIR/compare.json."""
+    from opsched.export.gantt import write_gantt
+    from opsched.export.plan_json import dumps_plan, plan_dict
+    from opsched.fileio import write_text
+
+    solver_fields = ("lower_bound", "gap", "solver", "solve_seconds")
+    by_name = {r["method"]: r for r in rows}
+    for name, schedule in schedules.items():
+        folder = out_dir / name
+        # every schedule was validated in run_method; a MIP's bound and gap join its metrics
+        figures = {k: by_name[name][k] for k in solver_fields if k in by_name[name]}
+        write_text(folder / "plan.json", dumps_plan(plan_dict(schedule, metrics=figures, extra={"method": name})))
+        for file in GANTT_FILES:
+            write_gantt(schedule, folder / file)
+    write_text(out_dir / "compare.json", json.dumps(rows, indent=2) + "\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    solve = mip_solver()
+    sg, microbatches = stage_graph_from_args(args)
+    names = method_names(args, solve)
+    number("--time-limit", args.time_limit)  # checked before anything runs
+    out_dir = Path(args.output) if args.output else None
+    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
+        raise OpschedError(f"-o {out_dir}: exists and is not a directory; give a directory name")
+    limit, limit_from = resolve_limit(args.memory_limit, sg, microbatches, args, solve)
+    rows, schedules = compare(sg, microbatches, names, limit, args, solve)
+    if out_dir is not None:
+        write_outputs(out_dir, rows, schedules)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        source = f"plan {args.plan}" if args.plan else f"{len(sg.stages)} stages"
+        limit_text = "" if limit is None else f", memory limit {_g(limit)}" + (f" (= {limit_from}'s peak)" if limit_from else "")
+        header = f"{source} on {sg.num_devices} devices, {microbatches} microbatches{limit_text}"
+        print(table(rows, header))
+    if out_dir is not None:
+        print(f"wrote {len(schedules)} plans under {out_dir}/", file=sys.stderr)
+    return 0

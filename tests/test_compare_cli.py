@@ -1,0 +1,176 @@
+"""`opsched compare`: table, --json, memory limits, refusals, -o output, bad flags, the MIP hook."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from opsched.baselines import NAMES, run_baseline
+from opsched.cli import main
+from opsched.commands import compare as compare_cmd
+from opsched.export.plan_json import read_plan
+from opsched.schedule import chain_stage_graph, metrics, validate
+
+
+def run_cli(capsys, *argv):
+    code = main(["compare", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(capsys, *argv):
+    code, out, err = run_cli(capsys, *argv, "--json")
+    assert code == 0, err
+    return {r["method"]: r for r in json.loads(out)}
+
+
+@pytest.fixture(autouse=True)
+def no_mip(monkeypatch):
+    """Tests see the baselines only, unless they install a solver themselves."""
+    monkeypatch.setattr(compare_cmd, "mip_solver", lambda: None)
+
+
+def test_table_lists_every_method_with_figures_or_reason(capsys):
+    code, out, err = run_cli(capsys, "--stages", "4", "--microbatches", "6")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "4 stages on 4 devices, 6 microbatches"
+    assert lines[1].split()[:4] == ["method", "makespan", "bubble", "idle"]
+    rows = {line.split()[0]: line for line in lines[2:]}
+    assert list(rows) == NAMES
+    # 1F1B at P=4, M=6, F=1, B=2: makespan (M+P-1)(F+B) = 27, idle 9 on each device
+    assert rows["1f1b"].split()[1:4] == ["27", "0.3333", "9"]
+    assert "refused: dualpipe needs" in rows["dualpipe"] and "microbatches=6" in rows["dualpipe"]
+    assert "refused: dualpipev needs microbatches >= 8" in rows["dualpipev"]
+
+
+def test_json_fields_agree_with_run_baseline(capsys):
+    rows = run_json(capsys, "--stages", "4", "--microbatches", "8", "--f", "1,2,1,1", "--comm", "0.1")
+    assert list(rows) == NAMES
+    sg = chain_stage_graph(4, f=[1, 2, 1, 1], comm=0.1)
+    for name, row in rows.items():
+        assert {"method", "makespan", "bubble_ratio", "peak_activation_bytes", "error"} <= set(row)
+        m = metrics(run_baseline(name, sg, 8))
+        assert row["error"] is None
+        assert row["makespan"] == pytest.approx(m.makespan)
+        assert row["bubble_ratio"] == pytest.approx(m.bubble_ratio)
+        assert row["peak_activation_bytes"] == pytest.approx(max(m.peak_activation_bytes))
+        assert row["idle"] == pytest.approx(m.idle)
+    assert rows["dualpipe"]["param_copies"] == 2 and rows["1f1b"]["param_copies"] == 1
+
+
+def test_refused_methods_are_listed_in_json_with_the_reason(capsys):
+    rows = run_json(capsys, "--stages", "3", "--microbatches", "5")
+    assert rows["dualpipe"]["error"].startswith("dualpipe needs an even number of stages")
+    assert rows["dualpipe"]["makespan"] is None and rows["dualpipe"]["peak_activation_bytes"] is None
+    assert rows["1f1b"]["error"] is None
+
+
+def test_memory_limit_by_method_name_is_that_methods_peak(capsys):
+    argv = ("--stages", "8", "--devices", "4", "--placement", "v", "--microbatches", "16")
+    free = run_json(capsys, *argv)
+    limited = run_json(capsys, *argv, "--memory-limit", "dualpipev")
+    peak = free["dualpipev"]["peak_memory_bytes"]
+    assert limited["dualpipev"]["error"] is None
+    for name, row in free.items():
+        if row["peak_memory_bytes"] > peak:
+            assert "over the memory limit" in limited[name]["error"]
+        else:
+            assert limited[name]["makespan"] == pytest.approx(row["makespan"])
+    assert limited["gpipe"]["error"] is not None  # GPipe holds all 16 microbatches
+
+
+def test_memory_limit_as_a_number_and_in_the_header(capsys):
+    code, out, _ = run_cli(capsys, "--stages", "4", "--microbatches", "8", "--memory-limit", "4")
+    assert code == 0
+    assert out.splitlines()[0].endswith("memory limit 4")
+    rows = {line.split()[0]: line for line in out.splitlines()[2:]}
+    assert "refused: gpipe needs 8 per device" in rows["gpipe"]
+    assert "refused" not in rows["1f1b"]
+
+
+def test_output_dir_has_a_valid_plan_and_pictures_per_method(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    code, _, err = run_cli(
+        capsys, "--stages", "4", "--microbatches", "8", "--methods", "1f1b,dualpipe,gpipe", "--memory-limit", "5",
+        "-o", str(out),
+    )
+    assert code == 0, err
+    for name in ("1f1b", "dualpipe"):
+        schedule, doc = read_plan(out / name / "plan.json")
+        validate(schedule)
+        assert doc["method"] == name and doc["schema"] == "opsched.plan/1"
+        for file in compare_cmd.GANTT_FILES:
+            assert (out / name / file).stat().st_size > 0
+        assert doc["memory_limit_bytes"] == 5
+    assert not (out / "gpipe").exists()  # refused: it holds all 8 microbatches
+    rows = json.loads((out / "compare.json").read_text())
+    assert [r["method"] for r in rows] == ["1f1b", "dualpipe", "gpipe"]
+    assert "over the memory limit 5" in rows[2]["error"]
+
+
+def test_plan_input_compares_on_the_plans_stage_graph(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert run_cli(capsys, "--stages", "4", "--microbatches", "8", "--f", "1,2,3,4", "--methods", "1f1b", "-o", str(out))[0] == 0
+    rows = run_json(capsys, "--plan", str(out / "1f1b" / "plan.json"), "--methods", "1f1b,zb-h1")
+    direct = run_json(capsys, "--stages", "4", "--microbatches", "8", "--f", "1,2,3,4", "--methods", "1f1b,zb-h1")
+    assert rows["zb-h1"]["makespan"] == pytest.approx(direct["zb-h1"]["makespan"])
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--stages", "x", "--microbatches", "4"], "--stages: expected a whole number"),
+        (["--stages", "4", "--microbatches", "0"], "--microbatches: must be at least 1"),
+        (["--stages", "4", "--microbatches", "4", "--f", "1,a"], "--f: expected a number"),
+        (["--stages", "4", "--microbatches", "4", "--f", "1,2"], "expected 1 or 4 per-stage values"),
+        (["--stages", "4", "--microbatches", "4", "--w", "3"], "exceeds the full backward"),
+        (["--stages", "4", "--microbatches", "4", "--methods", "nope"], "--methods: unknown method nope"),
+        (["--stages", "4", "--microbatches", "4", "--memory-limit", "lots"], "--memory-limit: give a number or a method"),
+        (["--stages", "4", "--microbatches", "4", "--devices", "2"], "placement chain puts one stage per device"),
+        (["--stages", "4", "--microbatches", "4", "--overlap-gain", "2"], "--overlap-gain: must be a finite number between 0 and 1"),
+        (["--stages", "4", "--microbatches", "4", "--act", "1", "--act-w", "2"], "act_w"),
+        (["--stages", "4", "--microbatches", "4", "--comm", "-1"], "--comm: must be a finite number >= 0"),
+        (["--stages", "3", "--microbatches", "5", "--memory-limit", "dualpipe"], "--memory-limit dualpipe: dualpipe cannot run"),
+        (["--microbatches", "4"], "give --stages P and --microbatches M"),
+        (["--plan", "/nonexistent/plan.json"], "no such plan file"),
+    ],
+)
+def test_bad_flags_give_one_line_and_exit_2(tmp_path, capsys, argv, message):
+    out = tmp_path / "never"
+    code, stdout, err = run_cli(capsys, *argv, "-o", str(out))
+    assert code == 2
+    assert stdout == ""
+    assert err.count("\n") == 1 and err.startswith("opsched: error: ")
+    assert message in err
+    assert not out.exists()
+
+
+def test_mip_hook_adds_a_row_with_bound_and_gap(tmp_path, capsys, monkeypatch):
+    calls = []
+
+    def fake_solve(sg, microbatches, memory_limit=None, time_limit=30, solver="cbc", progress=True):
+        calls.append((len(sg.stages), microbatches, memory_limit, time_limit, solver, progress))
+        schedule = run_baseline("zb-h1", sg, microbatches)
+        schedule.name = "mip"
+        return SimpleNamespace(schedule=schedule, lower_bound=20.0, gap=0.1, solver=solver, solve_seconds=0.5)
+
+    monkeypatch.setattr(compare_cmd, "mip_solver", lambda: fake_solve)
+    out = tmp_path / "cmp"
+    code, stdout, err = run_cli(
+        capsys, "--stages", "4", "--microbatches", "8", "--methods", "1f1b,mip", "--time-limit", "5",
+        "--solver", "highs", "--quiet", "--json", "-o", str(out),
+    )
+    assert code == 0, err
+    rows = {r["method"]: r for r in json.loads(stdout)}
+    assert rows["mip"]["lower_bound"] == 20.0 and rows["mip"]["gap"] == 0.1 and rows["mip"]["solver"] == "highs"
+    assert calls == [(4, 8, None, 5.0, "highs", False)]
+    _, doc = read_plan(out / "mip" / "plan.json")
+    assert doc["metrics"]["lower_bound"] == 20.0 and doc["metrics"]["solve_seconds"] == 0.5
+
+
+def test_mip_is_unknown_without_a_solver(capsys):
+    code, _, err = run_cli(capsys, "--stages", "4", "--microbatches", "8", "--methods", "mip")
+    assert code == 2 and "mip needs opsched.lower.solve" in err
