@@ -722,7 +722,7 @@ def _memory_changes(sg: StageGraph, events: Iterable[Event], eps: float):
 
 def device_param_bytes(sg: StageGraph) -> list[float]:
     """Parameter bytes resident on each device: the sum over the stages it hosts."""
-    return [sum(sg.stage(s).param_bytes for s in sg.stages_on(d)) for d in range(sg.num_devices or 0)]
+    return [sum((sg.stage(s).param_bytes for s in sg.stages_on(d)), 0.0) for d in range(sg.num_devices or 0)]
 
 
 def _check_memory(sg: StageGraph, events: list[Event], limit: float, eps: float) -> list[str]:

@@ -183,3 +183,15 @@ def test_pair_halves_keep_their_own_stage_shade():
     events = [Event(0, 1, "F", 0, 1, pair=3), Event(1, 0, "B", 0, 1, pair=3)]
     (bar,) = gantt_bars(Schedule(sg, 2, events))
     assert bar.label == "0F1+1B0" and bar.chunks == (0, 1)
+
+
+@pytest.mark.parametrize("suffix", ["png", "svg", "html", "json"])
+def test_empty_schedule_and_odd_titles_draw(tmp_path, suffix):
+    empty = Schedule(StageGraph([Stage(0, (0,), {"F": 1, "I": 1, "W": 1}, microbatches=())]), 1, [])
+    assert write_gantt(empty, tmp_path / f"e.{suffix}").stat().st_size > 0
+    # "$" would start matplotlib math mode and "<" must be escaped in SVG/HTML
+    out = write_gantt(small_schedule(), tmp_path / f"t.{suffix}", title="cost $5 and $6 <b>")
+    if suffix == "svg":
+        ET.parse(out)
+    if suffix == "html":
+        assert "cost $5 and $6 &lt;b&gt;" in out.read_text()

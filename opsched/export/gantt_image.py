@@ -81,7 +81,8 @@ def _draw(fig, schedule: Schedule, title: str | None, Patch) -> None:
     ax.set_xlabel("time")
     ax.grid(axis="x", color="#dddddd", linewidth=0.6)
     ax.set_axisbelow(True)
-    ax.set_title(title_text(schedule, title), fontsize=11)
+    # a literal "$" would start matplotlib's math mode
+    ax.set_title(title_text(schedule, title).replace("$", r"\$"), fontsize=11)
     px_per_unit = (1 - left - right) * width_in * fig.dpi / makespan
     font = 7.5 if n <= 16 else 6
     h = 0.8
@@ -112,4 +113,5 @@ def _draw(fig, schedule: Schedule, title: str | None, Patch) -> None:
         handles.append(Patch(facecolor=lighten("#777777", 0.45), label="lighter: 2nd stage on the device"))
     if any(b.is_pair for b in bars):
         handles.append(Patch(facecolor="white", edgecolor="black", label="overlapped F&B pair (top/bottom halves)"))
-    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=8, frameon=False)
+    if handles:
+        fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=8, frameon=False)
