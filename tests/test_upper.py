@@ -169,3 +169,60 @@ def test_same_input_same_answer():
     bg = block_graph([2e12, 1e12, 3e12, 1e12, 2e12], [(0, 1), (0, 2), (1, 3), (2, 3), (3, 4)])
     p = upper_problem(bg, Layout(4, 4), cluster, Training(microbatches=8))
     assert solve_upper(p).assignment == solve_upper(p).assignment
+
+
+def _moe_layer_graph(layers=3, experts=4):
+    """attn -> experts (parallel) -> combine, with a residual attn -> combine, per layer."""
+    g = nx.DiGraph(kind="BlockGraph")
+    nid, prev = 0, None
+    for layer in range(layers):
+        attn = nid
+        g.add_node(attn, block=Block(attn, f"attn{layer}", (f"layers.{layer}",), (f"l{layer}/attn",), flops=2.0, param_count=5))
+        nid += 1
+        if prev is not None:
+            g.add_edge(prev, attn, bytes=1.0)
+        experts_ids = []
+        for e in range(experts):
+            g.add_node(nid, block=Block(nid, f"e{e}", (f"layers.{layer}", f"experts.{e}"), (f"l{layer}/experts.{e}/w",), flops=1.0, param_count=3))
+            g.add_edge(attn, nid, bytes=0.5)
+            experts_ids.append(nid)
+            nid += 1
+        comb = nid
+        g.add_node(comb, block=Block(comb, f"combine{layer}", (f"layers.{layer}",), (f"l{layer}/add",), flops=0.5))
+        nid += 1
+        for x in experts_ids:
+            g.add_edge(x, comb, bytes=0.5)
+        g.add_edge(attn, comb, bytes=1.0)
+        prev = comb
+    return g
+
+
+def test_reduce_merges_experts_keeps_a_dag_and_conserves_costs():
+    from opsched.cost import expert_count
+    from opsched.graph import totals
+    from opsched.upper.reduce import reduce_block_graph
+
+    bg = _moe_layer_graph()
+    small, members = reduce_block_graph(bg, target=6)
+    assert small.number_of_nodes() == 6
+    assert nx.is_directed_acyclic_graph(small)
+    assert sorted(b for held in members.values() for b in held) == sorted(bg.nodes)
+    before, after = totals(bg), totals(small)
+    for key in ("flops", "param_count", "output_bytes"):
+        assert after[key] == pytest.approx(before[key])
+    # every layer's four experts end up in one block, which may then run expert-parallel
+    assert max(expert_count(small.nodes[b]["block"]) for b in small) == 4
+
+
+def test_reduce_keeps_two_towers_apart():
+    from opsched.upper.reduce import reduce_block_graph
+
+    # two chains of 4 joined at the end: never merged into one another
+    g = nx.DiGraph(kind="BlockGraph")
+    for i in range(9):
+        g.add_node(i, block=Block(i, f"b{i}", (), (), flops=1.0))
+    g.add_edges_from([(0, 1), (1, 2), (2, 3), (4, 5), (5, 6), (6, 7), (3, 8), (7, 8)], bytes=1.0)
+    small, members = reduce_block_graph(g, target=1)
+    towers = [set(held) for held in members.values()]
+    assert not any({0, 4} <= t for t in towers)
+    assert nx.is_directed_acyclic_graph(small)

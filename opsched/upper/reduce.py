@@ -1,0 +1,158 @@
+"""Shrink a BlockGraph to a size the upper MIP solves quickly, keeping its branches.
+
+Coarsening keeps every expert a block of its own (hundreds of blocks for a
+32-layer MoE). The upper MIP needs tens. Two merges, both of which keep the
+graph a DAG and conserve every cost exactly:
+
+1. **experts**: sibling expert blocks (same predecessors, same successors,
+   each holding an expert) are merged into ``expert_parts`` blocks per layer.
+   A merged block holds several experts, so it may take the expert-parallel
+   mode on its group; with ``expert_parts = 2`` the two halves may also take
+   different groups and run side by side.
+2. **single-producer edges**: a block whose only producer is u is folded
+   into u (the graph stays a DAG), lightest pair first, until ``target``
+   blocks remain. A join is never folded into its producers, so parallel
+   branches (the towers of a two-tower model) stay apart: they only get shorter.
+
+>>> import networkx as nx
+>>> from opsched.graph import Block
+>>> g = nx.DiGraph(kind="BlockGraph")
+>>> g.add_node(0, block=Block(0, "attn", ("l0",), ("l0/attn",), flops=4.0))
+>>> for i in (1, 2, 3):
+...     g.add_node(i, block=Block(i, f"e{i}", ("l0", f"experts.{i}"), (f"l0/experts.{i}/w",), flops=1.0))
+...     g.add_edge(0, i, bytes=2.0)
+...     g.add_edge(i, 4, bytes=2.0)
+>>> g.add_node(4, block=Block(4, "combine", ("l0",), ("l0/add",), flops=1.0))
+>>> small, members = reduce_block_graph(g, target=1)
+>>> small.number_of_nodes(), members[0], small.nodes[0]["block"].flops
+(1, [0, 1, 2, 3, 4], 8.0)
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+
+import networkx as nx
+
+from opsched.cost import expert_count
+from opsched.graph import COST_FIELDS, Block
+
+
+def reduce_block_graph(
+    bg: nx.DiGraph, target: int, expert_parts: int = 1
+) -> tuple[nx.DiGraph, dict[int, list[int]]]:
+    """A smaller BlockGraph and, for each of its blocks, the original block ids it holds.
+
+    Node ids of the result are 0..n-1 in topological order.
+    """
+    members = {b: [b] for b in bg.nodes}
+    g = nx.DiGraph()
+    g.add_nodes_from(bg.nodes)
+    for u, v, d in bg.edges(data=True):
+        g.add_edge(u, v, bytes=float(d.get("bytes", 0.0)))
+    records = {b: bg.nodes[b]["block"] for b in bg.nodes}
+    _merge_expert_siblings(g, members, records, expert_parts)
+    _contract_chains(g, members, records, target)
+    return _renumbered(g, members, records)
+
+
+def _merge(g: nx.DiGraph, members, keep: int, gone: int) -> None:
+    """Fold block ``gone`` into ``keep``: its members, and its edges with bytes summed."""
+    members[keep].extend(members.pop(gone))
+    for u, _, d in list(g.in_edges(gone, data=True)):
+        if u != keep:
+            _add_bytes(g, u, keep, d["bytes"])
+    for _, v, d in list(g.out_edges(gone, data=True)):
+        if v != keep:
+            _add_bytes(g, keep, v, d["bytes"])
+    g.remove_node(gone)
+
+
+def _add_bytes(g: nx.DiGraph, u: int, v: int, nbytes: float) -> None:
+    if g.has_edge(u, v):
+        g[u][v]["bytes"] += nbytes
+    else:
+        g.add_edge(u, v, bytes=nbytes)
+
+
+def _merge_expert_siblings(g: nx.DiGraph, members, records, parts: int) -> None:
+    families: dict[tuple, list[int]] = defaultdict(list)
+    for b in sorted(g.nodes):
+        if expert_count(records[b]) > 0:
+            families[(frozenset(g.predecessors(b)), frozenset(g.successors(b)))].append(b)
+    for siblings in families.values():
+        if len(siblings) <= max(1, parts):
+            continue
+        size = -(-len(siblings) // parts)  # ceil: consecutive experts share a part
+        for i in range(0, len(siblings), size):
+            chunk = siblings[i : i + size]
+            for other in chunk[1:]:
+                _merge(g, members, chunk[0], other)
+
+
+def _weight(members, records, b: int) -> float:
+    return sum(records[m].flops for m in members[b])
+
+
+def _contract_chains(g: nx.DiGraph, members, records, target: int) -> None:
+    """Fold blocks with a single producer into it, lightest pair first, down to ``target`` blocks.
+
+    When v's only predecessor is u, no other path leads from u to v, so the
+    graph stays a DAG. A join (a block with several producers) is never
+    folded into any of them, so parallel branches stay apart.
+    """
+    weight = {b: _weight(members, records, b) for b in g.nodes}
+    heap = [(weight[u] + weight[v], u, v) for u, v in g.edges]
+    heapq.heapify(heap)
+    while g.number_of_nodes() > target and heap:
+        w, u, v = heapq.heappop(heap)
+        if not g.has_edge(u, v) or w != weight[u] + weight[v] or g.in_degree(v) != 1:
+            continue
+        _merge(g, members, u, v)
+        weight[u] += weight.pop(v)
+        for a, b in list(g.in_edges(u)) + list(g.out_edges(u)):
+            heapq.heappush(heap, (weight[a] + weight[b], a, b))
+
+
+def _renumbered(g: nx.DiGraph, members, records) -> tuple[nx.DiGraph, dict[int, list[int]]]:
+    order = list(nx.lexicographical_topological_sort(g, key=lambda b: min(members[b])))
+    new_id = {b: i for i, b in enumerate(order)}
+    out = nx.DiGraph(kind="BlockGraph")
+    held = {}
+    for b in order:
+        ids = sorted(members[b])
+        recs = [records[m] for m in ids]
+        sums = {f: sum(getattr(r, f) for r in recs) for f in COST_FIELDS}
+        sums["param_count"] = int(sums["param_count"])
+        op_types: dict[str, int] = {}
+        for r in recs:
+            for k, n in r.op_types.items():
+                op_types[k] = op_types.get(k, 0) + n
+        name = recs[0].name if len(recs) == 1 else f"{recs[0].name}..{recs[-1].name}"
+        out.add_node(
+            new_id[b],
+            block=Block(
+                new_id[b],
+                name,
+                _common_prefix([r.scope for r in recs]),
+                tuple(op for r in recs for op in r.ops),
+                op_types=op_types,
+                **sums,
+            ),
+        )
+        held[new_id[b]] = ids
+    for u, v, d in g.edges(data=True):
+        out.add_edge(new_id[u], new_id[v], bytes=d["bytes"])
+    return out, held
+
+
+def _common_prefix(scopes) -> tuple[str, ...]:
+    scopes = list(scopes)
+    prefix = list(scopes[0]) if scopes else []
+    for s in scopes[1:]:
+        n = 0
+        while n < min(len(prefix), len(s)) and prefix[n] == s[n]:
+            n += 1
+        prefix = prefix[:n]
+    return tuple(prefix)
