@@ -20,7 +20,9 @@ Three steps, each of which keeps the result a DAG and every cost exact:
    of their own, whatever the depth.
 
    Ops computed from constants and weights only (a ``Constant``, a legacy
-   ``Identity`` of a weight) take the label of their consumer.
+   ``Identity`` of a weight) take the label of their consumers; one shared by
+   consumers of different labels becomes a small source block of its own, so
+   that it orders nothing (they cost no FLOPs).
 
 2. **Acyclic split.** Merging by label alone can create cycles (a residual
    add in the parent scope sits both before and after a child). Each op gets
@@ -57,6 +59,7 @@ from opsched.graph import COST_FIELDS, Block
 _INDEXED = re.compile(r"\.\d+$")
 SHAPE_READERS = frozenset({"Shape", "Size"})
 BIG_BRANCH_SHARE = 0.05
+CONST_MARK = "<const>"
 
 
 def coarsen(opgraph: nx.DiGraph, depth: int | None = None, target_blocks: int | None = None) -> nx.DiGraph:
@@ -109,6 +112,9 @@ def _branch_depths(opgraph, order) -> dict[tuple[str, ...], int]:
     reached_by: dict[tuple[str, ...], int] = defaultdict(int)
     flops: dict[tuple[str, ...], float] = defaultdict(float)
     for v in order:
+        if opgraph.nodes[v].get("const"):
+            reach[v] = 0  # a shared constant (legacy dedups them across towers) orders nothing
+            continue
         r = 0
         for u in opgraph.predecessors(v):
             r |= reach[u]
@@ -162,13 +168,42 @@ def _labels(opgraph, order, depth, branch_depth) -> dict[str, tuple[str, ...]]:
                 cut = max(cut, k)
                 break
         labels[v] = scope[:cut]
-    # Constant-only ops follow their (first) consumer, so they never form blocks of their own.
+    # Constant-only ops follow their consumers' label. One shared by consumers of several
+    # labels (legacy exports reuse one Constant across layers and towers) gets a label of its
+    # own: merging it with any consumer would order that consumer before the others.
     index = {v: i for i, v in enumerate(order)}
     for v in reversed(order):
         if opgraph.nodes[v].get("const") and opgraph.out_degree(v) > 0:
-            first = min(opgraph.successors(v), key=index.__getitem__)
-            labels[v] = labels[first]
+            consumers = sorted(opgraph.successors(v), key=index.__getitem__)
+            consumer_labels = {labels[s] for s in consumers}
+            if len(consumer_labels) == 1:
+                labels[v] = consumer_labels.pop()
+            elif _reaches_all(opgraph, consumers[0], consumers[1:], index):
+                # all consumers come after the first one anyway: joining it orders nothing new
+                labels[v] = labels[consumers[0]]
+            else:
+                labels[v] = _scope(opgraph, v) + (f"{CONST_MARK}{v}",)
     return labels
+
+
+def _reaches_all(opgraph, source, targets, index) -> bool:
+    """Whether every target is reachable from ``source`` (search bounded by topological index)."""
+    todo = set(targets)
+    limit = max(index[t] for t in targets)
+    stack, seen = [source], {source}
+    while stack and todo:
+        u = stack.pop()
+        for w in opgraph.successors(u):
+            if w not in seen and index[w] <= limit:
+                seen.add(w)
+                todo.discard(w)
+                stack.append(w)
+    return not todo
+
+
+def _visible(label: tuple[str, ...]) -> tuple[str, ...]:
+    """A label without the private marker of a shared constant."""
+    return label[:-1] if label and label[-1].startswith(CONST_MARK) else label
 
 
 # --------------------------------------------------------------------------- acyclic split
@@ -318,8 +353,8 @@ def _block_graph(opgraph, order, members, edges, labels, depth, target_blocks) -
         for v in ops_sorted:
             block_of[v] = new_id[g]
         recs = [opgraph.nodes[v]["op"] for v in ops_sorted]
-        scope = _common_prefix(labels[v] for v in ops_sorted)
-        base = "/".join(_dominant_label(recs, [labels[v] for v in ops_sorted])) or "(root)"
+        scope = _common_prefix(_visible(labels[v]) for v in ops_sorted)
+        base = "/".join(_dominant_label(recs, [_visible(labels[v]) for v in ops_sorted])) or "(root)"
         name_count[base] += 1
         name = base if name_count[base] == 1 else f"{base}#{name_count[base] - 1}"
         types: dict[str, int] = {}
