@@ -279,3 +279,16 @@ def test_tiny_time_units_keep_a_relative_tolerance():
     # a rounding error far below 1e-9 x makespan is accepted
     rounded = [Event(0, 0, "F", 0.0, 1e-6), Event(0, 0, "B", 1e-6 * (1 - 1e-13), 3e-6 * (1 - 1e-13) + 1e-19)]
     validate(Schedule(sg, 1, rounded))
+
+
+def test_catches_a_simulator_that_forgets_transfer_times():
+    # time the order on a copy of the graph without edge times (a simulator
+    # bug), then check the events against the real graph: the validator reads
+    # only the events and the real edges, so it notices
+    real = chain_stage_graph(3, f=1, b=2, w=1, comm=0.5)
+    no_comm = chain_stage_graph(3, f=1, b=2, w=1, comm=0.0)
+    order = {s: [Job(s, 0, "F"), Job(s, 0, "B")] for s in range(3)}
+    wrong = simulate(no_comm, order, 1)
+    with pytest.raises(ScheduleError, match=r"1F0 on device 1 starts at 1 before its dependency 0F0 ends at 1 \(\+ transfer 0.5\)"):
+        validate(Schedule(real, 1, wrong))
+    validate(Schedule(real, 1, simulate(real, order, 1)))
