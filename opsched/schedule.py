@@ -339,7 +339,13 @@ def simulate(sg: StageGraph, order: Order, microbatches: int) -> list[Event]:
     group) has reached it and finished its previous action, and when its
     dependencies have finished plus their transfer times. Raises
     :class:`OpschedError` naming the first blocked action on each device when
-    the order deadlocks. Events are returned sorted by (start, stage, microbatch, pass).
+    the order deadlocks, and before timing anything when an action names a
+    job that does not exist (stage, pass, or a microbatch outside
+    ``0..microbatches-1`` or not run by its stage), sits on a device outside
+    its stage's group, is listed twice on a device, or is missing from a
+    device of its group. The order is not modified and need not contain every
+    job (:func:`validate` checks completeness). Events are returned sorted by
+    (start, stage, microbatch, pass).
     """
     queues = _checked_queues(sg, order, microbatches)
     heads = {d: 0 for d in queues}
