@@ -385,3 +385,33 @@ def test_orders_simulate_on_exactly_the_placed_graph():
     order = baseline_order("zb-h1", sg, 6)
     events = simulate(sg, order, 6)
     assert len(events) == 4 * 6 * 3
+
+
+# --------------------------------------------------------------------------- property
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from opsched.schedule import validate  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    name=st.sampled_from(NAMES),
+    stages=st.integers(1, 8),
+    devices=st.integers(1, 6),
+    microbatches=st.integers(1, 14),
+    seed=st.integers(0, 10**6),
+)
+def test_any_chain_either_refuses_or_gives_a_valid_schedule(name, stages, devices, microbatches, seed):
+    rng = random.Random(seed)
+    sg = random_chain(rng, stages, devices, comm=rng.choice([0.0, 0.2]))
+    try:
+        sched = run_baseline(name, sg, microbatches)
+    except Unsupported as exc:
+        assert "\n" not in str(exc) and str(exc)
+        return
+    validate(sched)
+    assert_complete_and_ordered(sched)
+    assert sched.stage_graph.num_devices == devices
