@@ -1,0 +1,212 @@
+"""The job set of a lower-level problem: durations, dependencies, memory, heads and tails.
+
+A :class:`JobSet` indexes every job (stage, microbatch, pass) of a StageGraph
+for a number of microbatches, with everything the list scheduler, the bounds
+and the MIP need as plain lists indexed by job number:
+
+* ``duration[j]`` and ``devices[j]`` (a stage on a group occupies every device of it);
+* ``preds[j]`` / ``succs[j]``: ``(other job, transfer delay)`` from
+  :func:`opsched.schedule.dependencies`, so the one dependency rule is reused;
+* ``mem[j]``: the signed activation change of the job on each of its devices
+  (F adds ``act``, I frees ``act - act_w``, W frees ``act_w``, B frees ``act``);
+* ``head[j]``: earliest start ignoring devices and memory (longest path of
+  predecessors with transfers); ``tail[j]``: least time that must pass after
+  ``j`` ends before the last job ends.
+
+Memory rule: ``memory_limit`` covers resident parameters plus activations on
+each device, so the activation budget of device ``d`` is the limit minus the
+parameters of the stages it hosts.
+
+>>> from opsched.schedule import chain_stage_graph
+>>> js = JobSet(chain_stage_graph(2, f=1, b=2, w=1), microbatches=1)
+>>> [str(j) for j in js.jobs]
+['0F0', '0I0', '0W0', '1F0', '1I0', '1W0']
+>>> js.head[js.index[js.jobs[4]]], js.tail[js.index[js.jobs[0]]]
+(2.0, 4.0)
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from opsched.errors import OpschedError
+from opsched.schedule import Action, Job, Order, Pair, StageGraph, dependencies
+
+#: relative tolerance for comparing times and memory
+EPS = 1e-9
+
+
+class JobSet:
+    """Every job of ``sg`` for ``microbatches`` microbatches, indexed 0..n-1."""
+
+    def __init__(self, sg: StageGraph, microbatches: int, split_backward: bool = True):
+        if microbatches < 1:
+            raise OpschedError(f"microbatches must be at least 1, got {microbatches}")
+        self.sg = sg
+        self.microbatches = microbatches
+        self.split_backward = split_backward
+        self.backward = "I" if split_backward else "B"
+        self.jobs: list[Job] = sg.jobs(microbatches, split_backward)
+        if not self.jobs:
+            raise OpschedError("the StageGraph has no jobs: no stage runs any microbatch")
+        self.index: dict[Job, int] = {job: k for k, job in enumerate(self.jobs)}
+        self.duration = [sg.stage(j.stage).duration(j.pass_) for j in self.jobs]
+        self.devices = [tuple(sg.stage(j.stage).devices) for j in self.jobs]
+        self.mem = [activation_change(sg, j) for j in self.jobs]
+        self.preds: list[list[tuple[int, float]]] = [[] for _ in self.jobs]
+        self.succs: list[list[tuple[int, float]]] = [[] for _ in self.jobs]
+        for k, job in enumerate(self.jobs):
+            for dep, delay in dependencies(sg, job, self.backward):
+                i = self.index[dep]
+                self.preds[k].append((i, float(delay)))
+                self.succs[i].append((k, float(delay)))
+        self.topo = _topological_jobs(self)
+        self.head = self._heads()
+        self.tail = self._tails()
+        self.on_device: dict[int, list[int]] = {d: [] for d in range(sg.num_devices or 0)}
+        for k, devs in enumerate(self.devices):
+            for d in devs:
+                self.on_device[d].append(k)
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def _heads(self) -> list[float]:
+        head = [0.0] * len(self.jobs)
+        for k in self.topo:
+            for i, delay in self.preds[k]:
+                head[k] = max(head[k], head[i] + self.duration[i] + delay)
+        return head
+
+    def _tails(self) -> list[float]:
+        tail = [0.0] * len(self.jobs)
+        for k in reversed(self.topo):
+            for s, delay in self.succs[k]:
+                tail[k] = max(tail[k], delay + self.duration[s] + tail[s])
+        return tail
+
+    def sinks(self) -> list[int]:
+        """Jobs with no successor: the makespan is the latest end among them."""
+        return [k for k in range(len(self.jobs)) if not self.succs[k]]
+
+
+def activation_change(sg: StageGraph, job: Job) -> float:
+    """Signed activation change of ``job`` on each device of its stage."""
+    st = sg.stage(job.stage)
+    return {
+        "F": st.act_bytes,
+        "I": -(st.act_bytes - st.act_w_bytes),
+        "W": -st.act_w_bytes,
+        "B": -st.act_bytes,
+    }[job.pass_]
+
+
+def _topological_jobs(js: JobSet) -> list[int]:
+    indeg = [len(p) for p in js.preds]
+    ready = [k for k, n in enumerate(indeg) if n == 0]
+    order: list[int] = []
+    while ready:
+        k = ready.pop()
+        order.append(k)
+        for s, _ in js.succs[k]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                ready.append(s)
+    if len(order) != len(js.jobs):  # pragma: no cover - the StageGraph is a DAG
+        raise OpschedError("job dependencies form a cycle")
+    return order
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def resident_params(sg: StageGraph) -> dict[int, float]:
+    """Parameter bytes resident on each device (every stage it hosts)."""
+    return {d: sum(sg.stage(s).param_bytes for s in sg.stages_on(d)) for d in range(sg.num_devices or 0)}
+
+
+def activation_budgets(sg: StageGraph, memory_limit: float | None) -> dict[int, float] | None:
+    """Activation budget per device: the limit minus resident parameters (``None``: no limit)."""
+    if memory_limit is None:
+        return None
+    params = resident_params(sg)
+    return {d: float(memory_limit) - params[d] for d in params}
+
+
+def microbatch_requirement(sg: StageGraph, microbatch: int) -> dict[int, float]:
+    """Activation that one microbatch holds on each device at once (the sum over its stages there).
+
+    Every stage's activation is held from its F until its backward, which
+    waits for the F of the stages downstream; when the loss stage has run the
+    forward, every stage upstream of it still holds its activation. So a
+    device that hosts several stages of the same microbatch must hold all of
+    them together.
+    """
+    need = {d: 0.0 for d in range(sg.num_devices or 0)}
+    for st in sg.stages:
+        if st.runs(microbatch):
+            for d in st.devices:
+                need[d] += st.act_bytes
+    return need
+
+
+def minimum_memory_limit(sg: StageGraph, microbatches: int) -> float:
+    """The least per-device memory limit any schedule can meet.
+
+    Rule: resident parameters plus the activations one microbatch holds on the
+    device at once (:func:`microbatch_requirement`), maximised over devices and
+    microbatches. Exact when every stage feeds a single loss stage (pipelines,
+    towers that join): running one microbatch at a time needs exactly this.
+    """
+    params = resident_params(sg)
+    worst = 0.0
+    for m in range(microbatches):
+        need = microbatch_requirement(sg, m)
+        worst = max([worst] + [params[d] + need[d] for d in need])
+    return worst
+
+
+def check_memory_limit(sg: StageGraph, microbatches: int, memory_limit: float | None) -> None:
+    """Raise :class:`OpschedError` naming the minimum when ``memory_limit`` is below it."""
+    if memory_limit is None:
+        return
+    least = minimum_memory_limit(sg, microbatches)
+    if memory_limit < least * (1 - EPS) - EPS:
+        raise OpschedError(
+            f"memory limit {memory_limit:g} is below the minimum {least:g} any schedule needs "
+            "(parameters plus one microbatch's activations on the fullest device); "
+            f"raise the limit to at least {least:g}"
+        )
+
+
+def action_jobs(action: Action) -> tuple[Job, ...]:
+    """The jobs of an action (two for an overlapped pair)."""
+    return (action.first, action.second) if isinstance(action, Pair) else (action,)
+
+
+def order_peak_activation(sg: StageGraph, order: Order) -> dict[int, float]:
+    """Peak activation per device of an order, which does not depend on timing.
+
+    Jobs on one device never overlap, an F allocates at its start and a
+    backward frees at its end, so the activation a device holds at any instant
+    is fixed by the sequence of its actions (an overlapped pair allocates its F
+    before its backward frees).
+    """
+    peaks: dict[int, float] = {}
+    for d, actions in order.items():
+        level = peak = 0.0
+        for action in actions:
+            changes = [activation_change(sg, j) for j in action_jobs(action)]
+            level += sum(c for c in changes if c > 0)
+            peak = max(peak, level)
+            level += sum(c for c in changes if c < 0)
+        peaks[d] = peak
+    return peaks
+
+
+def order_fits(sg: StageGraph, order: Order, budgets: Mapping[int, float] | None) -> bool:
+    """True when the order's peak activation fits every device's budget."""
+    if budgets is None:
+        return True
+    peaks = order_peak_activation(sg, order)
+    return all(peaks.get(d, 0.0) <= b + EPS * max(1.0, abs(b)) for d, b in budgets.items())

@@ -1,0 +1,282 @@
+"""A memory-aware greedy list scheduler: the first incumbent of the lower level.
+
+In the spirit of Zero Bubble's automatic scheduler: at every step the device
+that can start something earliest starts its most urgent job. Forwards run
+while memory allows (the warm-up), backwards for inputs (I) come first once
+they are ready, and a weight pass (W) fills a gap or frees memory when nothing
+else can run. A few priority variants are tried and the best order is kept
+(the makespan of every order is measured by :func:`opsched.schedule.simulate`).
+
+Deadlock freedom under a memory limit (a banker's rule): a forward may start
+only if, afterwards, the microbatches in flight could still be finished one
+at a time, oldest first, within every device's budget. The oldest microbatch
+can therefore always progress, and a new microbatch is admitted only when
+that stays true.
+
+>>> from opsched.schedule import chain_stage_graph, simulate
+>>> from opsched.lower.jobs import JobSet
+>>> sg = chain_stage_graph(2, f=1, b=2, w=1)
+>>> order = list_schedule(JobSet(sg, 2), budgets=None, priority="zb")
+>>> max(e.end for e in simulate(sg, order, 2))
+7.0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from opsched.lower.jobs import EPS, JobSet, order_fits
+from opsched.schedule import Action, Job, Order, Pair, pair_duration, simulate
+
+#: priority rule name -> sort key of a candidate job (smaller runs first)
+PRIORITIES = ("zb", "forward", "critical")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One configuration of the list scheduler."""
+
+    priority: str = "zb"
+    #: most microbatches in flight at once (``None``: only memory limits it)
+    cap: int | None = None
+    #: delay a W when another job of the device would become startable before it ends
+    patient_w: bool = False
+    #: overlap an F with a backward of a stage on the same devices when both can start
+    pairs: bool = False
+
+    @property
+    def name(self) -> str:
+        parts = [f"list-{self.priority}"]
+        if self.cap is not None:
+            parts.append(f"cap{self.cap}")
+        if self.patient_w:
+            parts.append("patientW")
+        if self.pairs:
+            parts.append("pairs")
+        return "-".join(parts)
+
+
+def _priority_key(js: JobSet, k: int, rule: str) -> tuple:
+    job = js.jobs[k]
+    rank = {"F": 1, "I": 0, "B": 0, "W": 2}[job.pass_]
+    if rule == "zb":  # backward first, then forward, W last
+        return (rank, job.microbatch, -js.tail[k], k)
+    if rule == "forward":  # forward first (GPipe-like warm-up), then backward
+        return ({"F": 0, "I": 1, "B": 1, "W": 2}[job.pass_], job.microbatch, -js.tail[k], k)
+    if rule == "critical":  # longest remaining path first
+        return (-(js.tail[k] + js.duration[k]), rank, job.microbatch, k)
+    raise ValueError(f"unknown priority rule {rule!r}")
+
+
+class _Memory:
+    """Per-device activation accounting with the oldest-first banker's check."""
+
+    def __init__(self, js: JobSet, budgets: Mapping[int, float] | None):
+        self.js = js
+        self.budgets = budgets
+        self.held = {d: 0.0 for d in js.on_device}
+        self.inflight: list[int] = []  # microbatches in admission order
+        self.held_by: dict[int, dict[int, float]] = {}
+        self.remaining: dict[int, dict[int, float]] = {}
+        self.left: dict[int, int] = {}  # jobs of the microbatch not yet dispatched
+        need: dict[int, dict[int, float]] = {}
+        count: dict[int, int] = {}
+        for k, job in enumerate(js.jobs):
+            count[job.microbatch] = count.get(job.microbatch, 0) + 1
+            if job.pass_ == "F":
+                per = need.setdefault(job.microbatch, {})
+                for d in js.devices[k]:
+                    per[d] = per.get(d, 0.0) + js.mem[k]
+        self.need = need
+        self.count = count
+
+    def allows(self, k: int) -> bool:
+        """Whether dispatching job ``k`` keeps the in-flight microbatches finishable."""
+        if self.budgets is None or self.js.mem[k] <= 0:
+            return True
+        m = self.js.jobs[k].microbatch
+        add = {d: self.js.mem[k] for d in self.js.devices[k]}
+        avail = {d: self.budgets[d] - self.held[d] - add.get(d, 0.0) for d in self.held}
+        sequence = list(self.inflight) + ([] if m in self.held_by else [m])
+        for mb in sequence:
+            rem = self.remaining.get(mb, self.need.get(mb, {}))
+            for d, r in rem.items():
+                r_after = r - add.get(d, 0.0) if mb == m else r
+                if r_after > avail[d] + EPS * max(1.0, abs(self.budgets[d])):
+                    return False
+            held = self.held_by.get(mb, {})
+            for d in avail:
+                avail[d] += held.get(d, 0.0) + (add.get(d, 0.0) if mb == m else 0.0)
+        return True
+
+    def dispatch(self, k: int) -> None:
+        js = self.js
+        m = js.jobs[k].microbatch
+        if m not in self.held_by:
+            self.inflight.append(m)
+            self.held_by[m] = {}
+            self.remaining[m] = dict(self.need.get(m, {}))
+            self.left[m] = self.count[m]
+        for d in js.devices[k]:
+            self.held[d] += js.mem[k]
+            self.held_by[m][d] = self.held_by[m].get(d, 0.0) + js.mem[k]
+            if js.mem[k] > 0:
+                self.remaining[m][d] -= js.mem[k]
+        self.left[m] -= 1
+        if self.left[m] == 0:
+            self.inflight.remove(m)
+
+
+def list_schedule(js: JobSet, budgets: Mapping[int, float] | None, variant: Variant | None = None, **kw) -> Order:
+    """One greedy order of every job of ``js`` under the activation ``budgets``.
+
+    ``variant`` (or keyword fields of :class:`Variant`) picks the priority rule.
+    Forwards of one stage run in microbatch order. The order is complete and
+    never deadlocks when every budget is at least one microbatch's requirement.
+    """
+    v = variant or Variant(**kw)
+    sg = js.sg
+    n = len(js)
+    missing = [len(p) for p in js.preds]
+    end: dict[int, float] = {}
+    free = {d: 0.0 for d in js.on_device}
+    memory = _Memory(js, budgets)
+    order: Order = {d: [] for d in js.on_device}
+    # forwards of a stage run in microbatch order: only the next one is a candidate
+    next_forward: dict[int, list[int]] = {}
+    for k, job in enumerate(js.jobs):
+        if job.pass_ == "F":
+            next_forward.setdefault(job.stage, []).append(k)
+    for ks in next_forward.values():
+        ks.sort(key=lambda k: js.jobs[k].microbatch, reverse=True)  # pop() gives the smallest
+    candidates = {k for k in range(n) if missing[k] == 0 and js.jobs[k].pass_ != "F"}
+    for sid, ks in next_forward.items():
+        if ks and missing[ks[-1]] == 0:
+            candidates.add(ks.pop())
+    started_mb: set[int] = set()
+    keys = [_priority_key(js, k, v.priority) for k in range(n)]
+    gain = sg.overlap_gain
+
+    def ready(k: int) -> float:
+        return max([0.0] + [end[i] + delay for i, delay in js.preds[k]])
+
+    def release(k: int) -> None:
+        for s, _ in js.succs[k]:
+            missing[s] -= 1
+        job = js.jobs[k]
+        if job.pass_ == "F":
+            ks = next_forward[job.stage]
+            if ks and missing[ks[-1]] == 0:
+                candidates.add(ks.pop())
+        for s, _ in js.succs[k]:
+            if missing[s] == 0 and js.jobs[s].pass_ != "F":
+                candidates.add(s)
+            elif missing[s] == 0 and js.jobs[s].pass_ == "F":
+                ks = next_forward[js.jobs[s].stage]
+                if ks and ks[-1] == s:
+                    candidates.add(ks.pop())
+
+    done = 0
+    while done < n:
+        starts = {}
+        for k in candidates:
+            if js.jobs[k].pass_ == "F":
+                m = js.jobs[k].microbatch
+                if v.cap is not None and m not in started_mb and len(memory.inflight) >= v.cap:
+                    continue
+                if not memory.allows(k):
+                    continue
+            starts[k] = max([ready(k)] + [free[d] for d in js.devices[k]])
+        if v.patient_w:
+            for k in [k for k in starts if js.jobs[k].pass_ == "W"]:
+                devs = set(js.devices[k])
+                if any(
+                    js.jobs[o].pass_ != "W" and devs & set(js.devices[o]) and starts[o] < starts[k] + js.duration[k] - EPS
+                    for o in starts
+                ):
+                    del starts[k]
+        if not starts:  # pragma: no cover - the banker's rule prevents this
+            raise RuntimeError("list scheduler stalled; memory budget below one microbatch's requirement")
+        t = min(starts.values())
+        now = [k for k, s in starts.items() if s <= t + EPS * max(1.0, abs(t))]
+        k = min(now, key=lambda j: keys[j])
+        action: Action = js.jobs[k]
+        dur = js.duration[k]
+        partner = None
+        if v.pairs and gain > 0:
+            partner = _pair_partner(js, k, now, keys)
+            if partner is not None:
+                f, b = (k, partner) if js.jobs[k].pass_ == "F" else (partner, k)
+                action = Pair(js.jobs[f], js.jobs[b])
+                dur = pair_duration(sg, action)
+        members = [k] if partner is None else [k, partner]
+        for j in members:
+            candidates.discard(j)
+            if js.jobs[j].pass_ == "F":
+                started_mb.add(js.jobs[j].microbatch)
+        # allocate before freeing: the F of a pair runs while the backward still holds its memory
+        for j in sorted(members, key=lambda j: -js.mem[j]):
+            memory.dispatch(j)
+        for j in members:
+            end[j] = t + dur
+        for d in js.devices[k]:
+            free[d] = t + dur
+            order[d].append(action)
+        for j in members:
+            release(j)
+        done += len(members)
+    return order
+
+
+def _pair_partner(js: JobSet, k: int, now: list[int], keys: list[tuple]) -> int | None:
+    """A job startable now that overlaps with ``k``: an F with a backward on the same devices."""
+    want = ("I", "B") if js.jobs[k].pass_ == "F" else ("F",) if js.jobs[k].pass_ in ("I", "B") else ()
+    options = [
+        j for j in now
+        if j != k and js.jobs[j].pass_ in want and set(js.devices[j]) == set(js.devices[k])
+    ]
+    return min(options, key=lambda j: keys[j]) if options else None
+
+
+def default_variants(js: JobSet, allow_pairs: bool = False) -> list[Variant]:
+    """The variants :func:`best_list_schedule` tries: each priority rule, several caps."""
+    devices = len(js.on_device)
+    caps: list[int | None] = [None]
+    for c in (devices, devices + 1, 2 * devices, 2 * devices + 1):
+        if c not in caps and c < js.microbatches:
+            caps.append(c)
+    variants = [Variant(p, c, w) for p in PRIORITIES for c in caps for w in (False, True)]
+    if allow_pairs and js.sg.overlap_gain > 0:
+        variants += [Variant(p, c, w, True) for p in ("zb", "forward") for c in caps for w in (False, True)]
+    return variants
+
+
+def best_list_schedule(
+    js: JobSet, budgets: Mapping[int, float] | None, variants: list[Variant] | None = None
+) -> tuple[Order, float, str, list[tuple[str, float]]]:
+    """Run several variants; return (best order, its makespan, its name, all (name, makespan)).
+
+    Orders whose simulated peak exceeds the budgets are skipped (the banker's
+    rule makes that impossible; the check guards the rule). Ties keep the first.
+    """
+    best: tuple[Order, float, str] | None = None
+    tried: list[tuple[str, float]] = []
+    for v in variants if variants is not None else default_variants(js):
+        order = list_schedule(js, budgets, v)
+        if not order_fits(js.sg, order, budgets):  # pragma: no cover - guarded by the banker's rule
+            continue
+        span = max(e.end for e in simulate(js.sg, order, js.microbatches))
+        tried.append((v.name, span))
+        if best is None or span < best[1] - EPS * max(1.0, span):
+            best = (order, span, v.name)
+    assert best is not None
+    return best[0], best[1], best[2], tried
+
+
+def job_order(order: Order) -> dict[int, list[Job]]:
+    """The order with pairs split into their two jobs (for splicing and windows)."""
+    out: dict[int, list[Job]] = {}
+    for d, actions in order.items():
+        out[d] = [j for a in actions for j in ((a.first, a.second) if isinstance(a, Pair) else (a,))]
+    return out

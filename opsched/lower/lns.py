@@ -1,0 +1,223 @@
+"""Large-neighbourhood search: re-solve a window of the incumbent as a time-indexed MIP.
+
+The incumbent order is timed in slots (the simulator on the slotted
+StageGraph). A neighbourhood frees the jobs that start inside a time window
+(optionally only on some devices) and fixes every other job at its slotted
+start; the freed jobs get start windows from the fixed jobs around them
+(their heads and tails inside the neighbourhood). The small MIP minimises the
+makespan and, as a tie-breaker, the starts of the freed jobs weighted by their
+tails (urgent work first). Its per-device job order is spliced back, re-timed
+in continuous time by :func:`opsched.schedule.simulate`, and accepted when it
+lowers (makespan, sum of job ends) and still fits in memory.
+
+Windows sweep the horizon from the end (where the makespan is decided)
+towards the start, then device subsets; the sequence is fixed, and each MIP
+has a node limit, so the search is deterministic unless the overall time
+limit cuts it short.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from opsched.lower.jobs import EPS, JobSet, order_fits
+from opsched.lower.timeindexed import (
+    SlotProblem,
+    slot_problem,
+    slotted_stage_graph,
+    solve_slot_problem,
+    starts_to_order,
+)
+from opsched.schedule import Job, Order, simulate
+
+
+@dataclass
+class Incumbent:
+    """An order with its continuous makespan and sum of job ends (the acceptance key)."""
+
+    order: dict[int, list[Job]]
+    makespan: float
+    total_end: float
+
+    @property
+    def key(self) -> tuple[float, float]:
+        return (self.makespan, self.total_end)
+
+
+def evaluate(js: JobSet, order: dict[int, list[Job]]) -> Incumbent:
+    """Time ``order`` with the simulator and wrap it as an :class:`Incumbent`."""
+    events = simulate(js.sg, {d: list(a) for d, a in order.items()}, js.microbatches)
+    return Incumbent(order, max(e.end for e in events), sum(e.end for e in events))
+
+
+def slotted_starts(js: JobSet, order: dict[int, list[Job]], slot: float) -> dict[int, int]:
+    """Start slot of every job when ``order`` runs with slot-rounded durations."""
+    ssg = slotted_stage_graph(js.sg, slot)
+    events = simulate(ssg, {d: list(a) for d, a in order.items()}, js.microbatches)
+    return {js.index[e.job]: int(round(e.start)) for e in events}
+
+
+def neighbourhood(
+    js: JobSet, base: SlotProblem, starts: dict[int, int], horizon: int, lo: int, hi: int,
+    devices: set[int] | None = None,
+) -> SlotProblem | None:
+    """Free the jobs starting in ``[lo, hi)`` (on ``devices`` if given); fix the rest.
+
+    Windows: a freed job starts no earlier than ``lo`` nor before its fixed
+    predecessors allow, and late enough for its fixed successors and the
+    horizon. Returns ``None`` when nothing is freed.
+    """
+    free = {
+        k for k, s in starts.items()
+        if lo <= s < hi and (devices is None or set(js.devices[k]) <= devices)
+    }
+    if not free:
+        return None
+    sp = SlotProblem(js, base.p, base.preds, base.budgets)
+    sp.fixed = {k: s for k, s in starts.items() if k not in free}
+    es: dict[int, int] = {}
+    ls: dict[int, int] = {}
+    succs: dict[int, list[tuple[int, int]]] = {k: [] for k in free}
+    for k in free:
+        for i, c in base.preds[k]:
+            if i in free:
+                succs[i].append((k, c))
+    topo = [k for k in js.topo if k in free]
+    for k in topo:
+        e = lo
+        for i, c in base.preds[k]:
+            e = max(e, (es[i] if i in free else sp.fixed[i]) + base.p[i] + c)
+        es[k] = e
+    fixed_succ: dict[int, list[tuple[int, int]]] = {k: [] for k in free}
+    for j, ps in enumerate(base.preds):
+        if j in sp.fixed:
+            for i, c in ps:
+                if i in free:
+                    fixed_succ[i].append((j, c))
+    for k in reversed(topo):
+        late = horizon - base.p[k]
+        for j, c in fixed_succ[k]:
+            late = min(late, sp.fixed[j] - c - base.p[k])
+        for j, c in succs[k]:
+            late = min(late, ls[j] - c - base.p[k])
+        ls[k] = late
+    for k in free:
+        if not es[k] <= starts[k] <= ls[k]:  # pragma: no cover - the incumbent is always inside
+            return None
+    sp.es, sp.ls = es, ls
+    return sp
+
+
+@dataclass
+class SearchLog:
+    """Progress of the search: (elapsed seconds, best makespan) after each improvement."""
+
+    entries: list[tuple[float, float]] = field(default_factory=list)
+    solves: int = 0
+    improvements: int = 0
+
+
+def large_neighbourhood_search(
+    js: JobSet,
+    incumbent: Incumbent,
+    slot: float,
+    budgets,
+    *,
+    deadline: float,
+    solver: str = "cbc",
+    threads: int = 1,
+    max_variables: int = 800,
+    max_nodes: int = 500,
+    rounds: int = 12,
+    target: float = 0.0,
+    on_improve: Callable[[Incumbent], None] | None = None,
+    log: SearchLog | None = None,
+) -> Incumbent:
+    """Improve ``incumbent`` window by window until ``rounds`` sweeps give nothing or time runs out.
+
+    ``budgets`` are the activation budgets per device (``None``: no limit).
+
+    ``target`` (a proven lower bound) stops the search once reached.
+    """
+    log = log or SearchLog()
+    base = slot_problem(js, slot, budgets)
+    t0 = time.monotonic()
+    width = None
+    for _ in range(rounds):  # a round is one sweep of windows
+        improved_round = False
+        starts = slotted_starts(js, incumbent.order, slot)
+        horizon = max(starts[k] + base.p[k] for k in starts)
+        if width is None:
+            width = base_width = _initial_width(js, base, starts, horizon, max_variables)
+        for lo, hi, devices in _windows(js, horizon, width):
+            if time.monotonic() >= deadline or incumbent.makespan <= target + EPS * max(1.0, target):
+                return incumbent
+            starts = slotted_starts(js, incumbent.order, slot)
+            horizon = max(starts[k] + base.p[k] for k in starts)
+            sp = neighbourhood(js, base, starts, horizon, lo, hi, devices)
+            size = 0 if sp is None else sum(sp.ls[j] - sp.es[j] for j in sp.es)
+            if size == 0 or size > 2 * max_variables * (width / base_width) ** 2:
+                continue
+            weights = {k: 1.0 + js.tail[k] / max(slot, 1e-12) for k in sp.es}
+            out = solve_slot_problem(
+                sp, incumbent=starts, solver=solver, threads=threads,
+                time_limit=max(0.05, deadline - time.monotonic()), max_nodes=max_nodes,
+                objective="makespan+flow", weights=weights,
+            )
+            log.solves += 1
+            if out.starts is None:
+                continue
+            candidate = evaluate(js, starts_to_order(js, out.starts))
+            if better(candidate, incumbent) and order_fits(js.sg, candidate.order, base.budgets):
+                incumbent = candidate
+                improved_round = True
+                log.improvements += 1
+                log.entries.append((time.monotonic() - t0, incumbent.makespan))
+                if on_improve is not None:
+                    on_improve(incumbent)
+        if not improved_round:
+            if width >= horizon:
+                break
+            width = min(horizon, int(width * 1.5) + 1)  # nothing found: widen the neighbourhoods
+    return incumbent
+
+
+def better(a: Incumbent, b: Incumbent) -> bool:
+    """``a`` has a lower makespan than ``b``, or the same and a lower sum of job ends (beyond float noise)."""
+    tol = 1e-9 * max(1.0, b.makespan)
+    if a.makespan < b.makespan - tol:
+        return True
+    return abs(a.makespan - b.makespan) <= tol and a.total_end < b.total_end - 1e-9 * max(1.0, abs(b.total_end))
+
+
+def _initial_width(js: JobSet, base: SlotProblem, starts: dict[int, int], horizon: int, budget: int) -> int:
+    """A window width (slots) whose neighbourhoods have about ``budget`` variables."""
+    devices = max(1, len(js.on_device))
+    longest = max(base.p) if base.p else 1
+    # jobs in a window of width w: about devices * w / mean p; each gets about w slots
+    mean_p = max(1.0, sum(base.p) / len(base.p))
+    width = int((budget * mean_p / devices) ** 0.5)
+    return max(2 * longest, min(width, horizon))
+
+
+def _windows(js: JobSet, horizon: int, width: int):
+    """Time windows from the end backwards (half overlaps), then halves of the device set."""
+    out = []
+    step = max(1, width // 2)
+    hi = horizon
+    while hi > 0:
+        out.append((max(0, hi - width), hi, None))
+        hi -= step
+    devices = sorted(js.on_device)
+    if len(devices) >= 4:
+        half = len(devices) // 2
+        groups = [set(devices[:half]), set(devices[half:])]
+        wide = 2 * width
+        hi = horizon
+        while hi > 0:
+            for g in groups:
+                out.append((max(0, hi - wide), hi, g))
+            hi -= wide // 2
+    return out

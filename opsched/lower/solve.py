@@ -1,0 +1,253 @@
+"""The lower level's entry point: :func:`solve` a StageGraph's microbatch schedule.
+
+Pipeline of the solve (each step is anytime; the best order so far is kept):
+
+1. check the memory limit against the minimum any schedule needs;
+2. a proven combinatorial lower bound (:mod:`opsched.lower.bounds`);
+3. incumbents: the given warm orders, every hand-written baseline that fits
+   in memory and several list-scheduler variants; the best is the warm start;
+4. when the whole time-indexed MIP is small enough, solve it warm-started
+   (its bound is proven when the slot divides every time exactly);
+5. large-neighbourhood search over time windows until the time limit, the
+   lower bound, or no window helps;
+6. the final order re-timed in continuous time by the simulator.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+
+from opsched.errors import OpschedError
+from opsched.lower.bounds import lower_bound as combinatorial_bound
+from opsched.lower.jobs import EPS, JobSet, activation_budgets, check_memory_limit, order_fits
+from opsched.lower.listsched import default_variants, job_order, list_schedule
+from opsched.lower.lns import Incumbent, SearchLog, better, evaluate, large_neighbourhood_search
+from opsched.lower.timeindexed import (
+    SOLVERS,
+    auto_slot,
+    full_windows,
+    model_size,
+    slot_problem,
+    solve_slot_problem,
+    starts_to_order,
+)
+from opsched.lower.lns import slotted_starts
+from opsched.schedule import Job, Order, Pair, Schedule, simulate
+
+#: the whole MIP is tried when it has at most this many step variables
+FULL_MODEL_VARIABLES = 4000
+
+
+@dataclass
+class LowerResult:
+    """What :func:`solve` returns; times are in the StageGraph's units."""
+
+    schedule: Schedule
+    order: Order
+    lower_bound: float
+    gap: float
+    solver: str
+    solve_seconds: float
+    status: str
+    warm_start: str
+    log: list[tuple[float, float, float]] = field(default_factory=list)
+    slot: float | None = None
+    candidates: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def makespan(self) -> float:
+        return max((e.end for e in self.schedule.events), default=0.0)
+
+
+def solve(
+    sg,
+    microbatches: int,
+    *,
+    memory_limit: float | None = None,
+    split_backward: bool = True,
+    allow_pairs: bool = False,
+    slot: float | None = None,
+    time_limit: float = 30.0,
+    solver: str = "cbc",
+    threads: int = 1,
+    progress: bool = False,
+    warm_orders: dict[str, Order] | None = None,
+) -> LowerResult:
+    """Find a short schedule of every job within the memory limit, with a proven lower bound.
+
+    ``memory_limit`` is per device for parameters plus activations (``None``:
+    unlimited); below :func:`opsched.lower.jobs.minimum_memory_limit` it
+    raises :class:`OpschedError` naming that minimum. ``slot`` is the MIP's
+    time slot (default: :func:`opsched.lower.timeindexed.auto_slot`). The
+    result is deterministic for the same input, solver and threads unless the
+    time limit cuts the search short (the window sequence and node limits are
+    fixed; only where the clock stops it depends on the machine).
+
+    >>> from opsched.schedule import chain_stage_graph
+    >>> r = solve(chain_stage_graph(2, f=1, b=2, w=1), 4, time_limit=5)
+    >>> r.makespan, r.lower_bound, r.status
+    (13.0, 13.0, 'optimal')
+    """
+    t0 = time.monotonic()
+    deadline = t0 + float(time_limit)
+    if solver not in SOLVERS:
+        raise OpschedError(f"unknown solver {solver!r}; choose cbc or highs")
+    if time_limit <= 0:
+        raise OpschedError(f"time limit must be positive, got {time_limit}")
+    if slot is not None and slot <= 0:
+        raise OpschedError(f"slot must be positive, got {slot}")
+    check_memory_limit(sg, microbatches, memory_limit)
+    js = JobSet(sg, microbatches, split_backward)
+    budgets = activation_budgets(sg, memory_limit)
+    log: list[tuple[float, float, float]] = []
+
+    def report(best: float, bound: float, what: str) -> None:
+        elapsed = time.monotonic() - t0
+        log.append((elapsed, best, bound))
+        if progress:
+            print(f"[lower] {elapsed:7.2f}s  best {best:.6g}  bound {bound:.6g}  {what}", file=sys.stderr)
+
+    lb = combinatorial_bound(js, budgets, allow_pairs)
+    name, best_order, candidates = _best_start(js, budgets, allow_pairs, warm_orders)
+    best = evaluate(js, job_order(best_order)) if not _has_pairs(best_order) else None
+    makespan = best.makespan if best is not None else _makespan(js, best_order)
+    report(makespan, lb, f"warm start {name}")
+    final_order: Order = best_order
+    used_slot = None
+    if best is not None and not _proven(makespan, lb):
+        used_slot = slot or auto_slot(sg, makespan)
+        slot_is_exact = _divides(used_slot, sg)  # then the MIP bound holds in continuous time
+        sp = slot_problem(js, used_slot, budgets)
+        horizon = max(s + sp.p[k] for k, s in slotted_starts(js, best.order, used_slot).items())
+        try:
+            full_windows(sp, horizon)
+            size = model_size(sp)
+        except OpschedError:
+            size = None
+        if size is not None and size <= FULL_MODEL_VARIABLES and time.monotonic() < deadline:
+            starts = slotted_starts(js, best.order, used_slot)
+            # the symmetry rows may cut off the incumbent's start slots: then it starts cold
+            out = solve_slot_problem(
+                sp, incumbent=starts, solver=solver, threads=threads,
+                time_limit=max(0.05, 0.5 * (deadline - time.monotonic())),
+            )
+            if out.starts is not None:
+                cand = evaluate(js, starts_to_order(js, out.starts))
+                if better(cand, best) and order_fits(sg, cand.order, budgets):
+                    best = cand
+            if slot_is_exact:
+                proven = out.objective if out.status == "optimal" else out.bound
+                if proven is not None and out.status in ("optimal", "feasible", "no_solution"):
+                    lb = max(lb, math.ceil(proven - 1e-6) * used_slot)
+            report(best.makespan, lb, f"full MIP ({out.variables} variables, {out.status})")
+        if not _proven(best.makespan, lb) and time.monotonic() < deadline:
+            search = SearchLog()
+            best = large_neighbourhood_search(
+                js, best, used_slot, budgets, deadline=deadline, solver=solver, threads=threads,
+                target=lb, log=search,
+                on_improve=lambda inc: report(inc.makespan, lb, "neighbourhood search"),
+            )
+        final_order = {d: list(jobs) for d, jobs in best.order.items()}
+    events = simulate(sg, {d: list(a) for d, a in final_order.items()}, microbatches)
+    makespan = max(e.end for e in events)
+    lb = min(lb, makespan)  # float noise only: the bound is proven
+    gap = (makespan - lb) / makespan if makespan > 0 else 0.0
+    status = "optimal" if _proven(makespan, lb) else "feasible"
+    report(makespan, lb, status)
+    schedule = Schedule(sg, microbatches, events, memory_limit=memory_limit, name="mip")
+    return LowerResult(
+        schedule=schedule,
+        order=final_order,
+        lower_bound=lb,
+        gap=gap,
+        solver=solver,
+        solve_seconds=time.monotonic() - t0,
+        status=status,
+        warm_start=name,
+        log=log,
+        slot=used_slot,
+        candidates=candidates,
+    )
+
+
+def _divides(slot: float, sg) -> bool:
+    """Whether ``slot`` divides every pass and transfer time exactly (so slotting loses nothing)."""
+    values = [float(s.time[p]) for s in sg.stages for p in ("F", "I", "W")] + [e.time for e in sg.edges]
+    return all(abs(v / slot - round(v / slot)) <= 1e-7 * max(1.0, v / slot) for v in values)
+
+
+def _proven(makespan: float, bound: float) -> bool:
+    return makespan <= bound + 1e-9 * max(1.0, abs(bound))
+
+
+def _has_pairs(order: Order) -> bool:
+    return any(isinstance(a, Pair) for acts in order.values() for a in acts)
+
+
+def _makespan(js: JobSet, order: Order) -> float:
+    return max(e.end for e in simulate(js.sg, {d: list(a) for d, a in order.items()}, js.microbatches))
+
+
+def _same_jobs(js: JobSet, order: Order) -> bool:
+    """Whether the order runs exactly the job set (pairs split), each job once per device of its stage."""
+    seen: dict[Job, int] = {}
+    for acts in order.values():
+        for a in acts:
+            for j in (a.first, a.second) if isinstance(a, Pair) else (a,):
+                seen[j] = seen.get(j, 0) + 1
+    if set(seen) != set(js.index):
+        return False
+    return all(seen[j] == len(js.devices[js.index[j]]) for j in seen)
+
+
+def baseline_orders(sg, microbatches: int) -> dict[str, Order]:
+    """Every hand-written baseline's order that applies to ``sg`` (none if baselines are missing)."""
+    try:
+        from opsched import baselines
+    except ImportError:  # pragma: no cover - baselines not installed
+        return {}
+    make = getattr(baselines, "baseline_order", None)
+    names = getattr(baselines, "NAMES", ())
+    if make is None:
+        return {}
+    out: dict[str, Order] = {}
+    for name in names:
+        try:
+            out[name] = make(name, sg, microbatches)
+        except OpschedError:
+            continue
+    return out
+
+
+def _best_start(js: JobSet, budgets, allow_pairs: bool, warm_orders: dict[str, Order] | None):
+    """The best order among warm orders, baselines and list-scheduler variants that fit in memory.
+
+    Ties keep the earliest candidate in that order, so the result is deterministic.
+    Returns (name, order, {name: makespan of every candidate that fits}).
+    """
+    sg = js.sg
+    pool: list[tuple[str, Order]] = []
+    pool += sorted((warm_orders or {}).items())
+    pool += sorted(baseline_orders(sg, js.microbatches).items())
+    for v in default_variants(js, allow_pairs):
+        pool.append((v.name, list_schedule(js, budgets, v)))
+    best: tuple[str, Order, Incumbent] | None = None
+    spans: dict[str, float] = {}
+    for name, order in pool:
+        if not _same_jobs(js, order) or (_has_pairs(order) and not allow_pairs):
+            continue
+        if not order_fits(sg, order, budgets):
+            continue
+        try:
+            events = simulate(sg, {d: list(a) for d, a in order.items()}, js.microbatches)
+        except OpschedError:
+            continue
+        inc = Incumbent({}, max(e.end for e in events), sum(e.end for e in events))
+        spans[name] = inc.makespan
+        if best is None or better(inc, best[2]):
+            best = (name, order, inc)
+    assert best is not None, "the list scheduler always gives an order"
+    return best[0], best[1], spans

@@ -1,0 +1,473 @@
+"""The time-indexed MIP of the lower level, in "started-by" (step) variables.
+
+Time is cut into slots of length ``slot``; every duration and transfer time
+is rounded up to whole slots (``p[j]``, ``c[i, j]``), so any slotted
+schedule is a valid continuous one, and the solved order is re-timed by the
+simulator at the end. A job ``j`` is *free* inside a window
+``[es[j], ls[j]]`` of start slots or *fixed* at a start slot.
+
+Variables: ``z[j, t]`` = 1 when job ``j`` has started by slot ``t``
+(``es[j] <= t < ls[j]``; before ``es[j]`` it is 0, from ``ls[j]`` on it
+is 1), and ``C`` the makespan. ``x[j, t] = z[j, t] - z[j, t-1]`` is the
+classic "starts at t" variable; the step form keeps the memory rows sparse
+(one term per job instead of one per job and earlier slot) and gives the
+strong (disaggregated) precedence rows. The formulation is written out in
+``docs/formulation.md`` with the same symbols.
+
+Constraint families, one function each:
+:func:`each_job_starts_once`, :func:`one_job_per_device_per_slot`,
+:func:`precedence_with_transfers`, :func:`activation_memory_limit`,
+:func:`makespan_definition`, :func:`symmetry_breaking`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import mip
+
+from opsched.errors import OpschedError
+from opsched.lower.jobs import EPS, JobSet
+from opsched.schedule import Edge, Job, Stage, StageGraph
+
+SOLVERS = {"cbc": mip.CBC, "highs": "HiGHS"}
+
+
+# --------------------------------------------------------------------------- slots
+
+
+def to_slots(value: float, slot: float) -> int:
+    """``value`` rounded up to whole slots (a tiny tolerance absorbs float noise)."""
+    return int(math.ceil(value / slot - 1e-7)) if value > 0 else 0
+
+
+def slotted_stage_graph(sg: StageGraph, slot: float) -> StageGraph:
+    """The StageGraph with every pass and transfer time rounded up to whole slots (in slot units).
+
+    Simulating an order on it gives the slotted start times of that order.
+    """
+    stages = [
+        Stage(
+            id=s.id,
+            devices=s.devices,
+            time={p: float(to_slots(float(s.time[p]), slot)) for p in ("F", "I", "W")},
+            param_bytes=s.param_bytes,
+            act_bytes=s.act_bytes,
+            act_w_bytes=s.act_w_bytes,
+            name=s.name,
+            microbatches=s.microbatches,
+            copy_of=s.copy_of,
+        )
+        for s in sg.stages
+    ]
+    edges = [Edge(e.src, e.dst, float(to_slots(e.time, slot)), e.bytes) for e in sg.edges]
+    return StageGraph(stages, edges, num_devices=sg.num_devices, overlap_gain=sg.overlap_gain)
+
+
+def exact_slot(sg: StageGraph) -> float | None:
+    """The largest slot that divides every pass and transfer time exactly, if a sensible one exists."""
+    values = [float(s.time[p]) for s in sg.stages for p in ("F", "I", "W") if float(s.time[p]) > 0]
+    values += [e.time for e in sg.edges if e.time > 0]
+    if not values:
+        return None
+    scale = 1
+    while scale <= 10**6:
+        ints = [v * scale for v in values]
+        if all(abs(x - round(x)) <= 1e-6 * max(1.0, x) for x in ints):
+            g = 0
+            for x in ints:
+                g = math.gcd(g, int(round(x)))
+            return g / scale
+        scale *= 10
+    return None
+
+
+def auto_slot(sg: StageGraph, horizon: float, budget: int = 400) -> float:
+    """Slot length: exact when the times share a divisor, else the shortest pass cut evenly.
+
+    The slot is the largest exact divisor of all times when the horizon then
+    needs at most ``budget`` slots; otherwise the shortest pass divided into
+    ``q`` equal parts, with ``q`` the largest whole number keeping the horizon
+    within ``budget`` slots (at least 1).
+    """
+    g = exact_slot(sg)
+    if g is not None and horizon / g <= budget:
+        return g
+    shortest = min(float(s.time[p]) for s in sg.stages for p in ("F", "I", "W") if float(s.time[p]) > 0)
+    q = max(1, int(budget * shortest / max(horizon, shortest)))
+    return shortest / q
+
+
+# --------------------------------------------------------------------------- problem
+
+
+@dataclass
+class SlotProblem:
+    """A (sub)problem in slots: free jobs with start windows, fixed jobs with start slots."""
+
+    js: JobSet
+    p: list[int]
+    #: preds[j] = [(i, c)]: j starts at least p[i] + c slots after i starts
+    preds: list[list[tuple[int, int]]]
+    budgets: Mapping[int, float] | None
+    es: dict[int, int] = field(default_factory=dict)
+    ls: dict[int, int] = field(default_factory=dict)
+    fixed: dict[int, int] = field(default_factory=dict)
+    #: pairs (a, b) of free jobs where a must start no later than b (symmetry breaking)
+    before: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def free(self) -> list[int]:
+        return sorted(self.es)
+
+    def started_by(self, z: dict, j: int, t: int):
+        """0, 1 or the variable saying whether job ``j`` has started by slot ``t``."""
+        if j in self.fixed:
+            return 1 if t >= self.fixed[j] else 0
+        if t < self.es[j]:
+            return 0
+        if t >= self.ls[j]:
+            return 1
+        return z[j, t]
+
+
+def slot_problem(js: JobSet, slot: float, budgets: Mapping[int, float] | None) -> SlotProblem:
+    """Durations and transfers of ``js`` in slots, with no job placed yet."""
+    p = [to_slots(d, slot) for d in js.duration]
+    preds = [[(i, to_slots(delay, slot)) for i, delay in js.preds[k]] for k in range(len(js))]
+    return SlotProblem(js, p, preds, budgets)
+
+
+def symmetric_forward_chains(js: JobSet) -> list[list[int]]:
+    """Forwards of the first source stage, per class of interchangeable microbatches, in microbatch order.
+
+    Microbatches that run the same set of stages are interchangeable, so
+    renaming them to start the first source stage in microbatch order loses
+    nothing (only one stage can be ordered this way: one renaming).
+    """
+    sg = js.sg
+    sources = [s for s in sg.topological_order() if not sg.preds(s)]
+    if not sources:
+        return []
+    s0 = sources[0]
+    classes: dict[tuple[int, ...], list[int]] = {}
+    for m in range(js.microbatches):
+        if not sg.stage(s0).runs(m):
+            continue
+        key = tuple(s.id for s in sg.stages if s.runs(m))
+        classes.setdefault(key, []).append(js.index[Job(s0, m, "F")])
+    return [ks for ks in classes.values() if len(ks) > 1]
+
+
+def full_windows(sp: SlotProblem, horizon: int, symmetry: bool = True) -> None:
+    """Make every job free with the widest window that can still end by ``horizon`` slots.
+
+    Windows come from slotted heads and tails (longest dependency paths),
+    tightened by the symmetry chains when ``symmetry`` is on.
+    """
+    js = sp.js
+    chains = symmetric_forward_chains(js) if symmetry else []
+    extra_pred: dict[int, list[int]] = {}
+    extra_succ: dict[int, list[int]] = {}
+    sp.before = []
+    for ks in chains:
+        for a, b in zip(ks, ks[1:]):
+            extra_pred.setdefault(b, []).append(a)
+            extra_succ.setdefault(a, []).append(b)
+            sp.before.append((a, b))
+    succs: list[list[tuple[int, int]]] = [[] for _ in range(len(js))]
+    for k, ps in enumerate(sp.preds):
+        for i, c in ps:
+            succs[i].append((k, c))
+    order = _topo_with_extra(js, extra_pred)
+    es = [0] * len(js)
+    for k in order:
+        for i, c in sp.preds[k]:
+            es[k] = max(es[k], es[i] + sp.p[i] + c)
+        for i in extra_pred.get(k, ()):
+            es[k] = max(es[k], es[i] + sp.p[i])
+    ls = [horizon - sp.p[k] for k in range(len(js))]
+    for k in reversed(order):
+        for s, c in succs[k]:
+            ls[k] = min(ls[k], ls[s] - c - sp.p[k])
+        for s in extra_succ.get(k, ()):
+            ls[k] = min(ls[k], ls[s] - sp.p[k])
+    for k in range(len(js)):
+        if ls[k] < es[k]:
+            raise OpschedError(f"no schedule fits in {horizon} slots")  # caller chose too short a horizon
+    sp.fixed = {}
+    sp.es = {k: es[k] for k in range(len(js))}
+    sp.ls = {k: ls[k] for k in range(len(js))}
+
+
+def _topo_with_extra(js: JobSet, extra_pred: Mapping[int, list[int]]) -> list[int]:
+    preds = [[i for i, _ in js.preds[k]] + list(extra_pred.get(k, ())) for k in range(len(js))]
+    succs: list[list[int]] = [[] for _ in range(len(js))]
+    for k, ps in enumerate(preds):
+        for i in ps:
+            succs[i].append(k)
+    indeg = [len(ps) for ps in preds]
+    ready = sorted((k for k in range(len(js)) if indeg[k] == 0), reverse=True)
+    out = []
+    while ready:
+        k = ready.pop()
+        out.append(k)
+        for s in succs[k]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                ready.append(s)
+    return out
+
+
+# --------------------------------------------------------------------------- constraint families
+
+
+def each_job_starts_once(model: mip.Model, sp: SlotProblem, z: dict) -> None:
+    """Started-by is a step: ``z[j,t] <= z[j,t+1]``; with ``z[j,ls]=1`` each job starts exactly once."""
+    for j in sp.free:
+        for t in range(sp.es[j], sp.ls[j] - 1):
+            model.add_constr(z[j, t] <= z[j, t + 1], name=f"once_{j}_{t}")
+
+
+def one_job_per_device_per_slot(model: mip.Model, sp: SlotProblem, z: dict) -> None:
+    """At most one job runs on a device in a slot: ``sum_j z[j,t] - z[j,t-p_j] <= 1``.
+
+    A stage on a device group appears in the row of every device of the group.
+    """
+    js = sp.js
+    for d, ks in sorted(js.on_device.items()):
+        free = [k for k in ks if k in sp.es]
+        if not free:
+            continue
+        lo = min(sp.es[k] for k in free)
+        hi = max(sp.ls[k] + sp.p[k] for k in free)
+        fixed_busy = [0] * (hi - lo)
+        for k in ks:
+            if k in sp.fixed:
+                for t in range(max(lo, sp.fixed[k]), min(hi, sp.fixed[k] + sp.p[k])):
+                    fixed_busy[t - lo] += 1
+        for t in range(lo, hi):
+            terms = []
+            for k in free:
+                if sp.p[k] == 0 or t < sp.es[k] or t >= sp.ls[k] + sp.p[k]:
+                    continue
+                terms.append(sp.started_by(z, k, t))
+                after = sp.started_by(z, k, t - sp.p[k])
+                terms.append(-after if not isinstance(after, int) else -after)
+            variables = [x for x in terms if not isinstance(x, int)]
+            if not variables:
+                continue
+            constant = sum(x for x in terms if isinstance(x, int))
+            model.add_constr(
+                mip.xsum(variables) <= 1 - fixed_busy[t - lo] - constant, name=f"device_{d}_{t}"
+            )
+
+
+def precedence_with_transfers(model: mip.Model, sp: SlotProblem, z: dict) -> None:
+    """``z[j,t] <= z[i, t - p_i - c_ij]``: j can have started by t only if i had by then.
+
+    ``c_ij`` is the transfer time in slots (0 on shared devices): F along the
+    StageGraph, I backwards along it, W after I, and a stage's backward after
+    its own F.
+    """
+    for j, ps in enumerate(sp.preds):
+        if j in sp.fixed:
+            times = [sp.fixed[j]]
+        elif j in sp.es:
+            times = list(range(sp.es[j], sp.ls[j] + 1))
+        else:
+            continue
+        for i, c in ps:
+            if i not in sp.es and j not in sp.es:
+                continue
+            for t in times:
+                lhs = sp.started_by(z, j, t)
+                rhs = sp.started_by(z, i, t - sp.p[i] - c)
+                if isinstance(lhs, int) and isinstance(rhs, int):
+                    if lhs > rhs:
+                        raise OpschedError("fixed jobs violate a dependency")  # pragma: no cover
+                    continue
+                if isinstance(lhs, int) and lhs == 0 or isinstance(rhs, int) and rhs == 1:
+                    continue
+                model.add_constr(lhs <= rhs, name=f"prec_{i}_{j}_{t}")
+
+
+def activation_memory_limit(model: mip.Model, sp: SlotProblem, z: dict) -> None:
+    """Activation held on a device at every slot stays within its budget.
+
+    Held at slot t = sum over F started by t of ``act`` minus, for each
+    backward finished by t (started by ``t - p``), what it frees (I:
+    ``act - act_w``, W: ``act_w``, B: ``act``). Rows are needed only where a
+    free F could start, since only starts of F raise the level.
+    """
+    if sp.budgets is None:
+        return
+    js = sp.js
+    for d, ks in sorted(js.on_device.items()):
+        free_forwards = [k for k in ks if k in sp.es and js.mem[k] > 0]
+        if not any(k in sp.es for k in ks):
+            continue
+        slots = {t for k in free_forwards for t in range(sp.es[k], sp.ls[k] + 1)}
+        # a fixed F starting where a free backward might now end later also needs a row
+        lo = min(sp.es[k] for k in ks if k in sp.es)
+        hi = max(sp.ls[k] + sp.p[k] for k in ks if k in sp.es)
+        slots |= {sp.fixed[k] for k in ks if k in sp.fixed and js.mem[k] > 0 and lo <= sp.fixed[k] <= hi}
+        slots = sorted(slots)
+        for t in slots:
+            terms, constant = [], 0.0
+            for k in ks:
+                at = t if js.mem[k] > 0 else t - sp.p[k]
+                s = sp.started_by(z, k, at) if (k in sp.es or k in sp.fixed) else 0
+                if isinstance(s, int):
+                    constant += js.mem[k] * s
+                else:
+                    terms.append(js.mem[k] * s)
+            if not terms:
+                continue
+            model.add_constr(mip.xsum(terms) <= sp.budgets[d] - constant, name=f"mem_{d}_{t}")
+
+
+def makespan_definition(model: mip.Model, sp: SlotProblem, z: dict, C: mip.Var) -> None:
+    """``C >= S_j + p_j`` for every job without successors, ``S_j = es_j + sum_t (1 - z[j,t])``."""
+    js = sp.js
+    for j in js.sinks():
+        if j in sp.fixed:
+            model.add_constr(C >= sp.fixed[j] + sp.p[j], name=f"span_{j}")
+        elif j in sp.es:
+            model.add_constr(C >= start_expr(sp, z, j) + sp.p[j], name=f"span_{j}")
+
+
+def symmetry_breaking(model: mip.Model, sp: SlotProblem, z: dict) -> None:
+    """Interchangeable microbatches start the first source stage in microbatch order."""
+    for a, b in sp.before:
+        if a in sp.es and b in sp.es:
+            for t in range(sp.es[b], sp.ls[b]):
+                model.add_constr(z[b, t] <= sp.started_by(z, a, t), name=f"sym_{a}_{b}_{t}")
+
+
+def start_expr(sp: SlotProblem, z: dict, j: int):
+    """Start slot of free job ``j`` as a linear expression."""
+    return sp.es[j] + mip.xsum(1 - z[j, t] for t in range(sp.es[j], sp.ls[j]))
+
+
+# --------------------------------------------------------------------------- model
+
+
+def build_model(
+    sp: SlotProblem, *, solver: str = "cbc", threads: int = 1, objective: str = "makespan",
+    weights: Mapping[int, float] | None = None,
+) -> tuple[mip.Model, dict, mip.Var]:
+    """The MIP of ``sp``: variables, every constraint family and the objective.
+
+    ``objective`` is ``makespan`` (minimise C) or ``makespan+flow`` (minimise
+    C, then the weighted start times of the free jobs as a tie-breaker that
+    pushes work early, used by the neighbourhood search).
+    """
+    if solver not in SOLVERS:
+        raise OpschedError(f"unknown solver {solver!r}; choose cbc or highs")
+    model = mip.Model(sense=mip.MINIMIZE, solver_name=SOLVERS[solver])
+    model.verbose = 0
+    model.threads = threads
+    try:
+        model.seed = 0
+    except Exception:  # pragma: no cover - not every backend has a seed
+        pass
+    z = {(j, t): model.add_var(var_type=mip.BINARY, name=f"z_{j}_{t}") for j in sp.free for t in range(sp.es[j], sp.ls[j])}
+    horizon = max([sp.ls[j] + sp.p[j] for j in sp.free] + [sp.fixed[j] + sp.p[j] for j in sp.fixed] + [0])
+    C = model.add_var(name="C", lb=0.0, ub=horizon)
+    each_job_starts_once(model, sp, z)
+    one_job_per_device_per_slot(model, sp, z)
+    precedence_with_transfers(model, sp, z)
+    activation_memory_limit(model, sp, z)
+    makespan_definition(model, sp, z, C)
+    symmetry_breaking(model, sp, z)
+    if objective == "makespan":
+        model.objective = mip.minimize(C)
+    elif objective == "makespan+flow":
+        w = weights or {}
+        free = sp.free
+        # the flow term stays below one slot, so it never trades against the makespan
+        scale = 1.0 / (1 + sum(w.get(j, 1.0) * sp.ls[j] for j in free))
+        model.objective = mip.minimize(C + scale * mip.xsum(w.get(j, 1.0) * start_expr(sp, z, j) for j in free))
+    else:
+        raise ValueError(objective)
+    return model, z, C
+
+
+def warm_start(sp: SlotProblem, z: dict, starts: Mapping[int, int]) -> list[tuple[mip.Var, float]]:
+    """``model.start`` entries for slotted start times of the free jobs."""
+    return [(z[j, t], 1.0 if t >= starts[j] else 0.0) for j in sp.free for t in range(sp.es[j], sp.ls[j])]
+
+
+def solution_starts(sp: SlotProblem, z: dict) -> dict[int, int]:
+    """Start slot of every job (free ones read from the solution)."""
+    out = dict(sp.fixed)
+    for j in sp.free:
+        s = sp.ls[j]
+        for t in range(sp.es[j], sp.ls[j]):
+            if z[j, t].x is not None and z[j, t].x > 0.5:
+                s = t
+                break
+        out[j] = s
+    return out
+
+
+def starts_to_order(js: JobSet, starts: Mapping[int, int]) -> dict[int, list[Job]]:
+    """Per-device job order by start slot (ties by job number, which only zero-length jobs have)."""
+    order: dict[int, list[Job]] = {d: [] for d in js.on_device}
+    for d, ks in js.on_device.items():
+        order[d] = [js.jobs[k] for k in sorted(ks, key=lambda k: (starts[k], k))]
+    return order
+
+
+def model_size(sp: SlotProblem) -> int:
+    """Number of step variables the model would have."""
+    return sum(sp.ls[j] - sp.es[j] for j in sp.free)
+
+
+# --------------------------------------------------------------------------- driver
+
+
+@dataclass
+class MipOutcome:
+    """What one MIP solve gave: the jobs' start slots (if any), the status and the bound in slots."""
+
+    starts: dict[int, int] | None
+    status: str
+    objective: float | None
+    bound: float
+    variables: int
+
+
+def solve_slot_problem(
+    sp: SlotProblem,
+    *,
+    incumbent: Mapping[int, int] | None = None,
+    solver: str = "cbc",
+    threads: int = 1,
+    time_limit: float = 30.0,
+    max_nodes: int | None = None,
+    objective: str = "makespan",
+    weights: Mapping[int, float] | None = None,
+) -> MipOutcome:
+    """Build and solve the MIP of ``sp``, warm-started from ``incumbent`` start slots when given."""
+    model, z, C = build_model(sp, solver=solver, threads=threads, objective=objective, weights=weights)
+    if incumbent is not None and all(sp.es[j] <= incumbent[j] <= sp.ls[j] for j in sp.free):
+        model.start = warm_start(sp, z, incumbent)
+    kwargs = {"max_seconds": max(0.01, time_limit)}
+    if max_nodes is not None:
+        kwargs["max_nodes"] = max_nodes
+    status = model.optimize(**kwargs)
+    bound = model.objective_bound if model.objective_bound is not None else 0.0
+    names = {
+        mip.OptimizationStatus.OPTIMAL: "optimal",
+        mip.OptimizationStatus.FEASIBLE: "feasible",
+        mip.OptimizationStatus.INFEASIBLE: "infeasible",
+        mip.OptimizationStatus.NO_SOLUTION_FOUND: "no_solution",
+    }
+    name = names.get(status, str(status.name).lower())
+    if status in (mip.OptimizationStatus.OPTIMAL, mip.OptimizationStatus.FEASIBLE) and model.num_solutions:
+        return MipOutcome(solution_starts(sp, z), name, model.objective_value, bound, len(z))
+    return MipOutcome(None, name, None, bound, len(z))

@@ -1,0 +1,185 @@
+"""Lower level: the MIP optimum equals an exhaustive search over orders; errors; determinism; validity."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from opsched.errors import OpschedError
+from opsched.lower import minimum_memory_limit, solve
+from opsched.lower.bounds import lower_bound
+from opsched.lower.jobs import JobSet, activation_budgets, order_fits
+from opsched.lower.listsched import best_list_schedule, list_schedule
+from opsched.lower.timeindexed import full_windows, slot_problem, solve_slot_problem
+from opsched.schedule import Schedule, chain_stage_graph, simulate, validate
+
+
+def device_sequences(js: JobSet, device: int, budget: float | None, first_forwards: list | None):
+    """Every order of the device's jobs that keeps same-device dependencies and fits the budget."""
+    ks = js.on_device[device]
+    local = set(ks)
+    # transitive predecessors that sit on this device
+    before = {k: set() for k in ks}
+    for k in js.topo:
+        if k in local:
+            stack = [i for i, _ in js.preds[k]]
+            seen = set()
+            while stack:
+                i = stack.pop()
+                if i in seen:
+                    continue
+                seen.add(i)
+                if i in local:
+                    before[k].add(i)
+                stack += [p for p, _ in js.preds[i]]
+    out = []
+
+    def extend(seq, placed, level):
+        if len(seq) == len(ks):
+            out.append(list(seq))
+            return
+        for k in ks:
+            if k in placed or not before[k] <= placed:
+                continue
+            job = js.jobs[k]
+            if first_forwards is not None and job in first_forwards:
+                # renaming microbatches orders the first stage's forwards (loses nothing)
+                if any(f not in {js.jobs[p] for p in placed} for f in first_forwards[: first_forwards.index(job)]):
+                    continue
+            up = level + max(js.mem[k], 0.0)
+            if budget is not None and up > budget + 1e-9:
+                continue
+            seq.append(k)
+            placed.add(k)
+            extend(seq, placed, level + js.mem[k])
+            seq.pop()
+            placed.discard(k)
+
+    extend([], set(), 0.0)
+    return out
+
+
+def brute_force(sg, microbatches, memory_limit, split_backward):
+    """The least makespan over every per-device order (timed by the simulator)."""
+    js = JobSet(sg, microbatches, split_backward)
+    budgets = activation_budgets(sg, memory_limit)
+    from opsched.schedule import Job
+
+    firsts = [Job(0, m, "F") for m in range(microbatches)]
+    per_device = []
+    for d in sorted(js.on_device):
+        per_device.append(
+            device_sequences(js, d, None if budgets is None else budgets[d], firsts if d == sg.stage(0).devices[0] else None)
+        )
+    best = None
+    count = 0
+    for combo in itertools.product(*per_device):
+        order = {d: [js.jobs[k] for k in seq] for d, seq in zip(sorted(js.on_device), combo)}
+        try:
+            events = simulate(sg, order, microbatches)
+        except OpschedError:
+            continue  # deadlocks
+        count += 1
+        span = max(e.end for e in events)
+        best = span if best is None else min(best, span)
+    return best, count
+
+
+def mip_optimum(sg, microbatches, memory_limit, split_backward):
+    js = JobSet(sg, microbatches, split_backward)
+    budgets = activation_budgets(sg, memory_limit)
+    _, span, _, _ = best_list_schedule(js, budgets)
+    sp = slot_problem(js, 1.0, budgets)
+    full_windows(sp, int(round(span)))
+    out = solve_slot_problem(sp, time_limit=60)
+    assert out.status == "optimal"
+    return out.objective
+
+
+CASES = [
+    # (stages, devices, placement, microbatches, split_backward, memory limits)
+    (2, 2, "chain", 3, False, [None, 2.0, 1.0]),
+    (2, 2, "chain", 3, True, [1.0, 1.5]),
+    (3, 3, "chain", 3, False, [1.0, 1.5]),
+    (4, 2, "v", 2, False, [None, 2.0]),
+]
+
+
+@pytest.mark.parametrize("stages,devices,placement,mb,split,limits", CASES)
+def test_mip_optimum_equals_exhaustive_search(stages, devices, placement, mb, split, limits):
+    sg = chain_stage_graph(stages, devices=devices, placement=placement, f=1, b=2, w=1, act=1, act_w=0.5)
+    for limit in limits:
+        expected, count = brute_force(sg, mb, limit, split)
+        assert count > 0
+        assert mip_optimum(sg, mb, limit, split) == pytest.approx(expected)
+        result = solve(sg, mb, memory_limit=limit, split_backward=split, time_limit=20)
+        assert result.makespan == pytest.approx(expected), (limit, result.warm_start)
+        assert result.status == "optimal" and result.gap == pytest.approx(0.0)
+        validate(result.schedule)
+
+
+def test_tightest_memory_only_one_microbatch_at_a_time():
+    """At the minimum limit each device holds one microbatch: the optimum is GPipe-with-one-in-flight."""
+    sg = chain_stage_graph(2, f=1, b=2, w=1, act=1, act_w=0.5)
+    assert minimum_memory_limit(sg, 3) == 1.0
+    result = solve(sg, 3, memory_limit=1.0, split_backward=False, time_limit=20)
+    # one microbatch in flight: F F B B per microbatch, nothing overlaps
+    assert result.makespan == pytest.approx(3 * (1 + 1 + 2 + 2))
+    validate(result.schedule)
+
+
+def test_memory_below_minimum_names_it():
+    sg = chain_stage_graph(4, devices=2, placement="v", f=1, b=2, w=1, act=1.0, param_bytes=0.5)
+    # device 0 hosts stages 0 and 3: parameters 1.0 + activations 2.0 of one microbatch
+    assert minimum_memory_limit(sg, 4) == pytest.approx(3.0)
+    with pytest.raises(OpschedError, match=r"minimum 3\b"):
+        solve(sg, 4, memory_limit=2.9)
+
+
+def test_bad_solver_and_slot_are_user_errors():
+    sg = chain_stage_graph(2)
+    with pytest.raises(OpschedError, match="solver"):
+        solve(sg, 2, solver="gurobi")
+    with pytest.raises(OpschedError, match="slot"):
+        solve(sg, 2, slot=-1)
+
+
+def test_same_input_gives_identical_schedule():
+    sg = chain_stage_graph(4, devices=2, placement="v", f=1, b=2, w=1)
+    a = solve(sg, 4, memory_limit=3.0, time_limit=20)
+    b = solve(sg, 4, memory_limit=3.0, time_limit=20)
+    assert a.schedule.events == b.schedule.events
+    assert (a.lower_bound, a.status, a.warm_start) == (b.lower_bound, b.status, b.warm_start)
+
+
+def test_lower_bound_never_above_the_optimum():
+    for stages, devices, placement, mb, split, limits in CASES:
+        sg = chain_stage_graph(stages, devices=devices, placement=placement, f=1, b=2, w=1)
+        for limit in limits:
+            js = JobSet(sg, mb, split)
+            expected, _ = brute_force(sg, mb, limit, split)
+            assert lower_bound(js, activation_budgets(sg, limit)) <= expected + 1e-9
+
+
+def test_list_scheduler_fits_memory_and_never_deadlocks():
+    sg = chain_stage_graph(8, devices=4, placement="v", f=1, b=2, w=1, comm=0.25)
+    for limit in (2.0, 3.0, 5.0):
+        js = JobSet(sg, 8)
+        budgets = activation_budgets(sg, limit)
+        order = list_schedule(js, budgets, priority="zb")
+        assert order_fits(sg, order, budgets)
+        schedule = Schedule(sg, 8, simulate(sg, order, 8), memory_limit=limit)
+        validate(schedule)
+
+
+def test_never_worse_than_a_warm_order_and_valid_with_transfers():
+    sg = chain_stage_graph(3, f=[1, 2, 1], b=[2, 3, 2], w=[1, 1, 1], comm=0.5)
+    from opsched.baselines import baseline_order
+
+    warm = baseline_order("1f1b", sg, 4)
+    warm_span = max(e.end for e in simulate(sg, warm, 4))
+    result = solve(sg, 4, memory_limit=3.0, time_limit=10, warm_orders={"mine": warm})
+    assert result.makespan <= warm_span + 1e-9
+    assert result.lower_bound <= result.makespan + 1e-9
+    validate(result.schedule)
