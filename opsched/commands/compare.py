@@ -290,6 +290,17 @@ def idle_text(idle: list[float]) -> str:
     return f"{_g(min(idle))}..{_g(max(idle))}"
 
 
+def solver_note(row: dict) -> str:
+    """'; lower bound 27, gap 0%, cbc 0.1 s' for a MIP row, else ''."""
+    if row.get("lower_bound") is None:
+        return ""
+    gap = row.get("gap")
+    gap_text = "" if gap is None else f", gap {100 * gap:.1f}%"
+    secs = row.get("solve_seconds")
+    time_text = "" if secs is None else f", {row.get('solver', '')} {secs:.1f} s"
+    return f"; lower bound {_g(row['lower_bound'])}{gap_text}{time_text}"
+
+
 def table(rows: list[dict], header: str) -> str:
     """The plain-text table of method x (makespan, bubble ratio, idle per device, peak activation, copies, placement)."""
     cols = ["method", "makespan", "bubble", "idle per device", "peak act", "params", "placement"]
@@ -305,7 +316,7 @@ def table(rows: list[dict], header: str) -> str:
             idle_text(r["idle"]),
             _g(r["peak_activation_bytes"]),
             f"{r['param_copies']:g}x",
-            r["placement"],
+            r["placement"] + solver_note(r),
         ])
     full = [b for b in body if len(b) == len(cols)]
     widths = [max([len(c)] + [len(b[i]) for b in full]) for i, c in enumerate(cols)]
