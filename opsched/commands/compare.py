@@ -334,16 +334,16 @@ def table(rows: list[dict], header: str) -> str:
 def write_outputs(out_dir: Path, rows: list[dict], schedules: dict) -> None:
     """DIR/<method>/plan.json and Gantt files for every method that ran, and DIR/compare.json."""
     from opsched.export.gantt import write_gantt
-    from opsched.export.plan_json import dumps_plan, plan_dict
+    from opsched.export.plan_json import write_plan
     from opsched.fileio import write_text
 
     solver_fields = ("lower_bound", "gap", "solver", "solve_seconds")
     by_name = {r["method"]: r for r in rows}
     for name, schedule in schedules.items():
         folder = out_dir / name
-        # every schedule was validated in run_method; a MIP's bound and gap join its metrics
+        # a MIP's bound and gap join the plan's metrics
         figures = {k: by_name[name][k] for k in solver_fields if k in by_name[name]}
-        write_text(folder / "plan.json", dumps_plan(plan_dict(schedule, metrics=figures, extra={"method": name})))
+        write_plan(folder / "plan.json", schedule, extra={"method": name, "metrics": figures})
         for file in GANTT_FILES:
             write_gantt(schedule, folder / file)
     write_text(out_dir / "compare.json", json.dumps(rows, indent=2) + "\n")
