@@ -157,7 +157,7 @@ def test_dualpipev_idles_twice_zb_v_on_reference_check():
 
 def zb_rate(schedule):
     """The Zero Bubble paper's bubble rate, (cost - m(F+I+W)) / cost with cost the longest device span."""
-    sg, m = schedule.stage_graph, schedule.microbatches
+    sg = schedule.stage_graph
     spans, work = {}, {}
     for d in range(sg.num_devices):
         evs = [e for e in schedule.events if device_of(sg, e.stage) == d]

@@ -136,6 +136,7 @@ def test_plan_input_compares_on_the_plans_stage_graph(tmp_path, capsys):
         (["--stages", "3", "--microbatches", "5", "--memory-limit", "dualpipe"], "--memory-limit dualpipe: dualpipe cannot run"),
         (["--microbatches", "4"], "give --stages P and --microbatches M"),
         (["--plan", "/nonexistent/plan.json"], "no such plan file"),
+        (["--plan", "plan.json", "--stages", "4"], "--plan takes the stages from the plan; drop --stages"),
     ],
 )
 def test_bad_flags_give_one_line_and_exit_2(tmp_path, capsys, argv, message):
