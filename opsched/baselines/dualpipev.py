@@ -35,7 +35,7 @@ def eight_phases(chunk0: int, chunk1: int, h: int, n: int, per_chunk: int, count
     the device at the turn (h = n-1) runs its first F0 and B1 apart rather
     than paired, which lets the F start before the B is ready; 5. (B1,
     F1&B0) x (n-h-1); 6. (B1, B0) x (h+1), switching to split I from the
-    middle of this phase on (chunk 1 first when h is odd); 7. (W, B0) x
+    middle of this phase on (chunk 1 first when h is odd); 7. (W, I0) x
     (n-h-1); 8. W x (h+1). A "W" takes the oldest pending I's weight pass
     (first in, first out); a backward is a fused B unless split.
     """
@@ -82,7 +82,7 @@ def eight_phases(chunk0: int, chunk1: int, h: int, n: int, per_chunk: int, count
         acts.append(backward(chunk0, split))
     for _ in range(n - h - 1):
         weight()
-        acts.append(backward(chunk0, split))
+        acts.append(backward(chunk0, split=True))
     for _ in range(h + 1):
         weight()
     return acts
