@@ -156,11 +156,25 @@ def group_devices(first: int, size: int) -> tuple[int, ...]:
     return tuple(range(first, first + size))
 
 
-def block_cost(block: Block, mode: Mode, devices: tuple[int, ...], cluster: Cluster, training: Training) -> BlockCost:
+def block_cost(
+    block: Block,
+    mode: Mode,
+    devices: tuple[int, ...],
+    cluster: Cluster,
+    training: Training,
+    *,
+    expert_params: float | None = None,
+    token_bytes: float | None = None,
+) -> BlockCost:
     """Cost of one block on the device group ``devices`` under ``mode``.
 
     Ranks are laid out tensor-parallel innermost: the tp ranks of a replica
     are consecutive devices (they talk most), replicas are strided by tp.
+    For the expert-parallel mode, ``expert_params`` says how many of the
+    block's parameters belong to experts (default: all); the rest (attention,
+    router) runs data-parallel over the group, replicated and gradient-synced.
+    ``token_bytes`` is the size of the tokens an all-to-all moves (default:
+    the block's output bytes, an upper bound).
 
     >>> from opsched.cluster import preset, Training
     >>> c, t = preset("h100-sxm"), Training()
@@ -181,23 +195,29 @@ def block_cost(block: Block, mode: Mode, devices: tuple[int, ...], cluster: Clus
         comm = allreduce_time(block.output_bytes / mode.dp, mode.tp, bw, lat)
         f += comm
         i += comm
+    sync = 0.0
+    params_per_device = block.param_count / mode.tp
     if mode.ep > 1:
         # dispatch and combine: two all-to-alls of the tokens in F, two in I
         bw, lat = cluster.link(devices, devices)
-        comm = 2 * alltoall_time(block.output_bytes / mode.ep, mode.ep, bw, lat)
+        tokens = block.output_bytes if token_bytes is None else token_bytes
+        comm = 2 * alltoall_time(tokens / mode.ep, mode.ep, bw, lat)
         f += comm
         i += comm
-    sync = 0.0
+        sharded = block.param_count if expert_params is None else min(float(expert_params), block.param_count)
+        replicated = block.param_count - sharded
+        params_per_device = sharded / mode.ep + replicated
+        sync = allreduce_time(replicated * training.grad_bytes, mode.ep, bw, lat)
     if mode.dp > 1 and has_weights:
         replicas = devices[:: mode.tp]
         bw, lat = cluster.link(replicas, replicas)
-        sync = allreduce_time(block.param_count / (mode.tp * mode.ep) * training.grad_bytes, mode.dp, bw, lat)
+        sync = allreduce_time(block.param_count / mode.tp * training.grad_bytes, mode.dp, bw, lat)
     act = block.output_bytes / share
     return BlockCost(
         F=f,
         I=i,
         W=w,
-        param_bytes=block.param_count * training.bytes_per_param / (mode.tp * mode.ep),
+        param_bytes=params_per_device * training.bytes_per_param,
         act_bytes=act,
         # the weight gradient needs the inputs of the weight matmuls: about half the saved tensors
         act_w_bytes=act / 2 if has_weights else 0.0,

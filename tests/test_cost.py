@@ -113,3 +113,15 @@ def test_modes_cover_every_split_of_the_group():
     assert {str(m) for m in modes} == {"dp4", "tp2.dp2", "tp4"}
     assert all(m.size == 4 for m in modes)
     assert [str(m) for m in modes_for(block(params=0), 4)] == ["dp4"]
+
+
+def test_expert_parallel_replicates_the_non_expert_part():
+    ops = [f"layers.0/experts.{i}/w1" for i in range(4)]
+    b = block(params=1_000_000, ops=ops)
+    c = block_cost(b, Mode(ep=4), (0, 1, 2, 3), C, T, expert_params=600_000, token_bytes=4e8)
+    # experts sharded 4 ways, the other 400k parameters on every device
+    assert c.param_bytes == pytest.approx((600_000 / 4 + 400_000) * 16)
+    # the replicated part syncs its gradients over the 4 devices once per step
+    assert c.grad_sync == pytest.approx(6e-6 + 1.5 * 400_000 * 2 / 100e9)
+    # all-to-alls move the given tokens, not the block's output bytes
+    assert c.F == pytest.approx(0.25 + 2 * (3e-6 + 0.75 * 1e8 / 100e9))

@@ -118,8 +118,13 @@ def upper_problem(
     for g in range(layout.groups):
         devs = layout.devices_of_group(g)
         for b in blocks:
+            extra = {
+                "expert_params": bg.nodes[b].get("expert_params"),
+                # the tokens an expert-parallel block exchanges: its largest input
+                "token_bytes": max((d.get("bytes", 0.0) for _, _, d in bg.in_edges(b, data=True)), default=None),
+            }
             for m in modes[b]:
-                cost[(b, g, m)] = block_cost(records[b], m, devs, cluster, training)
+                cost[(b, g, m)] = block_cost(records[b], m, devs, cluster, training, **extra)
     rate, latency = {}, {}
     for a, c in itertools.combinations(range(layout.slots), 2):
         ga, gc = layout.devices_of_group(layout.group_of_slot(a)), layout.devices_of_group(layout.group_of_slot(c))
@@ -297,14 +302,16 @@ def step_time_estimate(model: mip.Model, p: UpperProblem, x, y, tau, big_m: floa
 def contiguous_start(p: UpperProblem) -> Assignment | None:
     """A feasible assignment to warm-start from: the topological order cut into slots.
 
-    Two mode rules (each block's least-work mode; its least-memory mode) times
-    two cut rules (equal shares of the total work; the smallest per-slot work
+    Mode rules (each block's least-work mode; its least-memory mode; its
+    least-work mode within a fair share of memory, at three scales) times two cut rules (equal shares of the total work; the smallest per-slot work
     cap that a greedy left-to-right fill meets within memory, by bisection).
     Returns the best of these under :func:`estimate`, or None when none fits.
     """
     candidates = []
-    for pick in ("work", "memory"):
-        chosen = {b: min(p.modes[b], key=_mode_key(p, b, pick)) for b in p.blocks}
+    rules = [{b: min(p.modes[b], key=_mode_key(p, b, pick)) for b in p.blocks} for pick in ("work", "memory")]
+    for scale in (1.0, 0.7, 0.5):
+        rules.append(_fair_share_modes(p, scale))
+    for chosen in rules:
         candidates.append(_proportional_cut(p, chosen))
         candidates.append(_capped_cut(p, chosen))
     best = None
@@ -315,6 +322,23 @@ def contiguous_start(p: UpperProblem) -> Assignment | None:
         if est["feasible"] and (best is None or est["step_time"] < best[1]):
             best = (a, est["step_time"])
     return None if best is None else best[0]
+
+
+def _fair_share_modes(p: UpperProblem, scale: float) -> dict[int, Mode]:
+    """Each block's least-work mode whose memory stays within ``scale`` × its fair share of the devices' memory.
+
+    The fair share of a block is the whole cluster's memory (limit × groups)
+    divided by the number of blocks; activations count at the largest
+    in-flight number. Blocks with no mode that small take their least-memory mode.
+    """
+    share = scale * p.memory_limit * p.layout.groups / len(p.blocks)
+    most = p.in_flight(0)
+    chosen = {}
+    for b in p.blocks:
+        mem = lambda m: p.cost[(b, 0, m)].param_bytes + most * p.cost[(b, 0, m)].act_bytes  # noqa: E731
+        fitting = [m for m in p.modes[b] if mem(m) <= share]
+        chosen[b] = min(fitting, key=_mode_key(p, b, "work")) if fitting else min(p.modes[b], key=mem)
+    return chosen
 
 
 def _mode_key(p: UpperProblem, b: int, pick: str):

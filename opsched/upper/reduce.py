@@ -44,7 +44,8 @@ def reduce_block_graph(
 ) -> tuple[nx.DiGraph, dict[int, list[int]]]:
     """A smaller BlockGraph and, for each of its blocks, the original block ids it holds.
 
-    Node ids of the result are 0..n-1 in topological order.
+    Node ids of the result are 0..n-1 in topological order; each node also
+    carries ``expert_params``, the parameters of its members that are experts.
     """
     members = {b: [b] for b in bg.nodes}
     g = nx.DiGraph()
@@ -141,6 +142,8 @@ def _renumbered(g: nx.DiGraph, members, records) -> tuple[nx.DiGraph, dict[int, 
                 **sums,
             ),
         )
+        # the expert part of the block, for the expert-parallel mode's memory (cost.block_cost)
+        out.nodes[new_id[b]]["expert_params"] = float(sum(r.param_count for r in recs if expert_count(r) > 0))
         held[new_id[b]] = ids
     for u, v, d in g.edges(data=True):
         out.add_edge(new_id[u], new_id[v], bytes=d["bytes"])
