@@ -1,0 +1,287 @@
+"""Predicted against measured step time on torch.distributed.pipelining (2 CPU ranks, 1 thread each).
+
+1. Calibrate: run opsched's ZB-V order of a 4-stage tiny MoE transformer on 2
+   gloo ranks with timers on; take each stage's F, I, W compute time (mean or
+   median over microbatches and steps) and the one-way time of an
+   activation-sized message; build a StageGraph from them.
+2. Plan: time opsched's baselines (and ``opsched.lower.solve`` when present)
+   on that StageGraph, in V and interleaved placements of the same 4 stages,
+   under the activation memory of the leanest built-in V schedule; pick the
+   shortest predicted plan; export it to CSV.
+3. Run: the opsched plan (from its CSV) and torch's built-in schedules
+   (Schedule1F1B and ScheduleGPipe on the 4 stages merged in pairs,
+   ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble,
+   ScheduleDualPipeV), each in fresh processes; predicted = opsched's simulator
+   on the schedule's own order with the calibrated times.
+
+Prints a markdown table and writes JSON (``--json``). Figures are recorded in
+docs/BENCHMARKS.md with the command that produced them.
+
+    python benchmarks/bench_torch.py --steps 20 --warmup 3 --microbatches 8 --json benchmarks/results/torch.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from opsched import baselines
+from opsched.errors import OpschedError
+from opsched.export.torch_csv import csv_text, read_torch_csv, stage_ranks, torch_rows, write_torch_csv
+from opsched.schedule import Schedule, chain_stage_graph, metrics, simulate
+from opsched.torchrun.calibrate import merged_times, stage_graph_from_times
+from opsched.torchrun.launch import RunJob, run_job, step_seconds
+from opsched.torchrun.model import ModelSpec
+
+#: torch built-in -> (opsched placement of the 4 stages, opsched baseline with the same order or None)
+BUILTINS = {
+    "1F1B": ("pairs", "1f1b"),
+    "GPipe": ("pairs", None),
+    "Interleaved1F1B": ("interleaved", None),
+    "InterleavedZeroBubble": ("interleaved", None),
+    "ZBVZeroBubble": ("v", None),
+    "DualPipeV": ("v", None),
+}
+
+
+def compute_stat(results, stat: str) -> dict:
+    """(stage, pass) -> mean or median compute time over every timed microbatch of a run."""
+    pool: dict = {}
+    for r in results:
+        for key, vals in r.compute_seconds.items():
+            pool.setdefault(key, []).extend(vals)
+    f = statistics.fmean if stat == "mean" else statistics.median
+    return {key: f(vals) for key, vals in pool.items()}
+
+
+def torch_order(name: str, sg, microbatches: int, per_rank: int | None):
+    """The order torch's built-in ``name`` runs, as an opsched order on ``sg`` (via its CSV)."""
+    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+
+    ops = get_schedule_ops(name, sg.num_devices, microbatches, per_rank)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"{name}.csv"
+        path.write_text(csv_text([["" if a is None else str(a) for a in row] for row in ops]))
+        return read_torch_csv(path, sg, microbatches)
+
+
+def graphs(times: dict, comm: float) -> dict:
+    """The calibrated StageGraphs of the 4 stages: V, interleaved, and merged in pairs (2 stages)."""
+    v = {0: 0, 1: 1, 2: 1, 3: 0}
+    inter = {0: 0, 1: 1, 2: 0, 3: 1}
+    return {
+        "v": stage_graph_from_times(times, v, comm),
+        "interleaved": stage_graph_from_times(times, inter, comm),
+        "pairs": stage_graph_from_times(merged_times(times, [[0, 1], [2, 3]]), {0: 0, 1: 1}, comm),
+    }
+
+
+RANKS = {"v": {0: 0, 1: 1, 2: 1, 3: 0}, "interleaved": {0: 0, 1: 1, 2: 0, 3: 1}, "pairs": {0: 0, 1: 1}}
+
+
+def opsched_candidates(gs: dict, microbatches: int, memory_limit: float, lower_seconds: float) -> list[tuple]:
+    """(predicted makespan, name, placement, order) of every opsched plan within the memory limit."""
+    out = []
+    for placement in ("v", "interleaved"):
+        sg = gs[placement]
+        for name in baselines.NAMES:
+            try:
+                order = baselines.baseline_order(name, sg, microbatches)
+            except OpschedError:
+                continue
+            sched = Schedule(sg, microbatches, simulate(sg, order, microbatches))
+            if max(metrics(sched).peak_activation_bytes) <= memory_limit + 1e-9:
+                out.append((max(e.end for e in sched.events), name, placement, order))
+        solve = getattr(__import__("opsched.lower", fromlist=["solve"]), "solve", None)
+        if solve is not None and lower_seconds > 0:
+            try:
+                result = solve(sg, microbatches, memory_limit=memory_limit, time_limit=lower_seconds)
+                # re-time the MIP's order on the calibrated (unslotted) times
+                events = simulate(sg, result.order, microbatches)
+                out.append((max(e.end for e in events), f"lower-mip ({result.status})", placement, result.order))
+            except (OpschedError, TypeError) as exc:
+                print(f"  lower.solve on {placement}: {exc}", file=sys.stderr)
+    return sorted(out, key=lambda c: c[0])
+
+
+def same_run_graph(sg, stats: dict, comm: float, calibrated: dict):
+    """``sg`` re-timed with the action times measured in one run (under that run's load).
+
+    A stage the run only ran with fused backwards (B) gets I and W in the
+    calibrated I:W ratio, summing to the measured B.
+    """
+    from opsched.schedule import Edge, Stage, StageGraph
+
+    stages = []
+    for st in sg.stages:
+        t = dict(st.time)
+        if (st.id, "F") in stats:
+            t["F"] = stats[(st.id, "F")]
+        if (st.id, "I") in stats and (st.id, "W") in stats:
+            t["I"], t["W"] = stats[(st.id, "I")], stats[(st.id, "W")]
+        elif (st.id, "B") in stats:
+            share = st.time["I"] / max(st.time["I"] + st.time["W"], 1e-12)
+            t["I"], t["W"] = share * stats[(st.id, "B")], (1 - share) * stats[(st.id, "B")]
+        stages.append(Stage(st.id, st.devices, t, act_bytes=st.act_bytes, act_w_bytes=st.act_w_bytes, name=st.name))
+    edges = [Edge(e.src, e.dst, time=comm if e.time > 0 else 0.0) for e in sg.edges]
+    return StageGraph(stages, edges, num_devices=sg.num_devices)
+
+
+def run_measured(spec, ranks, microbatches, args, schedule="csv", csv_path=None):
+    job = RunJob(spec, ranks, microbatches, schedule=schedule, csv_path=csv_path,
+                 microbatch_size=args.microbatch_size, steps=args.steps, warmup=args.warmup,
+                 record_grads=False, measure_comm=True)
+    results = run_job(job, timeout=args.timeout)
+    return results, step_seconds(results)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--microbatches", type=int, default=8)
+    p.add_argument("--microbatch-size", type=int, default=4)
+    p.add_argument("--steps", type=int, default=20, help="timed steps per run")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per run")
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--seq", type=int, default=16)
+    p.add_argument("--stat", choices=["mean", "median"], default="mean",
+                   help="statistic of the calibrated per-action times (default mean: a step is a sum of actions)")
+    p.add_argument("--lower-seconds", type=float, default=20.0, help="time limit of opsched.lower.solve, if present")
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--json", help="write the figures here")
+    args = p.parse_args(argv)
+    mb = args.microbatches
+    spec = ModelSpec(dim=args.dim, hidden=2 * args.dim, experts=4, top_k=2, heads=4, seq=args.seq,
+                     blocks=(1, 1, 1, 1), dtype="float32")
+    t_start = time.time()
+    load_before = os.getloadavg()[0]
+
+    # 1. calibrate on opsched's ZB-V order
+    sg_unit = chain_stage_graph(4, devices=2, placement="v")
+    calib_order = baselines.baseline_order("zb-v", sg_unit, mb)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "calib.csv"
+        write_torch_csv(path, sg=sg_unit, order=calib_order, microbatches=mb)
+        calib, calib_steps = run_measured(spec, RANKS["v"], mb, args, csv_path=str(path))
+    times = compute_stat(calib, args.stat)
+    comm = calib[0].comm_seconds or 0.0
+    split = {k: v for k, v in times.items() if k[1] in ("F", "I", "W")}
+    gs = graphs(split, comm)
+    print("calibrated (ms): " + ", ".join(f"{s}{p} {1e3 * t:.2f}" for (s, p), t in sorted(split.items()))
+          + f"; comm {1e3 * comm:.2f}")
+
+    # 2. torch built-ins: predicted from their own orders, then measured
+    rows = []
+    peak_v = {}
+    for name, (placement, same_as) in BUILTINS.items():
+        sg = gs[placement]
+        per_rank = None if placement == "pairs" else 2
+        if same_as is not None:
+            # torch reports Schedule1F1B's last rank with forwards numbered 1..M;
+            # its runtime runs opsched's 1F1B order (docs/torch.md)
+            order = baselines.baseline_order(same_as, sg, mb)
+        else:
+            order = torch_order(name, sg, mb, per_rank)
+        sched = Schedule(sg, mb, simulate(sg, order, mb))
+        predicted = max(e.end for e in sched.events)
+        peak = max(metrics(sched).peak_activation_bytes)
+        if placement == "v":
+            peak_v[name] = peak
+        blocks = (2, 2) if placement == "pairs" else (1, 1, 1, 1)
+        results, measured = run_measured(spec.with_blocks(blocks), RANKS[placement], mb, args, schedule=name)
+        own = same_run_graph(sg, compute_stat(results, args.stat), results[0].comm_seconds or 0.0, split)
+        same = max(e.end for e in simulate(own, order, mb))
+        rows.append(_row(f"torch {name}", placement, predicted, measured, peak, same))
+        print(rows[-1]["line"])
+
+    # 3. the opsched plan, under the memory of the leanest built-in V schedule
+    limit = min(peak_v.values())
+    cands = opsched_candidates(gs, mb, limit, args.lower_seconds)
+    predicted, name, placement, order = cands[0]
+    sg = gs[placement]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "plan.csv"
+        write_torch_csv(path, sg=sg, order=order, microbatches=mb)
+        plan_csv = path.read_text()
+        results, measured = run_measured(spec, RANKS[placement], mb, args, csv_path=str(path))
+    peak = max(metrics(Schedule(sg, mb, simulate(sg, order, mb))).peak_activation_bytes)
+    own = same_run_graph(sg, compute_stat(results, args.stat), results[0].comm_seconds or 0.0, split)
+    same = max(e.end for e in simulate(own, order, mb))
+    rows.append(_row(f"opsched {name} (CSV)", placement, predicted, measured, peak, same))
+    print(rows[-1]["line"])
+
+    best_builtin = min((r for r in rows if r["schedule"].startswith("torch")), key=lambda r: r["measured_median_ms"])
+    ours = rows[-1]
+    summary = {
+        "command": "python benchmarks/bench_torch.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "torch": __import__("torch").__version__,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg()[0],
+        "seconds": time.time() - t_start,
+        "stat": args.stat,
+        "calibration_ms": {f"{s}{p}": 1e3 * t for (s, p), t in sorted(split.items())},
+        "calibration_run_median_ms": 1e3 * statistics.median(calib_steps),
+        "comm_ms": 1e3 * comm,
+        "memory_limit_microbatches": limit,
+        "opsched_candidates": [(c[1], c[2], 1e3 * c[0]) for c in cands],
+        "plan_csv": plan_csv,
+        "rows": [{k: v for k, v in r.items() if k != "line"} for r in rows],
+        "within_15pct": [r["schedule"] for r in rows if abs(r["error_pct"]) <= 15],
+        "within_15pct_same_run": [r["schedule"] for r in rows if abs(r["error_same_run_pct"]) <= 15],
+        "opsched_vs_best_builtin": {
+            "best_builtin": best_builtin["schedule"],
+            "best_builtin_ms": best_builtin["measured_median_ms"],
+            "opsched_ms": ours["measured_median_ms"],
+            "opsched_no_slower": ours["measured_median_ms"] <= best_builtin["measured_median_ms"],
+        },
+    }
+    print()
+    print("| schedule | stages on ranks | predicted ms (error) | predicted from same-run times ms (error) "
+          "| measured median ms (IQR) | peak act. (microbatches) |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['schedule']} | {r['placement']} | {r['predicted_ms']:.1f} ({r['error_pct']:+.1f} %) "
+              f"| {r['predicted_same_run_ms']:.1f} ({r['error_same_run_pct']:+.1f} %) | {r['measured_median_ms']:.1f} "
+              f"({r['measured_q1_ms']:.1f}-{r['measured_q3_ms']:.1f}) | {r['peak_act']:g} |")
+    print(f"\nwithin 15 %: {len(summary['within_15pct'])}/{len(rows)} (same-run times: "
+          f"{len(summary['within_15pct_same_run'])}/{len(rows)}); opsched vs best built-in "
+          f"({best_builtin['schedule']}): {ours['measured_median_ms']:.1f} vs {best_builtin['measured_median_ms']:.1f} ms; "
+          f"load average {load_before:.2f} -> {summary['load_average_after']:.2f}; {summary['seconds']:.0f} s")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(summary, indent=1))
+    return 0
+
+
+def _row(schedule, placement, predicted, measured, peak, same_run) -> dict:
+    med = statistics.median(measured)
+    q = statistics.quantiles(measured, n=4) if len(measured) >= 2 else [med, med, med]
+    row = {
+        "schedule": schedule,
+        "placement": placement,
+        "predicted_ms": 1e3 * predicted,
+        "predicted_same_run_ms": 1e3 * same_run,
+        "measured_median_ms": 1e3 * med,
+        "measured_q1_ms": 1e3 * q[0],
+        "measured_q3_ms": 1e3 * q[2],
+        "error_pct": 100 * (predicted - med) / med,
+        "error_same_run_pct": 100 * (same_run - med) / med,
+        "peak_act": peak,
+    }
+    row["line"] = (f"{schedule:32s} {placement:12s} predicted {row['predicted_ms']:7.1f} ms "
+                   f"({row['error_pct']:+.1f} %), from same-run action times {row['predicted_same_run_ms']:7.1f} ms "
+                   f"({row['error_same_run_pct']:+.1f} %), measured median {row['measured_median_ms']:7.1f} ms, "
+                   f"peak act {peak:g}")
+    return row
+
+
+if __name__ == "__main__":
+    sys.exit(main())
