@@ -55,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run_.add_argument("--time-limit", default="30", metavar="S", help="MIP time limit in seconds (default 30)")
     run_.add_argument("--solver", default="cbc", choices=("cbc", "highs"), help="MIP solver (default cbc)")
     run_.add_argument("--quiet", action="store_true", help="no MIP progress lines")
+    run_.add_argument("--schedule", action="append", default=[], metavar="FILE.csv",
+                      help="also time a hand-written schedule in PyTorch's pipelining CSV format, one row per "
+                           "rank (repeatable; comm actions are ignored; stages as given by --placement or --plan)")
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print a JSON list of per-method objects instead of a table")
     out.add_argument("-o", "--output", metavar="DIR", help="write DIR/<method>/plan.json and its Gantt pictures")
@@ -164,6 +167,8 @@ def describe_placement(name: str, sg) -> str:
     from opsched.baselines import PLACEMENTS, placement_of
 
     p = len(sg.stages)
+    if name.endswith(".csv"):
+        return f"as written ({p} stages)"
     if name == "mip":
         return f"as given ({p} stages)"
     return f"{PLACEMENTS[placement_of(name)]} ({p} stages)"
@@ -274,6 +279,31 @@ def compare(sg, microbatches: int, names: list[str], limit: float | None, args, 
     return rows, schedules
 
 
+def schedule_files(paths: list[str], sg, microbatches: int) -> list:
+    """Each --schedule FILE.csv read, checked (errors name the row and cell) and timed."""
+    from opsched.export.torch_csv import schedule_from_csv
+
+    names = [Path(p).name for p in paths]
+    if len(set(names)) != len(names):
+        raise OpschedError(f"--schedule: two files share a name ({', '.join(names)}); rows are named by file name")
+    return [schedule_from_csv(p, sg, microbatches) for p in paths]
+
+
+def add_schedule_file_rows(written: list, limit: float | None, rows: list[dict], schedules: dict) -> None:
+    """Append a row per hand-written schedule (refused if over the memory limit)."""
+    from opsched.schedule import metrics, validate
+
+    for schedule in written:
+        peak = max(metrics(schedule).peak_memory_bytes, default=0.0)
+        if limit is not None and peak > limit * (1 + 1e-9):
+            rows.append(refused_row(schedule.name, f"needs {peak:g} per device, over the memory limit {limit:g}"))
+            continue
+        validate(schedule)
+        schedule.memory_limit = limit
+        schedules[schedule.name] = schedule
+        rows.append(row_of(schedule.name, schedule, {}))
+
+
 # --------------------------------------------------------------------------- output
 
 
@@ -357,8 +387,10 @@ def run(args: argparse.Namespace) -> int:
     out_dir = Path(args.output) if args.output else None
     if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
         raise OpschedError(f"-o {out_dir}: exists and is not a directory; give a directory name")
+    written = schedule_files(args.schedule, sg, microbatches)  # checked before anything runs
     limit, limit_from = resolve_limit(args.memory_limit, sg, microbatches, args, solve)
     rows, schedules = compare(sg, microbatches, names, limit, args, solve)
+    add_schedule_file_rows(written, limit, rows, schedules)
     if out_dir is not None:
         write_outputs(out_dir, rows, schedules)
     if args.json:
