@@ -299,21 +299,35 @@ def step_time_estimate(model: mip.Model, p: UpperProblem, x, y, tau, big_m: floa
 # --------------------------------------------------------------------------- solve
 
 
-def contiguous_start(p: UpperProblem) -> Assignment | None:
+def contiguous_start(p: UpperProblem, refine_modes: bool = True, solver: str = "cbc") -> Assignment | None:
     """A feasible assignment to warm-start from: the topological order cut into slots.
 
     Mode rules (each block's least-work mode; its least-memory mode; its
-    least-work mode within a fair share of memory, at three scales) times two cut rules (equal shares of the total work; the smallest per-slot work
-    cap that a greedy left-to-right fill meets within memory, by bisection).
+    least-work mode within a fair share of memory, at three scales) times two
+    cut rules (equal shares of the total work; the smallest per-slot work cap
+    that a greedy left-to-right fill meets within memory, by bisection). With
+    ``refine_modes`` each distinct cut then gets the best modes for its slots
+    (:func:`best_modes`, a small MIP) and is cut once more with those modes.
     Returns the best of these under :func:`estimate`, or None when none fits.
     """
-    candidates = []
     rules = [{b: min(p.modes[b], key=_mode_key(p, b, pick)) for b in p.blocks} for pick in ("work", "memory")]
     for scale in (1.0, 0.7, 0.5):
         rules.append(_fair_share_modes(p, scale))
+    candidates = []
     for chosen in rules:
         candidates.append(_proportional_cut(p, chosen))
         candidates.append(_capped_cut(p, chosen))
+    if refine_modes:
+        seen, refined = set(), []
+        for a in candidates:
+            if a is None or tuple(a[b][0] for b in p.blocks) in seen:
+                continue
+            seen.add(tuple(a[b][0] for b in p.blocks))
+            better = best_modes(p, a, solver=solver)
+            if better is not None:
+                refined.append(better)
+                refined.append(_capped_cut(p, {b: m for b, (_, m) in better.items()}))
+        candidates += refined
     best = None
     for a in candidates:
         if a is None:
@@ -322,6 +336,17 @@ def contiguous_start(p: UpperProblem) -> Assignment | None:
         if est["feasible"] and (best is None or est["step_time"] < best[1]):
             best = (a, est["step_time"])
     return None if best is None else best[0]
+
+
+def best_modes(p: UpperProblem, assignment: Assignment, solver: str = "cbc", time_limit: float = 5.0) -> Assignment | None:
+    """The same slots with the best modes for them (the upper MIP with every block's slot fixed).
+
+    ``assignment`` need not fit in memory; returns None when no choice of modes does.
+    """
+    fixed = replace(p, domain={b: [assignment[b][0]] for b in p.blocks})
+    start = assignment if estimate(p, assignment)["feasible"] else None
+    found, _, _ = _solve_once(fixed, time_limit, solver, start, 1)
+    return found
 
 
 def _fair_share_modes(p: UpperProblem, scale: float) -> dict[int, Mode]:

@@ -1,0 +1,414 @@
+"""The bi-level search: layouts → upper MIP → lower MIP, and the baselines it is compared with.
+
+:func:`plan_block_graph` takes a BlockGraph, a cluster and training settings:
+
+1. shrinks the BlockGraph to a MIP-sized one (:func:`opsched.upper.reduce.reduce_block_graph`);
+2. enumerates group layouts (divisors of the device count, v in {1, 2}) and
+   scores each by its contiguous warm start under the upper objective;
+3. solves the upper MIP on the most promising layouts and keeps the best few;
+4. schedules each of those StageGraphs with the lower MIP (``opsched.lower.solve``);
+5. runs every hand-written baseline on the best contiguous split of the same
+   model at the same memory (:func:`contiguous_baselines`), and offers the
+   best of them to the lower MIP too, so the plan is never slower than it;
+6. returns the candidate with the best simulated step time (makespan plus
+   the once-per-step gradient all-reduce), with every candidate's figures.
+
+Step time = schedule makespan + gradient sync (data-parallel all-reduce,
+once per step); throughput = microbatches × microbatch size / step time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import networkx as nx
+
+from opsched.cluster import Cluster, Training
+from opsched.errors import OpschedError, Unsupported
+from opsched.schedule import Edge, Schedule, Stage, StageGraph, metrics, validate
+from opsched.upper.layouts import Layout, layouts
+from opsched.upper.mip import (
+    UpperProblem,
+    UpperSolution,
+    contiguous_start,
+    estimate,
+    minimum_memory,
+    solve_upper,
+    upper_problem,
+)
+from opsched.upper.reduce import reduce_block_graph
+from opsched.upper.stages import StagePlan, build_stage_graph
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Candidate:
+    """One thing the search tried, with its figures (a row of ``candidates`` in plan.json)."""
+
+    source: str  # "upper" or "contiguous"
+    layout: str
+    status: str  # e.g. "scheduled", "no fit", "estimated only", "lower failed: ..."
+    estimate: float | None = None  # upper objective (s)
+    upper_status: str | None = None
+    upper_seconds: float | None = None
+    makespan: float | None = None
+    step_time: float | None = None
+    bubble_ratio: float | None = None
+    peak_memory_bytes: float | None = None
+    lower_bound: float | None = None
+    gap: float | None = None
+    solve_seconds: float | None = None
+    stages: int | None = None
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass
+class Baseline:
+    """A hand-written schedule on the best contiguous split (a row of ``baselines`` in plan.json)."""
+
+    method: str
+    layout: str
+    schedule: Schedule  # on real devices (each pseudo-device of the split is a device group)
+    makespan: float
+    step_time: float
+    bubble_ratio: float
+    peak_memory_bytes: float
+    grad_sync: float
+    solve_seconds: float
+
+    def to_dict(self, samples_per_step: int) -> dict:
+        return {
+            "method": self.method,
+            "layout": self.layout,
+            "makespan": self.makespan,
+            "step_time": self.step_time,
+            "throughput": samples_per_step / self.step_time if self.step_time > 0 else 0.0,
+            "bubble_ratio": self.bubble_ratio,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "solve_seconds": self.solve_seconds,
+        }
+
+
+@dataclass
+class PlanResult:
+    """The chosen plan and everything that was tried."""
+
+    schedule: Schedule
+    solver_metrics: dict  # lower_bound, gap, solver, solve_seconds
+    source: str  # what produced the chosen schedule
+    layout: str
+    step_time: float
+    grad_sync: float
+    stage_blocks: dict[int, list[str]]  # stage id -> names of the blocks it holds, with modes
+    candidates: list[Candidate]
+    baselines: list[Baseline]
+    blocks: int  # blocks the upper MIP placed
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- the search
+
+
+def plan_block_graph(
+    bg: nx.DiGraph,
+    cluster: Cluster,
+    training: Training,
+    memory_limit: float | None = None,
+    time_limit: float = 60.0,
+    solver: str = "cbc",
+    progress: Progress | None = None,
+    upper_keep: int = 2,
+    target_blocks: int | None = None,
+) -> PlanResult:
+    """Plan ``bg`` on ``cluster`` (see the module docstring); ``time_limit`` is the total solver budget in seconds."""
+    say = progress or (lambda msg: None)
+    limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
+    t_start = time.perf_counter()
+    deadline = t_start + time_limit
+    all_layouts = layouts(cluster)
+    max_slots = max(lay.slots for lay in all_layouts)
+    target = target_blocks or max(24, 3 * max_slots)
+    small, _ = reduce_block_graph(bg, target)
+    say(f"upper: {bg.number_of_nodes()} blocks reduced to {small.number_of_nodes()} for the MIP; {len(all_layouts)} layouts")
+
+    # score every layout by its warm start; the MIP then runs on the most promising
+    problems: dict[str, UpperProblem] = {}
+    scored = []
+    for lay in all_layouts:
+        p = upper_problem(small, lay, cluster, training, limit)
+        problems[str(lay)] = p
+        start = contiguous_start(p)
+        scored.append((estimate(p, start)["step_time"] if start else math.inf, str(lay), lay, start))
+    scored.sort(key=lambda t: (t[0], t[1]))
+    candidates: list[Candidate] = []
+    upper_budget = 0.3 * time_limit
+    chosen_layouts = [t for t in scored if math.isfinite(t[0])][: upper_keep + 1]
+    solutions: list[UpperSolution] = []
+    for i, (score, name, lay, start) in enumerate(chosen_layouts):
+        left = upper_budget * (i + 1) / len(chosen_layouts) - (time.perf_counter() - t_start)
+        window = 2 if lay.slots > 4 else None
+        sol = solve_upper(problems[name], time_limit=max(1.0, left), solver=solver, start=start, window=window)
+        say(f"upper: layout {name}: estimate {score:.4g} s -> {sol.objective:.4g} s ({sol.status}, {sol.solve_seconds:.1f} s)")
+        solutions.append(sol)
+    for score, name, lay, start in scored:
+        if name not in {c[1] for c in chosen_layouts}:
+            status = "no fit" if not math.isfinite(score) else "estimated only"
+            candidates.append(Candidate("upper", name, status, estimate=None if not math.isfinite(score) else score))
+    t_upper = time.perf_counter()
+
+    baselines, best_split = contiguous_baselines(small, cluster, training, limit, say)
+    t_base = time.perf_counter()
+
+    if not solutions and not baselines:
+        smallest = _smallest_memory(problems, solver)
+        raise OpschedError(
+            f"no layout fits in {limit / 2**30:.1f} GiB per device; the smallest memory that works is about "
+            f"{smallest / 2**30:.1f} GiB (pass --memory-limit {math.ceil(smallest / 2**30)}GiB or use more devices)"
+        )
+
+    solutions.sort(key=lambda s: s.objective)
+    solutions = solutions[:upper_keep]
+    jobs: list[tuple[str, str, StageGraph, float, object]] = []
+    for sol in solutions:
+        plan = build_stage_graph(problems[str(sol.layout)], sol.assignment)
+        jobs.append(("upper", str(sol.layout), plan.stage_graph, plan.grad_sync_seconds, (sol, plan)))
+    if best_split is not None:
+        jobs.append(("contiguous", best_split.layout, best_split.schedule.stage_graph, best_split.grad_sync, best_split))
+
+    best: tuple | None = None
+    for k, (source, lay_name, sg, sync, payload) in enumerate(jobs):
+        budget = max(2.0, (deadline - time.perf_counter()) / (len(jobs) - k))
+        cand = Candidate(source, lay_name, "scheduled", stages=len(sg.stages))
+        if source == "upper":
+            sol, _ = payload
+            cand.estimate, cand.upper_status, cand.upper_seconds = sol.objective, sol.status, sol.solve_seconds
+        try:
+            schedule, extra = lower_schedule(sg, training.microbatches, limit, budget, solver)
+        except OpschedError as exc:
+            cand.status = f"lower failed: {exc}"
+            candidates.append(cand)
+            say(f"lower: {source} {lay_name}: {exc}")
+            continue
+        m = metrics(schedule)
+        cand.makespan, cand.step_time = m.makespan, m.makespan + sync
+        cand.bubble_ratio, cand.peak_memory_bytes = m.bubble_ratio, max(m.peak_memory_bytes, default=0.0)
+        cand.lower_bound, cand.gap, cand.solve_seconds = extra.get("lower_bound"), extra.get("gap"), extra.get("solve_seconds")
+        candidates.append(cand)
+        say(f"lower: {source} {lay_name}: makespan {m.makespan:.4g} s, step {cand.step_time:.4g} s, bubbles {m.bubble_ratio:.3f}")
+        if best is None or cand.step_time < best[0] - 1e-12:
+            best = (cand.step_time, source, lay_name, schedule, extra, sync, payload)
+    # a baseline on the contiguous split is itself a plan the search may return
+    for b in baselines:
+        if best is None or b.step_time < best[0] - 1e-12:
+            best = (b.step_time, f"baseline {b.method}", b.layout, b.schedule, {"solver": "none", "solve_seconds": b.solve_seconds}, b.grad_sync, None)
+    if best is None:
+        raise OpschedError("no candidate could be scheduled within the memory limit; raise --memory-limit or --time-limit")
+    step, source, lay_name, schedule, extra, sync, payload = best
+    validate(schedule)
+    stage_blocks: dict[int, list[str]] = {}
+    if source == "upper":
+        sol, plan = payload
+        names = problems[lay_name].names
+        stage_blocks = {
+            sid: [f"{names[b]} [{plan.modes_of_stage[sid][b]}]" for b in blocks]
+            for sid, blocks in plan.blocks_of_stage.items()
+        }
+    return PlanResult(
+        schedule=schedule,
+        solver_metrics=extra,
+        source=source,
+        layout=lay_name,
+        step_time=step,
+        grad_sync=sync,
+        stage_blocks=stage_blocks,
+        candidates=candidates,
+        baselines=baselines,
+        blocks=small.number_of_nodes(),
+        seconds={
+            "upper": t_upper - t_start,
+            "baselines": t_base - t_upper,
+            "lower": time.perf_counter() - t_base,
+        },
+    )
+
+
+def lower_schedule(sg: StageGraph, microbatches: int, memory_limit: float, time_limit: float, solver: str):
+    """(schedule, solver metrics) from the lower MIP, ``opsched.lower.solve``."""
+    try:
+        from opsched.lower import solve
+    except ImportError:
+        raise OpschedError("the lower level (opsched.lower.solve) is not available in this installation") from None
+    result = solve(sg, microbatches, memory_limit=memory_limit, time_limit=time_limit, solver=solver, progress=False)
+    extra = {
+        "lower_bound": result.lower_bound,
+        "gap": result.gap,
+        "solver": result.solver,
+        "solve_seconds": result.solve_seconds,
+    }
+    return result.schedule, extra
+
+
+def _smallest_memory(problems: dict[str, UpperProblem], solver: str) -> float:
+    """The least memory per device any layout needs under the upper memory model."""
+    best = math.inf
+    for p in problems.values():
+        best = min(best, minimum_memory(p, solver=solver, time_limit=2.0))
+    return best
+
+
+# --------------------------------------------------------------------------- baselines on contiguous splits
+
+
+def method_stage_count(method: str, groups: int) -> int:
+    """Logical stages a hand-written method uses on ``groups`` pipeline ranks."""
+    from opsched.baselines import placement_of
+
+    return 2 * groups if placement_of(method) in ("v", "interleaved") else groups
+
+
+def contiguous_chain(p: UpperProblem) -> tuple[StageGraph, list[float]] | None:
+    """The contiguous split of ``p`` (its warm start) as a chain on pseudo-devices, one per group.
+
+    Stage k runs on pseudo-device ``k mod G`` (so a baseline can re-place the
+    chain); a stage's figures are its blocks' under their modes; the edge
+    k -> k+1 carries every block edge that crosses the cut after stage k.
+    Returns the chain and each stage's gradient sync, or None when no
+    contiguous split fits in memory. Empty slots are dropped.
+    """
+    start = contiguous_start(p)
+    if start is None:
+        return None
+    used = sorted({s for s, _ in start.values()})
+    index = {s: i for i, s in enumerate(used)}
+    G = p.layout.groups
+    stages, syncs = [], []
+    for s in used:
+        k = index[s]
+        costs = [p.cost[(b, p.group(s), m)] for b, (slot, m) in start.items() if slot == s]
+        stages.append(
+            Stage(
+                id=k,
+                devices=(k % G,),
+                time={"F": sum(c.F for c in costs), "I": sum(c.I for c in costs), "W": sum(c.W for c in costs)},
+                param_bytes=sum(c.param_bytes for c in costs),
+                act_bytes=sum(c.act_bytes for c in costs),
+                act_w_bytes=sum(c.act_w_bytes for c in costs),
+                name=f"part{k}",
+            )
+        )
+        syncs.append(sum(c.grad_sync for c in costs))
+    edges = []
+    for k in range(len(used) - 1):
+        crossing = sum(n for (u, v), n in p.edges.items() if index[start[u][0]] <= k < index[start[v][0]])
+        a, c = used[k], used[k + 1]
+        time_ = 0.0 if p.group(a) == p.group(c) else p.transfer_latency[(a, c)] + crossing * p.transfer_rate[(a, c)]
+        edges.append(Edge(k, k + 1, time=time_, bytes=crossing))
+    return StageGraph(stages, edges, num_devices=G), syncs
+
+
+def _device_sync(placement: str, syncs: list[float], groups: int) -> float:
+    """The largest per-pseudo-device gradient sync when a method places the chain its way."""
+    per = [0.0] * groups
+    n = len(syncs)
+    for k, s in enumerate(syncs):
+        if placement == "chain":
+            per[min(k, groups - 1)] += s
+        elif placement == "interleaved":
+            per[k % groups] += s
+        elif placement == "v":
+            per[k if k < groups else max(0, 2 * groups - 1 - k)] += s
+        else:  # dual: both directions' copies of stage k live on devices k and G-1-k
+            per[k % groups] += s
+            per[(groups - 1 - k) % groups] += s
+    return max(per) if n else 0.0
+
+
+def on_real_devices(schedule: Schedule, layout: Layout) -> Schedule:
+    """A schedule on pseudo-devices (one per group) moved onto the groups' real devices."""
+    sg = schedule.stage_graph
+    stages = [
+        Stage(
+            id=s.id,
+            devices=tuple(d for g in s.devices for d in layout.devices_of_group(g)),
+            time=dict(s.time),
+            param_bytes=s.param_bytes,
+            act_bytes=s.act_bytes,
+            act_w_bytes=s.act_w_bytes,
+            name=s.name,
+            microbatches=s.microbatches,
+            copy_of=s.copy_of,
+        )
+        for s in sg.stages
+    ]
+    real = StageGraph(stages, list(sg.edges), num_devices=layout.devices, overlap_gain=sg.overlap_gain)
+    return Schedule(real, schedule.microbatches, list(schedule.events), memory_limit=schedule.memory_limit, name=schedule.name)
+
+
+#: the contiguous split is cut for these fractions of the memory limit (a tighter
+#: cut balances memory more evenly, which some methods need to fit at all)
+SPLIT_MEMORY_SCALES = (1.0, 0.9, 0.8, 0.7, 0.6)
+
+
+def contiguous_baselines(
+    bg: nx.DiGraph, cluster: Cluster, training: Training, memory_limit: float, say: Progress | None = None
+) -> tuple[list[Baseline], Baseline | None]:
+    """Every hand-written method on its best contiguous split at the same memory.
+
+    For each method and each pipeline depth G ≥ 2 (G divides the devices,
+    groups of N/G devices with the upper level's cost model and per-block
+    modes), the topological order is cut into the method's stage count
+    (:func:`contiguous_chain`, cut for each of :data:`SPLIT_MEMORY_SCALES` of
+    the limit); the method runs on it with the full memory limit, and the
+    split with the best step time is kept. Returns one :class:`Baseline` per method that fits
+    anywhere (sorted by step time) and the overall best.
+    """
+    from opsched.baselines import NAMES, placement_of, run_baseline
+
+    say = say or (lambda msg: None)
+    M = training.microbatches
+    best: dict[str, Baseline] = {}
+    chains: dict[tuple[int, int, float], tuple | None] = {}
+    for lay, method, scale in itertools.product(layouts(cluster, max_virtual=1), NAMES, SPLIT_MEMORY_SCALES):
+        G = lay.groups
+        if G < 2:
+            continue
+        count = method_stage_count(method, G)
+        key = (G, count, scale)
+        if key not in chains:
+            shape = Layout(lay.devices, G) if count == G else Layout(lay.devices, G, count // G, "interleaved")
+            chains[key] = contiguous_chain(upper_problem(bg, shape, cluster, training, memory_limit * scale))
+        if chains[key] is None:
+            continue
+        chain, syncs = chains[key]
+        t0 = time.perf_counter()
+        try:
+            sched = run_baseline(method, chain, M, memory_limit=memory_limit)
+        except Unsupported:
+            continue
+        seconds = time.perf_counter() - t0
+        m = metrics(sched)
+        sync = _device_sync(placement_of(method), syncs, G)
+        cand = Baseline(
+            method=method,
+            layout=f"{G}x{lay.group_size} contiguous",
+            schedule=on_real_devices(sched, lay),
+            makespan=m.makespan,
+            step_time=m.makespan + sync,
+            bubble_ratio=m.bubble_ratio,
+            peak_memory_bytes=max(m.peak_memory_bytes, default=0.0),
+            grad_sync=sync,
+            solve_seconds=seconds,
+        )
+        if method not in best or cand.step_time < best[method].step_time:
+            best[method] = cand
+    rows = sorted(best.values(), key=lambda b: (b.step_time, b.method))
+    for b in rows:
+        say(f"baseline: {b.method} on {b.layout}: step {b.step_time:.4g} s, bubbles {b.bubble_ratio:.3f}")
+    return rows, (rows[0] if rows else None)
