@@ -28,14 +28,18 @@ Three steps, each of which keeps the result a DAG and every cost exact:
    add in the parent scope sits both before and after a child). Each op gets
    a rank: ``rank(v) = max over preds u of rank(u) + (label(u) != label(v))``
    (constant-only ops as late as their consumers allow). A block is a connected
-   set of ops with one (label, rank). Every edge between two blocks strictly
-   increases the rank, so the block graph is a DAG; a layer's router, its
-   experts and its combine step land in three consecutive ranks.
+   set of ops with one label, one rank and one branch key: for each family
+   of sibling branches the op reaches, which of them reach the op (ops before
+   or after a whole family, like its router or combine step, are free of
+   it). Along every edge between
+   two blocks (rank, key) strictly increases, so the block graph is a DAG;
+   and a path between blocks of two sibling branches would need a path
+   between their ops, so parallel branches stay parallel. A layer's router, its experts and its
+   combine step land in three consecutive ranks.
 
 3. **Greedy contraction** of small blocks into a neighbour, smallest FLOPs
-   first, down to ``target_blocks`` (with ``target_blocks=None``, only blocks
-   without FLOPs are contracted). A contraction only merges ``u -> v`` when
-   ``u`` has no other successor and ``v`` no other predecessor (a chain), which
+   first: blocks without FLOPs always, others down to ``target_blocks``. A
+   contraction only merges ``u -> v`` when ``u`` has no other successor and ``v`` no other predecessor (a chain), which
    keeps the graph acyclic and leaves the reachability between all other ops
    unchanged: parallel branches stay parallel. When no chain edge is left the
    result has more blocks than the target (graph attribute ``target_met``).
@@ -78,7 +82,7 @@ def coarsen(opgraph: nx.DiGraph, depth: int | None = None, target_blocks: int | 
     order = list(nx.topological_sort(opgraph))
     branch_depth = _branch_depths(opgraph, order)
     labels = _labels(opgraph, order, depth, branch_depth)
-    groups = _acyclic_groups(opgraph, order, labels)
+    groups = _acyclic_groups(opgraph, order, labels, branch_depth)
     members, edges = _contract(opgraph, order, groups, labels, target_blocks)
     return _block_graph(opgraph, order, members, edges, labels, depth, target_blocks)
 
@@ -209,8 +213,83 @@ def _visible(label: tuple[str, ...]) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- acyclic split
 
 
-def _acyclic_groups(opgraph, order, labels) -> dict[str, int]:
-    """Group id per op: connected pieces of equal (label, rank); the quotient is a DAG."""
+def _branch_keys(opgraph, order, branch_depth) -> dict[str, tuple[int, int]]:
+    """Per op, a key that blocks must share so that sibling branches stay apart.
+
+    For each family of sibling branches (the experts of one layer): nothing if
+    none of its branches reaches the op; else, if the op reaches an op of the
+    family, the set of its branches that reach the op; else "after the
+    family". Encoded as (bitset of the reaching branches of families ahead,
+    bitset of the families behind). Constant ops get the intersection of their
+    consumers' sets. Along an edge every family's part only grows (nothing <
+    sets by inclusion < "after"), which keeps the grouping acyclic.
+    """
+    prefixes = sorted(branch_depth)
+    bit = {p: 1 << i for i, p in enumerate(prefixes)}
+    families = sorted({p[:-1] for p in prefixes})
+    fam_bit = {f: 1 << i for i, f in enumerate(families)}
+    members = {fam_bit[f]: 0 for f in families}
+    for p in prefixes:
+        members[fam_bit[p[:-1]]] |= bit[p]
+    own: dict[str, tuple[int, int]] = {}
+    for v in order:
+        scope = _scope(opgraph, v)
+        a = f = 0
+        for k in range(1, len(scope) + 1):
+            b = bit.get(scope[:k])
+            if b:
+                a |= b
+                f |= fam_bit[scope[:k - 1]]
+        own[v] = (a, f)
+    after: dict[str, int] = {}
+    behind: dict[str, int] = {}  # families with at least one branch in ``after``
+    for v in order:
+        if opgraph.nodes[v].get("const"):
+            continue
+        m, fm = own[v]
+        for u in opgraph.predecessors(v):
+            m |= after.get(u, 0)
+            fm |= behind.get(u, 0)
+        after[v] = m
+        behind[v] = fm
+    family_of_bit = {bit[p]: fam_bit[p[:-1]] for p in prefixes}
+    ahead: dict[str, int] = {}
+    for v in reversed(order):
+        const = opgraph.nodes[v].get("const")
+        r = 0 if const else own[v][1]
+        for w in opgraph.successors(v):
+            r |= ahead[w]
+        ahead[v] = r
+        if const:
+            m = -1
+            for w in opgraph.successors(v):
+                m &= after[w]
+            after[v] = max(m, 0)
+            behind[v] = _union(after[v], family_of_bit.__getitem__)
+    mask_cache: dict[int, int] = {}
+    keys: dict[str, tuple[int, int]] = {}
+    for v in order:
+        r = ahead[v]
+        mask = mask_cache.get(r)
+        if mask is None:
+            mask = mask_cache[r] = _union(r, members.__getitem__)
+        # families ahead: which of their branches reach it; families behind it: just "after"
+        keys[v] = (after[v] & mask, behind[v] & ~r)
+    return keys
+
+
+def _union(bits: int, image) -> int:
+    """OR of ``image(b)`` over the set bits ``b`` of ``bits``."""
+    out = 0
+    while bits:
+        low = bits & -bits
+        out |= image(low)
+        bits ^= low
+    return out
+
+
+def _acyclic_groups(opgraph, order, labels, branch_depth) -> dict[str, int]:
+    """Group id per op: connected pieces of equal (label, rank, branches before); a DAG."""
     rank: dict[str, int] = {}
     for v in order:
         r = 0
@@ -231,8 +310,9 @@ def _acyclic_groups(opgraph, order, labels) -> dict[str, int]:
             x = parent[x]
         return x
 
+    key = _branch_keys(opgraph, order, branch_depth)
     for u, v in opgraph.edges():
-        if labels[u] == labels[v] and rank[u] == rank[v]:
+        if labels[u] == labels[v] and rank[u] == rank[v] and key[u] == key[v]:
             ru, rv = find(u), find(v)
             if ru != rv:
                 parent[ru] = rv
@@ -268,13 +348,11 @@ def _contract(opgraph, order, groups, labels, target_blocks):
     heapq.heapify(heap)
     next_id = max(members) + 1 if members else 0
     while heap:
-        if target_blocks is not None and len(alive) <= target_blocks:
-            break
         f, b, g = heapq.heappop(heap)
         if g not in alive or f != flops[g]:
             continue
-        if target_blocks is None and f > 0:
-            break  # default: only blocks without FLOPs are folded into a neighbour
+        if f > 0 and (target_blocks is None or len(alive) <= target_blocks):
+            break  # blocks without FLOPs are always folded; others down to the target
         options = []
         if len(pred[g]) == 1:
             p = next(iter(pred[g]))
