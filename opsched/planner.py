@@ -38,6 +38,7 @@ from opsched.upper.mip import (
     estimate,
     minimum_memory,
     solve_upper,
+    uniform_start,
     upper_problem,
 )
 from opsched.upper.reduce import reduce_block_graph
@@ -189,8 +190,9 @@ def plan_block_graph(
         if source == "upper":
             sol, _ = payload
             cand.estimate, cand.upper_status, cand.upper_seconds = sol.objective, sol.status, sol.solve_seconds
+        warm = payload.schedule if source == "contiguous" else None
         try:
-            schedule, extra = lower_schedule(sg, training.microbatches, limit, budget, solver)
+            schedule, extra = lower_schedule(sg, training.microbatches, limit, budget, solver, warm)
         except OpschedError as exc:
             cand.status = f"lower failed: {exc}"
             candidates.append(cand)
@@ -239,13 +241,22 @@ def plan_block_graph(
     )
 
 
-def lower_schedule(sg: StageGraph, microbatches: int, memory_limit: float, time_limit: float, solver: str):
-    """(schedule, solver metrics) from the lower MIP, ``opsched.lower.solve``."""
+def lower_schedule(
+    sg: StageGraph, microbatches: int, memory_limit: float, time_limit: float, solver: str, warm: Schedule | None = None
+):
+    """(schedule, solver metrics) from the lower MIP, ``opsched.lower.solve``; ``warm`` is a schedule to start from."""
     try:
         from opsched.lower import solve
     except ImportError:
         raise OpschedError("the lower level (opsched.lower.solve) is not available in this installation") from None
-    result = solve(sg, microbatches, memory_limit=memory_limit, time_limit=time_limit, solver=solver, progress=False)
+    kwargs = {}
+    if warm is not None:
+        from opsched.export.torch_csv import order_from_schedule
+
+        kwargs["warm_orders"] = {warm.name or "warm": order_from_schedule(warm)}
+    result = solve(
+        sg, microbatches, memory_limit=memory_limit, time_limit=time_limit, solver=solver, progress=False, **kwargs
+    )
     extra = {
         "lower_bound": result.lower_bound,
         "gap": result.gap,
@@ -273,18 +284,28 @@ def method_stage_count(method: str, groups: int) -> int:
     return 2 * groups if placement_of(method) in ("v", "interleaved") else groups
 
 
-def contiguous_chain(p: UpperProblem) -> tuple[StageGraph, list[float]] | None:
-    """The contiguous split of ``p`` (its warm start) as a chain on pseudo-devices, one per group.
+def contiguous_chain(p: UpperProblem, uniform: bool = True) -> tuple[StageGraph, list[float], str] | None:
+    """A contiguous split of ``p`` as a chain on pseudo-devices, one per group.
+
+    ``uniform``: one parallel configuration for every block, as users set it
+    (:func:`opsched.upper.mip.uniform_start`); else per-block modes chosen by
+    the mode MIP (:func:`opsched.upper.mip.contiguous_start`).
 
     Stage k runs on pseudo-device ``k mod G`` (so a baseline can re-place the
     chain); a stage's figures are its blocks' under their modes; the edge
     k -> k+1 carries every block edge that crosses the cut after stage k.
-    Returns the chain and each stage's gradient sync, or None when no
-    contiguous split fits in memory. Empty slots are dropped.
+    Returns the chain, each stage's gradient sync and the configuration's
+    name, or None when no contiguous split fits in memory. Empty slots are dropped.
     """
-    start = contiguous_start(p)
-    if start is None:
-        return None
+    if uniform:
+        found = uniform_start(p)
+        if found is None:
+            return None
+        config, start = found
+    else:
+        config, start = "per-block modes", contiguous_start(p)
+        if start is None:
+            return None
     used = sorted({s for s, _ in start.values()})
     index = {s: i for i, s in enumerate(used)}
     G = p.layout.groups
@@ -310,7 +331,7 @@ def contiguous_chain(p: UpperProblem) -> tuple[StageGraph, list[float]] | None:
         a, c = used[k], used[k + 1]
         time_ = 0.0 if p.group(a) == p.group(c) else p.transfer_latency[(a, c)] + crossing * p.transfer_rate[(a, c)]
         edges.append(Edge(k, k + 1, time=time_, bytes=crossing))
-    return StageGraph(stages, edges, num_devices=G), syncs
+    return StageGraph(stages, edges, num_devices=G), syncs, config
 
 
 def _device_sync(placement: str, syncs: list[float], groups: int) -> float:
@@ -386,7 +407,7 @@ def contiguous_baselines(
             chains[key] = contiguous_chain(upper_problem(bg, shape, cluster, training, memory_limit * scale))
         if chains[key] is None:
             continue
-        chain, syncs = chains[key]
+        chain, syncs, config = chains[key]
         t0 = time.perf_counter()
         try:
             sched = run_baseline(method, chain, M, memory_limit=memory_limit)
@@ -397,7 +418,7 @@ def contiguous_baselines(
         sync = _device_sync(placement_of(method), syncs, G)
         cand = Baseline(
             method=method,
-            layout=f"{G}x{lay.group_size} contiguous",
+            layout=f"{G}x{lay.group_size} contiguous, {config}",
             schedule=on_real_devices(sched, lay),
             makespan=m.makespan,
             step_time=m.makespan + sync,

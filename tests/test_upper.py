@@ -134,9 +134,11 @@ def test_stage_graph_sums_block_costs_and_edges():
     # two block edges (1->2, 0->2) cross: one message of 2e9 bytes on the inter-node link
     assert edge.bytes == 2e9 and edge.time == pytest.approx(10e-6 + 2e9 / 10e9)
     est = estimate(p, a)
-    # critical path: both stages' F+I+W plus the transfer there and back
-    work0, work1 = 3 * 3e12 / 50e12, 3 * 3e12 / 50e12
-    assert est["critical_path"] == pytest.approx(work0 + work1 + 2 * edge.time)
+    # critical path: both stages' F + I (W can wait) plus the transfer there and back
+    path0, path1 = 2 * 3e12 / 50e12, 2 * 3e12 / 50e12
+    assert est["critical_path"] == pytest.approx(path0 + path1 + 2 * edge.time)
+    # bottleneck: the link, which carries 2e9 bytes each way per microbatch (more than a group's F + I + W)
+    assert est["bottleneck"] == pytest.approx(max(3 * 3e12 / 50e12, 2 * edge.time)) == pytest.approx(2 * edge.time)
 
 
 def test_backward_flow_is_rejected_by_the_stage_builder():

@@ -159,12 +159,14 @@ def estimate(p: UpperProblem, assignment: Assignment) -> dict[str, float]:
     """
     S, G = p.slots, p.layout.groups
     slot_work = [0.0] * S
+    slot_path = [0.0] * S  # F + I: what a microbatch's fill-and-drain path waits for
     group_work = [0.0] * G
     group_sync = [0.0] * G
     group_mem = [0.0] * G
     for b, (s, m) in assignment.items():
         c = p.cost[(b, p.group(s), m)]
         slot_work[s] += c.work
+        slot_path[s] += c.F + c.I
         group_work[p.group(s)] += c.work
         group_sync[p.group(s)] += c.grad_sync
         group_mem[p.group(s)] += c.param_bytes + p.in_flight(s) * c.act_bytes
@@ -178,7 +180,7 @@ def estimate(p: UpperProblem, assignment: Assignment) -> dict[str, float]:
     bottleneck = max(group_work + [2 * t for t in tau.values()])
     finish = [0.0] * S
     for s in range(S):
-        finish[s] = slot_work[s] + max([finish[a] + 2 * tau[(a, c)] for (a, c) in tau if c == s], default=0.0)
+        finish[s] = slot_path[s] + max([finish[a] + 2 * tau[(a, c)] for (a, c) in tau if c == s], default=0.0)
     critical = max(finish)
     sync = max(group_sync)
     memory = max(group_mem)
@@ -266,33 +268,38 @@ def step_time_estimate(model: mip.Model, p: UpperProblem, x, y, tau, big_m: floa
 
     B ≥ Σ_{s∈g,b,m} work[b,g,m]·x[b,s,m] for each group (bottleneck load per
     microbatch) and B ≥ 2τ[a,c] (a link carries activations and gradients);
-    e[s] ≥ T_s = Σ_{b,m} work·x[b,s,m], e[c] ≥ e[a] + T_c + 2τ[a,c] - big_m·(1 - y[a,c])
-    (fill and drain: the longest path through the stage DAG, forward and
-    backward); C ≥ e[s]; R ≥ Σ_{s∈g,b,m} sync[b,g,m]·x[b,s,m] (gradient all-reduce).
+    e[s] ≥ P_s = Σ_{b,m} (F + I)[b,g(s),m]·x[b,s,m],
+    e[c] ≥ e[a] + P_c + 2τ[a,c] - big_m·(1 - y[a,c]) (fill and drain: the
+    longest path through the stage DAG, forward and input-gradient backward;
+    W passes can be deferred into bubbles, as Zero Bubble schedules do);
+    C ≥ e[s]; R ≥ Σ_{s∈g,b,m} sync[b,g,m]·x[b,s,m] (gradient all-reduce).
     Returns the objective expression.
     """
     B = model.add_var(lb=0.0, name="bottleneck")
     C = model.add_var(lb=0.0, name="critical_path")
     R = model.add_var(lb=0.0, name="grad_sync")
     work_terms: dict[int, list] = {s: [] for s in range(p.slots)}
+    path_terms: dict[int, list] = {s: [] for s in range(p.slots)}
     sync_terms: dict[int, list] = {g: [] for g in range(p.layout.groups)}
     for (b, s, m), var in x.items():
         c = p.cost[(b, p.group(s), m)]
         work_terms[s].append(c.work * var)
+        path_terms[s].append((c.F + c.I) * var)
         if c.grad_sync > 0:
             sync_terms[p.group(s)].append(c.grad_sync * var)
     slot_work = {s: mip.xsum(t) for s, t in work_terms.items()}
+    slot_path = {s: mip.xsum(t) for s, t in path_terms.items()}
     for g in range(p.layout.groups):
         slots = p.layout.slots_of_group(g)
         model.add_constr(B >= mip.xsum(slot_work[s] for s in slots), name=f"load_{g}")
         model.add_constr(R >= mip.xsum(sync_terms[g]), name=f"sync_{g}")
     e = {s: model.add_var(lb=0.0, name=f"finish_{s}") for s in range(p.slots)}
     for s in range(p.slots):
-        model.add_constr(e[s] >= slot_work[s])
+        model.add_constr(e[s] >= slot_path[s])
         model.add_constr(C >= e[s])
     for a, c in tau:
         model.add_constr(B >= 2 * tau[a, c])
-        model.add_constr(e[c] >= e[a] + slot_work[c] + 2 * tau[a, c] - big_m * (1 - y[a, c]))
+        model.add_constr(e[c] >= e[a] + slot_path[c] + 2 * tau[a, c] - big_m * (1 - y[a, c]))
     return (p.microbatches - 1) * B + C + R
 
 
@@ -336,6 +343,46 @@ def contiguous_start(p: UpperProblem, refine_modes: bool = True, solver: str = "
         if est["feasible"] and (best is None or est["step_time"] < best[1]):
             best = (a, est["step_time"])
     return None if best is None else best[0]
+
+
+def uniform_families(p: UpperProblem) -> list[tuple[str, dict[int, Mode]]]:
+    """One parallel configuration for the whole model, the way users set one today.
+
+    For each split ``tp × dp`` of the group: every block with weights takes
+    it (blocks without weights are data-parallel), optionally with expert
+    blocks expert-parallel instead (``+ep``). Returns (name, modes) pairs.
+    """
+    k = p.layout.group_size
+    families = []
+    for t in [d for d in range(1, k + 1) if k % d == 0]:
+        for with_ep in (False, True):
+            if with_ep and not any(m.ep > 1 for b in p.blocks for m in p.modes[b]):
+                continue
+            modes = {}
+            for b in p.blocks:
+                wanted = Mode(tp=t, dp=k // t)
+                eps = [m for m in p.modes[b] if m.ep > 1]
+                if with_ep and eps:
+                    modes[b] = eps[0]
+                elif wanted in p.modes[b]:
+                    modes[b] = wanted
+                else:
+                    modes[b] = p.modes[b][0]  # blocks without weights: data-parallel only
+            families.append((f"{Mode(tp=t, dp=k // t)}" + ("+ep" if with_ep else ""), modes))
+    return families
+
+
+def uniform_start(p: UpperProblem) -> tuple[str, Assignment] | None:
+    """The best contiguous split under one uniform configuration (:func:`uniform_families`), or None if none fits."""
+    best = None
+    for name, modes in uniform_families(p):
+        for a in (_proportional_cut(p, modes), _capped_cut(p, modes)):
+            if a is None:
+                continue
+            est = estimate(p, a)
+            if est["feasible"] and (best is None or est["step_time"] < best[0]):
+                best = (est["step_time"], name, a)
+    return None if best is None else (best[1], best[2])
 
 
 def best_modes(p: UpperProblem, assignment: Assignment, solver: str = "cbc", time_limit: float = 5.0) -> Assignment | None:
