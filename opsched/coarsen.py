@@ -39,9 +39,10 @@ Three steps, each of which keeps the result a DAG and every cost exact:
 
 3. **Greedy contraction** of small blocks into a neighbour, smallest FLOPs
    first: blocks without FLOPs always, others down to ``target_blocks``. A
-   contraction only merges ``u -> v`` when ``u`` has no other successor and ``v`` no other predecessor (a chain), which
-   keeps the graph acyclic and leaves the reachability between all other ops
-   unchanged: parallel branches stay parallel. When no chain edge is left the
+   contraction only merges ``u -> v`` when ``u`` has no other successor and
+   ``v`` no other predecessor (a chain), which keeps the graph acyclic and
+   leaves the reachability between all other ops unchanged: parallel branches
+   stay parallel. When no chain edge is left the
    result has more blocks than the target (graph attribute ``target_met``).
 
 Block costs are exact sums over their ops; a block edge carries the bytes of
