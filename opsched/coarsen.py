@@ -65,6 +65,7 @@ _INDEXED = re.compile(r"\.\d+$")
 SHAPE_READERS = frozenset({"Shape", "Size"})
 BIG_BRANCH_SHARE = 0.05
 CONST_MARK = "<const>"
+SMALL_BRANCH_SHARE = 1e-3
 
 
 def coarsen(opgraph: nx.DiGraph, depth: int | None = None, target_blocks: int | None = None) -> nx.DiGraph:
@@ -471,7 +472,8 @@ def parallel_branches(g: nx.DiGraph) -> int:
     two nodes on one level are never connected by a path, so this counts
     mutually unreachable blocks that can run at the same time (e.g. the
     experts of one MoE layer, plus its shared expert). Blocks (or ops) without
-    FLOPs, such as a shared constant, are not counted. It is a lower bound
+    FLOPs, such as a shared constant, or with less than 0.1 % of the largest
+    block's FLOPs (an ArgMax over token ids) are not counted. It is a lower bound
     on the largest antichain, and equal to it for the series-parallel block
     graphs coarsening produces from layer stacks.
 
@@ -482,11 +484,13 @@ def parallel_branches(g: nx.DiGraph) -> int:
     if g.number_of_nodes() == 0:
         return 0
     key = "block" if g.graph.get("kind") == "BlockGraph" else "op"
+    recs = {v: g.nodes[v].get(key) for v in g.nodes}
+    largest = max((r.flops for r in recs.values() if r is not None), default=0.0)
     level: dict = {}
     counts: dict[int, int] = defaultdict(int)
     for v in nx.topological_sort(g):
         level[v] = max((level[u] + 1 for u in g.predecessors(v)), default=0)
-        rec = g.nodes[v].get(key)
-        if rec is None or rec.flops > 0:
+        rec = recs[v]
+        if rec is None or (rec.flops > 0 and rec.flops >= SMALL_BRANCH_SHARE * largest):
             counts[level[v]] += 1
     return max(counts.values(), default=0)
