@@ -9,6 +9,12 @@ total size of those tensors (one microbatch) and ``"tensors"`` their names.
 
 Costs are per microbatch, for the forward pass, at the dims given at import.
 
+An OpGraph made by :func:`opsched.onnx_import.import_onnx` also carries the
+node attribute ``"const"`` (True when the op computes from constants and
+weights only, e.g. a ``Constant``) and the graph attribute ``"tensor_bytes"``
+(tensor name -> bytes), which coarsening uses to charge a block edge once per
+distinct tensor that crosses it. Both are optional for hand-built graphs.
+
 >>> import networkx as nx
 >>> g = new_op_graph("tiny")
 >>> add_op(g, OpNode("mm", "MatMul", ("layer",), flops=2 * 4 * 8 * 16, param_count=128,
