@@ -512,8 +512,8 @@ def op_flops(op_type: str, node, in_shapes: list, out_shapes: list) -> float | N
 
     >>> import onnx
     >>> n = onnx.helper.make_node("MatMul", ["a", "b"], ["c"])
-    >>> op_flops("MatMul", n, [(2, 3, 4), (4, 5)], [(2, 3, 5)])
-    120.0
+    >>> op_flops("MatMul", n, [(2, 3, 4), (4, 5)], [(2, 3, 5)])  # 2 * K * outputs = 2 * 4 * 30
+    240.0
     """
     if op_type in BYTES_ONLY_OPS:
         return 0.0
