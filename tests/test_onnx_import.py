@@ -279,3 +279,35 @@ def test_mixtral_parameter_count():
         pytest.skip("bundled Mixtral model not generated")
     g = import_onnx(path)
     assert totals(g)["param_count"] == pytest.approx(46.7e9, rel=0.005)
+
+
+def test_attention_3d_inputs_with_head_counts(tmp_path):
+    b, s, hq, hkv, d = 2, 6, 4, 2, 8
+    m = _single_op_model("Attention", [("q", [b, s, hq * d], F), ("k", [b, s, hkv * d], F), ("v", [b, s, hkv * d], F)],
+                         q_num_heads=hq, kv_num_heads=hkv)
+    flops, _ = _flops_of(tmp_path, m)
+    scores = b * hq * s * s
+    assert flops == 2 * scores * (d + d) + 6 * scores
+
+
+def test_matmul_with_unknown_shapes_warns(tmp_path):
+    x = helper.make_tensor_value_info("x", F, [4, 4])
+    nodes = [helper.make_node("Mystery", ["x"], ["m"], name="mystery", domain="com.example"),
+             helper.make_node("MatMul", ["m", "x"], ["y"], name="op")]
+    graph = helper.make_graph(nodes, "u", [x], [helper.make_tensor_value_info("y", F, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid("com.example", 1)])
+    g = import_onnx(save(model, tmp_path / "u.onnx"))
+    assert g.nodes["op"]["op"].flops == 0
+    assert any("unknown shapes" in w and "op" in w for w in g.graph["warnings"])
+    assert any("Mystery x1" in w for w in g.graph["warnings"])
+
+
+def test_module_doctests():
+    import doctest
+
+    import opsched.coarsen
+    import opsched.onnx_import
+
+    for module in (opsched.onnx_import, opsched.coarsen):
+        result = doctest.testmod(module)
+        assert result.failed == 0 and result.attempted > 0
