@@ -155,6 +155,11 @@ def main(argv=None) -> int:
     p.add_argument("--lower-seconds", type=float, default=20.0, help="time limit of opsched.lower.solve, if present")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--json", help="write the figures here")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every schedule this many times, round-robin, pooling the steps (evens out load drift)")
+    p.add_argument("--comm", choices=["fit", "pingpong"], default="fit",
+                   help="edge time: fitted so the calibration run's simulated step equals its measured median "
+                        "(default), or the measured one-way message time")
     args = p.parse_args(argv)
     mb = args.microbatches
     spec = ModelSpec(dim=args.dim, hidden=2 * args.dim, experts=4, top_k=2, heads=4, seq=args.seq,
@@ -170,53 +175,63 @@ def main(argv=None) -> int:
         write_torch_csv(path, sg=sg_unit, order=calib_order, microbatches=mb)
         calib, calib_steps = run_measured(spec, RANKS["v"], mb, args, csv_path=str(path))
     times = compute_stat(calib, args.stat)
-    comm = calib[0].comm_seconds or 0.0
     split = {k: v for k, v in times.items() if k[1] in ("F", "I", "W")}
+    pingpong = calib[0].comm_seconds or 0.0
+    calib_median = statistics.median(calib_steps)
+    fitted = fit_comm(split, RANKS["v"], calib_order, mb, calib_median)
+    comm = fitted if args.comm == "fit" else pingpong
     gs = graphs(split, comm)
     print("calibrated (ms): " + ", ".join(f"{s}{p} {1e3 * t:.2f}" for (s, p), t in sorted(split.items()))
-          + f"; comm {1e3 * comm:.2f}")
+          + f"; one-way message {1e3 * pingpong:.2f}, fitted edge time {1e3 * fitted:.2f} "
+          f"(calibration step median {1e3 * calib_median:.1f})")
 
-    # 2. torch built-ins: predicted from their own orders, then measured
-    rows = []
-    peak_v = {}
+    # 2. what to run: torch built-ins with their own orders, and the opsched plan
+    entries = []
     for name, (placement, same_as) in BUILTINS.items():
         sg = gs[placement]
-        per_rank = None if placement == "pairs" else 2
         if same_as is not None:
             # torch reports Schedule1F1B's last rank with forwards numbered 1..M;
             # its runtime runs opsched's 1F1B order (docs/torch.md)
             order = baselines.baseline_order(same_as, sg, mb)
         else:
-            order = torch_order(name, sg, mb, per_rank)
-        sched = Schedule(sg, mb, simulate(sg, order, mb))
-        predicted = max(e.end for e in sched.events)
-        peak = max(metrics(sched).peak_activation_bytes)
-        if placement == "v":
-            peak_v[name] = peak
-        blocks = (2, 2) if placement == "pairs" else (1, 1, 1, 1)
-        results, measured = run_measured(spec.with_blocks(blocks), RANKS[placement], mb, args, schedule=name)
-        own = same_run_graph(sg, compute_stat(results, args.stat), results[0].comm_seconds or 0.0, split)
-        same = max(e.end for e in simulate(own, order, mb))
-        rows.append(_row(f"torch {name}", placement, predicted, measured, peak, same))
-        print(rows[-1]["line"])
-
-    # 3. the opsched plan, under the memory of the leanest built-in V schedule
-    limit = min(peak_v.values())
+            order = torch_order(name, sg, mb, None if placement == "pairs" else 2)
+        entries.append({"schedule": f"torch {name}", "builtin": name, "placement": placement, "order": order})
+    # the opsched plan gets DualPipeV's activation memory (PP + 1 microbatches: "the same memory as DualPipe")
+    for e in entries:
+        sched = Schedule(gs[e["placement"]], mb, simulate(gs[e["placement"]], e["order"], mb))
+        e["predicted"] = max(ev.end for ev in sched.events)
+        e["peak"] = max(metrics(sched).peak_activation_bytes)
+    limit = next(e["peak"] for e in entries if e["builtin"] == "DualPipeV")
     cands = opsched_candidates(gs, mb, limit, args.lower_seconds)
     predicted, name, placement, order = cands[0]
-    sg = gs[placement]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "plan.csv"
-        write_torch_csv(path, sg=sg, order=order, microbatches=mb)
-        plan_csv = path.read_text()
-        results, measured = run_measured(spec, RANKS[placement], mb, args, csv_path=str(path))
-    peak = max(metrics(Schedule(sg, mb, simulate(sg, order, mb))).peak_activation_bytes)
-    own = same_run_graph(sg, compute_stat(results, args.stat), results[0].comm_seconds or 0.0, split)
-    same = max(e.end for e in simulate(own, order, mb))
-    rows.append(_row(f"opsched {name} (CSV)", placement, predicted, measured, peak, same))
-    print(rows[-1]["line"])
+    sched = Schedule(gs[placement], mb, simulate(gs[placement], order, mb))
+    entries.append({"schedule": f"opsched {name} (CSV)", "builtin": None, "placement": placement, "order": order,
+                    "predicted": predicted, "peak": max(metrics(sched).peak_activation_bytes)})
+    print(f"opsched plan: {name} on the {placement} placement, predicted {1e3 * predicted:.1f} ms "
+          f"(memory limit {limit:g} microbatches of activations per device)")
 
-    best_builtin = min((r for r in rows if r["schedule"].startswith("torch")), key=lambda r: r["measured_median_ms"])
+    # 3. run everything, round-robin
+    with tempfile.TemporaryDirectory() as tmp:
+        plan_path = Path(tmp) / "plan.csv"
+        write_torch_csv(plan_path, sg=gs[placement], order=order, microbatches=mb)
+        plan_csv = plan_path.read_text()
+        for _ in range(args.rounds):
+            for e in entries:
+                blocks = (2, 2) if e["placement"] == "pairs" else (1, 1, 1, 1)
+                results, measured = run_measured(
+                    spec.with_blocks(blocks), RANKS[e["placement"]], mb, args,
+                    schedule=e["builtin"] or "csv", csv_path=None if e["builtin"] else str(plan_path))
+                e.setdefault("measured", []).extend(measured)
+                own = same_run_graph(gs[e["placement"]], compute_stat(results, args.stat), comm, split)
+                e.setdefault("same_run", []).append(max(ev.end for ev in simulate(own, e["order"], mb)))
+                print(f"  {e['schedule']}: median {1e3 * statistics.median(measured):.1f} ms", flush=True)
+    rows = [_row(e["schedule"], e["placement"], e["predicted"], e["measured"], e["peak"],
+                 statistics.median(e["same_run"])) for e in entries]
+    for r in rows:
+        print(r["line"])
+
+    fair = [r for r in rows[:-1] if r["peak_act"] <= limit + 1e-9]
+    best_builtin = min(fair, key=lambda r: r["measured_median_ms"])
     ours = rows[-1]
     summary = {
         "command": "python benchmarks/bench_torch.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -228,8 +243,10 @@ def main(argv=None) -> int:
         "seconds": time.time() - t_start,
         "stat": args.stat,
         "calibration_ms": {f"{s}{p}": 1e3 * t for (s, p), t in sorted(split.items())},
-        "calibration_run_median_ms": 1e3 * statistics.median(calib_steps),
-        "comm_ms": 1e3 * comm,
+        "calibration_run_median_ms": 1e3 * calib_median,
+        "one_way_message_ms": 1e3 * pingpong,
+        "fitted_edge_ms": 1e3 * fitted,
+        "edge_ms_used": 1e3 * comm,
         "memory_limit_microbatches": limit,
         "opsched_candidates": [(c[1], c[2], 1e3 * c[0]) for c in cands],
         "plan_csv": plan_csv,
@@ -237,7 +254,7 @@ def main(argv=None) -> int:
         "within_15pct": [r["schedule"] for r in rows if abs(r["error_pct"]) <= 15],
         "within_15pct_same_run": [r["schedule"] for r in rows if abs(r["error_same_run_pct"]) <= 15],
         "opsched_vs_best_builtin": {
-            "best_builtin": best_builtin["schedule"],
+            "best_builtin_within_memory": best_builtin["schedule"],
             "best_builtin_ms": best_builtin["measured_median_ms"],
             "opsched_ms": ours["measured_median_ms"],
             "opsched_no_slower": ours["measured_median_ms"] <= best_builtin["measured_median_ms"],
@@ -252,13 +269,34 @@ def main(argv=None) -> int:
               f"| {r['predicted_same_run_ms']:.1f} ({r['error_same_run_pct']:+.1f} %) | {r['measured_median_ms']:.1f} "
               f"({r['measured_q1_ms']:.1f}-{r['measured_q3_ms']:.1f}) | {r['peak_act']:g} |")
     print(f"\nwithin 15 %: {len(summary['within_15pct'])}/{len(rows)} (same-run times: "
-          f"{len(summary['within_15pct_same_run'])}/{len(rows)}); opsched vs best built-in "
+          f"{len(summary['within_15pct_same_run'])}/{len(rows)}); opsched vs best built-in within its memory "
           f"({best_builtin['schedule']}): {ours['measured_median_ms']:.1f} vs {best_builtin['measured_median_ms']:.1f} ms; "
           f"load average {load_before:.2f} -> {summary['load_average_after']:.2f}; {summary['seconds']:.0f} s")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(summary, indent=1))
     return 0
+
+
+def fit_comm(times: dict, ranks: dict, order, microbatches: int, target: float) -> float:
+    """The edge time at which the simulated step of ``order`` equals ``target`` (bisection; 0 if already over).
+
+    It stands for everything a cross-rank dependency costs besides compute:
+    the message, the runtime's bookkeeping, and waking the waiting process.
+    """
+    def step(comm: float) -> float:
+        sg = stage_graph_from_times(times, ranks, comm)
+        return max(e.end for e in simulate(sg, order, microbatches))
+
+    lo, hi = 0.0, max(target, 1e-6)
+    if step(lo) >= target:
+        return 0.0
+    while step(hi) < target:
+        hi *= 2
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if step(mid) < target else (lo, mid)
+    return (lo + hi) / 2
 
 
 def _row(schedule, placement, predicted, measured, peak, same_run) -> dict:

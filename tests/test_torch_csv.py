@@ -449,3 +449,19 @@ def test_export_command_refuses_bidirectional_dualpipe(tmp_path, capsys):
     assert main(["export", str(tmp_path / "plan.json"), "--torch-csv", str(tmp_path / "s.csv")]) == 2
     assert "runs only microbatches" in capsys.readouterr().err
     assert not (tmp_path / "s.csv").exists()
+
+
+@pytest.mark.parametrize("placement,stages,devices", [("chain", 2, 2), ("v", 4, 2)])
+def test_mip_plan_round_trips_through_torch(tmp_path, placement, stages, devices):
+    try:
+        from opsched.lower import solve
+    except ImportError:
+        pytest.skip("opsched.lower.solve is not in this checkout yet")
+    sg = chain_stage_graph(stages, devices=devices, placement=placement, f=1, b=2, w=1, comm=0.5)
+    result = solve(sg, 4, time_limit=5)
+    path = tmp_path / "mip.csv"
+    rows = write_torch_csv(path, result.schedule)  # torch's loader and simulation run when torch is present
+    again = read_torch_csv(path, result.schedule.stage_graph, 4)
+    assert [[str(a) for a in again[d]] for d in sorted({s.devices[0] for s in sg.stages})] == rows
+    resimulated = simulate(result.schedule.stage_graph, again, 4)
+    assert max(e.end for e in resimulated) <= result.makespan + 1e-9
