@@ -99,8 +99,9 @@ def _scope(opgraph, v) -> tuple[str, ...]:
 def _branch_depths(opgraph, order) -> dict[tuple[str, ...], int]:
     """For each scope prefix that is a branch module, its length (see the module docstring).
 
-    Reachability between sibling modules is computed in one topological pass
-    with Python ints as bitsets over (parent, child) pairs.
+    Which modules reach which is computed with one forward and one backward
+    pass, Python ints serving as bitsets over scope prefixes; each family of
+    siblings is then checked in time linear in its size.
     """
     bit_of: dict[tuple[str, ...], int] = {}
     own: dict[str, int] = {}
@@ -114,51 +115,52 @@ def _branch_depths(opgraph, order) -> dict[tuple[str, ...], int]:
                 b = bit_of[prefix] = len(bit_of)
             mask |= 1 << b
         own[v] = mask
-    reach: dict[str, int] = {}
-    reached_by: dict[tuple[str, ...], int] = defaultdict(int)
-    flops: dict[tuple[str, ...], float] = defaultdict(float)
-    for v in order:
-        if opgraph.nodes[v].get("const"):
-            reach[v] = 0  # a shared constant (legacy dedups them across towers) orders nothing
-            continue
-        r = 0
+    # Shared constants (legacy dedups them across towers) order nothing: left out.
+    live = [v for v in order if not opgraph.nodes[v].get("const")]
+    before: dict[str, int] = {}  # prefixes with an op reaching v, v's own included
+    after: dict[str, int] = {}  # prefixes with an op v reaches, v's own included
+    for v in live:
+        m = own[v]
         for u in opgraph.predecessors(v):
-            r |= reach[u]
+            m |= before.get(u, 0)
+        before[v] = m
+    for v in reversed(live):
+        m = own[v]
+        for w in opgraph.successors(v):
+            m |= after.get(w, 0)
+        after[v] = m
+    related: dict[tuple[str, ...], int] = defaultdict(int)  # prefixes ordered with the module
+    flops: dict[tuple[str, ...], float] = defaultdict(float)
+    for v in live:
         scope = _scope(opgraph, v)
+        m = before[v] | after[v]
         f = opgraph.nodes[v]["op"].flops
         for k in range(1, len(scope) + 1):
-            reached_by[scope[:k]] |= r
+            related[scope[:k]] |= m
             flops[scope[:k]] += f
-        reach[v] = r | own[v]
-    total = sum(opgraph.nodes[v]["op"].flops for v in order) or 1.0
+    total = sum(opgraph.nodes[v]["op"].flops for v in live) or 1.0
     children: dict[tuple[str, ...], list[tuple[str, ...]]] = defaultdict(list)
     for prefix in bit_of:
-        children[prefix[:-1]].append(prefix)
+        if prefix in related:
+            children[prefix[:-1]].append(prefix)
     depths: dict[tuple[str, ...], int] = {}
     for parent, kids in children.items():
         if len(kids) < 2:
             continue
-        for a in kids:
-            for b in kids:
-                if a >= b:
-                    continue
-                if not (_eligible(a, b, flops, total)):
-                    continue
-                a_reaches_b = (reached_by[b] >> bit_of[a]) & 1
-                b_reaches_a = (reached_by[a] >> bit_of[b]) & 1
-                if not a_reaches_b and not b_reaches_a:
-                    depths[a] = len(a)
-                    depths[b] = len(b)
+        indexed = 0
+        big = 0
+        in_indexed_module = any(_INDEXED.search(part) for part in parent)
+        for kid in kids:
+            if _INDEXED.search(kid[-1]):
+                indexed |= 1 << bit_of[kid]
+            elif not in_indexed_module and flops[kid] >= BIG_BRANCH_SHARE * total:
+                big |= 1 << bit_of[kid]  # a tower, not the projections of a layer
+        for kid in kids:
+            b = 1 << bit_of[kid]
+            candidates = indexed if b & indexed else big if b & big else 0
+            if candidates & ~related[kid] & ~b:
+                depths[kid] = len(kid)
     return depths
-
-
-def _eligible(a, b, flops, total) -> bool:
-    """Indexed siblings (experts) or big siblings outside any indexed module (towers)."""
-    if _INDEXED.search(a[-1]) and _INDEXED.search(b[-1]):
-        return True
-    if any(_INDEXED.search(part) for part in a[:-1]):
-        return False  # e.g. the w1 / w3 projections inside one expert
-    return flops[a] >= BIG_BRANCH_SHARE * total and flops[b] >= BIG_BRANCH_SHARE * total
 
 
 def _labels(opgraph, order, depth, branch_depth) -> dict[str, tuple[str, ...]]:
