@@ -117,6 +117,12 @@ class PlanResult:
 # --------------------------------------------------------------------------- the search
 
 
+#: the lower MIP schedules at most this many upper solutions, those whose
+#: estimate is within this factor of the best estimate
+LOWER_AT_MOST = 6
+LOWER_WITHIN = 1.15
+
+
 def plan_block_graph(
     bg: nx.DiGraph,
     cluster: Cluster,
@@ -125,48 +131,48 @@ def plan_block_graph(
     time_limit: float = 60.0,
     solver: str = "cbc",
     progress: Progress | None = None,
-    upper_keep: int = 2,
+    keep: int = 2,
     target_blocks: int | None = None,
 ) -> PlanResult:
-    """Plan ``bg`` on ``cluster`` (see the module docstring); ``time_limit`` is the total solver budget in seconds."""
+    """Plan ``bg`` on ``cluster`` (see the module docstring); ``time_limit`` is the total solver budget in seconds.
+
+    Budget: a quarter for the upper MIPs (shared by the layouts), a third for
+    a quick lower solve of every upper solution and of the best baseline's
+    split, the rest for longer lower solves of the ``keep`` best of those
+    (warm-started from their quick schedules).
+    """
     say = progress or (lambda msg: None)
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
+    M = training.microbatches
     t_start = time.perf_counter()
     deadline = t_start + time_limit
     all_layouts = layouts(cluster)
-    max_slots = max(lay.slots for lay in all_layouts)
-    target = target_blocks or max(24, 3 * max_slots)
+    target = target_blocks or max(24, 3 * max(lay.slots for lay in all_layouts))
     small, _ = reduce_block_graph(bg, target)
     say(f"upper: {bg.number_of_nodes()} blocks reduced to {small.number_of_nodes()} for the MIP; {len(all_layouts)} layouts")
 
-    # score every layout by its warm start; the MIP then runs on the most promising
+    # 1. upper: every layout that fits, warm-started from its best contiguous split
     problems: dict[str, UpperProblem] = {}
-    scored = []
-    for lay in all_layouts:
-        p = upper_problem(small, lay, cluster, training, limit)
-        problems[str(lay)] = p
-        start = contiguous_start(p)
-        scored.append((estimate(p, start)["step_time"] if start else math.inf, str(lay), lay, start))
-    scored.sort(key=lambda t: (t[0], t[1]))
     candidates: list[Candidate] = []
-    upper_budget = 0.3 * time_limit
-    chosen_layouts = [t for t in scored if math.isfinite(t[0])][: upper_keep + 1]
     solutions: list[UpperSolution] = []
-    for i, (score, name, lay, start) in enumerate(chosen_layouts):
-        left = upper_budget * (i + 1) / len(chosen_layouts) - (time.perf_counter() - t_start)
-        window = 2 if lay.slots > 4 else None
-        sol = solve_upper(problems[name], time_limit=max(1.0, left), solver=solver, start=start, window=window)
-        say(f"upper: layout {name}: estimate {score:.4g} s -> {sol.objective:.4g} s ({sol.status}, {sol.solve_seconds:.1f} s)")
+    upper_deadline = t_start + 0.25 * time_limit
+    for i, lay in enumerate(all_layouts):
+        name = str(lay)
+        p = upper_problem(small, lay, cluster, training, limit)
+        problems[name] = p
+        start = contiguous_start(p, solver=solver)
+        if start is None:
+            candidates.append(Candidate("upper", name, "no fit"))
+            continue
+        share = max(1.0, (upper_deadline - time.perf_counter()) / (len(all_layouts) - i))
+        sol = solve_upper(p, time_limit=share, solver=solver, start=start, window=2 if lay.slots > 4 else None)
+        say(f"upper: layout {name}: estimate {estimate(p, start)['step_time']:.4g} s -> {sol.objective:.4g} s ({sol.status}, {sol.solve_seconds:.1f} s)")
         solutions.append(sol)
-    for score, name, lay, start in scored:
-        if name not in {c[1] for c in chosen_layouts}:
-            status = "no fit" if not math.isfinite(score) else "estimated only"
-            candidates.append(Candidate("upper", name, status, estimate=None if not math.isfinite(score) else score))
     t_upper = time.perf_counter()
 
+    # 2. the baselines, each on its best contiguous split at the same memory
     baselines, best_split = contiguous_baselines(small, cluster, training, limit, say)
     t_base = time.perf_counter()
-
     if not solutions and not baselines:
         smallest = _smallest_memory(problems, solver)
         raise OpschedError(
@@ -174,49 +180,46 @@ def plan_block_graph(
             f"{smallest / 2**30:.1f} GiB (pass --memory-limit {math.ceil(smallest / 2**30)}GiB or use more devices)"
         )
 
-    solutions.sort(key=lambda s: s.objective)
-    solutions = solutions[:upper_keep]
-    jobs: list[tuple[str, str, StageGraph, float, object]] = []
-    for sol in solutions:
-        plan = build_stage_graph(problems[str(sol.layout)], sol.assignment)
-        jobs.append(("upper", str(sol.layout), plan.stage_graph, plan.grad_sync_seconds, (sol, plan)))
-    if best_split is not None:
-        jobs.append(("contiguous", best_split.layout, best_split.schedule.stage_graph, best_split.grad_sync, best_split))
-
-    best: tuple | None = None
-    for k, (source, lay_name, sg, sync, payload) in enumerate(jobs):
-        budget = max(2.0, (deadline - time.perf_counter()) / (len(jobs) - k))
-        cand = Candidate(source, lay_name, "scheduled", stages=len(sg.stages))
-        if source == "upper":
-            sol, _ = payload
-            cand.estimate, cand.upper_status, cand.upper_seconds = sol.objective, sol.status, sol.solve_seconds
-        warm = payload.schedule if source == "contiguous" else None
-        try:
-            schedule, extra = lower_schedule(sg, training.microbatches, limit, budget, solver, warm)
-        except OpschedError as exc:
-            cand.status = f"lower failed: {exc}"
-            candidates.append(cand)
-            say(f"lower: {source} {lay_name}: {exc}")
+    # 3. a quick lower solve of every StageGraph, then longer ones for the best few
+    jobs = []
+    ranked_solutions = sorted(solutions, key=lambda x: (x.objective, str(x.layout)))
+    for rank, sol in enumerate(ranked_solutions):
+        if rank >= LOWER_AT_MOST or sol.objective > LOWER_WITHIN * ranked_solutions[0].objective:
+            candidates.append(Candidate("upper", str(sol.layout), "estimated only", estimate=sol.objective,
+                                        upper_status=sol.status, upper_seconds=sol.solve_seconds))
             continue
-        m = metrics(schedule)
-        cand.makespan, cand.step_time = m.makespan, m.makespan + sync
-        cand.bubble_ratio, cand.peak_memory_bytes = m.bubble_ratio, max(m.peak_memory_bytes, default=0.0)
-        cand.lower_bound, cand.gap, cand.solve_seconds = extra.get("lower_bound"), extra.get("gap"), extra.get("solve_seconds")
-        candidates.append(cand)
-        say(f"lower: {source} {lay_name}: makespan {m.makespan:.4g} s, step {cand.step_time:.4g} s, bubbles {m.bubble_ratio:.3f}")
-        if best is None or cand.step_time < best[0] - 1e-12:
-            best = (cand.step_time, source, lay_name, schedule, extra, sync, payload)
-    # a baseline on the contiguous split is itself a plan the search may return
-    for b in baselines:
-        if best is None or b.step_time < best[0] - 1e-12:
-            best = (b.step_time, f"baseline {b.method}", b.layout, b.schedule, {"solver": "none", "solve_seconds": b.solve_seconds}, b.grad_sync, None)
-    if best is None:
+        plan = build_stage_graph(problems[str(sol.layout)], sol.assignment)
+        cand = Candidate("upper", str(sol.layout), "scheduled", estimate=sol.objective, upper_status=sol.status,
+                         upper_seconds=sol.solve_seconds, stages=len(plan.stage_graph.stages))
+        jobs.append({"cand": cand, "sg": plan.stage_graph, "sync": plan.grad_sync_seconds, "plan": plan, "warm": None})
+    if best_split is not None:
+        cand = Candidate("contiguous", best_split.layout, "scheduled", stages=len(best_split.schedule.stage_graph.stages))
+        jobs.append({"cand": cand, "sg": best_split.schedule.stage_graph, "sync": best_split.grad_sync,
+                     "plan": None, "warm": best_split.schedule})
+    quick_deadline = time.perf_counter() + 0.35 * time_limit
+    for k, job in enumerate(jobs):
+        budget = max(1.0, (quick_deadline - time.perf_counter()) / (len(jobs) - k))
+        _schedule_job(job, M, limit, budget, solver, say)
+    ranked = sorted((j for j in jobs if "schedule" in j), key=lambda j: j["cand"].step_time)
+    finalists = ranked[:keep]
+    for k, job in enumerate(finalists):
+        budget = (deadline - time.perf_counter()) / (len(finalists) - k)
+        proven = job["extra"].get("gap") is not None and job["extra"]["gap"] <= 1e-6
+        if budget >= 2.0 and not proven:
+            _schedule_job(job, M, limit, budget, solver, say, warm=job["schedule"])
+    candidates = [j["cand"] for j in jobs] + candidates
+
+    # 4. the best simulated step time wins; a baseline itself is a plan the search may return
+    options = [(j["cand"].step_time, j["cand"].source, j["cand"].layout, j["schedule"], j["extra"], j["sync"], j["plan"])
+               for j in jobs if "schedule" in j]
+    options += [(b.step_time, f"baseline {b.method}", b.layout, b.schedule,
+                 {"solver": "none", "solve_seconds": b.solve_seconds}, b.grad_sync, None) for b in baselines]
+    if not options:
         raise OpschedError("no candidate could be scheduled within the memory limit; raise --memory-limit or --time-limit")
-    step, source, lay_name, schedule, extra, sync, payload = best
+    step, source, lay_name, schedule, extra, sync, plan = min(options, key=lambda o: o[0])
     validate(schedule)
     stage_blocks: dict[int, list[str]] = {}
-    if source == "upper":
-        sol, plan = payload
+    if plan is not None:
         names = problems[lay_name].names
         stage_blocks = {
             sid: [f"{names[b]} [{plan.modes_of_stage[sid][b]}]" for b in blocks]
@@ -233,12 +236,32 @@ def plan_block_graph(
         candidates=candidates,
         baselines=baselines,
         blocks=small.number_of_nodes(),
-        seconds={
-            "upper": t_upper - t_start,
-            "baselines": t_base - t_upper,
-            "lower": time.perf_counter() - t_base,
-        },
+        seconds={"upper": t_upper - t_start, "baselines": t_base - t_upper, "lower": time.perf_counter() - t_base},
     )
+
+
+def _schedule_job(job: dict, microbatches: int, limit: float, budget: float, solver: str, say: Progress,
+                  warm: Schedule | None = None) -> None:
+    """Run the lower MIP on ``job["sg"]``; keep the result in ``job`` when it is better than what it holds."""
+    cand: Candidate = job["cand"]
+    try:
+        schedule, extra = lower_schedule(job["sg"], microbatches, limit, budget, solver, warm or job["warm"])
+    except OpschedError as exc:
+        if "schedule" not in job:
+            cand.status = f"lower failed: {exc}"
+        say(f"lower: {cand.source} {cand.layout}: {exc}")
+        return
+    m = metrics(schedule)
+    step = m.makespan + job["sync"]
+    if "schedule" in job and step >= cand.step_time:
+        return
+    job["schedule"], job["extra"] = schedule, extra
+    cand.makespan, cand.step_time = m.makespan, step
+    cand.bubble_ratio, cand.peak_memory_bytes = m.bubble_ratio, max(m.peak_memory_bytes, default=0.0)
+    cand.lower_bound, cand.gap = extra.get("lower_bound"), extra.get("gap")
+    cand.solve_seconds = (cand.solve_seconds or 0.0) + (extra.get("solve_seconds") or 0.0)
+    say(f"lower: {cand.source} {cand.layout}: makespan {m.makespan:.4g} s, step {step:.4g} s, "
+        f"bubbles {m.bubble_ratio:.3f}, gap {extra.get('gap', float('nan')):.3f}")
 
 
 def lower_schedule(
