@@ -180,6 +180,8 @@ def load_model(path) -> onnx.ModelProto:
         raise OpschedError(f"{path} is a directory, not an ONNX file")
     try:
         model = onnx.load(path, load_external_data=False)
+    except OSError as exc:
+        raise OpschedError(f"cannot read {path}: {exc.strerror or exc}") from None
     except Exception as exc:  # protobuf DecodeError and friends: not a model
         raise OpschedError(
             f"{path} is not a readable ONNX model ({type(exc).__name__}: file truncated or not ONNX)"
