@@ -311,3 +311,52 @@ def test_module_doctests():
     for module in (opsched.onnx_import, opsched.coarsen):
         result = doctest.testmod(module)
         assert result.failed == 0 and result.attempted > 0
+
+
+def test_hugging_face_onehot_expert_loop(tmp_path):
+    """The HF Mixtral loop: one_hot(selected).permute(2, 1, 0); where(mask[e]); index_add."""
+    T, H, FF, E, K = 10, 8, 16, 4, 2
+    I64 = TensorProto.INT64
+
+    def c(name, values, dtype=I64, dims=None):
+        arr = np.array(values, dtype=np.int64 if dtype == I64 else np.float32)
+        return helper.make_tensor(name, dtype, list(arr.shape) if dims is None else dims, arr.reshape(-1).tolist())
+
+    inits = [c("k", [K]), c("depth", [E], dims=[]), c("onoff", [0, 1]), c("row0", 0, dims=[]),
+             c("row1", 1, dims=[]), c("minus1_h", [-1, H]), c("ax1", [1])]
+    inputs = [helper.make_tensor_value_info("x", F, [T, H]), helper.make_tensor_value_info("gate", F, [H, E])]
+    nodes = [helper.make_node("MatMul", ["x", "gate"], ["logits"], name="/moe/gate/MatMul"),
+             helper.make_node("Softmax", ["logits"], ["probs"], name="/moe/Softmax", axis=-1),
+             helper.make_node("TopK", ["probs", "k"], ["w", "sel"], name="/moe/TopK", axis=-1),
+             helper.make_node("OneHot", ["sel", "depth", "onoff"], ["oh"], name="/moe/OneHot", axis=-1),
+             helper.make_node("Transpose", ["oh"], ["mask"], name="/moe/Transpose", perm=[2, 1, 0])]
+    acc = "x0"
+    nodes.append(helper.make_node("Mul", ["x", "zero"], [acc], name="/moe/Mul"))
+    inits.append(c("zero", [0.0], dtype=F))
+    for e in range(E):
+        p = f"/moe/experts.{e}"
+        inits += [c(f"e{e}", e, dims=[])]
+        inputs += [helper.make_tensor_value_info(f"w1_{e}", F, [H, FF]), helper.make_tensor_value_info(f"w2_{e}", F, [FF, H])]
+        nodes += [
+            helper.make_node("Gather", ["mask", f"e{e}"], [f"m{e}"], name=f"/moe/Gather_m{e}", axis=0),
+            helper.make_node("NonZero", [f"m{e}"], [f"nz{e}"], name=f"/moe/NonZero_{e}"),
+            helper.make_node("Gather", [f"nz{e}", "row1"], [f"tok{e}"], name=f"/moe/Gather_t{e}", axis=0),
+            helper.make_node("Gather", ["x", f"tok{e}"], [f"xs{e}"], name=f"/moe/Gather_x{e}", axis=0),
+            helper.make_node("Reshape", [f"xs{e}", "minus1_h"], [f"xe{e}"], name=f"/moe/Reshape_{e}"),
+            helper.make_node("MatMul", [f"xe{e}", f"w1_{e}"], [f"h{e}"], name=f"{p}/w1/MatMul"),
+            helper.make_node("Relu", [f"h{e}"], [f"a{e}"], name=f"{p}/act/Relu"),
+            helper.make_node("MatMul", [f"a{e}", f"w2_{e}"], [f"y{e}"], name=f"{p}/w2/MatMul"),
+            helper.make_node("Unsqueeze", [f"tok{e}", "ax1"], [f"idx{e}"], name=f"/moe/Unsqueeze_{e}"),
+            helper.make_node("ScatterND", [acc, f"idx{e}", f"y{e}"], [f"acc{e}"], name=f"/moe/ScatterND_{e}",
+                             reduction="add"),
+        ]
+        acc = f"acc{e}"
+    graph = helper.make_graph(nodes, "hf", inputs, [helper.make_tensor_value_info(acc, F, None)], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    helper.set_model_props(model, {"opsched.data_inputs": "x"})
+    g = import_onnx(save(model, tmp_path / "hf.onnx"), capacity_factor=1.0)
+    n = math.ceil(T * K / E)  # 5 tokens per expert
+    assert set(g.graph["moe_routing"].values()) == {n}
+    assert g.nodes["/moe/experts.2/w1/MatMul"]["op"].flops == 2 * n * H * FF
+    assert totals(g)["param_count"] == H * E + E * 2 * H * FF
+    assert g.graph["warnings"] == []
