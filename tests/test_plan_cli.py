@@ -1,0 +1,134 @@
+"""The planner and `opsched plan` (issue 5 items 4-5)."""
+
+import json
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+from opsched.cli import main
+from opsched.cluster import Training, cluster_from_dict
+from opsched.export.plan_json import read_plan
+from opsched.graph import Block
+from opsched.planner import plan_block_graph
+from opsched.schedule import validate
+
+MODELS = Path(__file__).resolve().parent.parent / "models"
+
+# one device per node: groups talk over the slow link, so placement matters
+SPEC = {
+    "devices": 4,
+    "devices_per_node": 1,
+    "peak_flops": {"bf16": 100e12},
+    "efficiency": 0.5,
+    "memory_bytes": 80e9,
+    "memory_bandwidth": 1e12,
+    "intra_node_bandwidth": 100e9,
+    "intra_node_latency": 1e-6,
+    "inter_node_bandwidth": 10e9,
+    "inter_node_latency": 10e-6,
+}
+
+
+def two_tower_graph():
+    """input -> (tower A: 2 heavy blocks) and (tower B: 2 heavy blocks) -> join."""
+    g = nx.DiGraph(kind="BlockGraph")
+    spec = [("in", 0.2e12), ("a1", 2e12), ("a2", 2e12), ("b1", 2e12), ("b2", 2e12), ("join", 0.2e12)]
+    for i, (name, flops) in enumerate(spec):
+        g.add_node(i, block=Block(i, name, (name,), (name,), flops=flops, param_count=10**7, output_bytes=1e7))
+    g.add_edges_from([(0, 1), (1, 2), (0, 3), (3, 4), (2, 5), (4, 5)], bytes=1e6)
+    return g
+
+
+def test_two_towers_run_on_different_groups_and_overlap_in_time():
+    cluster = cluster_from_dict(SPEC)
+    result = plan_block_graph(two_tower_graph(), cluster, Training(microbatches=8), time_limit=20)
+    validate(result.schedule)
+    sg = result.schedule.stage_graph
+    assert result.source == "upper"
+    tower = {}
+    for sid, names in result.stage_blocks.items():
+        for n in names:
+            tower.setdefault(n.split(" ")[0], sid)
+    a, b = tower["a1"], tower["b1"]
+    assert set(sg.stage(a).devices).isdisjoint(sg.stage(b).devices)
+    spans = lambda sid: [(e.start, e.end) for e in result.schedule.events if e.stage == sid]  # noqa: E731
+    overlap = any(s1 < e2 and s2 < e1 for s1, e1 in spans(a) for s2, e2 in spans(b))
+    assert overlap, "the two towers never run at the same time"
+    # never slower than any baseline on a contiguous split at the same memory
+    assert all(result.step_time <= bl.step_time * (1 + 1e-9) for bl in result.baselines)
+
+
+def test_plan_cli_writes_every_file_and_a_valid_plan(tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["plan", str(MODELS / "clip_vit_l14.onnx"), "--devices", "4", "--microbatches", "4",
+                 "--time-limit", "4", "-o", str(out), "--quiet"])
+    assert code == 0
+    for name in ("plan.json", "trace.json", "gantt.svg", "gantt.html", "report.md"):
+        assert (out / name).stat().st_size > 0
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary leftovers
+    schedule, doc = read_plan(out / "plan.json")
+    validate(schedule)
+    assert doc["baselines"], "no baseline in the plan"
+    for row in doc["baselines"]:
+        assert {"method", "makespan", "bubble_ratio", "peak_memory_bytes"} <= set(row)
+        assert doc["step_time"] <= row["step_time"] * (1 + 1e-9)
+    assert doc["candidates"] and all("layout" in c and "status" in c for c in doc["candidates"])
+    report = (out / "report.md").read_text()
+    assert "| **opsched**" in report and "throughput" in report
+    summary = capsys.readouterr().out
+    assert "step time" in summary and "vs best baseline" in summary
+
+
+def _run_bad(args, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["plan", str(MODELS / "llama_7b.onnx"), *args, "-o", str(out), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err.startswith("opsched: error:") and "\n" not in err and "Traceback" not in err
+    assert not out.exists() or not any(out.iterdir())
+    return err
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--devices", "12"], "do not fill whole nodes"),
+        (["--devices", "0"], "--devices"),
+        (["--devices", "8", "--microbatches", "0"], "microbatches"),
+        (["--devices", "8", "--microbatches", "-3"], "microbatches"),
+        (["--devices", "8", "--preset", "tpu-v9"], "unknown preset"),
+        (["--devices", "8", "--memory-limit", "lots"], "memory size"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path, capsys):
+    assert message in _run_bad(args, tmp_path, capsys)
+
+
+@pytest.mark.parametrize("field,value,message", [("memory_bytes", None, "missing field 'memory_bytes'"),
+                                                 ("inter_node_bandwidth", -5, "inter_node_bandwidth")])
+def test_bad_cluster_file(field, value, message, tmp_path, capsys):
+    spec = dict(SPEC, devices=8, devices_per_node=8)
+    if value is None:
+        del spec[field]
+    else:
+        spec[field] = value
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(spec))
+    assert message in _run_bad(["--cluster", str(path)], tmp_path, capsys)
+
+
+def test_memory_nothing_fits_names_the_smallest(tmp_path, capsys):
+    err = _run_bad(["--devices", "2", "--memory-limit", "1GiB", "--time-limit", "2"], tmp_path, capsys)
+    assert "smallest memory that works is about" in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", sorted(p.name for p in MODELS.glob("*.onnx")))
+def test_every_bundled_model_plans_and_validates(model, tmp_path):
+    out = tmp_path / "out"
+    assert main(["plan", str(MODELS / model), "--devices", "8", "--microbatches", "8",
+                 "--time-limit", "3", "-o", str(out), "--quiet"]) == 0
+    schedule, doc = read_plan(out / "plan.json")
+    validate(schedule)
+    assert doc["devices"] == 8 and doc["step_time"] > 0
