@@ -82,21 +82,29 @@ def coarsen(opgraph: nx.DiGraph, depth: int | None = None, target_blocks: int | 
     if opgraph.number_of_nodes() == 0:
         raise OpschedError("the operator graph is empty: nothing to coarsen")
     order = list(nx.topological_sort(opgraph))
-    branch_depth = _branch_depths(opgraph, order)
-    labels = _labels(opgraph, order, depth, branch_depth)
-    groups = _acyclic_groups(opgraph, order, labels, branch_depth)
-    members, edges = _contract(opgraph, order, groups, labels, target_blocks)
+    ops = _Ops(opgraph)
+    branch_depth = _branch_depths(ops, order)
+    labels = _labels(ops, order, depth, branch_depth)
+    groups = _acyclic_groups(ops, order, labels, branch_depth)
+    members, edges = _contract(ops, order, groups, labels, target_blocks)
     return _block_graph(opgraph, order, members, edges, labels, depth, target_blocks)
+
+
+class _Ops:
+    """Plain-dict views of an OpGraph, read many times by the passes below."""
+
+    def __init__(self, opgraph: nx.DiGraph):
+        self.rec = {v: data["op"] for v, data in opgraph.nodes(data=True)}
+        self.const = {v for v, data in opgraph.nodes(data=True) if data.get("const")}
+        self.pred = {v: list(opgraph.predecessors(v)) for v in opgraph}
+        self.succ = {v: list(opgraph.successors(v)) for v in opgraph}
+        self.edges = list(opgraph.edges())
 
 
 # --------------------------------------------------------------------------- labels
 
 
-def _scope(opgraph, v) -> tuple[str, ...]:
-    return opgraph.nodes[v]["op"].scope
-
-
-def _branch_depths(opgraph, order) -> dict[tuple[str, ...], int]:
+def _branch_depths(ops, order) -> dict[tuple[str, ...], int]:
     """For each scope prefix that is a branch module, its length (see the module docstring).
 
     Which modules reach which is computed with one forward and one backward
@@ -106,7 +114,7 @@ def _branch_depths(opgraph, order) -> dict[tuple[str, ...], int]:
     bit_of: dict[tuple[str, ...], int] = {}
     own: dict[str, int] = {}
     for v in order:
-        scope = _scope(opgraph, v)
+        scope = ops.rec[v].scope
         mask = 0
         for k in range(1, len(scope) + 1):
             prefix = scope[:k]
@@ -116,29 +124,29 @@ def _branch_depths(opgraph, order) -> dict[tuple[str, ...], int]:
             mask |= 1 << b
         own[v] = mask
     # Shared constants (legacy dedups them across towers) order nothing: left out.
-    live = [v for v in order if not opgraph.nodes[v].get("const")]
+    live = [v for v in order if v not in ops.const]
     before: dict[str, int] = {}  # prefixes with an op reaching v, v's own included
     after: dict[str, int] = {}  # prefixes with an op v reaches, v's own included
     for v in live:
         m = own[v]
-        for u in opgraph.predecessors(v):
+        for u in ops.pred[v]:
             m |= before.get(u, 0)
         before[v] = m
     for v in reversed(live):
         m = own[v]
-        for w in opgraph.successors(v):
+        for w in ops.succ[v]:
             m |= after.get(w, 0)
         after[v] = m
     related: dict[tuple[str, ...], int] = defaultdict(int)  # prefixes ordered with the module
     flops: dict[tuple[str, ...], float] = defaultdict(float)
     for v in live:
-        scope = _scope(opgraph, v)
+        scope = ops.rec[v].scope
         m = before[v] | after[v]
-        f = opgraph.nodes[v]["op"].flops
+        f = ops.rec[v].flops
         for k in range(1, len(scope) + 1):
             related[scope[:k]] |= m
             flops[scope[:k]] += f
-    total = sum(opgraph.nodes[v]["op"].flops for v in live) or 1.0
+    total = sum(ops.rec[v].flops for v in live) or 1.0
     children: dict[tuple[str, ...], list[tuple[str, ...]]] = defaultdict(list)
     for prefix in bit_of:
         if prefix in related:
@@ -163,10 +171,10 @@ def _branch_depths(opgraph, order) -> dict[tuple[str, ...], int]:
     return depths
 
 
-def _labels(opgraph, order, depth, branch_depth) -> dict[str, tuple[str, ...]]:
+def _labels(ops, order, depth, branch_depth) -> dict[str, tuple[str, ...]]:
     labels: dict[str, tuple[str, ...]] = {}
     for v in order:
-        scope = _scope(opgraph, v)
+        scope = ops.rec[v].scope
         if depth is None:
             cut = next((k + 1 for k, part in enumerate(scope) if _INDEXED.search(part)), min(1, len(scope)))
         else:
@@ -181,27 +189,27 @@ def _labels(opgraph, order, depth, branch_depth) -> dict[str, tuple[str, ...]]:
     # own: merging it with any consumer would order that consumer before the others.
     index = {v: i for i, v in enumerate(order)}
     for v in reversed(order):
-        if opgraph.nodes[v].get("const") and opgraph.out_degree(v) > 0:
-            consumers = sorted(opgraph.successors(v), key=index.__getitem__)
+        if v in ops.const and ops.succ[v]:
+            consumers = sorted(ops.succ[v], key=index.__getitem__)
             consumer_labels = {labels[s] for s in consumers}
             if len(consumer_labels) == 1:
                 labels[v] = consumer_labels.pop()
-            elif _reaches_all(opgraph, consumers[0], consumers[1:], index):
+            elif _reaches_all(ops, consumers[0], consumers[1:], index):
                 # all consumers come after the first one anyway: joining it orders nothing new
                 labels[v] = labels[consumers[0]]
             else:
-                labels[v] = _scope(opgraph, v) + (f"{CONST_MARK}{v}",)
+                labels[v] = ops.rec[v].scope + (f"{CONST_MARK}{v}",)
     return labels
 
 
-def _reaches_all(opgraph, source, targets, index) -> bool:
+def _reaches_all(ops, source, targets, index) -> bool:
     """Whether every target is reachable from ``source`` (search bounded by topological index)."""
     todo = set(targets)
     limit = max(index[t] for t in targets)
     stack, seen = [source], {source}
     while stack and todo:
         u = stack.pop()
-        for w in opgraph.successors(u):
+        for w in ops.succ[u]:
             if w not in seen and index[w] <= limit:
                 seen.add(w)
                 todo.discard(w)
@@ -217,7 +225,7 @@ def _visible(label: tuple[str, ...]) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- acyclic split
 
 
-def _branch_keys(opgraph, order, branch_depth) -> dict[str, tuple[int, int]]:
+def _branch_keys(ops, order, branch_depth) -> dict[str, tuple[int, int]]:
     """Per op, a key that blocks must share so that sibling branches stay apart.
 
     For each family of sibling branches (the experts of one layer): nothing if
@@ -237,7 +245,7 @@ def _branch_keys(opgraph, order, branch_depth) -> dict[str, tuple[int, int]]:
         members[fam_bit[p[:-1]]] |= bit[p]
     own: dict[str, tuple[int, int]] = {}
     for v in order:
-        scope = _scope(opgraph, v)
+        scope = ops.rec[v].scope
         a = f = 0
         for k in range(1, len(scope) + 1):
             b = bit.get(scope[:k])
@@ -248,10 +256,10 @@ def _branch_keys(opgraph, order, branch_depth) -> dict[str, tuple[int, int]]:
     after: dict[str, int] = {}
     behind: dict[str, int] = {}  # families with at least one branch in ``after``
     for v in order:
-        if opgraph.nodes[v].get("const"):
+        if (v in ops.const):
             continue
         m, fm = own[v]
-        for u in opgraph.predecessors(v):
+        for u in ops.pred[v]:
             m |= after.get(u, 0)
             fm |= behind.get(u, 0)
         after[v] = m
@@ -259,14 +267,14 @@ def _branch_keys(opgraph, order, branch_depth) -> dict[str, tuple[int, int]]:
     family_of_bit = {bit[p]: fam_bit[p[:-1]] for p in prefixes}
     ahead: dict[str, int] = {}
     for v in reversed(order):
-        const = opgraph.nodes[v].get("const")
+        const = (v in ops.const)
         r = 0 if const else own[v][1]
-        for w in opgraph.successors(v):
+        for w in ops.succ[v]:
             r |= ahead[w]
         ahead[v] = r
         if const:
             m = -1
-            for w in opgraph.successors(v):
+            for w in ops.succ[v]:
                 m &= after[w]
             after[v] = max(m, 0)
             behind[v] = _union(after[v], family_of_bit.__getitem__)
@@ -292,19 +300,19 @@ def _union(bits: int, image) -> int:
     return out
 
 
-def _acyclic_groups(opgraph, order, labels, branch_depth) -> dict[str, int]:
+def _acyclic_groups(ops, order, labels, branch_depth) -> dict[str, int]:
     """Group id per op: connected pieces of equal (label, rank, branches before); a DAG."""
     rank: dict[str, int] = {}
     for v in order:
         r = 0
-        for u in opgraph.predecessors(v):
+        for u in ops.pred[v]:
             r = max(r, rank[u] + (labels[u] != labels[v]))
         rank[v] = r
     # Ops computed from constants go as late as their consumers allow (their
     # predecessors are constant too, and are moved after them in this reverse pass).
     for v in reversed(order):
-        if opgraph.out_degree(v) > 0 and opgraph.nodes[v].get("const"):
-            rank[v] = min(rank[s] - (labels[s] != labels[v]) for s in opgraph.successors(v))
+        if len(ops.succ[v]) > 0 and (v in ops.const):
+            rank[v] = min(rank[s] - (labels[s] != labels[v]) for s in ops.succ[v])
     # Union-find over edges inside one (label, rank).
     parent = {v: v for v in order}
 
@@ -314,8 +322,8 @@ def _acyclic_groups(opgraph, order, labels, branch_depth) -> dict[str, int]:
             x = parent[x]
         return x
 
-    key = _branch_keys(opgraph, order, branch_depth)
-    for u, v in opgraph.edges():
+    key = _branch_keys(ops, order, branch_depth)
+    for u, v in ops.edges:
         if labels[u] == labels[v] and rank[u] == rank[v] and key[u] == key[v]:
             ru, rv = find(u), find(v)
             if ru != rv:
@@ -333,20 +341,20 @@ def _acyclic_groups(opgraph, order, labels, branch_depth) -> dict[str, int]:
 # --------------------------------------------------------------------------- contraction
 
 
-def _contract(opgraph, order, groups, labels, target_blocks):
+def _contract(ops, order, groups, labels, target_blocks):
     """Greedy chain contraction; returns (members per group, set of group edges)."""
     members: dict[int, list[str]] = defaultdict(list)
     for v in order:
         members[groups[v]].append(v)
     succ: dict[int, set[int]] = defaultdict(set)
     pred: dict[int, set[int]] = defaultdict(set)
-    for u, v in opgraph.edges():
+    for u, v in ops.edges:
         a, b = groups[u], groups[v]
         if a != b:
             succ[a].add(b)
             pred[b].add(a)
-    flops = {g: sum(opgraph.nodes[v]["op"].flops for v in vs) for g, vs in members.items()}
-    io = {g: sum(opgraph.nodes[v]["op"].io_bytes for v in vs) for g, vs in members.items()}
+    flops = {g: sum(ops.rec[v].flops for v in vs) for g, vs in members.items()}
+    io = {g: sum(ops.rec[v].io_bytes for v in vs) for g, vs in members.items()}
     alive = set(members)
     heap = [(flops[g], io[g], g) for g in members]
     heapq.heapify(heap)
