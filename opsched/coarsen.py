@@ -256,7 +256,7 @@ def _branch_keys(ops, order, branch_depth) -> dict[str, tuple[int, int]]:
     after: dict[str, int] = {}
     behind: dict[str, int] = {}  # families with at least one branch in ``after``
     for v in order:
-        if (v in ops.const):
+        if v in ops.const:
             continue
         m, fm = own[v]
         for u in ops.pred[v]:
@@ -267,7 +267,7 @@ def _branch_keys(ops, order, branch_depth) -> dict[str, tuple[int, int]]:
     family_of_bit = {bit[p]: fam_bit[p[:-1]] for p in prefixes}
     ahead: dict[str, int] = {}
     for v in reversed(order):
-        const = (v in ops.const)
+        const = v in ops.const
         r = 0 if const else own[v][1]
         for w in ops.succ[v]:
             r |= ahead[w]
@@ -311,7 +311,7 @@ def _acyclic_groups(ops, order, labels, branch_depth) -> dict[str, int]:
     # Ops computed from constants go as late as their consumers allow (their
     # predecessors are constant too, and are moved after them in this reverse pass).
     for v in reversed(order):
-        if len(ops.succ[v]) > 0 and (v in ops.const):
+        if ops.succ[v] and v in ops.const:
             rank[v] = min(rank[s] - (labels[s] != labels[v]) for s in ops.succ[v])
     # Union-find over edges inside one (label, rank).
     parent = {v: v for v in order}
