@@ -271,9 +271,13 @@ def _resolve_dims(model: onnx.ModelProto, dims: dict[str, int] | None, warnings:
     if DEFAULT_DIMS_KEY in meta:
         resolved.update(parse_dims(meta[DEFAULT_DIMS_KEY], f"the model's {DEFAULT_DIMS_KEY} metadata"))
     for name, value in (dims or {}).items():
-        if int(value) <= 0:
-            raise OpschedError(f"dimension {name}={value} must be a positive integer")
-        resolved[name] = int(value)
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            number = 0
+        if number <= 0 or number != value:
+            raise OpschedError(f"dimension {name}={value!r} must be a positive integer: --dim {name}=VALUE")
+        resolved[name] = number
     init_names = {t.name for t in model.graph.initializer}
     missing: dict[str, str] = {}
     used: set[str] = set()
