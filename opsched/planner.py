@@ -215,7 +215,11 @@ def plan_block_graph(
     options += [(b.step_time, f"baseline {b.method}", b.layout, b.schedule,
                  {"solver": "none", "solve_seconds": b.solve_seconds}, b.grad_sync, None) for b in baselines]
     if not options:
-        raise OpschedError("no candidate could be scheduled within the memory limit; raise --memory-limit or --time-limit")
+        smallest = _smallest_schedulable(jobs, M)
+        raise OpschedError(
+            f"no candidate could be scheduled within {limit / 2**30:.1f} GiB per device; the smallest memory that works "
+            f"is about {smallest / 2**30:.1f} GiB (pass --memory-limit {math.ceil(smallest / 2**30)}GiB)"
+        )
     step, source, lay_name, schedule, extra, sync, plan = min(options, key=lambda o: o[0])
     validate(schedule)
     stage_blocks: dict[int, list[str]] = {}
@@ -287,6 +291,13 @@ def lower_schedule(
         "solve_seconds": result.solve_seconds,
     }
     return result.schedule, extra
+
+
+def _smallest_schedulable(jobs: list[dict], microbatches: int) -> float:
+    """The least memory limit under which the lower level can schedule one of the candidates' StageGraphs."""
+    from opsched.lower import minimum_memory_limit
+
+    return min((minimum_memory_limit(j["sg"], microbatches) for j in jobs), default=math.inf)
 
 
 def _smallest_memory(problems: dict[str, UpperProblem], solver: str) -> float:
