@@ -16,8 +16,9 @@ Three steps, each of which keeps the result a DAG and every cost exact:
    one parent with no path between their ops in either direction, that are
    either indexed (``experts.0`` / ``experts.1`` / ``shared_experts.0``) or
    each carry at least 5 % of the model's FLOPs and sit outside any indexed
-   module (the towers of a two-tower model, not the projections of a layer). So the experts of a layer and the towers of CLIP always get labels
-   of their own, whatever the depth.
+   module (the towers of a two-tower model, not the projections of a layer).
+   So the experts of a layer and the towers of CLIP always get labels of
+   their own, whatever the depth.
 
    Ops computed from constants and weights only (a ``Constant``, a legacy
    ``Identity`` of a weight) take the label of their consumers; one shared by
@@ -463,7 +464,8 @@ def _block_graph(opgraph, order, members, edges, labels, depth, target_blocks) -
         seen = crossing[(a, b)]
         tensors = data.get("tensors") or [f"{u}->{v}"]
         for t in tensors:
-            size = 0.0 if shape_only else float(tensor_bytes.get(t, data.get("bytes", 0.0) if len(tensors) == 1 else 0.0))
+            fallback = data.get("bytes", 0.0) if len(tensors) == 1 else 0.0  # hand-built graphs
+            size = 0.0 if shape_only else float(tensor_bytes.get(t, fallback))
             seen[t] = max(seen.get(t, 0.0), size)
     for (a, b), tensors in sorted(crossing.items()):
         bg.add_edge(a, b, bytes=float(sum(tensors.values())), tensors=sorted(tensors))

@@ -217,7 +217,8 @@ def parse_dim(item: str, source: str = "--dim") -> dict[str, int]:
     except ValueError:
         number = 0
     if not sep or not name or number <= 0:
-        raise OpschedError(f"bad dimension {item!r} in {source}: write NAME=VALUE with a positive integer, e.g. seq=4096")
+        raise OpschedError(
+            f"bad dimension {item!r} in {source}: write NAME=VALUE with a positive integer, e.g. seq=4096")
     return {name: number}
 
 
@@ -419,7 +420,8 @@ def _small_int_values(model: onnx.ModelProto) -> dict[str, list[int]]:
     int_types = {TensorProto.INT64, TensorProto.INT32}
 
     def grab(name, t):
-        if t.data_type in int_types and len(t.dims) <= 1 and _numel(t.dims) <= 8 and t.data_location != TensorProto.EXTERNAL:
+        tiny = len(t.dims) <= 1 and _numel(t.dims) <= 8
+        if t.data_type in int_types and tiny and t.data_location != TensorProto.EXTERNAL:
             try:
                 out[name] = [int(x) for x in numpy_helper.to_array(t).reshape(-1)]
             except Exception:  # malformed tiny constant: just unknown
@@ -478,7 +480,8 @@ def _pin_nonzero(model, shapes, capacity_factor, warnings, routing) -> bool:
     kept = [vi for vi in g.value_info if vi.name not in pins]
     del g.value_info[:]
     g.value_info.extend(kept)
-    g.value_info.extend(onnx.helper.make_tensor_value_info(name, TensorProto.INT64, shape) for name, shape in pins.items())
+    g.value_info.extend(onnx.helper.make_tensor_value_info(name, TensorProto.INT64, shape)
+                        for name, shape in pins.items())
     return True
 
 

@@ -336,7 +336,8 @@ def test_hugging_face_onehot_expert_loop(tmp_path):
     for e in range(E):
         p = f"/moe/experts.{e}"
         inits += [c(f"e{e}", e, dims=[])]
-        inputs += [helper.make_tensor_value_info(f"w1_{e}", F, [H, FF]), helper.make_tensor_value_info(f"w2_{e}", F, [FF, H])]
+        inputs += [helper.make_tensor_value_info(f"w1_{e}", F, [H, FF]),
+                   helper.make_tensor_value_info(f"w2_{e}", F, [FF, H])]
         nodes += [
             helper.make_node("Gather", ["mask", f"e{e}"], [f"m{e}"], name=f"/moe/Gather_m{e}", axis=0),
             helper.make_node("NonZero", [f"m{e}"], [f"nz{e}"], name=f"/moe/NonZero_{e}"),
