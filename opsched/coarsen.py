@@ -28,23 +28,23 @@ Three steps, each of which keeps the result a DAG and every cost exact:
 2. **Acyclic split.** Merging by label alone can create cycles (a residual
    add in the parent scope sits both before and after a child). Each op gets
    a rank: ``rank(v) = max over preds u of rank(u) + (label(u) != label(v))``
-   (constant-only ops as late as their consumers allow). A block is a connected
-   set of ops with one label, one rank and one branch key: for each family
-   of sibling branches the op reaches, which of them reach the op (ops before
-   or after a whole family, like its router or combine step, are free of
-   it). Along every edge between
-   two blocks (rank, key) strictly increases, so the block graph is a DAG;
-   and a path between blocks of two sibling branches would need a path
-   between their ops, so parallel branches stay parallel. A layer's router, its experts and its
-   combine step land in three consecutive ranks.
+   (constant-only ops as late as their consumers allow). A block is a
+   connected set of ops with one label, one rank and one branch key: for
+   each family of sibling branches the op reaches, which of them reach the
+   op (ops before or after a whole family, like its router or combine step,
+   are free of it). Along every edge between two blocks (rank, key) strictly
+   increases, so the block graph is a DAG; and a path between blocks of two
+   sibling branches would need a path between their ops, so parallel
+   branches stay parallel. A layer's router, its experts and its combine
+   step land in three consecutive ranks.
 
 3. **Greedy contraction** of small blocks into a neighbour, smallest FLOPs
    first: blocks without FLOPs always, others down to ``target_blocks``. A
    contraction only merges ``u -> v`` when ``u`` has no other successor and
    ``v`` no other predecessor (a chain), which keeps the graph acyclic and
-   leaves the reachability between all other ops unchanged: parallel branches
-   stay parallel. When no chain edge is left the
-   result has more blocks than the target (graph attribute ``target_met``).
+   leaves the reachability between all other ops unchanged: parallel
+   branches stay parallel. When no chain edge is left the result has more
+   blocks than the target (graph attribute ``target_met``).
 
 Block costs are exact sums over their ops; a block edge carries the bytes of
 the distinct tensors that cross it (a tensor read twice by one block is sent
