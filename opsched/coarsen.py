@@ -82,7 +82,10 @@ def coarsen(opgraph: nx.DiGraph, depth: int | None = None, target_blocks: int | 
         raise OpschedError(f"--blocks must be at least 1, got {target_blocks}")
     if opgraph.number_of_nodes() == 0:
         raise OpschedError("the operator graph is empty: nothing to coarsen")
-    order = list(nx.topological_sort(opgraph))
+    try:
+        order = list(nx.topological_sort(opgraph))
+    except nx.NetworkXUnfeasible:
+        raise OpschedError("the operator graph has a cycle; an OpGraph must be a DAG") from None
     ops = _Ops(opgraph)
     branch_depth = _branch_depths(ops, order)
     labels = _labels(ops, order, depth, branch_depth)

@@ -204,6 +204,11 @@ def test_bad_arguments():
         coarsen(g, target_blocks=0)
     with pytest.raises(OpschedError, match="--depth"):
         coarsen(g, depth=-1)
+    add_op(g, _op("b", ()))
+    g.add_edge("a", "b")
+    g.add_edge("b", "a")
+    with pytest.raises(OpschedError, match="cycle"):
+        coarsen(g)
 
 
 def test_parallel_branches_measure():
