@@ -103,6 +103,7 @@ CASES = [
     (2, 2, "chain", 3, True, [1.0, 1.5]),
     (3, 3, "chain", 3, False, [1.0, 1.5]),
     (4, 2, "v", 2, False, [None, 2.0]),
+    (2, 2, "chain", 4, False, [2.0]),
 ]
 
 

@@ -131,3 +131,38 @@ def lower_bound(
         if budgets is not None:
             best = max(best, warmup_bound(js, d, budgets.get(d)))
     return best
+
+
+def span_lower_bound(js: JobSet) -> float:
+    """A bound on the Zero Bubble paper's cost: the longest device span, first F to last W or B.
+
+    For device ``d``, a job's *relative head* is the longest dependency path
+    from the start of any F on ``d`` to its start (the device's first F is no
+    later than that F), and its *relative tail* the longest path from its end
+    to the end of a W or B on ``d``. Jackson's bound over the device's jobs
+    with those heads and tails bounds its span.
+    """
+    best = 0.0
+    n = len(js)
+    for d, ks in js.on_device.items():
+        mine = set(ks)
+        head = [float("-inf")] * n
+        for k in js.topo:
+            if k in mine and js.jobs[k].pass_ == "F":
+                head[k] = 0.0
+            for i, delay in js.preds[k]:
+                if head[i] > float("-inf"):
+                    head[k] = max(head[k], head[i] + js.duration[i] + delay)
+        tail = [float("-inf")] * n
+        for k in reversed(js.topo):
+            if k in mine and js.jobs[k].pass_ in ("W", "B"):
+                tail[k] = 0.0
+            for s, delay in js.succs[k]:
+                if tail[s] > float("-inf"):
+                    tail[k] = max(tail[k], delay + js.duration[s] + tail[s])
+        inside = [k for k in ks if head[k] > float("-inf") and tail[k] > float("-inf")]
+        if inside:
+            best = max(best, jackson_bound([head[k] for k in inside], [js.duration[k] for k in inside],
+                                           [tail[k] for k in inside]))
+    return best
+

@@ -5,10 +5,10 @@ StageGraph). A neighbourhood frees the jobs that start inside a time window
 (optionally only on some devices) and fixes every other job at its slotted
 start; the freed jobs get start windows from the fixed jobs around them
 (their heads and tails inside the neighbourhood). The small MIP minimises the
-makespan and, as a tie-breaker, the starts of the freed jobs weighted by their
+objective (the makespan, or the longest device span) and, as a tie-breaker, the starts of the freed jobs weighted by their
 tails (urgent work first). Its per-device job order is spliced back, re-timed
 in continuous time by :func:`opsched.schedule.simulate`, and accepted when it
-lowers (makespan, sum of job ends) and still fits in memory.
+lowers (objective, sum of job ends) and still fits in memory.
 
 Windows sweep the horizon from the end (where the makespan is decided)
 towards the start, then device subsets; the sequence is fixed, and each MIP
@@ -33,23 +33,41 @@ from opsched.lower.timeindexed import (
 from opsched.schedule import Job, Order, simulate
 
 
+#: what the search minimises: the makespan, or the Zero Bubble paper's cost (longest device span)
+OBJECTIVES = ("makespan", "zb-span")
+
+
 @dataclass
 class Incumbent:
-    """An order with its continuous makespan and sum of job ends (the acceptance key)."""
+    """An order with its objective value, makespan and sum of job ends (the acceptance key)."""
 
     order: dict[int, list[Job]]
+    value: float
     makespan: float
     total_end: float
 
-    @property
-    def key(self) -> tuple[float, float]:
-        return (self.makespan, self.total_end)
+
+def objective_value(js: JobSet, events, objective: str = "makespan") -> float:
+    """``makespan``: the last end. ``zb-span``: the longest device span from its first F to its last W or B."""
+    if objective == "makespan":
+        return max(e.end for e in events)
+    if objective == "zb-span":
+        first: dict[int, float] = {}
+        last: dict[int, float] = {}
+        for e in events:
+            for d in js.sg.stage(e.stage).devices:
+                if e.pass_ == "F":
+                    first[d] = min(first.get(d, e.start), e.start)
+                elif e.pass_ in ("W", "B"):
+                    last[d] = max(last.get(d, e.end), e.end)
+        return max(last[d] - first[d] for d in last if d in first)
+    raise ValueError(f"unknown objective {objective!r}")
 
 
-def evaluate(js: JobSet, order: dict[int, list[Job]]) -> Incumbent:
+def evaluate(js: JobSet, order: dict, objective: str = "makespan") -> Incumbent:
     """Time ``order`` with the simulator and wrap it as an :class:`Incumbent`."""
     events = simulate(js.sg, {d: list(a) for d, a in order.items()}, js.microbatches)
-    return Incumbent(order, max(e.end for e in events), sum(e.end for e in events))
+    return Incumbent(order, objective_value(js, events, objective), max(e.end for e in events), sum(e.end for e in events))
 
 
 def slotted_starts(js: JobSet, order: dict[int, list[Job]], slot: float) -> dict[int, int]:
@@ -112,7 +130,7 @@ def neighbourhood(
 
 @dataclass
 class SearchLog:
-    """Progress of the search: (elapsed seconds, best makespan) after each improvement."""
+    """Progress of the search: (elapsed seconds, best objective) after each improvement."""
 
     entries: list[tuple[float, float]] = field(default_factory=list)
     solves: int = 0
@@ -132,6 +150,7 @@ def large_neighbourhood_search(
     max_nodes: int = 500,
     rounds: int = 12,
     target: float = 0.0,
+    objective: str = "makespan",
     on_improve: Callable[[Incumbent], None] | None = None,
     log: SearchLog | None = None,
 ) -> Incumbent:
@@ -152,7 +171,7 @@ def large_neighbourhood_search(
         if width is None:
             width = base_width = _initial_width(js, base, starts, horizon, max_variables)
         for lo, hi, devices in _windows(js, horizon, width):
-            if time.monotonic() >= deadline or incumbent.makespan <= target + EPS * max(1.0, target):
+            if time.monotonic() >= deadline or incumbent.value <= target + EPS * max(1.0, target):
                 return incumbent
             starts = slotted_starts(js, incumbent.order, slot)
             horizon = max(starts[k] + base.p[k] for k in starts)
@@ -164,17 +183,17 @@ def large_neighbourhood_search(
             out = solve_slot_problem(
                 sp, incumbent=starts, solver=solver, threads=threads,
                 time_limit=max(0.05, deadline - time.monotonic()), max_nodes=max_nodes,
-                objective="makespan+flow", weights=weights,
+                objective=("span" if objective == "zb-span" else "makespan") + "+flow", weights=weights,
             )
             log.solves += 1
             if out.starts is None:
                 continue
-            candidate = evaluate(js, starts_to_order(js, out.starts))
+            candidate = evaluate(js, starts_to_order(js, out.starts), objective)
             if better(candidate, incumbent) and order_fits(js.sg, candidate.order, base.budgets):
                 incumbent = candidate
                 improved_round = True
                 log.improvements += 1
-                log.entries.append((time.monotonic() - t0, incumbent.makespan))
+                log.entries.append((time.monotonic() - t0, incumbent.value))
                 if on_improve is not None:
                     on_improve(incumbent)
         if not improved_round:
@@ -185,11 +204,11 @@ def large_neighbourhood_search(
 
 
 def better(a: Incumbent, b: Incumbent) -> bool:
-    """``a`` has a lower makespan than ``b``, or the same and a lower sum of job ends (beyond float noise)."""
-    tol = 1e-9 * max(1.0, b.makespan)
-    if a.makespan < b.makespan - tol:
+    """``a`` has a lower objective than ``b``, or the same and a lower sum of job ends (beyond float noise)."""
+    tol = 1e-9 * max(1.0, abs(b.value))
+    if a.value < b.value - tol:
         return True
-    return abs(a.makespan - b.makespan) <= tol and a.total_end < b.total_end - 1e-9 * max(1.0, abs(b.total_end))
+    return abs(a.value - b.value) <= tol and a.total_end < b.total_end - 1e-9 * max(1.0, abs(b.total_end))
 
 
 def _initial_width(js: JobSet, base: SlotProblem, starts: dict[int, int], horizon: int, budget: int) -> int:

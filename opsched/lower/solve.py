@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 
 from opsched.errors import OpschedError
 from opsched.lower.bounds import lower_bound as combinatorial_bound
+from opsched.lower.bounds import span_lower_bound
 from opsched.lower.jobs import EPS, JobSet, activation_budgets, check_memory_limit, order_fits
 from opsched.lower.listsched import default_variants, job_order, list_schedule
-from opsched.lower.lns import Incumbent, SearchLog, better, evaluate, large_neighbourhood_search
+from opsched.lower.lns import OBJECTIVES, Incumbent, SearchLog, better, evaluate, large_neighbourhood_search, objective_value
 from opsched.lower.timeindexed import (
     SOLVERS,
     auto_slot,
@@ -75,6 +76,7 @@ def solve(
     threads: int = 1,
     progress: bool = False,
     warm_orders: dict[str, Order] | None = None,
+    objective: str = "makespan",
 ) -> LowerResult:
     """Find a short schedule of every job within the memory limit, with a proven lower bound.
 
@@ -86,6 +88,10 @@ def solve(
     time limit cuts the search short (the window sequence and node limits are
     fixed; only where the clock stops it depends on the machine).
 
+    ``objective`` is ``makespan`` (default) or ``zb-span``, the Zero Bubble
+    paper's cost (the longest device span from its first F to its last W or
+    B); ``lower_bound`` and ``gap`` then refer to that objective.
+
     >>> from opsched.schedule import chain_stage_graph
     >>> r = solve(chain_stage_graph(2, f=1, b=2, w=1), 4, time_limit=5)
     >>> r.makespan, r.lower_bound, r.status
@@ -93,6 +99,8 @@ def solve(
     """
     t0 = time.monotonic()
     deadline = t0 + float(time_limit)
+    if objective not in OBJECTIVES:
+        raise OpschedError(f"unknown objective {objective!r}; choose {' or '.join(OBJECTIVES)}")
     if solver not in SOLVERS:
         raise OpschedError(f"unknown solver {solver!r}; choose cbc or highs")
     if time_limit <= 0:
@@ -110,14 +118,15 @@ def solve(
         if progress:
             print(f"[lower] {elapsed:7.2f}s  best {best:.6g}  bound {bound:.6g}  {what}", file=sys.stderr)
 
-    lb = combinatorial_bound(js, budgets, allow_pairs)
-    name, best_order, candidates = _best_start(js, budgets, allow_pairs, warm_orders)
-    best = evaluate(js, job_order(best_order)) if not _has_pairs(best_order) else None
+    lb = combinatorial_bound(js, budgets, allow_pairs) if objective == "makespan" else span_lower_bound(js)
+    name, best_order, candidates = _best_start(js, budgets, allow_pairs, warm_orders, objective)
+    best = evaluate(js, job_order(best_order), objective) if not _has_pairs(best_order) else None
+    value = best.value if best is not None else candidates[name]
     makespan = best.makespan if best is not None else _makespan(js, best_order)
-    report(makespan, lb, f"warm start {name}")
+    report(value, lb, f"warm start {name}")
     final_order: Order = best_order
     used_slot = None
-    if best is not None and not _proven(makespan, lb):
+    if best is not None and not _proven(value, lb):
         used_slot = slot or auto_slot(sg, makespan)
         slot_is_exact = _divides(used_slot, sg)  # then the MIP bound holds in continuous time
         sp = slot_problem(js, used_slot, budgets)
@@ -133,30 +142,33 @@ def solve(
             out = solve_slot_problem(
                 sp, incumbent=starts, solver=solver, threads=threads,
                 time_limit=max(0.05, 0.5 * (deadline - time.monotonic())),
+                objective="makespan" if objective == "makespan" else "span+flow",
             )
             if out.starts is not None:
-                cand = evaluate(js, starts_to_order(js, out.starts))
+                cand = evaluate(js, starts_to_order(js, out.starts), objective)
                 if better(cand, best) and order_fits(sg, cand.order, budgets):
                     best = cand
             if slot_is_exact:
                 proven = out.objective if out.status == "optimal" else out.bound
                 if proven is not None and out.status in ("optimal", "feasible", "no_solution"):
-                    lb = max(lb, math.ceil(proven - 1e-6) * used_slot)
-            report(best.makespan, lb, f"full MIP ({out.variables} variables, {out.status})")
-        if not _proven(best.makespan, lb) and time.monotonic() < deadline:
+                    # slotted objectives are whole slots; a flow tie-breaker adds less than one slot
+                    whole = math.ceil(proven - 1e-6) if objective == "makespan" else math.floor(proven + 1e-6)
+                    lb = max(lb, whole * used_slot)
+            report(best.value, lb, f"full MIP ({out.variables} variables, {out.status})")
+        if not _proven(best.value, lb) and time.monotonic() < deadline:
             search = SearchLog()
             best = large_neighbourhood_search(
                 js, best, used_slot, budgets, deadline=deadline, solver=solver, threads=threads,
-                target=lb, log=search,
-                on_improve=lambda inc: report(inc.makespan, lb, "neighbourhood search"),
+                target=lb, log=search, objective=objective,
+                on_improve=lambda inc: report(inc.value, lb, "neighbourhood search"),
             )
         final_order = {d: list(jobs) for d, jobs in best.order.items()}
     events = simulate(sg, {d: list(a) for d, a in final_order.items()}, microbatches)
-    makespan = max(e.end for e in events)
-    lb = min(lb, makespan)  # float noise only: the bound is proven
-    gap = (makespan - lb) / makespan if makespan > 0 else 0.0
-    status = "optimal" if _proven(makespan, lb) else "feasible"
-    report(makespan, lb, status)
+    value = objective_value(js, events, objective)
+    lb = min(lb, value)  # float noise only: the bound is proven
+    gap = (value - lb) / value if value > 0 else 0.0
+    status = "optimal" if _proven(value, lb) else "feasible"
+    report(value, lb, status)
     schedule = Schedule(sg, microbatches, events, memory_limit=memory_limit, name="mip")
     return LowerResult(
         schedule=schedule,
@@ -222,11 +234,11 @@ def baseline_orders(sg, microbatches: int) -> dict[str, Order]:
     return out
 
 
-def _best_start(js: JobSet, budgets, allow_pairs: bool, warm_orders: dict[str, Order] | None):
+def _best_start(js: JobSet, budgets, allow_pairs: bool, warm_orders: dict[str, Order] | None, objective: str = "makespan"):
     """The best order among warm orders, baselines and list-scheduler variants that fit in memory.
 
     Ties keep the earliest candidate in that order, so the result is deterministic.
-    Returns (name, order, {name: makespan of every candidate that fits}).
+    Returns (name, order, {name: objective value of every candidate that fits}).
     """
     sg = js.sg
     pool: list[tuple[str, Order]] = []
@@ -245,8 +257,8 @@ def _best_start(js: JobSet, budgets, allow_pairs: bool, warm_orders: dict[str, O
             events = simulate(sg, {d: list(a) for d, a in order.items()}, js.microbatches)
         except OpschedError:
             continue
-        inc = Incumbent({}, max(e.end for e in events), sum(e.end for e in events))
-        spans[name] = inc.makespan
+        inc = Incumbent({}, objective_value(js, events, objective), max(e.end for e in events), sum(e.end for e in events))
+        spans[name] = inc.value
         if best is None or better(inc, best[2]):
             best = (name, order, inc)
     assert best is not None, "the list scheduler always gives an order"

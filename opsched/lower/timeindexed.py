@@ -339,6 +339,33 @@ def makespan_definition(model: mip.Model, sp: SlotProblem, z: dict, C: mip.Var) 
             model.add_constr(C >= start_expr(sp, z, j) + sp.p[j], name=f"span_{j}")
 
 
+def device_span_definition(model: mip.Model, sp: SlotProblem, z: dict) -> mip.Var:
+    """``Z >= E_d - A_d`` per device: ``A_d <= S_j`` for its F jobs, ``E_d >= S_j + p_j`` for its W/B jobs.
+
+    ``Z`` is the Zero Bubble paper's cost (the longest device span from its
+    first F to its last W or B); returned for use as an objective.
+    """
+    js = sp.js
+    Z = model.add_var(name="Z", lb=0.0)
+
+    def start(j):
+        return sp.fixed[j] if j in sp.fixed else start_expr(sp, z, j)
+
+    for d, ks in sorted(js.on_device.items()):
+        forwards = [k for k in ks if js.jobs[k].pass_ == "F"]
+        lasts = [k for k in ks if js.jobs[k].pass_ in ("W", "B")]
+        if not forwards or not lasts:
+            continue
+        A = model.add_var(name=f"A_{d}", lb=0.0)
+        E = model.add_var(name=f"E_{d}", lb=0.0)
+        for k in forwards:
+            model.add_constr(A <= start(k), name=f"first_{d}_{k}")
+        for k in lasts:
+            model.add_constr(E >= start(k) + sp.p[k], name=f"last_{d}_{k}")
+        model.add_constr(Z >= E - A, name=f"spanZ_{d}")
+    return Z
+
+
 def symmetry_breaking(model: mip.Model, sp: SlotProblem, z: dict) -> None:
     """Interchangeable microbatches start the first source stage in microbatch order."""
     for a, b in sp.before:
@@ -385,12 +412,13 @@ def build_model(
     symmetry_breaking(model, sp, z)
     if objective == "makespan":
         model.objective = mip.minimize(C)
-    elif objective == "makespan+flow":
+    elif objective in ("makespan+flow", "span+flow"):
         w = weights or {}
         free = sp.free
-        # the flow term stays below one slot, so it never trades against the makespan
+        # the flow term stays below one slot, so it never trades against the main objective
         scale = 1.0 / (1 + sum(w.get(j, 1.0) * sp.ls[j] for j in free))
-        model.objective = mip.minimize(C + scale * mip.xsum(w.get(j, 1.0) * start_expr(sp, z, j) for j in free))
+        main = C if objective == "makespan+flow" else device_span_definition(model, sp, z)
+        model.objective = mip.minimize(main + scale * mip.xsum(w.get(j, 1.0) * start_expr(sp, z, j) for j in free))
     else:
         raise ValueError(objective)
     return model, z, C
