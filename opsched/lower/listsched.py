@@ -44,6 +44,9 @@ class Variant:
     patient_w: bool = False
     #: overlap an F with a backward of a stage on the same devices when both can start
     pairs: bool = False
+    #: (base, slope): stage at depth k keeps at most max(1, base - slope*k) microbatches between F and I
+    #: (1F1B / Zero Bubble warm-up shapes: downstream stages stay free for the returning backwards)
+    stage_cap: tuple[int, int] | None = None
 
     @property
     def name(self) -> str:
@@ -54,6 +57,8 @@ class Variant:
             parts.append("patientW")
         if self.pairs:
             parts.append("pairs")
+        if self.stage_cap is not None:
+            parts.append(f"warmup{self.stage_cap[0]}-{self.stage_cap[1]}")
         return "-".join(parts)
 
 
@@ -155,6 +160,8 @@ def list_schedule(js: JobSet, budgets: Mapping[int, float] | None, variant: Vari
         if ks and missing[ks[-1]] == 0:
             candidates.add(ks.pop())
     started_mb: set[int] = set()
+    depth = _stage_depths(sg)
+    between: dict[int, int] = {s.id: 0 for s in sg.stages}  # microbatches between F and I per stage
     keys = [_priority_key(js, k, v.priority) for k in range(n)]
     gain = sg.overlap_gain
 
@@ -185,6 +192,10 @@ def list_schedule(js: JobSet, budgets: Mapping[int, float] | None, variant: Vari
                 m = js.jobs[k].microbatch
                 if v.cap is not None and m not in started_mb and len(memory.inflight) >= v.cap:
                     continue
+                if v.stage_cap is not None:
+                    base, slope = v.stage_cap
+                    if between[js.jobs[k].stage] >= max(1, base - slope * depth[js.jobs[k].stage]):
+                        continue
                 if not memory.allows(k):
                     continue
             starts[k] = max([ready(k)] + [free[d] for d in js.devices[k]])
@@ -215,6 +226,9 @@ def list_schedule(js: JobSet, budgets: Mapping[int, float] | None, variant: Vari
             candidates.discard(j)
             if js.jobs[j].pass_ == "F":
                 started_mb.add(js.jobs[j].microbatch)
+                between[js.jobs[j].stage] += 1
+            elif js.jobs[j].pass_ in ("I", "B"):
+                between[js.jobs[j].stage] -= 1
         # allocate before freeing: the F of a pair runs while the backward still holds its memory
         for j in sorted(members, key=lambda j: -js.mem[j]):
             memory.dispatch(j)
@@ -227,6 +241,14 @@ def list_schedule(js: JobSet, budgets: Mapping[int, float] | None, variant: Vari
             release(j)
         done += len(members)
     return order
+
+
+def _stage_depths(sg) -> dict[int, int]:
+    """Number of stages on the longest path from a source to each stage."""
+    depth: dict[int, int] = {}
+    for sid in sg.topological_order():
+        depth[sid] = max([depth[e.src] + 1 for e in sg.preds(sid)] + [0])
+    return depth
 
 
 def _pair_partner(js: JobSet, k: int, now: list[int], keys: list[tuple]) -> int | None:
@@ -247,6 +269,11 @@ def default_variants(js: JobSet, allow_pairs: bool = False) -> list[Variant]:
         if c not in caps and c < js.microbatches:
             caps.append(c)
     variants = [Variant(p, c, w) for p in PRIORITIES for c in caps for w in (False, True)]
+    # warm-up shapes of 1F1B / ZB-H1 (p - k), ZB-H2 (2p - 1 - k) and ZB-2p-like (2p - 2k)
+    shapes = [(devices, 1), (devices + 1, 1), (2 * devices - 1, 1)]
+    shapes += [(2 * devices + k, 2) for k in (-2, -1, 0, 1)]
+    for shape in shapes:
+        variants += [Variant("zb", None, w, stage_cap=shape) for w in (False, True)]
     if allow_pairs and js.sg.overlap_gain > 0:
         variants += [Variant(p, c, w, True) for p in ("zb", "forward") for c in caps for w in (False, True)]
     return variants
