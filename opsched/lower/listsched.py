@@ -165,8 +165,13 @@ def list_schedule(js: JobSet, budgets: Mapping[int, float] | None, variant: Vari
     keys = [_priority_key(js, k, v.priority) for k in range(n)]
     gain = sg.overlap_gain
 
-    def ready(k: int) -> float:
-        return max([0.0] + [end[i] + delay for i, delay in js.preds[k]])
+    ready_at: dict[int, float] = {}
+
+    def ready(k: int) -> float:  # fixed once every predecessor is dispatched
+        r = ready_at.get(k)
+        if r is None:
+            r = ready_at[k] = max([0.0] + [end[i] + delay for i, delay in js.preds[k]])
+        return r
 
     def release(k: int) -> None:
         for s, _ in js.succs[k]:

@@ -119,7 +119,10 @@ def solve(
             print(f"[lower] {elapsed:7.2f}s  best {best:.6g}  bound {bound:.6g}  {what}", file=sys.stderr)
 
     lb = combinatorial_bound(js, budgets, allow_pairs) if objective == "makespan" else span_lower_bound(js)
-    name, best_order, candidates = _best_start(js, budgets, allow_pairs, warm_orders, objective)
+    # list-scheduler variants may use up to a third of the time (large instances)
+    name, best_order, candidates = _best_start(
+        js, budgets, allow_pairs, warm_orders, objective, stop_at=t0 + time_limit / 3
+    )
     best = evaluate(js, job_order(best_order), objective) if not _has_pairs(best_order) else None
     value = best.value if best is not None else candidates[name]
     makespan = best.makespan if best is not None else _makespan(js, best_order)
@@ -234,17 +237,24 @@ def baseline_orders(sg, microbatches: int) -> dict[str, Order]:
     return out
 
 
-def _best_start(js: JobSet, budgets, allow_pairs: bool, warm_orders: dict[str, Order] | None, objective: str = "makespan"):
+def _best_start(
+    js: JobSet, budgets, allow_pairs: bool, warm_orders: dict[str, Order] | None,
+    objective: str = "makespan", stop_at: float | None = None,
+):
     """The best order among warm orders, baselines and list-scheduler variants that fit in memory.
 
-    Ties keep the earliest candidate in that order, so the result is deterministic.
+    Ties keep the earliest candidate in that order, so the result is
+    deterministic, except that variants after the first are skipped once the
+    clock passes ``stop_at`` (only on instances so large that they take that long).
     Returns (name, order, {name: objective value of every candidate that fits}).
     """
     sg = js.sg
     pool: list[tuple[str, Order]] = []
     pool += sorted((warm_orders or {}).items())
     pool += sorted(baseline_orders(sg, js.microbatches).items())
-    for v in default_variants(js, allow_pairs):
+    for k, v in enumerate(default_variants(js, allow_pairs)):
+        if k > 0 and stop_at is not None and time.monotonic() > stop_at:
+            break
         pool.append((v.name, list_schedule(js, budgets, v)))
     best: tuple[str, Order, Incumbent] | None = None
     spans: dict[str, float] = {}
