@@ -238,3 +238,14 @@ def test_pairs_are_valid_and_never_worse(capsys):
     validate(paired.schedule)
     err = capsys.readouterr().err
     assert "[lower]" in err and "best" in err and "bound" in err
+
+
+def test_docstring_examples_of_the_lower_modules():
+    import doctest
+    import importlib
+
+    names = ("opsched.lower", "opsched.lower.bounds", "opsched.lower.jobs", "opsched.lower.listsched",
+             "opsched.lower.solve")
+    for module in map(importlib.import_module, names):
+        failed, _ = doctest.testmod(module)
+        assert failed == 0, module.__name__
