@@ -23,21 +23,22 @@ ROOT = Path(__file__).resolve().parent.parent
 MODELS = ["mixtral_8x7b", "deepseek_moe", "clip_vit_l14", "llava_7b"]
 
 
-def run_one(model: str, devices: int, microbatches: int, time_limit: float, solver: str) -> dict:
+def run_one(model: str, devices: int, microbatches: int, time_limit: float, solver: str, preset: str) -> dict:
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "-m", "opsched.cli", "plan", str(ROOT / "models" / f"{model}.onnx"),
-               "--devices", str(devices), "--microbatches", str(microbatches), "--time-limit", str(time_limit),
-               "--solver", solver, "-o", out, "--quiet"]
+               "--devices", str(devices), "--preset", preset, "--microbatches", str(microbatches),
+               "--time-limit", str(time_limit), "--solver", solver, "-o", out, "--quiet"]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True)
         wall = time.perf_counter() - t0
         if proc.returncode != 0:
-            return {"model": model, "devices": devices, "error": proc.stderr.strip(), "wall": wall}
+            return {"model": model, "devices": devices, "error": proc.stderr.strip(), "wall": wall, "preset": preset}
         doc = json.loads((Path(out) / "plan.json").read_text())
     best = min(doc["baselines"], key=lambda b: b["step_time"]) if doc["baselines"] else None
     return {
         "model": model,
         "devices": devices,
+        "preset": preset,
         "wall": wall,
         "source": doc["source"],
         "layout": doc["layout"],
@@ -57,19 +58,25 @@ def main(argv=None) -> int:
     ap.add_argument("--microbatches", type=int, default=32)
     ap.add_argument("--time-limit", type=float, default=60)
     ap.add_argument("--solver", default="cbc")
+    ap.add_argument("--preset", default="h100-sxm")
+    ap.add_argument("--fallback-preset", default="h200",
+                    help="preset to retry with when the model does not fit the first one's memory at all")
     args = ap.parse_args(argv)
-    print("| model | devices | plan (source, layout) | step (s) | bubbles | best baseline | its step (s) | speed-up | lower gap | wall (s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | devices | preset | plan (source, layout) | step (s) | bubbles | best baseline | its step (s) | speed-up | lower gap | wall (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for model in args.models.split(","):
         for devices in (int(d) for d in args.devices.split(",")):
-            r = run_one(model, devices, args.microbatches, args.time_limit, args.solver)
+            r = run_one(model, devices, args.microbatches, args.time_limit, args.solver, args.preset)
+            if "error" in r and "smallest memory" in r["error"] and args.fallback_preset:
+                print(f"| {model} | {devices} | {r['preset']} | does not fit: {r['error']} | | | | | | | {r['wall']:.1f} |", flush=True)
+                r = run_one(model, devices, args.microbatches, args.time_limit, args.solver, args.fallback_preset)
             if "error" in r:
-                print(f"| {model} | {devices} | error: {r['error']} | | | | | | | {r['wall']:.1f} |", flush=True)
+                print(f"| {model} | {devices} | {r['preset']} | error: {r['error']} | | | | | | | {r['wall']:.1f} |", flush=True)
                 continue
             gap = "-" if r["gap"] is None else f"{r['gap']:.3f}"
             speed = "-" if r["speedup"] is None else f"{r['speedup']:.3f}x"
             base_step = "-" if r["baseline_step"] is None else f"{r['baseline_step']:.4g}"
-            print(f"| {model} | {devices} | {r['source']}, {r['layout']} | {r['step']:.4g} | {r['bubbles']:.3f} | "
+            print(f"| {model} | {devices} | {r['preset']} | {r['source']}, {r['layout']} | {r['step']:.4g} | {r['bubbles']:.3f} | "
                   f"{r['baseline'] or '-'} | {base_step} | {speed} | {gap} | {r['wall']:.1f} |", flush=True)
     return 0
 
