@@ -222,11 +222,12 @@ def main(argv=None) -> int:
                     spec.with_blocks(blocks), RANKS[e["placement"]], mb, args,
                     schedule=e["builtin"] or "csv", csv_path=None if e["builtin"] else str(plan_path))
                 e.setdefault("measured", []).extend(measured)
+                e.setdefault("busy", []).extend(max(b) for b in zip(*(r.busy_seconds for r in results)))
                 own = same_run_graph(gs[e["placement"]], compute_stat(results, args.stat), comm, split)
                 e.setdefault("same_run", []).append(max(ev.end for ev in simulate(own, e["order"], mb)))
                 print(f"  {e['schedule']}: median {1e3 * statistics.median(measured):.1f} ms", flush=True)
     rows = [_row(e["schedule"], e["placement"], e["predicted"], e["measured"], e["peak"],
-                 statistics.median(e["same_run"])) for e in entries]
+                 statistics.median(e["same_run"]), e["busy"]) for e in entries]
     for r in rows:
         print(r["line"])
 
@@ -262,12 +263,13 @@ def main(argv=None) -> int:
     }
     print()
     print("| schedule | stages on ranks | predicted ms (error) | predicted from same-run times ms (error) "
-          "| measured median ms (IQR) | peak act. (microbatches) |")
-    print("|---|---|---|---|---|---|")
+          "| measured median ms (IQR) | measured min ms | busiest rank's compute ms | peak act. (microbatches) |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['schedule']} | {r['placement']} | {r['predicted_ms']:.1f} ({r['error_pct']:+.1f} %) "
               f"| {r['predicted_same_run_ms']:.1f} ({r['error_same_run_pct']:+.1f} %) | {r['measured_median_ms']:.1f} "
-              f"({r['measured_q1_ms']:.1f}-{r['measured_q3_ms']:.1f}) | {r['peak_act']:g} |")
+              f"({r['measured_q1_ms']:.1f}-{r['measured_q3_ms']:.1f}) | {r['measured_min_ms']:.1f} "
+              f"| {r['busiest_rank_compute_ms']:.1f} | {r['peak_act']:g} |")
     print(f"\nwithin 15 %: {len(summary['within_15pct'])}/{len(rows)} (same-run times: "
           f"{len(summary['within_15pct_same_run'])}/{len(rows)}); opsched vs best built-in within its memory "
           f"({best_builtin['schedule']}): {ours['measured_median_ms']:.1f} vs {best_builtin['measured_median_ms']:.1f} ms; "
@@ -299,7 +301,7 @@ def fit_comm(times: dict, ranks: dict, order, microbatches: int, target: float) 
     return (lo + hi) / 2
 
 
-def _row(schedule, placement, predicted, measured, peak, same_run) -> dict:
+def _row(schedule, placement, predicted, measured, peak, same_run, busy) -> dict:
     med = statistics.median(measured)
     q = statistics.quantiles(measured, n=4) if len(measured) >= 2 else [med, med, med]
     row = {
@@ -313,6 +315,8 @@ def _row(schedule, placement, predicted, measured, peak, same_run) -> dict:
         "error_pct": 100 * (predicted - med) / med,
         "error_same_run_pct": 100 * (same_run - med) / med,
         "peak_act": peak,
+        "measured_min_ms": 1e3 * min(measured),
+        "busiest_rank_compute_ms": 1e3 * statistics.median(busy),
     }
     row["line"] = (f"{schedule:32s} {placement:12s} predicted {row['predicted_ms']:7.1f} ms "
                    f"({row['error_pct']:+.1f} %), from same-run action times {row['predicted_same_run_ms']:7.1f} ms "

@@ -77,6 +77,7 @@ class RankResult:
     step_seconds: list[float] = field(default_factory=list)  # timed steps only
     compute_seconds: dict = field(default_factory=dict)  # (stage, pass) -> list of durations
     comm_seconds: float | None = None  # one-way latency of an activation-sized message
+    busy_seconds: list[float] = field(default_factory=list)  # per timed step: compute time on this rank
 
 
 # --------------------------------------------------------------------------- worker
@@ -171,6 +172,8 @@ def _worker(rank: int, job: RunJob, workdir: str) -> None:
             enabled[0] = False
             if timed:
                 result.step_seconds.append(elapsed)
+                # compute time of this step = all timed compute so far minus earlier steps'
+                result.busy_seconds.append(sum(sum(v) for v in store.values()) - sum(result.busy_seconds))
             if has_last:
                 result.losses.append([float(v.detach()) for v in losses])
             if job.record_grads:
