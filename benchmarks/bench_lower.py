@@ -4,6 +4,8 @@ Cases:
 
 * ``dualpipe``: F = I = W = 1, 4 devices x 2 stages in a V, 16 microbatches,
   memory = DualPipeV's peak;
+* ``v-tight``: the same V pipeline with memory 5 (below every baseline's
+  peak), where the neighbourhood search has to do the work;
 * ``zb-p`` / ``zb-2p``: Zero Bubble's setting (p = 8, m = 24, T_F 18.522,
   T_I 18.086, T_W 9.337, transfer 0.601), memory p*M_B and 2p*M_B (M_B = 1,
   act_w = 0.5); the MIP minimises their cost (``objective="zb-span"``);
@@ -64,6 +66,7 @@ def cases():
     v8 = chain_stage_graph(16, devices=8, placement="v", f=1, b=2, w=1)
     return {
         "dualpipe": dict(sg=v4, m=16, memory=("method", "dualpipev"), objective="makespan"),
+        "v-tight": dict(sg=v4, m=16, memory=5.0, objective="makespan"),
         "zb-p": dict(sg=zb_chain(), m=24, memory=8.0, objective="zb-span", also_v=True),
         "zb-2p": dict(sg=zb_chain(), m=24, memory=16.0, objective="zb-span", also_v=True),
         "uneven": dict(sg=zb_chain(1.5), m=24, memory=8.0, objective="makespan", also_v=True),
