@@ -160,13 +160,18 @@ def plan_block_graph(
         name = str(lay)
         p = upper_problem(small, lay, cluster, training, limit)
         problems[name] = p
-        start = contiguous_start(p, solver=solver)
-        if start is None:
+        share = max(1.0, (upper_deadline - time.perf_counter()) / (len(all_layouts) - i))
+        try:
+            found = run_isolated(_upper_for_layout, p, share, solver, timeout=3 * share + 30)
+        except OpschedError as exc:
+            candidates.append(Candidate("upper", name, f"upper failed: {exc}"))
+            say(f"upper: layout {name}: {exc}")
+            continue
+        if found is None:
             candidates.append(Candidate("upper", name, "no fit"))
             continue
-        share = max(1.0, (upper_deadline - time.perf_counter()) / (len(all_layouts) - i))
-        sol = solve_upper(p, time_limit=share, solver=solver, start=start, window=2 if lay.slots > 4 else None)
-        say(f"upper: layout {name}: estimate {estimate(p, start)['step_time']:.4g} s -> {sol.objective:.4g} s ({sol.status}, {sol.solve_seconds:.1f} s)")
+        start_estimate, sol = found
+        say(f"upper: layout {name}: estimate {start_estimate:.4g} s -> {sol.objective:.4g} s ({sol.status}, {sol.solve_seconds:.1f} s)")
         solutions.append(sol)
     t_upper = time.perf_counter()
 
@@ -244,12 +249,72 @@ def plan_block_graph(
     )
 
 
+def _upper_for_layout(p: UpperProblem, time_limit: float, solver: str) -> tuple[float, UpperSolution] | None:
+    """(estimate of the contiguous start, upper solution) for one layout, or None when nothing fits."""
+    start = contiguous_start(p, solver=solver)
+    if start is None:
+        return None
+    window = 2 if p.layout.slots > 4 else None
+    return estimate(p, start)["step_time"], solve_upper(p, time_limit=time_limit, solver=solver, start=start, window=window)
+
+
+def run_isolated(fn, *args, timeout: float, **kwargs):
+    """Run ``fn(*args, **kwargs)`` in a forked child process and return its result.
+
+    The MIP solvers are native code: a crash there (CBC has been seen to
+    abort with a heap corruption under a time limit, then hang in its own
+    crash handler) would take the whole planner down or hang it. In a child,
+    it costs only that one solve: a crash or a child running past
+    ``timeout`` seconds raises :class:`OpschedError`; an exception in ``fn``
+    is re-raised here. Falls back to a direct call where fork is unavailable.
+    """
+    import multiprocessing as mp
+
+    try:
+        ctx = mp.get_context("fork")
+    except ValueError:  # no fork (Windows, some macOS setups)
+        return fn(*args, **kwargs)
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_isolated_child, args=(send, fn, args, kwargs), daemon=True)
+    child.start()
+    send.close()
+    try:
+        if not receive.poll(timeout):
+            raise OpschedError(f"the solver did not return within {timeout:.0f} s and was stopped")
+        ok, value = receive.recv()
+    except EOFError:
+        raise OpschedError(f"the solver process crashed (exit code {child.exitcode}); this candidate is skipped") from None
+    finally:
+        if child.is_alive():
+            child.kill()
+        child.join()
+        receive.close()
+    if ok:
+        return value
+    raise value
+
+
+def _isolated_child(send, fn, args, kwargs) -> None:
+    import os
+
+    try:
+        result = (True, fn(*args, **kwargs))
+    except BaseException as exc:  # noqa: BLE001 - handed to the parent as is
+        result = (False, exc)
+    try:
+        send.send(result)
+    finally:
+        send.close()
+        os._exit(0)  # skip interpreter teardown: the parent owns every resource
+
+
 def _schedule_job(job: dict, microbatches: int, limit: float, budget: float, solver: str, say: Progress,
                   warm: Schedule | None = None) -> None:
     """Run the lower MIP on ``job["sg"]``; keep the result in ``job`` when it is better than what it holds."""
     cand: Candidate = job["cand"]
     try:
-        schedule, extra = lower_schedule(job["sg"], microbatches, limit, budget, solver, warm or job["warm"])
+        schedule, extra = run_isolated(lower_schedule, job["sg"], microbatches, limit, budget, solver,
+                                       warm or job["warm"], timeout=3 * budget + 60)
     except OpschedError as exc:
         if "schedule" not in job:
             cand.status = f"lower failed: {exc}"
@@ -304,7 +369,10 @@ def _smallest_memory(problems: dict[str, UpperProblem], solver: str) -> float:
     """The least memory per device any layout needs under the upper memory model."""
     best = math.inf
     for p in problems.values():
-        best = min(best, minimum_memory(p, solver=solver, time_limit=2.0))
+        try:
+            best = min(best, run_isolated(minimum_memory, p, solver=solver, time_limit=2.0, timeout=30))
+        except OpschedError:
+            continue
     return best
 
 

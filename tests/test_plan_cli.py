@@ -132,3 +132,34 @@ def test_every_bundled_model_plans_and_validates(model, tmp_path):
     schedule, doc = read_plan(out / "plan.json")
     validate(schedule)
     assert doc["devices"] == 8 and doc["step_time"] > 0
+
+
+def _abort():
+    import os
+
+    os.abort()
+
+
+def _sleep(seconds):
+    import time
+
+    time.sleep(seconds)
+
+
+def _fail():
+    from opsched.errors import OpschedError
+
+    raise OpschedError("nothing fits")
+
+
+def test_run_isolated_returns_reraises_and_survives_crashes():
+    from opsched.errors import OpschedError
+    from opsched.planner import run_isolated
+
+    assert run_isolated(sum, [1, 2, 3], timeout=30) == 6
+    with pytest.raises(OpschedError, match="nothing fits"):
+        run_isolated(_fail, timeout=30)
+    with pytest.raises(OpschedError, match="crashed"):
+        run_isolated(_abort, timeout=30)
+    with pytest.raises(OpschedError, match="did not return within"):
+        run_isolated(_sleep, 10, timeout=0.5)
