@@ -4,6 +4,7 @@
    gloo ranks with timers on; take each stage's F, I, W compute time (mean or
    median over microbatches and steps) and the one-way time of an
    activation-sized message; build a StageGraph from them.
+   The edge time is that measured message time (``--comm fit`` fits it instead).
 2. Plan: time opsched's baselines (and ``opsched.lower.solve`` when present)
    on that StageGraph, in V and interleaved placements of the same 4 stages,
    under the activation memory of the leanest built-in V schedule; pick the
@@ -17,7 +18,7 @@
 Prints a markdown table and writes JSON (``--json``). Figures are recorded in
 docs/BENCHMARKS.md with the command that produced them.
 
-    python benchmarks/bench_torch.py --steps 20 --warmup 3 --microbatches 8 --json benchmarks/results/torch.json
+    nice -n -10 python benchmarks/bench_torch.py --steps 10 --warmup 2 --rounds 2 --json /tmp/torch_bench.json
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pathlib import Path
 
 from opsched import baselines
 from opsched.errors import OpschedError
-from opsched.export.torch_csv import csv_text, read_torch_csv, stage_ranks, torch_rows, write_torch_csv
+from opsched.export.torch_csv import csv_text, read_torch_csv, write_torch_csv
 from opsched.schedule import Schedule, chain_stage_graph, metrics, simulate
 from opsched.torchrun.calibrate import merged_times, stage_graph_from_times
 from opsched.torchrun.launch import RunJob, run_job, step_seconds
@@ -148,8 +149,8 @@ def main(argv=None) -> int:
     p.add_argument("--microbatch-size", type=int, default=4)
     p.add_argument("--steps", type=int, default=20, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per run")
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--seq", type=int, default=16)
+    p.add_argument("--dim", type=int, default=256, help="model width (default 256: actions of ~10 ms)")
+    p.add_argument("--seq", type=int, default=32)
     p.add_argument("--stat", choices=["mean", "median"], default="mean",
                    help="statistic of the calibrated per-action times (default mean: a step is a sum of actions)")
     p.add_argument("--lower-seconds", type=float, default=20.0, help="time limit of opsched.lower.solve, if present")
@@ -157,9 +158,10 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--rounds", type=int, default=1,
                    help="run every schedule this many times, round-robin, pooling the steps (evens out load drift)")
-    p.add_argument("--comm", choices=["fit", "pingpong"], default="fit",
-                   help="edge time: fitted so the calibration run's simulated step equals its measured median "
-                        "(default), or the measured one-way message time")
+    p.add_argument("--comm", choices=["fit", "pingpong"], default="pingpong",
+                   help="edge time: the measured one-way time of an activation-sized message (default), or fitted "
+                        "so the calibration run's simulated step equals its measured median (absorbs load drift "
+                        "into the edge time; worse on a shared machine)")
     args = p.parse_args(argv)
     mb = args.microbatches
     spec = ModelSpec(dim=args.dim, hidden=2 * args.dim, experts=4, top_k=2, heads=4, seq=args.seq,
@@ -222,12 +224,15 @@ def main(argv=None) -> int:
                     spec.with_blocks(blocks), RANKS[e["placement"]], mb, args,
                     schedule=e["builtin"] or "csv", csv_path=None if e["builtin"] else str(plan_path))
                 e.setdefault("measured", []).extend(measured)
+                e.setdefault("round_medians", []).append(statistics.median(measured))
                 e.setdefault("busy", []).extend(max(b) for b in zip(*(r.busy_seconds for r in results)))
                 own = same_run_graph(gs[e["placement"]], compute_stat(results, args.stat), comm, split)
                 e.setdefault("same_run", []).append(max(ev.end for ev in simulate(own, e["order"], mb)))
                 print(f"  {e['schedule']}: median {1e3 * statistics.median(measured):.1f} ms", flush=True)
     rows = [_row(e["schedule"], e["placement"], e["predicted"], e["measured"], e["peak"],
                  statistics.median(e["same_run"]), e["busy"]) for e in entries]
+    for r, e in zip(rows, entries):
+        r["round_medians_ms"] = [round(1e3 * m, 1) for m in e["round_medians"]]
     for r in rows:
         print(r["line"])
 
@@ -270,6 +275,7 @@ def main(argv=None) -> int:
               f"| {r['predicted_same_run_ms']:.1f} ({r['error_same_run_pct']:+.1f} %) | {r['measured_median_ms']:.1f} "
               f"({r['measured_q1_ms']:.1f}-{r['measured_q3_ms']:.1f}) | {r['measured_min_ms']:.1f} "
               f"| {r['busiest_rank_compute_ms']:.1f} | {r['peak_act']:g} |")
+    print("\nper-round medians (ms): " + "; ".join(f"{r['schedule']} {r['round_medians_ms']}" for r in rows))
     print(f"\nwithin 15 %: {len(summary['within_15pct'])}/{len(rows)} (same-run times: "
           f"{len(summary['within_15pct_same_run'])}/{len(rows)}); opsched vs best built-in within its memory "
           f"({best_builtin['schedule']}): {ours['measured_median_ms']:.1f} vs {best_builtin['measured_median_ms']:.1f} ms; "
