@@ -10,7 +10,7 @@ pytest.importorskip("torch.distributed.pipelining")
 from opsched.errors import OpschedError  # noqa: E402
 from opsched.export.torch_csv import csv_text, read_torch_csv, stage_ranks, write_torch_csv  # noqa: E402
 from opsched.schedule import chain_stage_graph  # noqa: E402
-from opsched.torchrun.launch import RunJob, compare_with_reference, run_job  # noqa: E402
+from opsched.torchrun.launch import RunJob, compare_with_reference, run_job, run_jobs_interleaved  # noqa: E402
 from opsched.torchrun.model import ModelSpec, batch, build_stage_modules, reference_step  # noqa: E402
 
 TINY = ModelSpec(dim=8, hidden=16, experts=4, top_k=2, heads=2, seq=4, blocks=(1, 1, 1, 1))
@@ -44,7 +44,7 @@ def test_reference_check_notices_a_wrong_gradient():
 
 
 @pytest.mark.slow
-def test_exported_dualpipev_plan_runs_and_matches_reference(tmp_path):
+def test_exported_dualpipev_plan_and_torch_1f1b_run_and_match_reference(tmp_path):
     """An opsched order with overlapped pairs and split backwards, exported and run on 2 ranks."""
     vis = pytest.importorskip("torch.distributed.pipelining._schedule_visualizer")
     sg = chain_stage_graph(4, devices=2, placement="v")
@@ -56,7 +56,11 @@ def test_exported_dualpipev_plan_runs_and_matches_reference(tmp_path):
     assert any("OVERLAP" in str(a) for a in order[0])
     write_torch_csv(tmp_path / "plan.csv", sg=sg, order=order, microbatches=mb)
     job = RunJob(TINY, stage_ranks(sg), microbatches=mb, csv_path=str(tmp_path / "plan.csv"), steps=2)
-    results = run_job(job, timeout=120)
+    # torch's own Schedule1F1B on a 2-stage split runs in the same processes, step by step in turn
+    builtin = RunJob(TINY.with_blocks((2, 2)), {0: 0, 1: 1}, microbatches=mb, schedule="1F1B", steps=2)
+    results, builtin_results = run_jobs_interleaved([job, builtin], timeout=180)
+    other = compare_with_reference(builtin, builtin_results)
+    assert other["ok"], other["problems"][:5]
     report = compare_with_reference(job, results)
     assert report["ok"], report["problems"][:5]
     assert report["params"] == sum(len(r.grads[0]) for r in results)

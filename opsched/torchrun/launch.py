@@ -128,65 +128,91 @@ def _measure_comm(job: RunJob, rank: int, dist, torch) -> float | None:
     return statistics.median(rounds[5:]) / 2
 
 
-def _worker(rank: int, job: RunJob, workdir: str) -> None:
+class _Runner:
+    """One job's stages, schedule, timers and results on one rank (inside a worker process)."""
+
+    def __init__(self, job: RunJob, rank: int):
+        import torch
+        from torch.distributed.pipelining import PipelineStage
+
+        self.job, self.rank = job, rank
+        self.modules = build_stage_modules(job.spec)
+        self.n = job.spec.num_stages
+        self.mine = sorted(s for s, r in job.stage_ranks.items() if r == rank)
+        pstages = [PipelineStage(self.modules[s], s, self.n, torch.device("cpu")) for s in self.mine]
+        self.store: dict = defaultdict(list)
+        self.enabled = [False]
+        for st in pstages:
+            _timed(st, "forward_one_chunk", lambda a, k: "F", self.store, self.enabled)
+            _timed(st, "backward_one_chunk", lambda a, k: "B" if k.get("full_backward", True) else "I",
+                   self.store, self.enabled)
+            _timed(st, "backward_weight_one_chunk", lambda a, k: "W", self.store, self.enabled)
+        self.sched = _make_schedule(job, pstages)
+        self.result = RankResult(rank=rank, stages=self.mine)
+
+    def step(self, step: int, dist) -> None:
+        """Run training step ``step`` (timed unless it is a warm-up step), then SGD."""
+        job, mine = self.job, self.mine
+        timed = step >= job.warmup
+        x, y = batch(job.spec, job.microbatches * job.microbatch_size, step)
+        local = [self.modules[s] for s in mine]
+        for m in local:
+            m.zero_grad(set_to_none=True)
+        losses: list = []
+        args = (x,) if 0 in mine else ()
+        kwargs = {"target": y, "losses": losses} if self.n - 1 in mine else {}
+        self.enabled[0] = timed
+        dist.barrier()
+        t0 = time.perf_counter()
+        self.sched.step(*args, **kwargs)
+        elapsed = time.perf_counter() - t0
+        self.enabled[0] = False
+        result = self.result
+        if timed:
+            result.step_seconds.append(elapsed)
+            # compute time of this step = all timed compute so far minus earlier steps'
+            result.busy_seconds.append(sum(sum(v) for v in self.store.values()) - sum(result.busy_seconds))
+        if self.n - 1 in mine:
+            result.losses.append([float(v.detach()) for v in losses])
+        if job.record_grads:
+            result.grads.append(
+                {
+                    f"{s}.{name}": (p.grad.detach().clone() if p.grad is not None else None)
+                    for s in mine
+                    for name, p in self.modules[s].named_parameters()
+                }
+            )
+        sgd_update(local, job.lr)
+
+    def finish(self) -> dict:
+        self.result.compute_seconds = dict(self.store)
+        return self.result.__dict__
+
+
+def _worker(rank: int, jobs: list[RunJob], workdir: str) -> None:
+    """Run every job's steps on this rank; with several jobs, step by step in turn.
+
+    Interleaving the jobs' steps (rotating which goes first) exposes them to
+    the same machine load, so their step times compare fairly on a shared machine.
+    """
     import torch
     import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage
 
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"file://{workdir}/store", rank=rank, world_size=job.world_size
+        "gloo", init_method=f"file://{workdir}/store", rank=rank, world_size=jobs[0].world_size
     )
     try:
-        modules = build_stage_modules(job.spec)
-        n = job.spec.num_stages
-        mine = sorted(s for s, r in job.stage_ranks.items() if r == rank)
-        pstages = [PipelineStage(modules[s], s, n, torch.device("cpu")) for s in mine]
-        store: dict = defaultdict(list)
-        enabled = [False]
-        for st in pstages:
-            _timed(st, "forward_one_chunk", lambda a, k: "F", store, enabled)
-            _timed(
-                st, "backward_one_chunk", lambda a, k: "B" if k.get("full_backward", True) else "I", store, enabled
-            )
-            _timed(st, "backward_weight_one_chunk", lambda a, k: "W", store, enabled)
-        sched = _make_schedule(job, pstages)
-        result = RankResult(rank=rank, stages=mine)
-        if job.measure_comm:
-            result.comm_seconds = _measure_comm(job, rank, dist, torch)
-        local = [modules[s] for s in mine]
-        has_first, has_last = 0 in mine, n - 1 in mine
-        for step in range(job.warmup + job.steps):
-            timed = step >= job.warmup
-            x, y = batch(job.spec, job.microbatches * job.microbatch_size, step)
-            for m in local:
-                m.zero_grad(set_to_none=True)
-            losses: list = []
-            args = (x,) if has_first else ()
-            kwargs = {"target": y, "losses": losses} if has_last else {}
-            enabled[0] = timed
-            dist.barrier()
-            t0 = time.perf_counter()
-            sched.step(*args, **kwargs)
-            elapsed = time.perf_counter() - t0
-            enabled[0] = False
-            if timed:
-                result.step_seconds.append(elapsed)
-                # compute time of this step = all timed compute so far minus earlier steps'
-                result.busy_seconds.append(sum(sum(v) for v in store.values()) - sum(result.busy_seconds))
-            if has_last:
-                result.losses.append([float(v.detach()) for v in losses])
-            if job.record_grads:
-                result.grads.append(
-                    {
-                        f"{s}.{name}": (p.grad.detach().clone() if p.grad is not None else None)
-                        for s in mine
-                        for name, p in modules[s].named_parameters()
-                    }
-                )
-            sgd_update(local, job.lr)
-        result.compute_seconds = dict(store)
-        torch.save(result.__dict__, os.path.join(workdir, f"rank{rank}.pt"))
+        runners = [_Runner(job, rank) for job in jobs]
+        comm = _measure_comm(jobs[0], rank, dist, torch) if any(j.measure_comm for j in jobs) else None
+        for r in runners:
+            r.result.comm_seconds = comm if r.job.measure_comm else None
+        first = jobs[0]
+        for step in range(first.warmup + first.steps):
+            shift = step % len(runners)
+            for r in runners[shift:] + runners[:shift]:
+                r.step(step, dist)
+        torch.save([r.finish() for r in runners], os.path.join(workdir, f"rank{rank}.pt"))
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -201,12 +227,26 @@ def run_job(job: RunJob, timeout: float = 120.0) -> list[RankResult]:
     Raises :class:`OpschedError` if a rank fails or the run exceeds ``timeout``
     seconds (every process is then stopped).
     """
+    return run_jobs_interleaved([job], timeout)[0]
+
+
+def run_jobs_interleaved(jobs: list[RunJob], timeout: float = 600.0) -> list[list[RankResult]]:
+    """Run several jobs in the same processes, one step of each in turn; results per job, per rank.
+
+    The jobs must agree on the number of ranks, steps and warm-up steps.
+    """
     import torch
     import torch.multiprocessing as mp
 
-    _check_job(job)
+    if not jobs:
+        return []
+    for job in jobs:
+        _check_job(job)
+        if (job.world_size, job.steps, job.warmup) != (jobs[0].world_size, jobs[0].steps, jobs[0].warmup):
+            raise OpschedError("interleaved jobs must share the number of ranks, steps and warm-up steps")
+    world = jobs[0].world_size
     with tempfile.TemporaryDirectory(prefix="opsched-torchrun-") as workdir:
-        ctx = mp.start_processes(_worker, args=(job, workdir), nprocs=job.world_size, join=False, start_method="spawn")
+        ctx = mp.start_processes(_worker, args=(jobs, workdir), nprocs=world, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout
         try:
             while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
@@ -225,11 +265,8 @@ def run_job(job: RunJob, timeout: float = 120.0) -> list[RankResult]:
                 if p.is_alive():
                     p.kill()
                     p.join()
-        results = []
-        for r in range(job.world_size):
-            data = torch.load(Path(workdir) / f"rank{r}.pt", weights_only=False)
-            results.append(RankResult(**data))
-        return results
+        per_rank = [torch.load(Path(workdir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    return [[RankResult(**per_rank[r][k]) for r in range(world)] for k in range(len(jobs))]
 
 
 def _check_job(job: RunJob) -> None:
