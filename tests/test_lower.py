@@ -189,7 +189,6 @@ def test_never_worse_than_a_warm_order_and_valid_with_transfers():
 def brute_force_span(sg, microbatches, memory_limit, split_backward):
     """The least Zero Bubble cost (longest device span) over every per-device order."""
     from opsched.lower.lns import objective_value
-    from opsched.schedule import Job
 
     js = JobSet(sg, microbatches, split_backward)
     budgets = activation_budgets(sg, memory_limit)

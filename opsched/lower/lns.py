@@ -30,7 +30,7 @@ from opsched.lower.timeindexed import (
     solve_slot_problem,
     starts_to_order,
 )
-from opsched.schedule import Job, Order, simulate
+from opsched.schedule import Job, simulate
 
 
 #: what the search minimises: the makespan, or the Zero Bubble paper's cost (longest device span)

@@ -23,9 +23,18 @@ from dataclasses import dataclass, field
 from opsched.errors import OpschedError
 from opsched.lower.bounds import lower_bound as combinatorial_bound
 from opsched.lower.bounds import span_lower_bound
-from opsched.lower.jobs import EPS, JobSet, activation_budgets, check_memory_limit, order_fits
+from opsched.lower.jobs import JobSet, activation_budgets, check_memory_limit, order_fits
 from opsched.lower.listsched import default_variants, job_order, list_schedule
-from opsched.lower.lns import OBJECTIVES, Incumbent, SearchLog, better, evaluate, large_neighbourhood_search, objective_value
+from opsched.lower.lns import (
+    OBJECTIVES,
+    Incumbent,
+    SearchLog,
+    better,
+    evaluate,
+    large_neighbourhood_search,
+    objective_value,
+    slotted_starts,
+)
 from opsched.lower.timeindexed import (
     SOLVERS,
     auto_slot,
@@ -35,7 +44,6 @@ from opsched.lower.timeindexed import (
     solve_slot_problem,
     starts_to_order,
 )
-from opsched.lower.lns import slotted_starts
 from opsched.schedule import Job, Order, Pair, Schedule, simulate
 
 #: the whole MIP is tried when it has at most this many step variables

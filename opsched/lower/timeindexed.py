@@ -29,7 +29,7 @@ from typing import Mapping
 import mip
 
 from opsched.errors import OpschedError
-from opsched.lower.jobs import EPS, JobSet
+from opsched.lower.jobs import JobSet
 from opsched.schedule import Edge, Job, Stage, StageGraph
 
 SOLVERS = {"cbc": mip.CBC, "highs": "HiGHS"}
