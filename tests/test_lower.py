@@ -248,3 +248,21 @@ def test_docstring_examples_of_the_lower_modules():
     for module in map(importlib.import_module, names):
         failed, _ = doctest.testmod(module)
         assert failed == 0, module.__name__
+
+
+def test_branches_and_device_groups():
+    """Two towers joining, one stage on a two-device group: valid, within the bound, memory kept."""
+    from opsched.schedule import Edge, Stage, StageGraph
+
+    t = {"F": 1.0, "I": 1.0, "W": 1.0}
+    stages = [
+        Stage(0, (0,), t), Stage(1, (1,), {"F": 2.0, "I": 2.0, "W": 1.0}),
+        Stage(2, (2, 3), t),  # the join runs on a group of two devices
+    ]
+    sg = StageGraph(stages, [Edge(0, 2, 0.5), Edge(1, 2, 0.5)], num_devices=4)
+    assert minimum_memory_limit(sg, 4) == 1.0
+    result = solve(sg, 4, memory_limit=2.0, time_limit=10)
+    validate(result.schedule)
+    assert result.lower_bound <= result.makespan + 1e-9
+    group_events = [e for e in result.schedule.events if e.stage == 2]
+    assert len(group_events) == 12
