@@ -266,3 +266,14 @@ def test_branches_and_device_groups():
     assert result.lower_bound <= result.makespan + 1e-9
     group_events = [e for e in result.schedule.events if e.stage == 2]
     assert len(group_events) == 12
+
+
+def test_byte_sized_memory_gives_the_same_optimum():
+    """Activations in bytes (1e9 scale) and a byte limit: the same optimum as in units."""
+    small = chain_stage_graph(2, f=1, b=2, w=1, act=1.0, act_w=0.5)
+    big = chain_stage_graph(2, f=1, b=2, w=1, act=1e9, act_w=0.5e9, param_bytes=2e9)
+    expected, _ = brute_force(small, 3, 1.5, True)
+    result = solve(big, 3, memory_limit=3.5e9, time_limit=20)
+    assert result.makespan == pytest.approx(expected)
+    assert mip_optimum(big, 3, 3.5e9, True) == pytest.approx(expected)
+    validate(result.schedule)

@@ -315,6 +315,8 @@ def activation_memory_limit(model: mip.Model, sp: SlotProblem, z: dict) -> None:
         hi = max(sp.ls[k] + sp.p[k] for k in ks if k in sp.es)
         slots |= {sp.fixed[k] for k in ks if k in sp.fixed and js.mem[k] > 0 and lo <= sp.fixed[k] <= hi}
         slots = sorted(slots)
+        # bytes can be ~1e10: rows are scaled to the largest change so the solver sees O(1) numbers
+        unit = max(abs(js.mem[k]) for k in ks) or 1.0
         for t in slots:
             terms, constant = [], 0.0
             for k in ks:
@@ -323,10 +325,12 @@ def activation_memory_limit(model: mip.Model, sp: SlotProblem, z: dict) -> None:
                 if isinstance(s, int):
                     constant += js.mem[k] * s
                 else:
-                    terms.append(js.mem[k] * s)
+                    terms.append((js.mem[k] / unit) * s)
             if not terms:
                 continue
-            model.add_constr(mip.xsum(terms) <= sp.budgets[d] - constant, name=f"mem_{d}_{t}")
+            model.add_constr(
+                mip.xsum(terms) <= (sp.budgets[d] - constant) / unit + 1e-9, name=f"mem_{d}_{t}"
+            )
 
 
 def makespan_definition(model: mip.Model, sp: SlotProblem, z: dict, C: mip.Var) -> None:
