@@ -277,3 +277,13 @@ def test_byte_sized_memory_gives_the_same_optimum():
     assert result.makespan == pytest.approx(expected)
     assert mip_optimum(big, 3, 3.5e9, True) == pytest.approx(expected)
     validate(result.schedule)
+
+
+def test_neighbourhood_search_is_deterministic_with_a_solve_budget():
+    sg = chain_stage_graph(8, devices=4, placement="v", f=1, b=2, w=1)
+    runs = [solve(sg, 8, memory_limit=5.0, time_limit=60, search_budget=12) for _ in range(2)]
+    # the search accepted at least one neighbour (a log line between the warm start and the end)
+    assert len(runs[0].log) > 2
+    assert runs[0].schedule.events == runs[1].schedule.events
+    assert [x[1:] for x in runs[0].log] == [x[1:] for x in runs[1].log]
+    validate(runs[0].schedule)

@@ -151,12 +151,18 @@ def large_neighbourhood_search(
     rounds: int = 12,
     target: float = 0.0,
     objective: str = "makespan",
+    max_solves: int | None = None,
+    max_seconds_per_solve: float = 5.0,
     on_improve: Callable[[Incumbent], None] | None = None,
     log: SearchLog | None = None,
 ) -> Incumbent:
     """Improve ``incumbent`` window by window until ``rounds`` sweeps give nothing or time runs out.
 
     ``budgets`` are the activation budgets per device (``None``: no limit).
+    ``max_solves`` caps the number of sub-MIPs (a deterministic budget).
+    Each sub-MIP also stops after ``max_seconds_per_solve`` (CBC's root can
+    take long on wide windows; the node limit does not bound it), which makes
+    the result clock-dependent only when a sub-MIP reaches that cap.
 
     ``target`` (a proven lower bound) stops the search once reached.
     """
@@ -173,16 +179,18 @@ def large_neighbourhood_search(
         for lo, hi, devices in _windows(js, horizon, width):
             if time.monotonic() >= deadline or incumbent.value <= target + EPS * max(1.0, target):
                 return incumbent
+            if max_solves is not None and log.solves >= max_solves:
+                return incumbent
             starts = slotted_starts(js, incumbent.order, slot)
             horizon = max(starts[k] + base.p[k] for k in starts)
             sp = neighbourhood(js, base, starts, horizon, lo, hi, devices)
             size = 0 if sp is None else sum(sp.ls[j] - sp.es[j] for j in sp.es)
-            if size == 0 or size > 2 * max_variables * (width / base_width) ** 2:
+            if size == 0 or size > min(4 * max_variables, 2 * max_variables * (width / base_width) ** 2):
                 continue
             weights = {k: 1.0 + js.tail[k] / max(slot, 1e-12) for k in sp.es}
             out = solve_slot_problem(
                 sp, incumbent=starts, solver=solver, threads=threads,
-                time_limit=max(0.05, deadline - time.monotonic()), max_nodes=max_nodes,
+                time_limit=max(0.05, min(max_seconds_per_solve, deadline - time.monotonic())), max_nodes=max_nodes,
                 objective=("span" if objective == "zb-span" else "makespan") + "+flow", weights=weights,
             )
             log.solves += 1

@@ -48,6 +48,8 @@ from opsched.schedule import Job, Order, Pair, Schedule, simulate
 
 #: the whole MIP is tried when it has at most this many step variables
 FULL_MODEL_VARIABLES = 4000
+#: node limit of the whole MIP (a deterministic budget; the time limit is only a safety net)
+FULL_MODEL_NODES = 2000
 
 
 @dataclass
@@ -85,6 +87,7 @@ def solve(
     progress: bool = False,
     warm_orders: dict[str, Order] | None = None,
     objective: str = "makespan",
+    search_budget: int | None = None,
 ) -> LowerResult:
     """Find a short schedule of every job within the memory limit, with a proven lower bound.
 
@@ -99,6 +102,9 @@ def solve(
     ``objective`` is ``makespan`` (default) or ``zb-span``, the Zero Bubble
     paper's cost (the longest device span from its first F to its last W or
     B); ``lower_bound`` and ``gap`` then refer to that objective.
+    ``search_budget`` caps the number of neighbourhood MIPs (``None``: until
+    the time limit or until a full sweep at full width finds nothing); with
+    it the result does not depend on the clock when the time limit is not reached.
 
     >>> from opsched.schedule import chain_stage_graph
     >>> r = solve(chain_stage_graph(2, f=1, b=2, w=1), 4, time_limit=5)
@@ -152,7 +158,7 @@ def solve(
             # the symmetry rows may cut off the incumbent's start slots: then it starts cold
             out = solve_slot_problem(
                 sp, incumbent=starts, solver=solver, threads=threads,
-                time_limit=max(0.05, 0.5 * (deadline - time.monotonic())),
+                time_limit=max(0.05, 0.5 * (deadline - time.monotonic())), max_nodes=FULL_MODEL_NODES,
                 objective="makespan" if objective == "makespan" else "span+flow",
             )
             if out.starts is not None:
@@ -170,7 +176,7 @@ def solve(
             search = SearchLog()
             best = large_neighbourhood_search(
                 js, best, used_slot, budgets, deadline=deadline, solver=solver, threads=threads,
-                target=lb, log=search, objective=objective,
+                target=lb, log=search, objective=objective, max_solves=search_budget,
                 on_improve=lambda inc: report(inc.value, lb, "neighbourhood search"),
             )
         final_order = {d: list(jobs) for d, jobs in best.order.items()}
