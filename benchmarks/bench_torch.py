@@ -174,9 +174,9 @@ def main(argv=None) -> int:
                    help="edge time: the measured one-way time of an activation-sized message (default), or fitted "
                         "so the calibration run's simulated step equals its measured median (absorbs load drift "
                         "into the edge time; worse on a shared machine)")
-    p.add_argument("--overhead", choices=["fit", "none"], default="fit",
+    p.add_argument("--overhead", choices=["fit", "none"], default="none",
                    help="per-action runtime cost outside the timed compute: fitted so the calibration run's "
-                        "simulated step equals its measured median (default), or none")
+                        "simulated step equals its measured median, or none (default)")
     args = p.parse_args(argv)
     mb = args.microbatches
     spec = ModelSpec(dim=args.dim, hidden=2 * args.dim, experts=4, top_k=2, heads=4, seq=args.seq,
