@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         job = RunJob(spec, torch_csv.stage_ranks(sg), schedule.microbatches, csv_path=str(csv_path),
                      microbatch_size=args.microbatch_size, steps=args.steps)
         print(f"running {args.plan}: {len(ranks)} ranks (gloo, 1 thread each), {len(sg.stages)} stages with "
-              f"{list(spec.blocks)} MoE blocks, {schedule.microbatches} microbatches, {args.steps} steps")
+              f"{list(spec.blocks)} MoE blocks, {schedule.microbatches} microbatches, {args.steps} step(s)")
         results = run_job(job, timeout=args.timeout)
     report = compare_with_reference(job, results)
     last = next(r for r in results if len(sg.stages) - 1 in r.stages)
