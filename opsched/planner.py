@@ -42,7 +42,7 @@ from opsched.upper.mip import (
     upper_problem,
 )
 from opsched.upper.reduce import reduce_block_graph
-from opsched.upper.stages import StagePlan, build_stage_graph
+from opsched.upper.stages import build_stage_graph
 
 Progress = Callable[[str], None]
 
