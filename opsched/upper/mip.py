@@ -1,6 +1,6 @@
 """The upper MIP: each block to a slot (so a device group) and a parallel mode.
 
-The math, with the same symbols, is in ``docs/formulation-upper.md``. Each
+The math, with the same symbols, is in ``docs/formulation.md (section "Upper level")``. Each
 constraint family is one function named after it; :func:`solve_upper` builds
 the model from them, and :func:`estimate` evaluates the same objective for a
 given assignment in plain Python (used for warm starts, reports and tests).
