@@ -29,7 +29,7 @@ import networkx as nx
 
 from opsched.cluster import Cluster, Training
 from opsched.errors import OpschedError, Unsupported
-from opsched.schedule import Edge, Schedule, Stage, StageGraph, metrics, validate
+from opsched.schedule import Edge, Schedule, Stage, StageGraph, metrics, order_from_schedule, validate
 from opsched.upper.layouts import Layout, layouts
 from opsched.upper.mip import (
     UpperProblem,
@@ -375,8 +375,6 @@ def lower_schedule(
         raise OpschedError("the lower level (opsched.lower.solve) is not available in this installation") from None
     kwargs = {}
     if warm is not None:
-        from opsched.export.torch_csv import order_from_schedule
-
         kwargs["warm_orders"] = {warm.name or "warm": order_from_schedule(warm)}
     result = solve(
         sg, microbatches, memory_limit=memory_limit, time_limit=time_limit, solver=solver, progress=False, **kwargs

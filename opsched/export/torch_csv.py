@@ -45,6 +45,7 @@ from opsched.schedule import (
     Schedule,
     StageGraph,
     dependencies,
+    order_from_schedule,
     simulate,
 )
 
@@ -126,50 +127,6 @@ def check_expressible(sg: StageGraph, microbatches: int) -> None:
 
 
 # --------------------------------------------------------------------------- schedule -> order
-
-
-def _job_key(sg: StageGraph, job: Job) -> tuple:
-    """A tie-break between events that start and end together (zero durations) that respects dependencies."""
-    topo = sg.topological_order().index(job.stage)
-    phase = {"F": (0, topo), "I": (1, -topo), "B": (1, -topo), "W": (2, topo)}[job.pass_]
-    return phase + (job.microbatch,)
-
-
-def order_from_schedule(schedule: Schedule) -> Order:
-    """The order of a timed schedule: each device's events by start time, pairs joined.
-
-    The two halves of an overlapped pair (events with the same ``pair`` id)
-    become one :class:`~opsched.schedule.Pair`, its F first as PyTorch writes it.
-    """
-    sg = schedule.stage_graph
-    by_pair: dict[int, list] = {}
-    for e in schedule.events:
-        if e.pair is not None:
-            by_pair.setdefault(e.pair, []).append(e)
-    items: list[tuple[tuple, Action, tuple[int, ...]]] = []
-    seen_pairs: set[int] = set()
-    for e in schedule.events:
-        if e.pair is not None:
-            if e.pair in seen_pairs:
-                continue
-            seen_pairs.add(e.pair)
-            halves = by_pair[e.pair]
-            if len(halves) != 2:
-                raise OpschedError(f"pair id {e.pair} has {len(halves)} events; a pair joins exactly two jobs")
-            a, b = sorted((h.job for h in halves), key=lambda j: (j.pass_ != "F", j.stage, j.microbatch))
-            action: Action = Pair(a, b)
-            key = (e.start, e.end) + _job_key(sg, a)
-            devices = sg.stage(a.stage).devices
-        else:
-            action = e.job
-            key = (e.start, e.end) + _job_key(sg, e.job)
-            devices = sg.stage(e.stage).devices
-        items.append((key, action, devices))
-    order: Order = {d: [] for d in range(sg.num_devices or 0)}
-    for key, action, devices in sorted(items, key=lambda it: it[0]):
-        for d in devices:
-            order[d].append(action)
-    return order
 
 
 # --------------------------------------------------------------------------- order -> rows
