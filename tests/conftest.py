@@ -29,6 +29,21 @@ ONNX_DIR = Path(__file__).resolve().parent / "data" / "onnx"  # copies of ../sha
 REPO = Path(__file__).resolve().parents[1]
 OPSET = 23
 
+# A 4-device cluster of round numbers with one device per node, so transfers
+# between groups are slow enough for placement to matter.
+SLOW_LINK_CLUSTER = {
+    "devices": 4,
+    "devices_per_node": 1,
+    "peak_flops": {"bf16": 100e12},
+    "efficiency": 0.5,
+    "memory_bytes": 80e9,
+    "memory_bandwidth": 1e12,
+    "intra_node_bandwidth": 100e9,
+    "intra_node_latency": 1e-6,
+    "inter_node_bandwidth": 10e9,
+    "inter_node_latency": 10e-6,
+}
+
 # Property tests draw the same examples on every run, so CI is repeatable;
 # raise max_examples locally to search harder.
 hypothesis.settings.register_profile("opsched", derandomize=True)

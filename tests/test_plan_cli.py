@@ -12,22 +12,11 @@ from opsched.export.plan_json import read_plan
 from opsched.graph import Block
 from opsched.planner import plan_block_graph
 from opsched.schedule import validate
+from conftest import SLOW_LINK_CLUSTER
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 
-# one device per node: groups talk over the slow link, so placement matters
-SPEC = {
-    "devices": 4,
-    "devices_per_node": 1,
-    "peak_flops": {"bf16": 100e12},
-    "efficiency": 0.5,
-    "memory_bytes": 80e9,
-    "memory_bandwidth": 1e12,
-    "intra_node_bandwidth": 100e9,
-    "intra_node_latency": 1e-6,
-    "inter_node_bandwidth": 10e9,
-    "inter_node_latency": 10e-6,
-}
+SPEC = SLOW_LINK_CLUSTER
 
 
 def two_tower_graph():

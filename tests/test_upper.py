@@ -12,20 +12,9 @@ from opsched.graph import Block
 from opsched.upper.layouts import Layout, layouts
 from opsched.upper.mip import estimate, solve_upper, upper_problem
 from opsched.upper.stages import build_stage_graph
+from conftest import SLOW_LINK_CLUSTER
 
-# one device per node so transfers between groups are slow enough to matter
-SPEC = {
-    "devices": 4,
-    "devices_per_node": 1,
-    "peak_flops": {"bf16": 100e12},
-    "efficiency": 0.5,
-    "memory_bytes": 80e9,
-    "memory_bandwidth": 1e12,
-    "intra_node_bandwidth": 100e9,
-    "intra_node_latency": 1e-6,
-    "inter_node_bandwidth": 10e9,
-    "inter_node_latency": 10e-6,
-}
+SPEC = SLOW_LINK_CLUSTER
 
 
 def block_graph(flops, edges, params=None, out=None, edge_bytes=1e8):
