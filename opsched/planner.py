@@ -19,6 +19,7 @@ once per step); throughput = microbatches × microbatch size / step time.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -487,17 +488,7 @@ def on_real_devices(schedule: Schedule, layout: Layout) -> Schedule:
     """A schedule on pseudo-devices (one per group) moved onto the groups' real devices."""
     sg = schedule.stage_graph
     stages = [
-        Stage(
-            id=s.id,
-            devices=tuple(d for g in s.devices for d in layout.devices_of_group(g)),
-            time=dict(s.time),
-            param_bytes=s.param_bytes,
-            act_bytes=s.act_bytes,
-            act_w_bytes=s.act_w_bytes,
-            name=s.name,
-            microbatches=s.microbatches,
-            copy_of=s.copy_of,
-        )
+        dataclasses.replace(s, devices=tuple(d for g in s.devices for d in layout.devices_of_group(g)))
         for s in sg.stages
     ]
     real = StageGraph(stages, list(sg.edges), num_devices=layout.devices, overlap_gain=sg.overlap_gain)
