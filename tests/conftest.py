@@ -44,6 +44,26 @@ SLOW_LINK_CLUSTER = {
     "inter_node_latency": 10e-6,
 }
 
+def hand_1f1b(stages: int, microbatches: int) -> dict:
+    """1F1B written out by hand (fused B), stage k on device k: an order the
+    schedule-core tests build without the baselines package."""
+    from opsched.schedule import Job
+
+    order = {}
+    for s in range(stages):
+        warm = min(stages - s - 1, microbatches)
+        acts = [Job(s, m, "F") for m in range(warm)]
+        f, b = warm, 0
+        while b < microbatches:
+            if f < microbatches:
+                acts.append(Job(s, f, "F"))
+                f += 1
+            acts.append(Job(s, b, "B"))
+            b += 1
+        order[s] = acts
+    return order
+
+
 # Property tests draw the same examples on every run, so CI is repeatable;
 # raise max_examples locally to search harder.
 hypothesis.settings.register_profile("opsched", derandomize=True)

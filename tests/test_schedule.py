@@ -2,6 +2,7 @@
 
 import pytest
 
+from conftest import hand_1f1b as one_f_one_b
 from opsched.errors import OpschedError
 from opsched.schedule import (
     Edge,
@@ -18,23 +19,6 @@ from opsched.schedule import (
     validate,
     zb_bubble_rate,
 )
-
-
-def one_f_one_b(pp: int, microbatches: int) -> dict:
-    """A local 1F1B order (fused B) on a chain with one stage per device."""
-    order = {}
-    for s in range(pp):
-        warm = min(pp - s - 1, microbatches)
-        acts = [Job(s, m, "F") for m in range(warm)]
-        f, b = warm, 0
-        while b < microbatches:
-            if f < microbatches:
-                acts.append(Job(s, f, "F"))
-                f += 1
-            acts.append(Job(s, b, "B"))
-            b += 1
-        order[s] = acts
-    return order
 
 
 def timeline(events):

@@ -6,6 +6,7 @@ import importlib
 
 import pytest
 
+from conftest import hand_1f1b as one_f_one_b
 from opsched.errors import OpschedError
 from opsched.export import torch_csv
 from opsched.export.torch_csv import (
@@ -19,23 +20,6 @@ from opsched.export.torch_csv import (
 from opsched.schedule import Edge, Job, Pair, Schedule, Stage, StageGraph, chain_stage_graph, simulate
 
 J = Job
-
-
-def one_f_one_b(stages: int, microbatches: int) -> dict:
-    """1F1B written out by hand (fused B), one stage per device."""
-    order = {}
-    for s in range(stages):
-        warm = min(stages - s - 1, microbatches)
-        acts = [J(s, m, "F") for m in range(warm)]
-        f, b = warm, 0
-        while b < microbatches:
-            if f < microbatches:
-                acts.append(J(s, f, "F"))
-                f += 1
-            acts.append(J(s, b, "B"))
-            b += 1
-        order[s] = acts
-    return order
 
 
 def deadlocking_order() -> dict:
