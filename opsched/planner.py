@@ -345,9 +345,12 @@ def _schedule_job(job: dict, microbatches: int, limit: float, budget: float, sol
                   warm: Schedule | None = None) -> None:
     """Run the lower MIP on ``job["sg"]``; keep the result in ``job`` when it is better than what it holds."""
     cand: Candidate = job["cand"]
+    # the quick pass gets a small work budget so that it finishes well inside its share of the clock
+    # (budgets in work keep plans deterministic; the clock is only a safety cap)
+    search = 10 if warm is None else None
     try:
         schedule, extra = run_isolated(lower_schedule, job["sg"], microbatches, limit, budget, solver,
-                                       warm or job["warm"], timeout=3 * budget + 60)
+                                       warm or job["warm"], search, timeout=3 * budget + 60)
     except OpschedError as exc:
         if "schedule" not in job:
             cand.status = f"lower failed: {exc}"
@@ -367,14 +370,19 @@ def _schedule_job(job: dict, microbatches: int, limit: float, budget: float, sol
 
 
 def lower_schedule(
-    sg: StageGraph, microbatches: int, memory_limit: float, time_limit: float, solver: str, warm: Schedule | None = None
+    sg: StageGraph, microbatches: int, memory_limit: float, time_limit: float, solver: str, warm: Schedule | None = None,
+    search_budget: int | None = None,
 ):
-    """(schedule, solver metrics) from the lower MIP, ``opsched.lower.solve``; ``warm`` is a schedule to start from."""
+    """(schedule, solver metrics) from the lower MIP, ``opsched.lower.solve``; ``warm`` is a schedule to start from.
+
+    ``search_budget``: neighbourhood sub-MIPs (``None``: the lower level's
+    default). ``time_limit`` is a safety cap; ``lower_status`` says when it bound.
+    """
     try:
         from opsched.lower import solve
     except ImportError:
         raise OpschedError("the lower level (opsched.lower.solve) is not available in this installation") from None
-    kwargs = {}
+    kwargs = {} if search_budget is None else {"search_budget": search_budget}
     if warm is not None:
         kwargs["warm_orders"] = {warm.name or "warm": order_from_schedule(warm)}
     result = solve(
@@ -385,6 +393,7 @@ def lower_schedule(
         "gap": result.gap,
         "solver": result.solver,
         "solve_seconds": result.solve_seconds,
+        "lower_status": result.status,
     }
     return result.schedule, extra
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -287,3 +289,74 @@ def test_neighbourhood_search_is_deterministic_with_a_solve_budget():
     assert runs[0].schedule.events == runs[1].schedule.events
     assert [x[1:] for x in runs[0].log] == [x[1:] for x in runs[1].log]
     validate(runs[0].schedule)
+
+
+#: the command line in a fresh process (each run starts from a clean interpreter)
+OPSCHED = [sys.executable, "-c", "import sys; from opsched.cli import main; sys.exit(main(sys.argv[1:]))"]
+
+
+def test_default_budget_is_counted_in_work_and_reported_when_the_clock_binds():
+    sg = chain_stage_graph(3, f=1, b=2.5, w=1, comm=0.3)
+    a = solve(sg, 4, memory_limit=2.0)
+    # the default run searched (it improved on its warm start) and stopped on its work budget, not the clock
+    assert a.log[0][1] > a.makespan and a.status == "feasible" and a.search_solves > 0
+    cut = solve(sg, 4, memory_limit=2.0, time_limit=1e-6)
+    assert cut.status == "time limit reached"
+    validate(cut.schedule)
+
+
+def test_compare_mip_twice_gives_the_same_output():
+    import json
+    import subprocess
+
+    cmd = [*OPSCHED, "compare", "--stages", "3", "--microbatches", "4", "--b", "2.5",
+           "--w", "1", "--comm", "0.3", "--memory-limit", "2", "--methods", "mip", "--json", "--quiet"]
+    outs = []
+    for _ in range(2):
+        run = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        rows = json.loads(run.stdout)
+        for r in rows:
+            r.pop("solve_seconds")
+        outs.append(rows)
+    assert outs[0] == outs[1]
+    assert outs[0][0]["gap"] > 0  # a case the neighbourhood search works on, not settled by the bound
+
+
+def test_warm_order_with_fused_backward_is_used_when_splitting():
+    from opsched.lower.jobs import order_peak_activation
+    from opsched.lower.solve import split_fused_backward
+
+    sg = chain_stage_graph(3, f=1, b=2, w=1, comm=0.5)
+    fused = list_schedule(JobSet(sg, 4, split_backward=False), budgets=None, priority="forward")
+    split = split_fused_backward(fused)
+    assert all(j.pass_ != "B" for acts in split.values() for j in acts)
+    peaks_fused, peaks_split = order_peak_activation(sg, fused), order_peak_activation(sg, split)
+    assert all(peaks_split[d] <= peaks_fused[d] for d in peaks_fused)
+    assert max(e.end for e in simulate(sg, split, 4)) <= max(e.end for e in simulate(sg, fused, 4)) + 1e-9
+    limit = max(peaks_fused.values())  # the fused order just fits
+    result = solve(sg, 4, memory_limit=limit, split_backward=True, warm_orders={"fused-warm": fused})
+    assert "fused-warm" in result.candidates
+    assert result.makespan <= result.candidates["fused-warm"] + 1e-9
+
+
+@pytest.mark.slow
+def test_plan_twice_gives_the_same_plan(tmp_path):
+    import json
+    import subprocess
+
+    def strip_times(x):
+        if isinstance(x, dict):
+            return {k: strip_times(v) for k, v in x.items() if "seconds" not in k}
+        if isinstance(x, list):
+            return [strip_times(v) for v in x]
+        return x
+
+    plans = []
+    for k in range(2):
+        out = tmp_path / f"run{k}"
+        subprocess.run([*OPSCHED, "plan", "models/clip_vit_l14.onnx", "--devices", "4",
+                        "--microbatches", "4", "-o", str(out), "--quiet"], check=True, capture_output=True,
+                       cwd=Path(__file__).resolve().parents[1])
+        plans.append(strip_times(json.loads((out / "plan.json").read_text())))
+    assert plans[0] == plans[1]
+    assert plans[0]["metrics"]["lower_status"] != "time limit reached"

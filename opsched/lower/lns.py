@@ -12,8 +12,8 @@ lowers (objective, sum of job ends) and still fits in memory.
 
 Windows sweep the horizon from the end (where the makespan is decided)
 towards the start, then device subsets; the sequence is fixed, and each MIP
-has a node limit, so the search is deterministic unless the overall time
-limit cuts it short.
+has a node limit, and the number of sub-MIPs is capped, so the search is
+deterministic unless a clock limit cuts it short (then it says so).
 """
 
 from __future__ import annotations
@@ -135,6 +135,8 @@ class SearchLog:
     entries: list[tuple[float, float]] = field(default_factory=list)
     solves: int = 0
     improvements: int = 0
+    #: a clock limit (the overall deadline or a sub-MIP's time cap) cut the search short
+    timed_out: bool = False
 
 
 def large_neighbourhood_search(
@@ -159,10 +161,12 @@ def large_neighbourhood_search(
     """Improve ``incumbent`` window by window until ``rounds`` sweeps give nothing or time runs out.
 
     ``budgets`` are the activation budgets per device (``None``: no limit).
-    ``max_solves`` caps the number of sub-MIPs (a deterministic budget).
-    Each sub-MIP also stops after ``max_seconds_per_solve`` (CBC's root can
-    take long on wide windows; the node limit does not bound it), which makes
-    the result clock-dependent only when a sub-MIP reaches that cap.
+    ``max_solves`` caps the number of sub-MIPs and ``max_nodes`` each
+    sub-MIP's branch-and-bound nodes (deterministic budgets). The clock is
+    only a safety net: each sub-MIP also stops after ``max_seconds_per_solve``
+    (CBC's root can take long on wide windows; the node limit does not bound
+    it) and the search stops at ``deadline``; when either binds, the result
+    depends on the machine and ``log.timed_out`` says so.
 
     ``target`` (a proven lower bound) stops the search once reached.
     """
@@ -177,7 +181,10 @@ def large_neighbourhood_search(
         if width is None:
             width = base_width = _initial_width(js, base, starts, horizon, max_variables)
         for lo, hi, devices in _windows(js, horizon, width):
-            if time.monotonic() >= deadline or incumbent.value <= target + EPS * max(1.0, target):
+            if incumbent.value <= target + EPS * max(1.0, target):
+                return incumbent
+            if time.monotonic() >= deadline:
+                log.timed_out = True
                 return incumbent
             if max_solves is not None and log.solves >= max_solves:
                 return incumbent
@@ -194,6 +201,7 @@ def large_neighbourhood_search(
                 objective=("span" if objective == "zb-span" else "makespan") + "+flow", weights=weights,
             )
             log.solves += 1
+            log.timed_out = log.timed_out or out.timed_out
             if out.starts is None:
                 continue
             candidate = evaluate(js, starts_to_order(js, out.starts), objective)

@@ -23,6 +23,7 @@ Constraint families, one function each:
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -471,6 +472,8 @@ class MipOutcome:
     objective: float | None
     bound: float
     variables: int
+    #: the solve stopped on its time limit (not its node limit): the outcome depends on the machine
+    timed_out: bool = False
 
 
 def solve_slot_problem(
@@ -484,14 +487,23 @@ def solve_slot_problem(
     objective: str = "makespan",
     weights: Mapping[int, float] | None = None,
 ) -> MipOutcome:
-    """Build and solve the MIP of ``sp``, warm-started from ``incumbent`` start slots when given."""
+    """Build and solve the MIP of ``sp``, warm-started from ``incumbent`` start slots when given.
+
+    ``max_nodes`` is the deterministic work budget; ``time_limit`` is a
+    safety cap, and the outcome says when it stopped the solve (``timed_out``).
+    """
     model, z, C = build_model(sp, solver=solver, threads=threads, objective=objective, weights=weights)
     if incumbent is not None and all(sp.es[j] <= incumbent[j] <= sp.ls[j] for j in sp.free):
         model.start = warm_start(sp, z, incumbent)
     kwargs = {"max_seconds": max(0.01, time_limit)}
     if max_nodes is not None:
         kwargs["max_nodes"] = max_nodes
+    began = time.monotonic()
     status = model.optimize(**kwargs)
+    # a search cut by the clock ends without proving optimality at (about) the time limit
+    timed_out = status != mip.OptimizationStatus.OPTIMAL and status != mip.OptimizationStatus.INFEASIBLE and (
+        time.monotonic() - began >= 0.95 * kwargs["max_seconds"]
+    )
     bound = model.objective_bound if model.objective_bound is not None else 0.0
     names = {
         mip.OptimizationStatus.OPTIMAL: "optimal",
@@ -501,5 +513,5 @@ def solve_slot_problem(
     }
     name = names.get(status, str(status.name).lower())
     if status in (mip.OptimizationStatus.OPTIMAL, mip.OptimizationStatus.FEASIBLE) and model.num_solutions:
-        return MipOutcome(solution_starts(sp, z), name, model.objective_value, bound, len(z))
-    return MipOutcome(None, name, None, bound, len(z))
+        return MipOutcome(solution_starts(sp, z), name, model.objective_value, bound, len(z), timed_out)
+    return MipOutcome(None, name, None, bound, len(z), timed_out)
