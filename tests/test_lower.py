@@ -360,3 +360,23 @@ def test_plan_twice_gives_the_same_plan(tmp_path):
         plans.append(strip_times(json.loads((out / "plan.json").read_text())))
     assert plans[0] == plans[1]
     assert plans[0]["metrics"]["lower_status"] != "time limit reached"
+
+
+def test_mip_start_gives_every_variable_a_value_within_bounds():
+    from opsched.lower.listsched import job_order
+    from opsched.lower.lns import neighbourhood, slotted_starts
+    from opsched.lower.timeindexed import build_model, complete_warm_start
+
+    sg = chain_stage_graph(3, f=1, b=2, w=1, comm=1)
+    js = JobSet(sg, 3)
+    budgets = activation_budgets(sg, 2.0)
+    starts = slotted_starts(js, job_order(list_schedule(js, budgets)), 1.0)
+    horizon = max(starts[k] + js.duration[k] for k in starts)
+    base = slot_problem(js, 1.0, budgets)
+    sp = neighbourhood(js, base, starts, int(horizon), 4, 12)  # some jobs fixed, some free
+    assert sp.fixed and sp.es
+    for objective in ("makespan+flow", "span+flow"):
+        model, z, _ = build_model(sp, objective=objective)
+        start = complete_warm_start(model, sp, z, starts)
+        assert {v.name for v, _ in start} == {v.name for v in model.vars}
+        assert all(v.lb - 1e-9 <= x <= v.ub + 1e-9 for v, x in start)

@@ -434,6 +434,33 @@ def warm_start(sp: SlotProblem, z: dict, starts: Mapping[int, int]) -> list[tupl
     return [(z[j, t], 1.0 if t >= starts[j] else 0.0) for j in sp.free for t in range(sp.es[j], sp.ls[j])]
 
 
+def complete_warm_start(model: mip.Model, sp: SlotProblem, z: dict, starts: Mapping[int, int]) -> list[tuple[mip.Var, float]]:
+    """A MIP start with a value for every variable of ``model``, all within bounds.
+
+    CBC has been seen to abort ("double free or corruption") on a start that
+    gives values to only some variables (python-mip issue 160 reports the
+    same kind of crash from a partial start), so the makespan ``C`` and the
+    span variables ``Z``, ``A_d``, ``E_d`` get the values the starts imply.
+    """
+    js = sp.js
+    at = {j: (sp.fixed[j] if j in sp.fixed else starts[j]) for j in range(len(js))}
+    values = {v.name: x for v, x in warm_start(sp, z, starts)}
+    values["C"] = float(max([at[j] + sp.p[j] for j in js.sinks()] + [0]))
+    spans = [0.0]
+    for d, ks in js.on_device.items():
+        firsts = [at[k] for k in ks if js.jobs[k].pass_ == "F"]
+        lasts = [at[k] + sp.p[k] for k in ks if js.jobs[k].pass_ in ("W", "B")]
+        if firsts and lasts:
+            values[f"A_{d}"], values[f"E_{d}"] = float(min(firsts)), float(max(lasts))
+            spans.append(max(lasts) - min(firsts))
+    values["Z"] = float(max(spans))
+    out = []
+    for v in model.vars:
+        x = values[v.name]  # a KeyError here is a variable this function does not know: a bug
+        out.append((v, min(max(x, v.lb), v.ub)))
+    return out
+
+
 def solution_starts(sp: SlotProblem, z: dict) -> dict[int, int]:
     """Start slot of every job (free ones read from the solution)."""
     out = dict(sp.fixed)
@@ -494,7 +521,7 @@ def solve_slot_problem(
     """
     model, z, C = build_model(sp, solver=solver, threads=threads, objective=objective, weights=weights)
     if incumbent is not None and all(sp.es[j] <= incumbent[j] <= sp.ls[j] for j in sp.free):
-        model.start = warm_start(sp, z, incumbent)
+        model.start = complete_warm_start(model, sp, z, incumbent)
     kwargs = {"max_seconds": max(0.01, time_limit)}
     if max_nodes is not None:
         kwargs["max_nodes"] = max_nodes
