@@ -8,8 +8,8 @@ Pipeline of the solve (each step is anytime; the best order so far is kept):
    in memory and several list-scheduler variants; the best is the warm start;
 4. when the whole time-indexed MIP is small enough, solve it warm-started
    (its bound is proven when the slot divides every time exactly);
-5. large-neighbourhood search over time windows until the time limit, the
-   lower bound, or no window helps;
+5. large-neighbourhood search over time windows until the lower bound, its
+   budget of sub-MIPs, or no window helps (the time limit is a safety cap);
 6. the final order re-timed in continuous time by the simulator.
 """
 
