@@ -137,10 +137,15 @@ def plan_block_graph(
 ) -> PlanResult:
     """Plan ``bg`` on ``cluster`` (see the module docstring); ``time_limit`` is the total solver budget in seconds.
 
-    Budget: a quarter for the upper MIPs (shared by the layouts), a third for
-    a quick lower solve of every upper solution and of the best baseline's
-    split, the rest for longer lower solves of the ``keep`` best of those
-    (warm-started from their quick schedules).
+    What is solved is fixed by work budgets, so the same input, solver and
+    threads give the same plan: the upper MIP of every layout (node and round
+    limits, :mod:`opsched.upper.mip`), a quick lower solve of every upper
+    solution and of the best baseline's split (10 neighbourhood MIPs), then a
+    longer lower solve of the ``keep`` best of those not yet proven optimal
+    (warm-started from their quick schedules). ``time_limit`` shares the clock
+    among these as safety caps (at least 10 s per upper layout and per quick
+    solve, 5 s per longer one); a cap that binds is reported in the
+    candidate's status.
     """
     say = progress or (lambda msg: None)
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
@@ -156,12 +161,13 @@ def plan_block_graph(
     problems: dict[str, UpperProblem] = {}
     candidates: list[Candidate] = []
     solutions: list[UpperSolution] = []
-    upper_deadline = t_start + 0.25 * time_limit
-    for i, lay in enumerate(all_layouts):
+    # Work budgets (nodes, rounds) decide the result; the clock is only a safety
+    # cap per layout, generous so that it does not bind on a loaded machine.
+    share = max(10.0, 0.5 * time_limit / max(1, len(all_layouts)))
+    for lay in all_layouts:
         name = str(lay)
         p = upper_problem(small, lay, cluster, training, limit)
         problems[name] = p
-        share = max(1.0, (upper_deadline - time.perf_counter()) / (len(all_layouts) - i))
         try:
             found = run_isolated(_upper_for_layout, p, share, solver, timeout=3 * share + 30)
         except OpschedError as exc:
@@ -204,14 +210,15 @@ def plan_block_graph(
                      "plan": None, "warm": best_split.schedule})
     quick_deadline = time.perf_counter() + 0.35 * time_limit
     for k, job in enumerate(jobs):
-        budget = max(1.0, (quick_deadline - time.perf_counter()) / (len(jobs) - k))
+        budget = max(10.0, (quick_deadline - time.perf_counter()) / (len(jobs) - k))
         _schedule_job(job, M, limit, budget, solver, say)
     ranked = sorted((j for j in jobs if "schedule" in j), key=lambda j: j["cand"].step_time)
     finalists = ranked[:keep]
     for k, job in enumerate(finalists):
-        budget = (deadline - time.perf_counter()) / (len(finalists) - k)
+        # whether a finalist gets its longer solve depends on its result, never on the clock
+        budget = max(5.0, (deadline - time.perf_counter()) / (len(finalists) - k))
         proven = job["extra"].get("gap") is not None and job["extra"]["gap"] <= 1e-6
-        if budget >= 2.0 and not proven:
+        if not proven:
             _schedule_job(job, M, limit, budget, solver, say, warm=job["schedule"])
     candidates = [j["cand"] for j in jobs] + candidates
 

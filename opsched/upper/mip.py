@@ -475,6 +475,14 @@ def within_window(p: UpperProblem, center: Assignment, radius: int) -> UpperProb
     return replace(p, domain=domain)
 
 
+#: branch-and-bound nodes per upper MIP solve. A work budget, not a clock, so
+#: the same input, solver and threads give the same plan; the time limit is
+#: only a safety cap (the status says "time cap" when it binds).
+MAX_NODES = 20
+#: neighbourhood rounds of the windowed search at most
+MAX_WINDOW_ROUNDS = 10
+
+
 def solve_upper(
     p: UpperProblem,
     time_limit: float = 30.0,
@@ -490,8 +498,10 @@ def solve_upper(
     repeatedly over slots within ``window`` of the incumbent's (a large
     neighbourhood search) until it stops improving or time runs out; the
     status is then ``window`` and the bound is not a global one (0).
-    Deterministic for a given solver and thread count when the time limit is
-    not reached.
+    Each solve is limited to :data:`MAX_NODES` branch-and-bound nodes and the
+    window search to :data:`MAX_WINDOW_ROUNDS` rounds, so the result is
+    deterministic for a given solver and thread count; ``time_limit`` is a
+    safety cap, and the status says "time cap" when it bound.
     """
     t0 = time.perf_counter()
     if start is None:
@@ -500,11 +510,16 @@ def solve_upper(
         found, status, bound = _solve_once(p, time_limit, solver, start, threads)
     else:
         found, status, bound = start, "window", 0.0
-        while True:
+        for _ in range(MAX_WINDOW_ROUNDS):
             left = time_limit - (time.perf_counter() - t0)
-            if left < 1.0 or found is None:
+            if found is None:
                 break
-            cand, _, _ = _solve_once(within_window(p, found, window), left, solver, found, threads)
+            if left <= 0:
+                status = "window, time cap"
+                break
+            cand, state, _ = _solve_once(within_window(p, found, window), left, solver, found, threads)
+            if state == "time cap":
+                status = "window, time cap"
             if cand is None or estimate(p, cand)["step_time"] >= estimate(p, found)["step_time"] * (1 - 1e-6):
                 break
             found = cand
@@ -534,13 +549,15 @@ def _solve_once(
     model.objective = mip.minimize(step_time_estimate(model, p, x, y, tau, _big_m(p)))
     if start is not None and all((b, s, m) in x for b, (s, m) in start.items()):
         model.start = [(x[b, s, m], 1.0) for b, (s, m) in start.items()]
-    status = model.optimize(max_seconds=max(1.0, time_limit))
+    t0 = time.perf_counter()
+    status = model.optimize(max_seconds=max(1.0, time_limit), max_nodes=MAX_NODES)
+    capped = time.perf_counter() - t0 >= max(1.0, time_limit)
     if status == mip.OptimizationStatus.INFEASIBLE or model.num_solutions == 0:
-        return start, "heuristic", 0.0
+        return start, "time cap" if capped else "heuristic", 0.0
     assignment = {b: max(p.choices(b), key=lambda sm: x[b, sm[0], sm[1]].x) for b in p.blocks}
     if start is not None and estimate(p, start)["step_time"] < estimate(p, assignment)["step_time"]:
         assignment = start  # never worse than the warm start
-    state = "optimal" if status == mip.OptimizationStatus.OPTIMAL else "feasible"
+    state = "optimal" if status == mip.OptimizationStatus.OPTIMAL else "time cap" if capped else "feasible"
     return assignment, state, float(model.objective_bound)
 
 
@@ -564,7 +581,7 @@ def minimum_memory(p: UpperProblem, solver: str = "cbc", time_limit: float = 10.
     for terms in rows.values():
         model.add_constr(peak >= mip.xsum(terms))
     model.objective = mip.minimize(peak)
-    model.optimize(max_seconds=time_limit)
+    model.optimize(max_seconds=time_limit, max_nodes=MAX_NODES)
     if model.num_solutions == 0:
         return math.inf
     return float(model.objective_value) * 1e9
