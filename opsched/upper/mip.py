@@ -548,7 +548,9 @@ def _solve_once(
     y, tau = cut_edge_transfers(model, p, X)
     model.objective = mip.minimize(step_time_estimate(model, p, x, y, tau, _big_m(p)))
     if start is not None and all((b, s, m) in x for b, (s, m) in start.items()):
-        model.start = [(x[b, s, m], 1.0) for b, (s, m) in start.items()]
+        # every binary gets a value: CBC has been seen to abort on partial starts
+        # (python-mip issue 160); it completes the continuous variables itself
+        model.start = [(var, 1.0 if start[b] == (s, m) else 0.0) for (b, s, m), var in x.items()]
     t0 = time.perf_counter()
     status = model.optimize(max_seconds=max(1.0, time_limit), max_nodes=MAX_NODES)
     capped = time.perf_counter() - t0 >= max(1.0, time_limit)
