@@ -52,7 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run_.add_argument("--methods", metavar="a,b,...", help="methods to run (default: all baselines, and mip if present)")
     run_.add_argument("--memory-limit", metavar="X",
                       help="per-device memory limit: a number, or a method name meaning that method's peak")
-    run_.add_argument("--time-limit", default="30", metavar="S", help="MIP time limit in seconds (default 30)")
+    run_.add_argument("--time-limit", default="120", metavar="S",
+                      help="safety cap on the MIP in seconds (default 120); work budgets decide the result, "
+                           "so it is deterministic unless this cap binds (then its status says so)")
     run_.add_argument("--solver", default="cbc", choices=("cbc", "highs"), help="MIP solver (default cbc)")
     run_.add_argument("--quiet", action="store_true", help="no MIP progress lines")
     run_.add_argument("--schedule", action="append", default=[], metavar="FILE.csv",
