@@ -69,6 +69,19 @@ def test_plan_cli_writes_every_file_and_a_valid_plan(tmp_path, capsys):
     assert "step time" in summary and "vs best baseline" in summary
 
 
+def test_plan_without_matplotlib_skips_only_the_svg(tmp_path, capsys, monkeypatch):
+    # a fresh `pip install opsched` has no matplotlib: the plan must still be written
+    import opsched.export.gantt as gantt
+
+    monkeypatch.setattr(gantt, "can_draw_images", lambda: False)
+    out = tmp_path / "out"
+    code = main(["plan", str(MODELS / "llama_7b.onnx"), "--devices", "4", "--microbatches", "4",
+                 "-o", str(out), "--quiet"])
+    assert code == 0
+    assert sorted(p.name for p in out.iterdir()) == ["gantt.html", "plan.json", "report.md", "trace.json"]
+    assert "gantt.svg" not in capsys.readouterr().out
+
+
 def _run_bad(args, tmp_path, capsys):
     out = tmp_path / "out"
     code = main(["plan", str(MODELS / "llama_7b.onnx"), *args, "-o", str(out), "--quiet"])

@@ -365,10 +365,12 @@ def table(rows: list[dict], header: str) -> str:
 
 def write_outputs(out_dir: Path, rows: list[dict], schedules: dict) -> None:
     """DIR/<method>/plan.json and Gantt files for every method that ran, and DIR/compare.json."""
-    from opsched.export.gantt import write_gantt
+    from opsched.export.gantt import can_draw_images, write_gantt
     from opsched.export.plan_json import write_plan
     from opsched.fileio import write_text
 
+    # SVG/PNG need matplotlib (the pictures extra); the trace and HTML do not
+    files = [f for f in GANTT_FILES if can_draw_images() or not f.endswith((".svg", ".png"))]
     solver_fields = ("lower_bound", "gap", "solver", "solve_seconds")
     by_name = {r["method"]: r for r in rows}
     for name, schedule in schedules.items():
@@ -376,7 +378,7 @@ def write_outputs(out_dir: Path, rows: list[dict], schedules: dict) -> None:
         # a MIP's bound and gap join the plan's metrics
         figures = {k: by_name[name][k] for k in solver_fields if k in by_name[name]}
         write_plan(folder / "plan.json", schedule, extra={"method": name, "metrics": figures})
-        for file in GANTT_FILES:
+        for file in files:
             write_gantt(schedule, folder / file)
     write_text(out_dir / "compare.json", json.dumps(rows, indent=2) + "\n")
 

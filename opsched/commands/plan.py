@@ -88,9 +88,9 @@ def run(args: argparse.Namespace) -> int:
     say(f"validate: {result.source} on {result.layout}")
     samples = training.microbatches * training.microbatch_size
     extra = plan_extra(args.model, cluster, training, result)
-    write_outputs(out, result, extra, report_text(args.model, cluster, training, limit, result), say)
-    say(f"export: plan.json, trace.json, gantt.svg, gantt.html, report.md in {out}")
-    print(summary_text(args.model, cluster, training, result, samples, out))
+    names = write_outputs(out, result, extra, report_text(args.model, cluster, training, limit, result), say)
+    say(f"export: {', '.join(names)} in {out}")
+    print(summary_text(args.model, cluster, training, result, samples, out, names))
     return 0
 
 
@@ -139,8 +139,20 @@ def plan_extra(model: str, cluster, training, result) -> dict:
     }
 
 
-def write_outputs(out: Path, result, extra: dict, report: str, say) -> None:
-    """Write every file into a temporary directory, then move them into ``out`` (no partial plan on failure)."""
+def output_files() -> list[str]:
+    """The files `opsched plan` writes; gantt.svg only where matplotlib is installed."""
+    from opsched.export.gantt import can_draw_images
+
+    pictures = ["gantt.svg"] if can_draw_images() else []
+    return ["plan.json", "trace.json", *pictures, "gantt.html", "report.md"]
+
+
+def write_outputs(out: Path, result, extra: dict, report: str, say) -> list[str]:
+    """Write every file into a temporary directory, then move them into ``out`` (no partial plan on failure).
+
+    Returns the names written. Without matplotlib (the ``pictures`` extra) the
+    SVG is skipped with a note; the HTML timeline needs no extra.
+    """
     from opsched.export.gantt import write_html, write_image, write_trace
     from opsched.export.plan_json import write_plan
     from opsched.fileio import write_text
@@ -151,13 +163,18 @@ def write_outputs(out: Path, result, extra: dict, report: str, say) -> None:
         title = f"opsched plan ({result.source}, {result.layout})"
         write_plan(tmp / "plan.json", result.schedule, extra=extra)
         write_trace(result.schedule, tmp / "trace.json", title=title)
-        write_image(result.schedule, tmp / "gantt.svg", title=title)
+        names = output_files()
+        if "gantt.svg" in names:
+            write_image(result.schedule, tmp / "gantt.svg", title=title)
+        else:
+            say("export: gantt.svg skipped (needs matplotlib: pip install 'opsched[pictures]'); gantt.html has the picture")
         write_html(result.schedule, tmp / "gantt.html", title=title)
         write_text(tmp / "report.md", report)
-        for name in ("plan.json", "trace.json", "gantt.svg", "gantt.html", "report.md"):
+        for name in names:
             (tmp / name).replace(out / name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return names
 
 
 def _gib(x) -> str:
@@ -223,7 +240,7 @@ def report_text(model: str, cluster, training, limit: float, result) -> str:
     return "\n".join(lines) + "\n"
 
 
-def summary_text(model: str, cluster, training, result, samples: int, out: Path) -> str:
+def summary_text(model: str, cluster, training, result, samples: int, out: Path, names: list[str]) -> str:
     """The one-screen summary printed at the end."""
     from opsched.schedule import metrics
 
@@ -242,5 +259,5 @@ def summary_text(model: str, cluster, training, result, samples: int, out: Path)
         lines.append(
             f"  vs best baseline {best.method} ({best.layout}): {best.step_time:.4g} s -> {best.step_time / result.step_time:.3f}x"
         )
-    lines.append(f"  files       {out}/plan.json, trace.json, gantt.svg, gantt.html, report.md")
+    lines.append(f"  files       {out}/{', '.join(names)}")
     return "\n".join(lines)

@@ -137,6 +137,13 @@ def write_trace(schedule: Schedule, path: str | os.PathLike, **kw) -> Path:
     return _write(schedule, path, **kw)
 
 
+def can_draw_images() -> bool:
+    """Whether matplotlib (the ``pictures`` extra) is installed, so SVG/PNG can be drawn."""
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 def write_image(schedule: Schedule, path: str | os.PathLike, **kw) -> Path:
     """SVG or PNG through matplotlib; see :mod:`opsched.export.gantt_image`."""
     from opsched.export.gantt_image import write_image as _write
