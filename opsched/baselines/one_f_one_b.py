@@ -19,9 +19,7 @@ from opsched.schedule import Job, Order, StageGraph
 PLACEMENT = "chain"
 
 
-def place(sg: StageGraph, microbatches: int, comm: float | None = None) -> StageGraph:
-    """The chain regrouped into one stage per device, stage k on device k."""
-    return placement.chain_graph(sg, comm=comm)
+place = placement.place_chain
 
 
 def stage_actions(stage: int, stages: int, microbatches: int, backward: str = "B") -> list[Job]:

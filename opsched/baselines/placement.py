@@ -189,6 +189,14 @@ def _build(
     return stages, edges
 
 
+def place_chain(sg: StageGraph, microbatches: int, comm: float | None = None) -> StageGraph:
+    """The chain regrouped into one stage per device, stage k on device k.
+
+    The ``place`` of every one-stage-per-device method (GPipe, 1F1B, ZB-H1, ZB-H2).
+    """
+    return chain_graph(sg, comm=comm)
+
+
 def chain_graph(sg: StageGraph, devices: int | None = None, comm: float | None = None) -> StageGraph:
     """One stage per device: the chain regrouped into D stages, stage k on device k."""
     d = sg.num_devices if devices is None else devices

@@ -25,9 +25,7 @@ from opsched.schedule import Order, StageGraph
 PLACEMENT = "chain"
 
 
-def place(sg: StageGraph, microbatches: int, comm: float | None = None) -> StageGraph:
-    """The chain regrouped into one stage per device, stage k on device k."""
-    return placement.chain_graph(sg, comm=comm)
+place = placement.place_chain
 
 
 def order(sg: StageGraph, microbatches: int) -> Order:

@@ -32,9 +32,7 @@ from opsched.schedule import Job, Order, StageGraph
 PLACEMENT = "chain"
 
 
-def place(sg: StageGraph, microbatches: int, comm: float | None = None) -> StageGraph:
-    """The chain regrouped into one stage per device, stage k on device k."""
-    return placement.chain_graph(sg, comm=comm)
+place = placement.place_chain
 
 
 def in_flight_limit(stage: int, stages: int) -> int:
