@@ -37,8 +37,8 @@ from opsched import baselines
 from opsched.errors import OpschedError
 from opsched.export.torch_csv import csv_text, read_torch_csv, write_torch_csv
 from opsched.schedule import Schedule, chain_stage_graph, metrics, simulate
-from opsched.torchrun.calibrate import merged_times, stage_graph_from_times
-from opsched.torchrun.launch import RunJob, run_job, step_seconds
+from opsched.torchrun.calibrate import fit_overhead, merged_times, stage_graph_from_times
+from opsched.torchrun.launch import RunJob, step_seconds
 from opsched.torchrun.model import ModelSpec
 
 #: torch built-in -> (opsched placement of the 4 stages, opsched baseline with the same order or None)
@@ -76,19 +76,26 @@ def torch_order(name: str, sg, microbatches: int, per_rank: int | None):
 def graphs(times: dict, comm: float, overhead: float = 0.0) -> dict:
     """The calibrated StageGraphs of the 4 stages: V, interleaved, and merged in pairs (2 stages).
 
-    ``overhead`` is added to every F, I and W action (after merging: a merged
-    stage's pass is still one runtime action).
+    ``overhead`` is added to every action (after merging: a merged stage's
+    pass is still one runtime action).
     """
-    def plus(t: dict) -> dict:
-        return {k: v + overhead for k, v in t.items()}
-
     v = {0: 0, 1: 1, 2: 1, 3: 0}
     inter = {0: 0, 1: 1, 2: 0, 3: 1}
     return {
-        "v": stage_graph_from_times(plus(times), v, comm),
-        "interleaved": stage_graph_from_times(plus(times), inter, comm),
-        "pairs": stage_graph_from_times(plus(merged_times(times, [[0, 1], [2, 3]])), {0: 0, 1: 1}, comm),
+        "v": stage_graph_from_times(times, v, comm, overhead=overhead),
+        "interleaved": stage_graph_from_times(times, inter, comm, overhead=overhead),
+        # a merged stage holds two stages' activations per microbatch
+        "pairs": stage_graph_from_times(merged_times(times, [[0, 1], [2, 3]]), {0: 0, 1: 1}, comm,
+                                        act_bytes=2.0, act_w_bytes=1.0, overhead=overhead),
     }
+
+
+def fused(order):
+    """``order`` with every I run as a fused B and its W dropped (same memory, fewer actions)."""
+    from opsched.schedule import Job
+
+    return {d: [Job(a.stage, a.microbatch, "B") if a.pass_ == "I" else a for a in acts if a.pass_ != "W"]
+            for d, acts in order.items()}
 
 
 RANKS = {"v": {0: 0, 1: 1, 2: 1, 3: 0}, "interleaved": {0: 0, 1: 1, 2: 0, 3: 1}, "pairs": {0: 0, 1: 1}}
@@ -97,7 +104,7 @@ RANKS = {"v": {0: 0, 1: 1, 2: 1, 3: 0}, "interleaved": {0: 0, 1: 1, 2: 0, 3: 1},
 def opsched_candidates(gs: dict, microbatches: int, memory_limit: float, lower_seconds: float) -> list[tuple]:
     """(predicted makespan, name, placement, order) of every opsched plan within the memory limit."""
     out = []
-    for placement in ("v", "interleaved"):
+    for placement in ("v", "interleaved", "pairs"):
         sg = gs[placement]
         for name in baselines.NAMES:
             try:
@@ -123,36 +130,23 @@ def opsched_candidates(gs: dict, microbatches: int, memory_limit: float, lower_s
     return sorted(out, key=lambda c: c[0])
 
 
-def same_run_graph(sg, stats: dict, comm: float, calibrated: dict):
+def same_run_graph(sg, stats: dict, comm: float, overhead: float):
     """``sg`` re-timed with the action times measured in one run (under that run's load).
 
-    A stage the run only ran with fused backwards (B) gets I and W in the
-    calibrated I:W ratio, summing to the measured B.
+    Passes the run did not execute (I and W in a fused-B run) keep their
+    calibrated times; ``overhead`` is added to every measured one.
     """
     from opsched.schedule import Edge, Stage, StageGraph
 
     stages = []
     for st in sg.stages:
         t = dict(st.time)
-        if (st.id, "F") in stats:
-            t["F"] = stats[(st.id, "F")]
-        if (st.id, "I") in stats and (st.id, "W") in stats:
-            t["I"], t["W"] = stats[(st.id, "I")], stats[(st.id, "W")]
-        elif (st.id, "B") in stats:
-            share = st.time["I"] / max(st.time["I"] + st.time["W"], 1e-12)
-            t["I"], t["W"] = share * stats[(st.id, "B")], (1 - share) * stats[(st.id, "B")]
+        for p in ("F", "I", "W", "B"):
+            if (st.id, p) in stats and p in t:
+                t[p] = stats[(st.id, p)] + overhead
         stages.append(Stage(st.id, st.devices, t, act_bytes=st.act_bytes, act_w_bytes=st.act_w_bytes, name=st.name))
     edges = [Edge(e.src, e.dst, time=comm if e.time > 0 else 0.0) for e in sg.edges]
     return StageGraph(stages, edges, num_devices=sg.num_devices)
-
-
-def run_measured(spec, ranks, microbatches, args, schedule="csv", csv_path=None):
-    """One job in fresh processes: (per-rank results, per-step times)."""
-    job = RunJob(spec, ranks, microbatches, schedule=schedule, csv_path=csv_path,
-                 microbatch_size=args.microbatch_size, steps=args.steps, warmup=args.warmup,
-                 record_grads=False, measure_comm=True)
-    results = run_job(job, timeout=args.timeout)
-    return results, step_seconds(results)
 
 
 def main(argv=None) -> int:
@@ -174,9 +168,10 @@ def main(argv=None) -> int:
                    help="edge time: the measured one-way time of an activation-sized message (default), or fitted "
                         "so the calibration run's simulated step equals its measured median (absorbs load drift "
                         "into the edge time; worse on a shared machine)")
-    p.add_argument("--overhead", choices=["fit", "none"], default="none",
-                   help="per-action runtime cost outside the timed compute: fitted so the calibration run's "
-                        "simulated step equals its measured median, or none (default)")
+    p.add_argument("--overhead", choices=["fit", "none"], default="fit",
+                   help="per-action runtime cost outside the timed compute: fitted so the calibration runs' "
+                        "simulated steps (split and fused backward) best match their measured medians (default), "
+                        "or none")
     args = p.parse_args(argv)
     mb = args.microbatches
     spec = ModelSpec(dim=args.dim, hidden=2 * args.dim, experts=4, top_k=2, heads=4, seq=args.seq,
@@ -184,25 +179,36 @@ def main(argv=None) -> int:
     t_start = time.time()
     load_before = os.getloadavg()[0]
 
-    # 1. calibrate on opsched's ZB-V order
+    # 1. calibrate on opsched's ZB-V order, split (F, I, W) and fused (F, B), interleaved
+    #    step by step in the same two processes
+    from opsched.torchrun.launch import run_jobs_interleaved
+
     sg_unit = chain_stage_graph(4, devices=2, placement="v")
     calib_order = baselines.baseline_order("zb-v", sg_unit, mb)
+    calib_orders = [calib_order, fused(calib_order)]
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "calib.csv"
-        write_torch_csv(path, sg=sg_unit, order=calib_order, microbatches=mb)
-        calib, calib_steps = run_measured(spec, RANKS["v"], mb, args, csv_path=str(path))
-    times = compute_stat(calib, args.stat)
-    split = {k: v for k, v in times.items() if k[1] in ("F", "I", "W")}
-    pingpong = calib[0].comm_seconds or 0.0
-    calib_median = statistics.median(calib_steps)
+        calib_jobs = []
+        for k, order in enumerate(calib_orders):
+            path = Path(tmp) / f"calib{k}.csv"
+            write_torch_csv(path, sg=sg_unit, order=order, microbatches=mb)
+            calib_jobs.append(RunJob(spec, RANKS["v"], mb, schedule="csv", csv_path=str(path),
+                                     microbatch_size=args.microbatch_size, steps=args.steps, warmup=args.warmup,
+                                     record_grads=False, measure_comm=True))
+        calib_results = run_jobs_interleaved(calib_jobs, timeout=args.timeout)
+    split = calibrated_times(calib_results, args.stat)
+    pingpong = calib_results[0][0].comm_seconds or 0.0
+    calib_medians = [statistics.median(step_seconds(r)) for r in calib_results]
+    calib_median = calib_medians[0]
     fitted = fit_comm(split, RANKS["v"], calib_order, mb, calib_median)
     comm = fitted if args.comm == "fit" else pingpong
-    overhead = fit_overhead(split, calib_order, mb, calib_median, comm) if args.overhead == "fit" else 0.0
+    overhead = (fit_overhead(lambda o: [makespan(graphs(split, comm, o)["v"], order, mb) for order in calib_orders],
+                             calib_medians, largest=MAX_OVERHEAD)
+                if args.overhead == "fit" else 0.0)
     gs = graphs(split, comm, overhead)
     print(f"per-action overhead {1e3 * overhead:.2f} ms")
     print("calibrated (ms): " + ", ".join(f"{s}{p} {1e3 * t:.2f}" for (s, p), t in sorted(split.items()))
           + f"; one-way message {1e3 * pingpong:.2f}, fitted edge time {1e3 * fitted:.2f} "
-          f"(calibration step median {1e3 * calib_median:.1f})")
+          f"(calibration step medians {', '.join(f'{1e3 * m:.1f}' for m in calib_medians)})")
 
     # 2. what to run: torch built-ins with their own orders, and the opsched plan
     entries = []
@@ -227,13 +233,11 @@ def main(argv=None) -> int:
     entries.append({"schedule": f"opsched {name} (CSV)", "builtin": None, "placement": placement, "order": order,
                     "predicted": predicted, "peak": max(metrics(sched).peak_activation_bytes)})
     print(f"opsched plan: {name} on the {placement} placement, predicted {1e3 * predicted:.1f} ms "
-          f"(memory limit {limit:g} microbatches of activations per device)")
+          f"(memory limit {limit:g} stage activations per device, one per stage and microbatch)")
 
     # 3. run everything: in each round, all schedules share two fresh processes and take
     #    turns step by step, so they see the same load; ZB-V's action times from the same
     #    processes give a second calibration ("interleaved calibration")
-    from opsched.torchrun.launch import run_jobs_interleaved
-
     with tempfile.TemporaryDirectory() as tmp:
         plan_path = Path(tmp) / "plan.csv"
         write_torch_csv(plan_path, sg=gs[placement], order=order, microbatches=mb)
@@ -247,19 +251,23 @@ def main(argv=None) -> int:
         ]
         for _ in range(args.rounds):
             all_results = run_jobs_interleaved(jobs, timeout=args.timeout)
-            zbv = all_results[[e["builtin"] for e in entries].index("ZBVZeroBubble")]
-            inter_times = {k: v for k, v in compute_stat(zbv, args.stat).items() if k[1] in ("F", "I", "W")}
+            names = [e["builtin"] for e in entries]
+            zbv, i1f1b = (all_results[names.index(n)] for n in ("ZBVZeroBubble", "Interleaved1F1B"))
+            inter_times = calibrated_times([zbv, i1f1b], args.stat)
             inter_comm = zbv[0].comm_seconds or 0.0
-            zbv_order = entries[[e["builtin"] for e in entries].index("ZBVZeroBubble")]["order"]
-            inter_overhead = (fit_overhead(inter_times, zbv_order, mb, statistics.median(step_seconds(zbv)),
-                                           inter_comm) if args.overhead == "fit" else 0.0)
+            fit_entries = [entries[names.index(n)] for n in ("ZBVZeroBubble", "Interleaved1F1B")]
+            inter_overhead = (fit_overhead(
+                lambda o: [makespan(graphs(inter_times, inter_comm, o)[e["placement"]], e["order"], mb)
+                           for e in fit_entries],
+                [statistics.median(step_seconds(r)) for r in (zbv, i1f1b)], largest=MAX_OVERHEAD)
+                if args.overhead == "fit" else 0.0)
             inter_gs = graphs(inter_times, inter_comm, inter_overhead)
             for e, results in zip(entries, all_results):
                 measured = step_seconds(results)
                 e.setdefault("measured", []).extend(measured)
                 e.setdefault("round_medians", []).append(statistics.median(measured))
                 e.setdefault("busy", []).extend(max(b) for b in zip(*(r.busy_seconds for r in results)))
-                own = same_run_graph(gs[e["placement"]], compute_stat(results, args.stat), inter_comm, split)
+                own = same_run_graph(gs[e["placement"]], compute_stat(results, args.stat), inter_comm, inter_overhead)
                 e.setdefault("same_run", []).append(max(ev.end for ev in simulate(own, e["order"], mb)))
                 g = inter_gs[e["placement"]]
                 e.setdefault("inter", []).append(max(ev.end for ev in simulate(g, e["order"], mb)))
@@ -291,6 +299,7 @@ def main(argv=None) -> int:
         "stat": args.stat,
         "calibration_ms": {f"{s}{p}": 1e3 * t for (s, p), t in sorted(split.items())},
         "calibration_run_median_ms": 1e3 * calib_median,
+        "calibration_run_medians_ms": {"zb-v split": 1e3 * calib_medians[0], "zb-v fused": 1e3 * calib_medians[1]},
         "one_way_message_ms": 1e3 * pingpong,
         "fitted_edge_ms": 1e3 * fitted,
         "edge_ms_used": 1e3 * comm,
@@ -313,7 +322,7 @@ def main(argv=None) -> int:
     print()
     print("| schedule | stages on ranks | predicted ms (error) | predicted, interleaved calibration ms (error) "
           "| predicted from same-run times ms (error) "
-          "| measured median ms (IQR) | measured min ms | busiest rank's compute ms | peak act. (microbatches) |")
+          "| measured median ms (IQR) | measured min ms | busiest rank's compute ms | peak act. (stage activations) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['schedule']} | {r['placement']} | {r['predicted_ms']:.1f} ({r['error_pct']:+.1f} %) "
@@ -335,24 +344,18 @@ def main(argv=None) -> int:
     return 0
 
 
-def fit_overhead(times: dict, order, microbatches: int, target: float, comm: float) -> float:
-    """The per-action overhead at which the simulated step of ``order`` (V placement) equals ``target``.
+def calibrated_times(runs, stat: str) -> dict:
+    """(stage, pass) -> calibrated compute time, F, I and W and fused B, pooled over ``runs``."""
+    pooled = [r for results in runs for r in results]
+    return {k: v for k, v in compute_stat(pooled, stat).items() if k[1] in ("F", "I", "W", "B")}
 
-    It stands for what the runtime spends around each action outside the
-    timed compute (Python bookkeeping, posting sends and receives, waking up).
-    0 if the order is already predicted at or over ``target``.
-    """
-    def step(extra: float) -> float:
-        sg = graphs(times, comm, extra)["v"]
-        return max(e.end for e in simulate(sg, order, microbatches))
 
-    lo, hi = 0.0, max(target, 1e-6)
-    if step(lo) >= target:
-        return 0.0
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if step(mid) < target else (lo, mid)
-    return (lo + hi) / 2
+def makespan(sg, order, microbatches: int) -> float:
+    return max(e.end for e in simulate(sg, order, microbatches))
+
+
+#: the largest per-action overhead a fit may return (seconds)
+MAX_OVERHEAD = 0.02
 
 
 def fit_comm(times: dict, ranks: dict, order, microbatches: int, target: float) -> float:

@@ -41,7 +41,8 @@ class Stage:
     """A node of the StageGraph.
 
     ``time`` holds the durations of the F, I and W passes of one microbatch; a
-    fused backward B lasts I + W. Memory: the F of a microbatch holds
+    fused backward B lasts ``time["B"]`` when given (a measured fused backward
+    can be cheaper than its halves run apart) and I + W otherwise. Memory: the F of a microbatch holds
     ``act_bytes`` on every device of the group until its I frees
     ``act_bytes - act_w_bytes``; its W frees the remaining ``act_w_bytes`` (a B
     frees all). ``param_bytes`` (parameters with gradients and optimizer state)
@@ -65,9 +66,13 @@ class Stage:
     copy_of: int | None = None
 
     def duration(self, pass_: str) -> float:
-        if pass_ == "B":
+        if pass_ == "B" and "B" not in self.time:
             return float(self.time["I"]) + float(self.time["W"])
         return float(self.time[pass_])
+
+    def timed_passes(self) -> tuple[str, ...]:
+        """The passes ``time`` gives explicitly: F, I, W, and B when measured."""
+        return ("F", "I", "W", "B") if "B" in self.time else ("F", "I", "W")
 
     def runs(self, microbatch: int) -> bool:
         return self.microbatches is None or microbatch in self.microbatches
@@ -149,7 +154,7 @@ def _check_stage(s: Stage, num_devices: int) -> None:
     bad = [d for d in s.devices if not 0 <= d < num_devices]
     if bad:
         raise OpschedError(f"stage {s.id}: devices {bad} are outside 0..{num_devices - 1}; raise num_devices")
-    for p in ("F", "I", "W"):
+    for p in s.timed_passes():
         t = s.time.get(p)
         if t is None or isinstance(t, bool) or not (isinstance(t, numbers.Real) and 0 <= t < float("inf")):
             raise OpschedError(f"stage {s.id}: time[{p!r}] must be a finite number >= 0, got {t!r}")

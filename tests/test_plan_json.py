@@ -143,3 +143,14 @@ def test_numpy_numbers_are_written_as_plain_json(tmp_path):
     back, doc = read_plan(tmp_path / "p.json")
     assert doc["memory_limit_bytes"] == 10.0 and doc["stages"][0]["devices"] == [0]
     assert back.events == events
+
+
+def test_measured_fused_backward_round_trips(tmp_path):
+    t = {"F": 1.0, "I": 1.5, "W": 0.5, "B": 1.75}
+    sg = StageGraph([Stage(0, (0,), t), Stage(1, (1,), {"F": 1.0, "I": 1.5, "W": 0.5})], [Edge(0, 1)])
+    order = {0: [Job(0, 0, "F"), Job(0, 0, "B")], 1: [Job(1, 0, "F"), Job(1, 0, "B")]}
+    sched = Schedule(sg, 1, simulate(sg, order, 1))
+    write_plan(tmp_path / "plan.json", sched)
+    back, raw = read_plan(tmp_path / "plan.json")
+    assert raw["stages"][0]["time"]["B"] == 1.75 and "B" not in raw["stages"][1]["time"]
+    assert back.stage_graph.stages == sg.stages and back.events == sched.events

@@ -206,3 +206,16 @@ def test_zb_bubble_rate_ignores_staggered_starts():
     s = Schedule(sg, 1, events)  # not a valid dependency order; the rate only reads spans
     assert metrics(s).bubble_ratio == pytest.approx(1 / 3)
     assert zb_bubble_rate(s) == 0.0
+
+
+def test_measured_fused_backward_time_is_used_and_checked():
+    """A stage may give B its own (measured) time; without one, B lasts I + W."""
+    fast_b = {"F": 1.0, "I": 2.0, "W": 1.0, "B": 2.5}
+    sg = StageGraph([Stage(0, (0,), fast_b), Stage(1, (1,), {"F": 1.0, "I": 2.0, "W": 1.0})], [Edge(0, 1)])
+    order = {0: [Job(0, 0, "F"), Job(0, 0, "B")], 1: [Job(1, 0, "F"), Job(1, 0, "B")]}
+    t = timeline(simulate(sg, order, 1))
+    assert t["1B0"] == (2.0, 5.0)  # I + W
+    assert t["0B0"] == (5.0, 7.5)  # the measured 2.5
+    validate(Schedule(sg, 1, simulate(sg, order, 1)))
+    with pytest.raises(OpschedError, match=r"time\['B'\]"):
+        StageGraph([Stage(0, (0,), {"F": 1, "I": 1, "W": 1, "B": -1})])

@@ -110,7 +110,7 @@ def regroup(sg: StageGraph, count: int, comm: float | None = None) -> list[Part]
             first = edge_into.get(group[0].id)
             parts.append(
                 Part(
-                    time={x: sum(float(s.time[x]) for s in group) for x in ("F", "I", "W")},
+                    time=_summed_times(group),
                     param_bytes=sum(s.param_bytes for s in group),
                     act_bytes=sum(s.act_bytes for s in group),
                     act_w_bytes=sum(s.act_w_bytes for s in group),
@@ -140,7 +140,7 @@ def regroup(sg: StageGraph, count: int, comm: float | None = None) -> list[Part]
                 link_in, bytes_in = link, (into.bytes if into is not None else 0.0)
             parts.append(
                 Part(
-                    time={x: float(s.time[x]) / pieces for x in ("F", "I", "W")},
+                    time={x: float(s.time[x]) / pieces for x in s.timed_passes()},
                     param_bytes=s.param_bytes / pieces,
                     act_bytes=s.act_bytes / pieces,
                     act_w_bytes=s.act_w_bytes / pieces,
@@ -282,3 +282,9 @@ def expect_placement(sg: StageGraph, place: list[int], method: str, rule: str) -
             f"{method} needs {rule}; stages {wrong} are elsewhere; use baselines.placed_stage_graph"
         )
     expect_chain_edges(sg, list(range(len(place))), method)
+
+
+def _summed_times(group) -> dict:
+    """Pass times of consecutive stages merged into one: sums (B only when every stage measured one)."""
+    passes = ("F", "I", "W", "B") if all("B" in s.time for s in group) else ("F", "I", "W")
+    return {x: sum(float(s.time[x]) for s in group) for x in passes}

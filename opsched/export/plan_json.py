@@ -75,7 +75,7 @@ def _stage_dict(sg: StageGraph, s: Stage) -> dict:
         "id": int(s.id),
         "devices": [int(x) for x in s.devices],
         "preds": [int(e.src) for e in sg.preds(s.id)],
-        "time": {p: float(s.time[p]) for p in ("F", "I", "W")},
+        "time": {p: float(s.time[p]) for p in s.timed_passes()},
         "param_bytes": float(s.param_bytes),
         "act_bytes": float(s.act_bytes),
         "act_w_bytes": float(s.act_w_bytes),
@@ -171,6 +171,8 @@ def schedule_from_dict(doc: Any) -> tuple[Schedule, dict]:
         if not isinstance(time_raw, dict):
             raise OpschedError(f"field {where}.time must be an object with F, I and W")
         time = {p: _num(time_raw, p, f"{where}.time.{p}") for p in ("F", "I", "W")}
+        if "B" in time_raw:  # optional: a measured fused backward
+            time["B"] = _num(time_raw, "B", f"{where}.time.B")
         mbs = raw.get("microbatches")
         if mbs is not None:
             mbs = tuple(_int({"m": m}, "m", f"{where}.microbatches") for m in _list(raw, "microbatches", f"{where}.microbatches"))

@@ -226,7 +226,7 @@ def solve(
 
 def _divides(slot: float, sg) -> bool:
     """Whether ``slot`` divides every pass and transfer time exactly (so slotting loses nothing)."""
-    values = [float(s.time[p]) for s in sg.stages for p in ("F", "I", "W")] + [e.time for e in sg.edges]
+    values = [float(s.time[p]) for s in sg.stages for p in s.timed_passes()] + [e.time for e in sg.edges]
     return all(abs(v / slot - round(v / slot)) <= 1e-7 * max(1.0, v / slot) for v in values)
 
 

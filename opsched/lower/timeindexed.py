@@ -53,7 +53,7 @@ def slotted_stage_graph(sg: StageGraph, slot: float) -> StageGraph:
         Stage(
             id=s.id,
             devices=s.devices,
-            time={p: float(to_slots(float(s.time[p]), slot)) for p in ("F", "I", "W")},
+            time={p: float(to_slots(float(s.time[p]), slot)) for p in s.timed_passes()},
             param_bytes=s.param_bytes,
             act_bytes=s.act_bytes,
             act_w_bytes=s.act_w_bytes,
@@ -69,7 +69,7 @@ def slotted_stage_graph(sg: StageGraph, slot: float) -> StageGraph:
 
 def exact_slot(sg: StageGraph) -> float | None:
     """The largest slot that divides every pass and transfer time exactly, if a sensible one exists."""
-    values = [float(s.time[p]) for s in sg.stages for p in ("F", "I", "W") if float(s.time[p]) > 0]
+    values = [float(s.time[p]) for s in sg.stages for p in s.timed_passes() if float(s.time[p]) > 0]
     values += [e.time for e in sg.edges if e.time > 0]
     if not values:
         return None
@@ -96,7 +96,7 @@ def auto_slot(sg: StageGraph, horizon: float, budget: int = 400) -> float:
     g = exact_slot(sg)
     if g is not None and horizon / g <= budget:
         return g
-    shortest = min(float(s.time[p]) for s in sg.stages for p in ("F", "I", "W") if float(s.time[p]) > 0)
+    shortest = min(float(s.time[p]) for s in sg.stages for p in s.timed_passes() if float(s.time[p]) > 0)
     q = max(1, int(budget * shortest / max(horizon, shortest)))
     return shortest / q
 
