@@ -11,9 +11,12 @@ Cases:
   act_w = 0.5); the MIP minimises their cost (``objective="zb-span"``);
 * ``uneven``: the same with stages 0 and 7 1.5x heavier (embedding, head), memory p*M_B;
 
-The three chain cases also run the MIP on ZB-V's V placement of the chain
-(row ``mip-v``), since the V baselines re-place the chain that way.
+The three chain cases and ``towers`` also run the MIP on ZB-V's V placement of
+the (linearized) chain (row ``mip-v``), since the V baselines re-place the
+chain that way.
 * ``towers``: a two-tower StageGraph (3 + 2 stages joining into 3), Zero Bubble's costs, memory 8;
+  the baselines run its chain-only linearization (``placement.linearize``:
+  the towers one after the other, as a chain-only runtime would run them);
 * ``scale``: 8 devices x 2 stages (V), 32 microbatches, I/W split (1,536 jobs),
   memory = ZB-V's peak.
 
@@ -33,6 +36,7 @@ import os
 import time
 
 from opsched.baselines import NAMES, placed_stage_graph, run_baseline
+from opsched.baselines.placement import linearize
 from opsched.errors import OpschedError
 from opsched.lower import solve
 from opsched.lower.solve import SEARCH_BUDGET
@@ -71,7 +75,7 @@ def cases():
         "zb-p": dict(sg=zb_chain(), m=24, memory=8.0, objective="zb-span", also_v=True),
         "zb-2p": dict(sg=zb_chain(), m=24, memory=16.0, objective="zb-span", also_v=True),
         "uneven": dict(sg=zb_chain(1.5), m=24, memory=8.0, objective="makespan", also_v=True),
-        "towers": dict(sg=towers(), m=24, memory=8.0, objective="makespan"),
+        "towers": dict(sg=towers(), m=24, memory=8.0, objective="makespan", linearize=True, also_v=True),
         "scale": dict(sg=v8, m=32, memory=("method", "zb-v"), objective="makespan"),
     }
 
@@ -97,16 +101,18 @@ def run_case(name, case, solver, time_limit, threads, budget=SEARCH_BUDGET):
     if isinstance(memory, tuple):
         memory = max(metrics(run_baseline(memory[1], sg, m)).peak_memory_bytes)
     rows = []
+    chain = linearize(sg) if case.get("linearize") else sg
     for method in NAMES:
         try:
-            schedule = run_baseline(method, sg, m, memory_limit=memory, comm=max((e.time for e in sg.edges), default=0.0))
+            schedule = run_baseline(method, chain, m, memory_limit=memory,
+                                    comm=max((e.time for e in sg.edges), default=0.0))
         except OpschedError as exc:
             rows.append({"method": method, "skipped": str(exc)})
             continue
         rows.append(row(method, schedule))
     graphs = {"mip": sg}
     if case.get("also_v"):  # the same chain in ZB-V's V placement, as the V baselines run it
-        graphs["mip-v"] = placed_stage_graph("zb-v", sg, m, max(e.time for e in sg.edges))
+        graphs["mip-v"] = placed_stage_graph("zb-v", chain, m, max(e.time for e in sg.edges))
     for label, graph in graphs.items():
         t = time.monotonic()
         result = solve(graph, m, memory_limit=memory, time_limit=time_limit, solver=solver, threads=threads,

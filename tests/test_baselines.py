@@ -415,3 +415,22 @@ def test_any_chain_either_refuses_or_gives_a_valid_schedule(name, stages, device
     validate(sched)
     assert_complete_and_ordered(sched)
     assert sched.stage_graph.num_devices == devices
+
+
+def test_linearize_runs_towers_one_after_another():
+    from opsched.baselines.placement import is_chain, linearize
+    from opsched.schedule import metrics
+
+    t = {"F": 1.0, "I": 1.0, "W": 1.0}
+    links = [(0, 1), (1, 2), (2, 5), (3, 4), (4, 5), (5, 6), (6, 7)]
+    sg = StageGraph([Stage(k, (k,), {p: (0.5 if k in (3, 4) else 1.0) * v for p, v in t.items()}, name=f"s{k}")
+                     for k in range(8)], [Edge(a, b, 0.1 * (a + 1)) for a, b in links], num_devices=8)
+    chain = linearize(sg)
+    assert is_chain(chain) and not is_chain(sg)
+    assert [s.name for s in chain.stages] == [f"s{k}" for k in (0, 1, 2, 3, 4, 5, 6, 7)]
+    # the second tower's first stage had no input: its new edge takes the widest link (7 -> ... 0.7)
+    assert [round(e.time, 9) for e in chain.edges] == [0.1, 0.2, 0.7, 0.4, 0.5, 0.6, 0.7]
+    assert chain.stages[3].time["F"] == 0.5
+    with pytest.raises(Unsupported, match="chain"):
+        run_baseline("1f1b", sg, 8)
+    assert metrics(run_baseline("1f1b", chain, 8)).makespan > 0

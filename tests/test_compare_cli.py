@@ -178,3 +178,20 @@ def test_mip_hook_adds_a_row_with_bound_and_gap(tmp_path, capsys, monkeypatch):
 def test_mip_is_unknown_without_a_solver(capsys):
     code, _, err = run_cli(capsys, "--stages", "4", "--microbatches", "8", "--methods", "mip")
     assert code == 2 and "mip needs opsched.lower.solve" in err
+
+
+def test_branching_plan_gets_baselines_on_its_linearized_chain(tmp_path, capsys):
+    from opsched.baselines.placement import linearize
+    from opsched.export.plan_json import write_plan
+    from opsched.schedule import Edge, Job, Schedule, Stage, StageGraph, simulate
+
+    t = {"F": 1.0, "I": 1.0, "W": 1.0}
+    sg = StageGraph([Stage(k, (k,), t) for k in range(3)], [Edge(0, 2, 0.5), Edge(1, 2, 0.5)], num_devices=3)
+    order = {d: [Job(d, m, p) for m in range(4) for p in ("F", "I", "W")] for d in range(3)}
+    order[2] = [Job(2, m, p) for m in range(4) for p in ("F", "I", "W")]
+    write_plan(tmp_path / "plan.json", Schedule(sg, 4, simulate(sg, order, 4)))
+    rows = run_json(capsys, "--plan", str(tmp_path / "plan.json"), "--methods", "1f1b,zb-h1")
+    assert rows["1f1b"]["error"] is None and rows["1f1b"]["linearized"] is True
+    assert rows["1f1b"]["makespan"] == pytest.approx(metrics(run_baseline("1f1b", linearize(sg), 4)).makespan)
+    code, out, _ = run_cli(capsys, "--plan", str(tmp_path / "plan.json"), "--methods", "1f1b")
+    assert code == 0 and "branches run one after another" in out

@@ -12,6 +12,10 @@ functions put the result on devices:
 * :func:`dual_graph`: two copies of a D-stage chain running in opposite
   directions, logical stage j of the second copy on device D-1-j (DualPipe).
 
+A branching StageGraph (two towers joining, experts side by side) is not a
+chain; :func:`linearize` gives the chain a chain-only runtime would run
+instead, its stages one after another in topological order.
+
 Transfer times: an edge between two stages on one device costs nothing. An
 edge between different devices keeps the time it had in the input when that
 was non-zero; otherwise (the ends shared a device in the input, or the edge is
@@ -61,8 +65,7 @@ def chain_stages(sg: StageGraph) -> list[Stage]:
     n = len(sg.stages)
     if n == 0:
         raise Unsupported("the stage graph is empty; give at least one stage")
-    links = sorted((e.src, e.dst) for e in sg.edges)
-    if links != [(k, k + 1) for k in range(n - 1)]:
+    if not is_chain(sg):
         raise Unsupported(
             "hand-written schedules need a chain of stages (edges 0->1->...->P-1); "
             "this stage graph branches, so compare it with the MIP only"
@@ -76,6 +79,55 @@ def chain_stages(sg: StageGraph) -> list[Stage]:
                 "give the plain chain of logical stages"
             )
     return list(sg.stages)
+
+
+def is_chain(sg: StageGraph) -> bool:
+    """Whether the edges of ``sg`` are exactly 0 -> 1 -> ... -> P-1 (no branches)."""
+    return sorted((e.src, e.dst) for e in sg.edges) == [(k, k + 1) for k in range(len(sg.stages) - 1)]
+
+
+def linearize(sg: StageGraph) -> StageGraph:
+    """The chain a chain-only schedule runs for a branching ``sg``: its stages in topological order.
+
+    Each stage feeds the next one in that order, so parallel branches run one
+    after the other (what pipelining a multi-tower model with a chain-only
+    runtime does). A chain edge takes the largest transfer time and size of
+    the edges into its later stage, or, where that stage had no input (a
+    second tower's first stage), of the whole graph. Stage k of the result is
+    the k-th stage of the order, on one device (the first of its group), so
+    the baselines' placements can re-place it.
+
+    >>> from opsched.schedule import Edge, Stage, StageGraph
+    >>> t = {"F": 1.0, "I": 1.0, "W": 1.0}
+    >>> towers = StageGraph([Stage(k, (k,), t) for k in range(3)], [Edge(0, 2, 0.5), Edge(1, 2, 0.25)])
+    >>> chain = linearize(towers)
+    >>> [(e.src, e.dst, e.time) for e in chain.edges]
+    [(0, 1, 0.5), (1, 2, 0.5)]
+    """
+    copies = [s.id for s in sg.stages if s.microbatches is not None or s.copy_of is not None]
+    if copies:
+        raise Unsupported(f"stages {copies} are direction copies; linearize the plain graph of logical stages")
+    order = sg.topological_order()
+    new_id = {old: k for k, old in enumerate(order)}
+    widest = max(sg.edges, key=lambda e: (e.time, e.bytes), default=None)
+    stages = [
+        Stage(
+            id=new_id[s.id],
+            devices=(s.devices[0],),
+            time=dict(s.time),
+            param_bytes=s.param_bytes,
+            act_bytes=s.act_bytes,
+            act_w_bytes=s.act_w_bytes,
+            name=s.name,
+        )
+        for s in (sg.stage(old) for old in order)
+    ]
+    edges = []
+    for k in range(1, len(order)):
+        into = sg.preds(order[k]) or ([widest] if widest is not None else [])
+        edges.append(Edge(k - 1, k, time=max((e.time for e in into), default=0.0),
+                          bytes=max((e.bytes for e in into), default=0.0)))
+    return StageGraph(sorted(stages, key=lambda s: s.id), edges, num_devices=sg.num_devices)
 
 
 def _default_comm(sg: StageGraph) -> float:
