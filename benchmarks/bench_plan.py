@@ -48,6 +48,10 @@ def run_one(model: str, devices: int, microbatches: int, time_limit: float, solv
         "baseline": None if best is None else f"{best['method']} ({best['layout']})",
         "baseline_step": None if best is None else best["step_time"],
         "speedup": None if best is None else best["step_time"] / doc["step_time"],
+        "baseline_bubbles": None if best is None else best["bubble_ratio"],
+        # the speed-up a plan doing the baseline's work per device would reach with no bubble at all
+        "ceiling": None if best is None else best["step_time"] / (
+            best["step_time"] - best["bubble_ratio"] * best["makespan"]),
     }
 
 
@@ -62,22 +66,26 @@ def main(argv=None) -> int:
     ap.add_argument("--fallback-preset", default="h200",
                     help="preset to retry with when the model does not fit the first one's memory at all")
     args = ap.parse_args(argv)
-    print("| model | devices | preset | plan (source, layout) | step (s) | bubbles | best baseline | its step (s) | speed-up | lower gap | wall (s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | devices | preset | plan (source, layout) | step (s) | bubbles | best baseline | its step (s) "
+          "| its bubbles | speed-up | zero-bubble ceiling | lower gap | wall (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for model in args.models.split(","):
         for devices in (int(d) for d in args.devices.split(",")):
             r = run_one(model, devices, args.microbatches, args.time_limit, args.solver, args.preset)
             if "error" in r and "smallest memory" in r["error"] and args.fallback_preset:
-                print(f"| {model} | {devices} | {r['preset']} | does not fit: {r['error']} | | | | | | | {r['wall']:.1f} |", flush=True)
+                print(f"| {model} | {devices} | {r['preset']} | does not fit: {r['error']} | | | | | | | | | {r['wall']:.1f} |", flush=True)
                 r = run_one(model, devices, args.microbatches, args.time_limit, args.solver, args.fallback_preset)
             if "error" in r:
-                print(f"| {model} | {devices} | {r['preset']} | error: {r['error']} | | | | | | | {r['wall']:.1f} |", flush=True)
+                print(f"| {model} | {devices} | {r['preset']} | error: {r['error']} | | | | | | | | | {r['wall']:.1f} |", flush=True)
                 continue
             gap = "-" if r["gap"] is None else f"{r['gap']:.3f}"
             speed = "-" if r["speedup"] is None else f"{r['speedup']:.3f}x"
             base_step = "-" if r["baseline_step"] is None else f"{r['baseline_step']:.4g}"
+            base_bub = "-" if r["baseline_bubbles"] is None else f"{r['baseline_bubbles']:.3f}"
+            ceiling = "-" if r["ceiling"] is None else f"{r['ceiling']:.3f}x"
             print(f"| {model} | {devices} | {r['preset']} | {r['source']}, {r['layout']} | {r['step']:.4g} | {r['bubbles']:.3f} | "
-                  f"{r['baseline'] or '-'} | {base_step} | {speed} | {gap} | {r['wall']:.1f} |", flush=True)
+                  f"{r['baseline'] or '-'} | {base_step} | {base_bub} | {speed} | {ceiling} | {gap} | {r['wall']:.1f} |",
+                  flush=True)
     return 0
 
 

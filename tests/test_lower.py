@@ -395,3 +395,20 @@ def test_measured_fused_backward_time_is_what_the_mip_schedules():
         validate(result.schedule)
         assert result.makespan == pytest.approx(best)
         assert result.makespan < solve(base, 3, memory_limit=limit, split_backward=False, time_limit=60).makespan
+
+
+def test_span_bound_counts_the_path_through_the_last_stage():
+    """Device 0's span includes reaching the last stage, all its F and I, and the way back (Zero Bubble's p=8, m=24)."""
+    from opsched.lower.bounds import span_lower_bound
+
+    f, i, w, c = 18.522, 18.086, 9.337, 0.601
+    sg = chain_stage_graph(8, f=f, b=i + w, w=w, comm=c)
+    assert span_lower_bound(JobSet(sg, 24)) == pytest.approx(7 * (f + c) + 24 * (f + i) + 7 * (i + c) + w)
+
+
+@pytest.mark.parametrize("stages,mb,split,limit", [(2, 3, False, 2.0), (3, 2, True, None), (2, 3, True, 1.5)])
+def test_span_bound_never_above_the_exhaustive_optimum(stages, mb, split, limit):
+    from opsched.lower.bounds import span_lower_bound
+
+    sg = chain_stage_graph(stages, f=1, b=3, w=1, comm=0.5)
+    assert span_lower_bound(JobSet(sg, mb, split)) <= brute_force_span(sg, mb, limit, split) + 1e-9

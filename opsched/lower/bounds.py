@@ -139,8 +139,13 @@ def span_lower_bound(js: JobSet) -> float:
     For device ``d``, a job's *relative head* is the longest dependency path
     from the start of any F on ``d`` to its start (the device's first F is no
     later than that F), and its *relative tail* the longest path from its end
-    to the end of a W or B on ``d``. Jackson's bound over the device's jobs
-    with those heads and tails bounds its span.
+    to the end of a W or B on ``d``. Every device ``e`` runs its jobs one at a
+    time, so Jackson's bound over the jobs of ``e`` that have both (with those
+    heads and tails) bounds the span of ``d``. With ``e = d`` that is ``d``'s
+    own work; with ``e`` the last stage of a chain it is the path to the last
+    stage, all of that stage's F and I, and the way back: on Zero Bubble's
+    p = 8, m = 24 setting, 7(F + c) + 24(F + I) + 7(I + c) + W = 1152.60 ms
+    for device 0, a bubble rate of at least 0.04331.
     """
     best = 0.0
     n = len(js)
@@ -160,9 +165,9 @@ def span_lower_bound(js: JobSet) -> float:
             for s, delay in js.succs[k]:
                 if tail[s] > float("-inf"):
                     tail[k] = max(tail[k], delay + js.duration[s] + tail[s])
-        inside = [k for k in ks if head[k] > float("-inf") and tail[k] > float("-inf")]
-        if inside:
-            best = max(best, jackson_bound([head[k] for k in inside], [js.duration[k] for k in inside],
-                                           [tail[k] for k in inside]))
+        for other in js.on_device.values():
+            inside = [k for k in other if head[k] > float("-inf") and tail[k] > float("-inf")]
+            if inside:
+                best = max(best, jackson_bound([head[k] for k in inside], [js.duration[k] for k in inside],
+                                               [tail[k] for k in inside]))
     return best
-
