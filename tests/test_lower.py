@@ -412,3 +412,15 @@ def test_span_bound_never_above_the_exhaustive_optimum(stages, mb, split, limit)
 
     sg = chain_stage_graph(stages, f=1, b=3, w=1, comm=0.5)
     assert span_lower_bound(JobSet(sg, mb, split)) <= brute_force_span(sg, mb, limit, split) + 1e-9
+
+
+def test_zero_bubble_2p_setting_reaches_the_proven_optimum():
+    """Zero Bubble's p = 8, m = 24 chain at 2p·M_B: the published ZB-2p rate 0.0433, proven optimal."""
+    from opsched.schedule import zb_bubble_rate
+
+    f, i, w, c = 18.522, 18.086, 9.337, 0.601
+    sg = chain_stage_graph(8, f=f, b=i + w, w=w, comm=c)
+    result = solve(sg, 24, memory_limit=16.0, objective="zb-span", time_limit=60)
+    validate(result.schedule)
+    assert result.gap <= 1e-9 and result.lower_bound == pytest.approx(7 * (f + c) + 24 * (f + i) + 7 * (i + c) + w)
+    assert round(zb_bubble_rate(result.schedule), 4) <= 0.0433

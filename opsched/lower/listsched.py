@@ -47,6 +47,9 @@ class Variant:
     #: (base, slope): stage at depth k keeps at most max(1, base - slope*k) microbatches between F and I
     #: (1F1B / Zero Bubble warm-up shapes: downstream stages stay free for the returning backwards)
     stage_cap: tuple[int, int] | None = None
+    #: delay a W when the backward (I or B) of its stage's last microbatch would become startable before it
+    #: ends: that backward chain decides when the pipeline drains
+    guard_last_backward: bool = False
 
     @property
     def name(self) -> str:
@@ -55,6 +58,8 @@ class Variant:
             parts.append(f"cap{self.cap}")
         if self.patient_w:
             parts.append("patientW")
+        if self.guard_last_backward:
+            parts.append("guardLast")
         if self.pairs:
             parts.append("pairs")
         if self.stage_cap is not None:
@@ -166,6 +171,9 @@ def list_schedule(js: JobSet, budgets: Mapping[int, float] | None, variant: Vari
     gain = sg.overlap_gain
 
     ready_at: dict[int, float] = {}
+    last_mb = {st.id: max(st.microbatches) if st.microbatches else js.microbatches - 1 for st in sg.stages}
+    last_backward = {k for k, job in enumerate(js.jobs)
+                     if job.pass_ in ("I", "B") and job.microbatch == last_mb[job.stage]}
 
     def ready(k: int) -> float:  # fixed once every predecessor is dispatched
         r = ready_at.get(k)
@@ -204,11 +212,12 @@ def list_schedule(js: JobSet, budgets: Mapping[int, float] | None, variant: Vari
                 if not memory.allows(k):
                     continue
             starts[k] = max([ready(k)] + [free[d] for d in js.devices[k]])
-        if v.patient_w:
+        if v.patient_w or v.guard_last_backward:
             for k in [k for k in starts if js.jobs[k].pass_ == "W"]:
                 devs = set(js.devices[k])
                 if any(
-                    js.jobs[o].pass_ != "W" and devs & set(js.devices[o]) and starts[o] < starts[k] + js.duration[k] - EPS
+                    devs & set(js.devices[o]) and starts[o] < starts[k] + js.duration[k] - EPS
+                    and (js.jobs[o].pass_ != "W" if v.patient_w else o in last_backward)
                     for o in starts
                 ):
                     del starts[k]
@@ -279,8 +288,9 @@ def default_variants(js: JobSet, allow_pairs: bool = False) -> list[Variant]:
     shapes += [(2 * devices + k, 2) for k in (-2, -1, 0, 1)]
     for shape in shapes:
         variants += [Variant("zb", None, w, stage_cap=shape) for w in (False, True)]
+        variants.append(Variant("zb", None, stage_cap=shape, guard_last_backward=True))
     if allow_pairs and js.sg.overlap_gain > 0:
-        variants += [Variant(p, c, w, True) for p in ("zb", "forward") for c in caps for w in (False, True)]
+        variants += [Variant(p, c, w, pairs=True) for p in ("zb", "forward") for c in caps for w in (False, True)]
     return variants
 
 
