@@ -19,7 +19,6 @@ once per step); throughput = microbatches × microbatch size / step time.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import time
@@ -502,13 +501,10 @@ def _device_sync(placement: str, syncs: list[float], groups: int) -> float:
 
 def on_real_devices(schedule: Schedule, layout: Layout) -> Schedule:
     """A schedule on pseudo-devices (one per group) moved onto the groups' real devices."""
-    sg = schedule.stage_graph
-    stages = [
-        dataclasses.replace(s, devices=tuple(d for g in s.devices for d in layout.devices_of_group(g)))
-        for s in sg.stages
-    ]
-    real = StageGraph(stages, list(sg.edges), num_devices=layout.devices, overlap_gain=sg.overlap_gain)
-    return Schedule(real, schedule.microbatches, list(schedule.events), memory_limit=schedule.memory_limit, name=schedule.name)
+    from opsched.baselines.placement import onto_groups
+
+    groups = [tuple(layout.devices_of_group(g)) for g in range(layout.groups)]
+    return onto_groups(schedule, groups, layout.devices)
 
 
 #: the contiguous split is cut for these fractions of the memory limit (a tighter

@@ -195,3 +195,23 @@ def test_branching_plan_gets_baselines_on_its_linearized_chain(tmp_path, capsys)
     assert rows["1f1b"]["makespan"] == pytest.approx(metrics(run_baseline("1f1b", linearize(sg), 4)).makespan)
     code, out, _ = run_cli(capsys, "--plan", str(tmp_path / "plan.json"), "--methods", "1f1b")
     assert code == 0 and "branches run one after another" in out
+
+
+def test_plan_on_device_groups_gets_baselines_on_the_groups(tmp_path, capsys):
+    """Stages on groups of two devices: the baselines run with each group as one device, then on its devices."""
+    from opsched.export.plan_json import write_plan
+    from opsched.schedule import Edge, Job, Schedule, Stage, StageGraph, simulate
+
+    t = {"F": 1.0, "I": 1.0, "W": 1.0}
+    sg = StageGraph([Stage(0, (2, 3), t), Stage(1, (0, 1), t)], [Edge(0, 1, 0.5)], num_devices=4)
+    order = {d: [Job(s, m, p) for m in range(4) for p in ("F", "I", "W")] for s, devs in ((0, (2, 3)), (1, (0, 1)))
+             for d in devs}
+    write_plan(tmp_path / "plan.json", Schedule(sg, 4, simulate(sg, order, 4)))
+    code, out, err = run_cli(capsys, "--plan", str(tmp_path / "plan.json"), "--methods", "1f1b", "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    placed, _ = read_plan(tmp_path / "out" / "1f1b" / "plan.json")
+    assert sorted(s.devices for s in placed.stage_graph.stages) == [(0, 1), (2, 3)]
+    first = next(s for s in placed.stage_graph.stages if s.id == 0)
+    assert first.devices == (2, 3)  # the chain starts on the group that ran the plan's first stage
+    direct = run_baseline("1f1b", chain_stage_graph(2, f=1, b=2, w=1, comm=0.5), 4)
+    assert metrics(placed).makespan == pytest.approx(metrics(direct).makespan)

@@ -33,10 +33,10 @@ time of the input graph (a chain has one link speed).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from opsched.errors import Unsupported
-from opsched.schedule import Edge, Stage, StageGraph
+from opsched.schedule import Edge, Schedule, Stage, StageGraph
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,49 @@ def chain_stages(sg: StageGraph) -> list[Stage]:
                 "give the plain chain of logical stages"
             )
     return list(sg.stages)
+
+
+def on_group_devices(sg: StageGraph) -> tuple[StageGraph, list[tuple[int, ...]]]:
+    """``sg`` with each device group as one pseudo-device, and the groups in order of first use.
+
+    A plan's stages may run on groups of devices (tensor or data parallel
+    inside a group); the hand-written schedules place stages on single
+    devices, so they run on the groups as pseudo-devices
+    (:func:`onto_groups` maps the result back). Groups must not overlap.
+
+    >>> from opsched.schedule import Stage, StageGraph
+    >>> t = {"F": 1.0, "I": 1.0, "W": 1.0}
+    >>> sg = StageGraph([Stage(0, (2, 3), t), Stage(1, (0, 1), t)], [Edge(0, 1)])
+    >>> pseudo, groups = on_group_devices(sg)
+    >>> [s.devices for s in pseudo.stages], groups
+    ([(0,), (1,)], [(2, 3), (0, 1)])
+    """
+    groups: list[tuple[int, ...]] = []
+    for sid in sg.topological_order():
+        group = tuple(sg.stage(sid).devices)
+        if group not in groups:
+            groups.append(group)
+    seen: dict[int, tuple[int, ...]] = {}
+    for group in groups:
+        for d in group:
+            if d in seen:
+                raise Unsupported(
+                    f"device {d} is in two device groups, {seen[d]} and {group}; hand-written schedules need "
+                    "disjoint groups"
+                )
+            seen[d] = group
+    index = {group: k for k, group in enumerate(groups)}
+    stages = [replace(s, devices=(index[tuple(s.devices)],)) for s in sg.stages]
+    return StageGraph(stages, list(sg.edges), num_devices=len(groups), overlap_gain=sg.overlap_gain), groups
+
+
+def onto_groups(schedule: Schedule, groups: list[tuple[int, ...]], num_devices: int) -> Schedule:
+    """A schedule on pseudo-devices (one per group) moved onto the groups' real devices."""
+    sg = schedule.stage_graph
+    stages = [replace(s, devices=tuple(d for g in s.devices for d in groups[g])) for s in sg.stages]
+    real = StageGraph(stages, list(sg.edges), num_devices=num_devices, overlap_gain=sg.overlap_gain)
+    return Schedule(real, schedule.microbatches, list(schedule.events), memory_limit=schedule.memory_limit,
+                    name=schedule.name)
 
 
 def is_chain(sg: StageGraph) -> bool:

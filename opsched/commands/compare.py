@@ -199,13 +199,17 @@ def run_method(name: str, sg, microbatches: int, limit: float | None, args, solv
         schedule = result.schedule
         schedule.name = schedule.name or "mip"
     else:
-        from opsched.baselines.placement import is_chain, linearize
+        from opsched.baselines.placement import is_chain, linearize, on_group_devices, onto_groups
 
         comm = max((e.time for e in sg.edges), default=0.0)
+        # stages on device groups: each group is one pseudo-device for the baselines
+        pseudo, groups = on_group_devices(sg)
         # a branching plan: the baselines run the chain a chain-only runtime would
-        chain = sg if is_chain(sg) else linearize(sg)
+        chain = pseudo if is_chain(pseudo) else linearize(pseudo)
         schedule = run_baseline(name, chain, microbatches, memory_limit=limit, comm=comm)
-        extra = {} if chain is sg else {"linearized": True}
+        if any(len(g) > 1 for g in groups):
+            schedule = onto_groups(schedule, groups, sg.num_devices)
+        extra = {} if chain is pseudo else {"linearized": True}
     validate(schedule)
     return schedule, extra
 
