@@ -23,6 +23,7 @@ that stays true.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -86,6 +87,7 @@ class _Memory:
         self.js = js
         self.budgets = budgets
         self.held = {d: 0.0 for d in js.on_device}
+        self.tolerance = {d: EPS * max(1.0, abs(budgets[d])) for d in js.on_device} if budgets is not None else {}
         self.inflight: list[int] = []  # microbatches in admission order
         self.held_by: dict[int, dict[int, float]] = {}
         self.remaining: dict[int, dict[int, float]] = {}
@@ -108,16 +110,20 @@ class _Memory:
         m = self.js.jobs[k].microbatch
         add = {d: self.js.mem[k] for d in self.js.devices[k]}
         avail = {d: self.budgets[d] - self.held[d] - add.get(d, 0.0) for d in self.held}
+        tol = self.tolerance
         sequence = list(self.inflight) + ([] if m in self.held_by else [m])
         for mb in sequence:
             rem = self.remaining.get(mb, self.need.get(mb, {}))
             for d, r in rem.items():
                 r_after = r - add.get(d, 0.0) if mb == m else r
-                if r_after > avail[d] + EPS * max(1.0, abs(self.budgets[d])):
+                if r_after > avail[d] + tol[d]:
                     return False
-            held = self.held_by.get(mb, {})
-            for d in avail:
-                avail[d] += held.get(d, 0.0) + (add.get(d, 0.0) if mb == m else 0.0)
+            # once it finishes, the microbatch gives back what it holds (only its devices change)
+            for d, h in self.held_by.get(mb, {}).items():
+                avail[d] += h
+            if mb == m:
+                for d, a in add.items():
+                    avail[d] += a
         return True
 
     def dispatch(self, k: int) -> None:
@@ -213,13 +219,16 @@ def list_schedule(js: JobSet, budgets: Mapping[int, float] | None, variant: Vari
                     continue
             starts[k] = max([ready(k)] + [free[d] for d in js.devices[k]])
         if v.patient_w or v.guard_last_backward:
+            # per device, the earliest start of a job a W must not delay
+            earliest: dict[int, float] = {}
+            for o, start in starts.items():
+                if (js.jobs[o].pass_ != "W") if v.patient_w else (o in last_backward):
+                    for d in js.devices[o]:
+                        if start < earliest.get(d, math.inf):
+                            earliest[d] = start
             for k in [k for k in starts if js.jobs[k].pass_ == "W"]:
-                devs = set(js.devices[k])
-                if any(
-                    devs & set(js.devices[o]) and starts[o] < starts[k] + js.duration[k] - EPS
-                    and (js.jobs[o].pass_ != "W" if v.patient_w else o in last_backward)
-                    for o in starts
-                ):
+                ends = starts[k] + js.duration[k] - EPS
+                if any(earliest.get(d, math.inf) < ends for d in js.devices[k]):
                     del starts[k]
         if not starts:  # pragma: no cover - the banker's rule prevents this
             raise RuntimeError("list scheduler stalled; memory budget below one microbatch's requirement")
