@@ -119,7 +119,7 @@ class PlanResult:
 
 #: the lower MIP schedules at most this many upper solutions, those whose
 #: estimate is within this factor of the best estimate
-LOWER_AT_MOST = 6
+LOWER_AT_MOST = 10
 LOWER_WITHIN = 1.15
 
 
