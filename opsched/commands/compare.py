@@ -47,7 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--act-w", default="0.5", metavar="AW", help="part of A held until W (default 0.5)")
     src.add_argument("--overlap-gain", default="0", metavar="G",
                      help="overlapped F&B pair lasts F + B - G*min(F, B); 0 = no gain (default), 1 = perfect")
-    src.add_argument("--plan", metavar="PLAN.json", help="take the stage graph from a plan file instead")
+    src.add_argument("--plan", metavar="PLAN.json",
+                     help="take the stage graph from a plan file instead (baselines treat each device group as one "
+                          "device and run a branching graph's stages one after another, as a chain-only runtime would)")
     run_ = parser.add_argument_group("methods")
     run_.add_argument("--methods", metavar="a,b,...", help="methods to run (default: all baselines, and mip if present)")
     run_.add_argument("--memory-limit", metavar="X",
