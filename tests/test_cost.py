@@ -2,6 +2,7 @@
 
 import pytest
 
+from conftest import SLOW_LINK_CLUSTER
 from opsched.cluster import Training, cluster_from_dict
 from opsched.cost import (
     Mode,
@@ -15,19 +16,9 @@ from opsched.cost import (
 )
 from opsched.graph import Block
 
-# round numbers so every figure below is easy to check by hand
-SPEC = {
-    "devices": 8,
-    "devices_per_node": 4,
-    "peak_flops": {"bf16": 100e12},
-    "efficiency": 0.5,  # 50 TFLOP/s achievable
-    "memory_bytes": 80e9,
-    "memory_bandwidth": 1e12,
-    "intra_node_bandwidth": 100e9,
-    "intra_node_latency": 1e-6,
-    "inter_node_bandwidth": 10e9,
-    "inter_node_latency": 10e-6,
-}
+# round numbers so every figure below is easy to check by hand (efficiency 0.5
+# of 100 TFLOP/s: 50 TFLOP/s achievable), on 2 nodes of 4 devices
+SPEC = {**SLOW_LINK_CLUSTER, "devices": 8, "devices_per_node": 4}
 C = cluster_from_dict(SPEC)
 T = Training(microbatches=4)
 

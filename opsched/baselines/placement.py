@@ -88,6 +88,8 @@ def on_group_devices(sg: StageGraph) -> tuple[StageGraph, list[tuple[int, ...]]]
     inside a group); the hand-written schedules place stages on single
     devices, so they run on the groups as pseudo-devices
     (:func:`onto_groups` maps the result back). Groups must not overlap.
+    When every stage runs on one device, ``sg`` is returned as it is, with
+    each device its own group.
 
     >>> from opsched.schedule import Stage, StageGraph
     >>> t = {"F": 1.0, "I": 1.0, "W": 1.0}
@@ -96,6 +98,8 @@ def on_group_devices(sg: StageGraph) -> tuple[StageGraph, list[tuple[int, ...]]]
     >>> [s.devices for s in pseudo.stages], groups
     ([(0,), (1,)], [(2, 3), (0, 1)])
     """
+    if all(len(s.devices) == 1 for s in sg.stages):
+        return sg, [(d,) for d in range(sg.num_devices)]
     groups: list[tuple[int, ...]] = []
     for sid in sg.topological_order():
         group = tuple(sg.stage(sid).devices)
@@ -151,26 +155,14 @@ def linearize(sg: StageGraph) -> StageGraph:
     if copies:
         raise Unsupported(f"stages {copies} are direction copies; linearize the plain graph of logical stages")
     order = sg.topological_order()
-    new_id = {old: k for k, old in enumerate(order)}
     widest = max(sg.edges, key=lambda e: (e.time, e.bytes), default=None)
-    stages = [
-        Stage(
-            id=new_id[s.id],
-            devices=(s.devices[0],),
-            time=dict(s.time),
-            param_bytes=s.param_bytes,
-            act_bytes=s.act_bytes,
-            act_w_bytes=s.act_w_bytes,
-            name=s.name,
-        )
-        for s in (sg.stage(old) for old in order)
-    ]
+    stages = [replace(sg.stage(old), id=k, devices=(sg.stage(old).devices[0],)) for k, old in enumerate(order)]
     edges = []
     for k in range(1, len(order)):
         into = sg.preds(order[k]) or ([widest] if widest is not None else [])
         edges.append(Edge(k - 1, k, time=max((e.time for e in into), default=0.0),
                           bytes=max((e.bytes for e in into), default=0.0)))
-    return StageGraph(sorted(stages, key=lambda s: s.id), edges, num_devices=sg.num_devices)
+    return StageGraph(stages, edges, num_devices=sg.num_devices)
 
 
 def _default_comm(sg: StageGraph) -> float:

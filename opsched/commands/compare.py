@@ -208,9 +208,8 @@ def run_method(name: str, sg, microbatches: int, limit: float | None, args, solv
         pseudo, groups = on_group_devices(sg)
         # a branching plan: the baselines run the chain a chain-only runtime would
         chain = pseudo if is_chain(pseudo) else linearize(pseudo)
-        schedule = run_baseline(name, chain, microbatches, memory_limit=limit, comm=comm)
-        if any(len(g) > 1 for g in groups):
-            schedule = onto_groups(schedule, groups, sg.num_devices)
+        schedule = onto_groups(run_baseline(name, chain, microbatches, memory_limit=limit, comm=comm),
+                               groups, sg.num_devices)
         extra = {} if chain is pseudo else {"linearized": True}
     validate(schedule)
     return schedule, extra
