@@ -19,7 +19,6 @@ once per step); throughput = microbatches × microbatch size / step time.
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -28,9 +27,11 @@ from typing import Callable
 import networkx as nx
 
 from opsched.cluster import Cluster, Training
-from opsched.errors import OpschedError, Unsupported
-from opsched.schedule import Edge, Schedule, Stage, StageGraph, metrics, order_from_schedule, validate
-from opsched.upper.layouts import Layout, layouts
+from opsched.contiguous import Baseline, contiguous_baselines
+from opsched.errors import OpschedError
+from opsched.isolate import run_isolated
+from opsched.schedule import Schedule, StageGraph, metrics, order_from_schedule, validate
+from opsched.upper.layouts import layouts
 from opsched.upper.mip import (
     UpperProblem,
     UpperSolution,
@@ -38,7 +39,6 @@ from opsched.upper.mip import (
     estimate,
     minimum_memory,
     solve_upper,
-    uniform_start,
     upper_problem,
 )
 from opsched.upper.reduce import reduce_block_graph
@@ -68,33 +68,6 @@ class Candidate:
 
     def to_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if v is not None}
-
-
-@dataclass
-class Baseline:
-    """A hand-written schedule on the best contiguous split (a row of ``baselines`` in plan.json)."""
-
-    method: str
-    layout: str
-    schedule: Schedule  # on real devices (each pseudo-device of the split is a device group)
-    makespan: float
-    step_time: float
-    bubble_ratio: float
-    peak_memory_bytes: float
-    grad_sync: float
-    solve_seconds: float
-
-    def to_dict(self, samples_per_step: int) -> dict:
-        return {
-            "method": self.method,
-            "layout": self.layout,
-            "makespan": self.makespan,
-            "step_time": self.step_time,
-            "throughput": samples_per_step / self.step_time if self.step_time > 0 else 0.0,
-            "bubble_ratio": self.bubble_ratio,
-            "peak_memory_bytes": self.peak_memory_bytes,
-            "solve_seconds": self.solve_seconds,
-        }
 
 
 @dataclass
@@ -265,88 +238,6 @@ def _upper_for_layout(p: UpperProblem, time_limit: float, solver: str) -> tuple[
     return estimate(p, start)["step_time"], solve_upper(p, time_limit=time_limit, solver=solver, start=start, window=window)
 
 
-#: text a native solver prints when it aborts (glibc heap checks, CBC's signal handler)
-CRASH_MARKERS = (b"Signal SIGABRT caught", b"double free", b"corruption", b"Segmentation fault", b"SIGSEGV")
-
-
-def run_isolated(fn, *args, timeout: float, **kwargs):
-    """Run ``fn(*args, **kwargs)`` in a forked child process and return its result.
-
-    The MIP solvers are native code: CBC has been seen to abort with a heap
-    corruption at the end of a time-limited search and then hang in its own
-    crash handler, which would hang the whole planner. In a child it costs
-    one solve: the child's output is watched, and a crash message, a child
-    that dies, or one running past ``timeout`` seconds raises
-    :class:`OpschedError` at once; an exception in ``fn`` is re-raised here.
-    Other output of the child is passed on to stderr. Falls back to a direct
-    call where fork is unavailable.
-    """
-    import multiprocessing as mp
-    import os
-    import sys
-    from multiprocessing.connection import wait
-
-    try:
-        ctx = mp.get_context("fork")
-    except ValueError:  # no fork (Windows, some macOS setups)
-        return fn(*args, **kwargs)
-    receive, send = ctx.Pipe(duplex=False)
-    out_read, out_write = os.pipe()
-    child = ctx.Process(target=_isolated_child, args=(send, out_write, fn, args, kwargs), daemon=True)
-    child.start()
-    send.close()
-    os.close(out_write)
-    deadline = time.monotonic() + timeout
-    watched: list = [receive, out_read]
-    output = b""
-    try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise OpschedError(f"the solver did not return within {timeout:.0f} s and was stopped")
-            ready = wait(watched, timeout=left)
-            if out_read in ready:
-                chunk = os.read(out_read, 65536)
-                if not chunk:
-                    watched.remove(out_read)
-                else:
-                    output += chunk
-                    if any(marker in output for marker in CRASH_MARKERS):
-                        raise OpschedError("the solver crashed (native abort); this candidate is skipped")
-                    sys.stderr.write(chunk.decode("utf-8", "replace"))
-            if receive in ready:
-                try:
-                    ok, value = receive.recv()
-                except EOFError:
-                    raise OpschedError(f"the solver process died (exit code {child.exitcode}); this candidate is skipped") from None
-                break
-    finally:
-        if child.is_alive():
-            child.kill()
-        child.join()
-        receive.close()
-        os.close(out_read)
-    if ok:
-        return value
-    raise value
-
-
-def _isolated_child(send, out_write, fn, args, kwargs) -> None:
-    import os
-
-    os.dup2(out_write, 1)  # the parent watches what native code prints
-    os.dup2(out_write, 2)
-    try:
-        result = (True, fn(*args, **kwargs))
-    except BaseException as exc:  # noqa: BLE001 - handed to the parent as is
-        result = (False, exc)
-    try:
-        send.send(result)
-    finally:
-        send.close()
-        os._exit(0)  # skip interpreter teardown: the parent owns every resource
-
-
 def _schedule_job(job: dict, microbatches: int, limit: float, budget: float, solver: str, say: Progress,
                   warm: Schedule | None = None) -> None:
     """Run the lower MIP on ``job["sg"]``; keep the result in ``job`` when it is better than what it holds."""
@@ -422,149 +313,3 @@ def _smallest_memory(problems: dict[str, UpperProblem], solver: str) -> float:
     return best
 
 
-# --------------------------------------------------------------------------- baselines on contiguous splits
-
-
-def method_stage_count(method: str, groups: int) -> int:
-    """Logical stages a hand-written method uses on ``groups`` pipeline ranks."""
-    from opsched.baselines import placement_of
-
-    return 2 * groups if placement_of(method) in ("v", "interleaved") else groups
-
-
-def contiguous_chain(p: UpperProblem, uniform: bool = True) -> tuple[StageGraph, list[float], str] | None:
-    """A contiguous split of ``p`` as a chain on pseudo-devices, one per group.
-
-    ``uniform``: one parallel configuration for every block, as users set it
-    (:func:`opsched.upper.mip.uniform_start`); else per-block modes chosen by
-    the mode MIP (:func:`opsched.upper.mip.contiguous_start`).
-
-    Stage k runs on pseudo-device ``k mod G`` (so a baseline can re-place the
-    chain); a stage's figures are its blocks' under their modes; the edge
-    k -> k+1 carries every block edge that crosses the cut after stage k.
-    Returns the chain, each stage's gradient sync and the configuration's
-    name, or None when no contiguous split fits in memory. Empty slots are dropped.
-    """
-    if uniform:
-        found = uniform_start(p)
-        if found is None:
-            return None
-        config, start = found
-    else:
-        config, start = "per-block modes", contiguous_start(p)
-        if start is None:
-            return None
-    used = sorted({s for s, _ in start.values()})
-    index = {s: i for i, s in enumerate(used)}
-    G = p.layout.groups
-    stages, syncs = [], []
-    for s in used:
-        k = index[s]
-        costs = [p.cost[(b, p.group(s), m)] for b, (slot, m) in start.items() if slot == s]
-        stages.append(
-            Stage(
-                id=k,
-                devices=(k % G,),
-                time={"F": sum(c.F for c in costs), "I": sum(c.I for c in costs), "W": sum(c.W for c in costs)},
-                param_bytes=sum(c.param_bytes for c in costs),
-                act_bytes=sum(c.act_bytes for c in costs),
-                act_w_bytes=sum(c.act_w_bytes for c in costs),
-                name=f"part{k}",
-            )
-        )
-        syncs.append(sum(c.grad_sync for c in costs))
-    edges = []
-    for k in range(len(used) - 1):
-        crossing = sum(n for (u, v), n in p.edges.items() if index[start[u][0]] <= k < index[start[v][0]])
-        a, c = used[k], used[k + 1]
-        time_ = 0.0 if p.group(a) == p.group(c) else p.transfer_latency[(a, c)] + crossing * p.transfer_rate[(a, c)]
-        edges.append(Edge(k, k + 1, time=time_, bytes=crossing))
-    return StageGraph(stages, edges, num_devices=G), syncs, config
-
-
-def _device_sync(placement: str, syncs: list[float], groups: int) -> float:
-    """The largest per-pseudo-device gradient sync when a method places the chain its way."""
-    per = [0.0] * groups
-    n = len(syncs)
-    for k, s in enumerate(syncs):
-        if placement == "chain":
-            per[min(k, groups - 1)] += s
-        elif placement == "interleaved":
-            per[k % groups] += s
-        elif placement == "v":
-            per[k if k < groups else max(0, 2 * groups - 1 - k)] += s
-        else:  # dual: both directions' copies of stage k live on devices k and G-1-k
-            per[k % groups] += s
-            per[(groups - 1 - k) % groups] += s
-    return max(per) if n else 0.0
-
-
-def on_real_devices(schedule: Schedule, layout: Layout) -> Schedule:
-    """A schedule on pseudo-devices (one per group) moved onto the groups' real devices."""
-    from opsched.baselines.placement import onto_groups
-
-    groups = [tuple(layout.devices_of_group(g)) for g in range(layout.groups)]
-    return onto_groups(schedule, groups, layout.devices)
-
-
-#: the contiguous split is cut for these fractions of the memory limit (a tighter
-#: cut balances memory more evenly, which some methods need to fit at all)
-SPLIT_MEMORY_SCALES = (1.0, 0.9, 0.8, 0.7, 0.6)
-
-
-def contiguous_baselines(
-    bg: nx.DiGraph, cluster: Cluster, training: Training, memory_limit: float, say: Progress | None = None
-) -> tuple[list[Baseline], Baseline | None]:
-    """Every hand-written method on its best contiguous split at the same memory.
-
-    For each method and each pipeline depth G ≥ 2 (G divides the devices,
-    groups of N/G devices with the upper level's cost model and per-block
-    modes), the topological order is cut into the method's stage count
-    (:func:`contiguous_chain`, cut for each of :data:`SPLIT_MEMORY_SCALES` of
-    the limit); the method runs on it with the full memory limit, and the
-    split with the best step time is kept. Returns one :class:`Baseline` per method that fits
-    anywhere (sorted by step time) and the overall best.
-    """
-    from opsched.baselines import NAMES, placement_of, run_baseline
-
-    say = say or (lambda msg: None)
-    M = training.microbatches
-    best: dict[str, Baseline] = {}
-    chains: dict[tuple[int, int, float], tuple | None] = {}
-    for lay, method, scale in itertools.product(layouts(cluster, max_virtual=1), NAMES, SPLIT_MEMORY_SCALES):
-        G = lay.groups
-        if G < 2:
-            continue
-        count = method_stage_count(method, G)
-        key = (G, count, scale)
-        if key not in chains:
-            shape = Layout(lay.devices, G) if count == G else Layout(lay.devices, G, count // G, "interleaved")
-            chains[key] = contiguous_chain(upper_problem(bg, shape, cluster, training, memory_limit * scale))
-        if chains[key] is None:
-            continue
-        chain, syncs, config = chains[key]
-        t0 = time.perf_counter()
-        try:
-            sched = run_baseline(method, chain, M, memory_limit=memory_limit)
-        except Unsupported:
-            continue
-        seconds = time.perf_counter() - t0
-        m = metrics(sched)
-        sync = _device_sync(placement_of(method), syncs, G)
-        cand = Baseline(
-            method=method,
-            layout=f"{G}x{lay.group_size} contiguous, {config}",
-            schedule=on_real_devices(sched, lay),
-            makespan=m.makespan,
-            step_time=m.makespan + sync,
-            bubble_ratio=m.bubble_ratio,
-            peak_memory_bytes=max(m.peak_memory_bytes, default=0.0),
-            grad_sync=sync,
-            solve_seconds=seconds,
-        )
-        if method not in best or cand.step_time < best[method].step_time:
-            best[method] = cand
-    rows = sorted(best.values(), key=lambda b: (b.step_time, b.method))
-    for b in rows:
-        say(f"baseline: {b.method} on {b.layout}: step {b.step_time:.4g} s, bubbles {b.bubble_ratio:.3f}")
-    return rows, (rows[0] if rows else None)

@@ -167,7 +167,7 @@ def _fail():
 
 def test_run_isolated_returns_reraises_and_survives_crashes():
     from opsched.errors import OpschedError
-    from opsched.planner import run_isolated
+    from opsched.isolate import run_isolated
 
     assert run_isolated(sum, [1, 2, 3], timeout=30) == 6
     with pytest.raises(OpschedError, match="nothing fits"):
