@@ -35,7 +35,7 @@ import json
 import os
 import time
 
-from opsched.baselines import NAMES, placed_stage_graph, run_baseline
+from opsched.baselines import NAMES, baseline_orders, placed_stage_graph, run_baseline
 from opsched.baselines.placement import linearize
 from opsched.errors import OpschedError
 from opsched.lower import solve
@@ -116,6 +116,7 @@ def run_case(name, case, solver, time_limit, threads, budget=SEARCH_BUDGET):
     for label, graph in graphs.items():
         t = time.monotonic()
         result = solve(graph, m, memory_limit=memory, time_limit=time_limit, solver=solver, threads=threads,
+                       warm_orders=baseline_orders(graph, m),
                        objective=case["objective"], search_budget=budget)
         validate(result.schedule)
         rows.append(row(label, result.schedule, {

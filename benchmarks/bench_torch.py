@@ -35,6 +35,7 @@ from pathlib import Path
 
 from opsched import baselines
 from opsched.errors import OpschedError
+from opsched.lower import solve
 from opsched.export.torch_csv import csv_text, read_torch_csv, write_torch_csv
 from opsched.schedule import Schedule, chain_stage_graph, metrics, simulate
 from opsched.torchrun.calibrate import fit_overhead, merged_times, stage_graph_from_times
@@ -114,12 +115,11 @@ def opsched_candidates(gs: dict, microbatches: int, memory_limit: float, lower_s
             sched = Schedule(sg, microbatches, simulate(sg, order, microbatches))
             if max(metrics(sched).peak_activation_bytes) <= memory_limit + 1e-9:
                 out.append((max(e.end for e in sched.events), name, placement, order))
-        solve = getattr(__import__("opsched.lower", fromlist=["solve"]), "solve", None)
-        if solve is not None and lower_seconds > 0:
+        if lower_seconds > 0:
             try:
                 for split_backward in (True, False):
                     result = solve(sg, microbatches, memory_limit=memory_limit, time_limit=lower_seconds,
-                                   split_backward=split_backward)
+                                   split_backward=split_backward, warm_orders=baselines.baseline_orders(sg, microbatches))
                     # re-time the MIP's order on the calibrated (unslotted) times
                     events = simulate(sg, result.order, microbatches)
                     kind = "I/W" if split_backward else "B"

@@ -9,19 +9,21 @@ compares its plans with these and offers the best of them to the lower level.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
 
 import networkx as nx
 
+from opsched.baselines import NAMES, placement_of, run_baseline
+from opsched.baselines.placement import onto_groups
 from opsched.cluster import Cluster, Training
 from opsched.errors import Unsupported
 from opsched.schedule import Edge, Schedule, Stage, StageGraph, metrics
 from opsched.upper.layouts import Layout, layouts
 from opsched.upper.mip import UpperProblem, contiguous_start, uniform_start, upper_problem
 
-Progress = Callable[[str], None]
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -128,8 +130,6 @@ def _device_sync(placement: str, syncs: list[float], groups: int) -> float:
 
 def on_real_devices(schedule: Schedule, layout: Layout) -> Schedule:
     """A schedule on pseudo-devices (one per group) moved onto the groups' real devices."""
-    from opsched.baselines.placement import onto_groups
-
     groups = [tuple(layout.devices_of_group(g)) for g in range(layout.groups)]
     return onto_groups(schedule, groups, layout.devices)
 
@@ -140,7 +140,7 @@ SPLIT_MEMORY_SCALES = (1.0, 0.9, 0.8, 0.7, 0.6)
 
 
 def contiguous_baselines(
-    bg: nx.DiGraph, cluster: Cluster, training: Training, memory_limit: float, say: Progress | None = None
+    bg: nx.DiGraph, cluster: Cluster, training: Training, memory_limit: float
 ) -> tuple[list[Baseline], Baseline | None]:
     """Every hand-written method on its best contiguous split at the same memory.
 
@@ -152,9 +152,6 @@ def contiguous_baselines(
     split with the best step time is kept. Returns one :class:`Baseline` per method that fits
     anywhere (sorted by step time) and the overall best.
     """
-    from opsched.baselines import NAMES, placement_of, run_baseline
-
-    say = say or (lambda msg: None)
     M = training.microbatches
     best: dict[str, Baseline] = {}
     chains: dict[tuple[int, int, float], tuple | None] = {}
@@ -193,5 +190,5 @@ def contiguous_baselines(
             best[method] = cand
     rows = sorted(best.values(), key=lambda b: (b.step_time, b.method))
     for b in rows:
-        say(f"baseline: {b.method} on {b.layout}: step {b.step_time:.4g} s, bubbles {b.bubble_ratio:.3f}")
+        log.info("baseline: %s on %s: step %.4g s, bubbles %.3f", b.method, b.layout, b.step_time, b.bubble_ratio)
     return rows, (rows[0] if rows else None)

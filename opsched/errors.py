@@ -16,3 +16,19 @@ class OpschedError(Exception):
 
 class Unsupported(OpschedError):
     """A method's preconditions do not hold for this input (e.g. DualPipe with odd PP)."""
+
+
+class Deadlock(OpschedError):
+    """An order cannot run to the end: every device waits for another (a user's order is wrong;
+    inside the planner, a candidate order is skipped)."""
+
+
+class MemoryTooSmall(OpschedError):
+    """The memory limit is below what any schedule needs; ``minimum`` is the least limit that works."""
+
+    def __init__(self, message: str, minimum: float):
+        super().__init__(message, minimum)  # both in args, so it survives pickling from a child process
+        self.minimum = minimum
+
+    def __str__(self) -> str:
+        return self.args[0]

@@ -1,10 +1,41 @@
-"""Run a native solve in a child process, so that a crash or a hang costs one candidate, not the command."""
+"""Run a native solve in a child process, so that a crash or a hang costs one candidate, not the command.
+
+The MIP solvers are native code: CBC has been seen to abort with a heap
+corruption at the end of a time-limited search and then hang in its own
+crash handler. :func:`run_isolated` runs a solve in a forked child and
+watches it: a native abort, a child that dies or one that runs past its
+timeout is a :class:`SolverCrash`, the one thing callers catch (and record
+as a candidate's status). Any other exception in the child comes back as
+itself, with the child's traceback as its cause, so a bug fails the command
+with the place it happened.
+
+>>> run_isolated(sum, [1, 2, 3], timeout=30)
+6
+"""
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
+import sys
 import time
+import traceback
+from multiprocessing.connection import wait
 
-from opsched.errors import OpschedError
+
+class SolverCrash(Exception):
+    """A native solver aborted, died or hung in an isolated solve: that solve is lost, the command goes on."""
+
+
+class ChildTraceback(Exception):
+    """The traceback of an exception raised in the child process (shown as the re-raised exception's cause)."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return "\n" + self.text
 
 
 #: text a native solver prints when it aborts (glibc heap checks, CBC's signal handler)
@@ -14,20 +45,13 @@ CRASH_MARKERS = (b"Signal SIGABRT caught", b"double free", b"corruption", b"Segm
 def run_isolated(fn, *args, timeout: float, **kwargs):
     """Run ``fn(*args, **kwargs)`` in a forked child process and return its result.
 
-    The MIP solvers are native code: CBC has been seen to abort with a heap
-    corruption at the end of a time-limited search and then hang in its own
-    crash handler, which would hang the whole planner. In a child it costs
-    one solve: the child's output is watched, and a crash message, a child
-    that dies, or one running past ``timeout`` seconds raises
-    :class:`OpschedError` at once; an exception in ``fn`` is re-raised here.
-    Other output of the child is passed on to stderr. Falls back to a direct
-    call where fork is unavailable.
+    The child's output is watched: a crash message, a child that dies, or one
+    running past ``timeout`` seconds (wall clock) raises :class:`SolverCrash`
+    at once and the child is killed; an exception in ``fn`` is re-raised
+    here with the child's traceback as its ``__cause__``. Other output of the
+    child is passed on to stderr. Falls back to a direct call where fork is
+    unavailable.
     """
-    import multiprocessing as mp
-    import os
-    import sys
-    from multiprocessing.connection import wait
-
     try:
         ctx = mp.get_context("fork")
     except ValueError:  # no fork (Windows, some macOS setups)
@@ -38,30 +62,8 @@ def run_isolated(fn, *args, timeout: float, **kwargs):
     child.start()
     send.close()
     os.close(out_write)
-    deadline = time.monotonic() + timeout
-    watched: list = [receive, out_read]
-    output = b""
     try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise OpschedError(f"the solver did not return within {timeout:.0f} s and was stopped")
-            ready = wait(watched, timeout=left)
-            if out_read in ready:
-                chunk = os.read(out_read, 65536)
-                if not chunk:
-                    watched.remove(out_read)
-                else:
-                    output += chunk
-                    if any(marker in output for marker in CRASH_MARKERS):
-                        raise OpschedError("the solver crashed (native abort); this candidate is skipped")
-                    sys.stderr.write(chunk.decode("utf-8", "replace"))
-            if receive in ready:
-                try:
-                    ok, value = receive.recv()
-                except EOFError:
-                    raise OpschedError(f"the solver process died (exit code {child.exitcode}); this candidate is skipped") from None
-                break
+        ok, value, child_traceback = _watch(child, receive, out_read, timeout)
     finally:
         if child.is_alive():
             child.kill()
@@ -70,20 +72,49 @@ def run_isolated(fn, *args, timeout: float, **kwargs):
         os.close(out_read)
     if ok:
         return value
-    raise value
+    raise value from ChildTraceback(child_traceback)
+
+
+def _watch(child, receive, out_read: int, timeout: float) -> tuple[bool, object, str]:
+    """Relay the child's output until it sends its result; raise SolverCrash on a crash, a death or the timeout."""
+    deadline = time.monotonic() + timeout
+    watched: list = [receive, out_read]
+    output = b""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise SolverCrash(f"the solver did not return within {timeout:.0f} s and was stopped")
+        ready = wait(watched, timeout=left)
+        if out_read in ready:
+            chunk = os.read(out_read, 65536)
+            if not chunk:
+                watched.remove(out_read)
+            else:
+                output += chunk
+                if any(marker in output for marker in CRASH_MARKERS):
+                    raise SolverCrash("the solver crashed (native abort)")
+                sys.stderr.write(chunk.decode("utf-8", "replace"))
+        if receive in ready:
+            try:
+                return receive.recv()
+            except EOFError:
+                raise SolverCrash(f"the solver process died (exit code {child.exitcode})") from None
 
 
 def _isolated_child(send, out_write, fn, args, kwargs) -> None:
-    import os
-
     os.dup2(out_write, 1)  # the parent watches what native code prints
     os.dup2(out_write, 2)
     try:
-        result = (True, fn(*args, **kwargs))
-    except BaseException as exc:  # noqa: BLE001 - handed to the parent as is
-        result = (False, exc)
+        result = (True, fn(*args, **kwargs), "")
+    except BaseException as exc:  # noqa: BLE001 - handed to the parent with its traceback
+        result = (False, exc, traceback.format_exc())
     try:
-        send.send(result)
+        try:
+            send.send(result)
+        except Exception:  # the result or exception does not pickle: send what can be
+            ok, value, text = result
+            send.send((False, RuntimeError(f"the isolated call's {'result' if ok else 'exception'} "
+                                           f"{type(value).__name__} cannot be sent back: {value!r}"[:500]), text))
     finally:
         send.close()
         os._exit(0)  # skip interpreter teardown: the parent owns every resource

@@ -19,18 +19,22 @@ once per step); throughput = microbatches × microbatch size / step time.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
 
 import networkx as nx
 
+from opsched.baselines import baseline_orders
 from opsched.cluster import Cluster, Training
 from opsched.contiguous import Baseline, contiguous_baselines
-from opsched.errors import OpschedError
-from opsched.isolate import run_isolated
-from opsched.schedule import Schedule, StageGraph, metrics, order_from_schedule, validate
+from opsched.errors import MemoryTooSmall, OpschedError
+from opsched.isolate import SolverCrash, run_isolated
+from opsched.lower import minimum_memory_limit, solve
+from opsched.schedule import Order, Schedule, StageGraph, metrics, order_from_schedule, validate
+from opsched.solver import Status, require
 from opsched.upper.layouts import layouts
 from opsched.upper.mip import (
     UpperProblem,
@@ -42,9 +46,9 @@ from opsched.upper.mip import (
     upper_problem,
 )
 from opsched.upper.reduce import reduce_block_graph
-from opsched.upper.stages import build_stage_graph
+from opsched.upper.stages import StagePlan, build_stage_graph
 
-Progress = Callable[[str], None]
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -55,7 +59,7 @@ class Candidate:
     layout: str
     status: str  # e.g. "scheduled", "no fit", "estimated only", "lower failed: ..."
     estimate: float | None = None  # upper objective (s)
-    upper_status: str | None = None
+    upper_status: str | None = None  # UpperSolution.status_text
     upper_seconds: float | None = None
     makespan: float | None = None
     step_time: float | None = None
@@ -75,7 +79,7 @@ class PlanResult:
     """The chosen plan and everything that was tried."""
 
     schedule: Schedule
-    solver_metrics: dict  # lower_bound, gap, solver, solve_seconds
+    solver_metrics: dict  # plan.json's metrics: LowerOutcome.as_metrics(), or the baseline's solver "none"
     source: str  # what produced the chosen schedule
     layout: str
     step_time: float
@@ -85,6 +89,52 @@ class PlanResult:
     baselines: list[Baseline]
     blocks: int  # blocks the upper MIP placed
     seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class LowerOutcome:
+    """What one lower solve of a candidate gave, besides its schedule."""
+
+    lower_bound: float
+    gap: float
+    solver: str
+    solve_seconds: float
+    status: Status
+
+    @property
+    def proven(self) -> bool:
+        return self.gap <= 1e-6
+
+    def as_metrics(self) -> dict:
+        """The fields plan.json's ``metrics`` carries."""
+        return {"lower_bound": self.lower_bound, "gap": self.gap, "solver": self.solver,
+                "solve_seconds": self.solve_seconds, "lower_status": self.status}
+
+
+@dataclass
+class LowerJob:
+    """One StageGraph the lower level schedules, and the best schedule it got so far."""
+
+    candidate: Candidate
+    stage_graph: StageGraph
+    grad_sync: float  # seconds per step, added to the makespan
+    plan: StagePlan | None = None  # the upper MIP's stages (None for the best baseline's contiguous split)
+    warm: Schedule | None = None  # a schedule to start from (the best baseline's)
+    schedule: Schedule | None = None
+    outcome: LowerOutcome | None = None
+
+
+@dataclass
+class Option:
+    """A plan the search may return: a scheduled candidate or a baseline itself."""
+
+    step_time: float
+    source: str
+    layout: str
+    schedule: Schedule
+    metrics: dict
+    grad_sync: float
+    plan: StagePlan | None
 
 
 # --------------------------------------------------------------------------- the search
@@ -103,7 +153,6 @@ def plan_block_graph(
     memory_limit: float | None = None,
     time_limit: float = 60.0,
     solver: str = "cbc",
-    progress: Progress | None = None,
     keep: int = 2,
     target_blocks: int | None = None,
 ) -> PlanResult:
@@ -117,45 +166,20 @@ def plan_block_graph(
     (warm-started from their quick schedules). ``time_limit`` shares the clock
     among these as safety caps (at least 10 s per upper layout and per quick
     solve, 5 s per longer one); a cap that binds is reported in the
-    candidate's status.
+    candidate's status. Progress goes to this module's logger.
     """
-    say = progress or (lambda msg: None)
+    require(solver)
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
-    M = training.microbatches
     t_start = time.perf_counter()
-    deadline = t_start + time_limit
     all_layouts = layouts(cluster)
     target = target_blocks or max(24, 3 * max(lay.slots for lay in all_layouts))
     small, _ = reduce_block_graph(bg, target)
-    say(f"upper: {bg.number_of_nodes()} blocks reduced to {small.number_of_nodes()} for the MIP; {len(all_layouts)} layouts")
-
-    # 1. upper: every layout that fits, warm-started from its best contiguous split
-    problems: dict[str, UpperProblem] = {}
-    candidates: list[Candidate] = []
-    solutions: list[UpperSolution] = []
-    # Work budgets (nodes, rounds) decide the result; the clock is only a safety
-    # cap per layout, generous so that it does not bind on a loaded machine.
-    share = max(10.0, 0.5 * time_limit / max(1, len(all_layouts)))
-    for lay in all_layouts:
-        name = str(lay)
-        p = upper_problem(small, lay, cluster, training, limit)
-        problems[name] = p
-        try:
-            found = run_isolated(_upper_for_layout, p, share, solver, timeout=3 * share + 30)
-        except OpschedError as exc:
-            candidates.append(Candidate("upper", name, f"upper failed: {exc}"))
-            say(f"upper: layout {name}: {exc}")
-            continue
-        if found is None:
-            candidates.append(Candidate("upper", name, "no fit"))
-            continue
-        start_estimate, sol = found
-        say(f"upper: layout {name}: estimate {start_estimate:.4g} s -> {sol.objective:.4g} s ({sol.status}, {sol.solve_seconds:.1f} s)")
-        solutions.append(sol)
+    log.info("upper: %d blocks reduced to %d for the MIP; %d layouts",
+             bg.number_of_nodes(), small.number_of_nodes(), len(all_layouts))
+    problems = {str(lay): upper_problem(small, lay, cluster, training, limit) for lay in all_layouts}
+    solutions, candidates = _solve_layouts(problems, time_limit, solver)
     t_upper = time.perf_counter()
-
-    # 2. the baselines, each on its best contiguous split at the same memory
-    baselines, best_split = contiguous_baselines(small, cluster, training, limit, say)
+    baselines, best_split = contiguous_baselines(small, cluster, training, limit)
     t_base = time.perf_counter()
     if not solutions and not baselines:
         smallest = _smallest_memory(problems, solver)
@@ -163,70 +187,57 @@ def plan_block_graph(
             f"no layout fits in {limit / 2**30:.1f} GiB per device; the smallest memory that works is about "
             f"{smallest / 2**30:.1f} GiB (pass --memory-limit {math.ceil(smallest / 2**30)}GiB or use more devices)"
         )
-
-    # 3. a quick lower solve of every StageGraph, then longer ones for the best few
-    jobs = []
-    ranked_solutions = sorted(solutions, key=lambda x: (x.objective, str(x.layout)))
-    for rank, sol in enumerate(ranked_solutions):
-        if rank >= LOWER_AT_MOST or sol.objective > LOWER_WITHIN * ranked_solutions[0].objective:
-            candidates.append(Candidate("upper", str(sol.layout), "estimated only", estimate=sol.objective,
-                                        upper_status=sol.status, upper_seconds=sol.solve_seconds))
-            continue
-        plan = build_stage_graph(problems[str(sol.layout)], sol.assignment)
-        cand = Candidate("upper", str(sol.layout), "scheduled", estimate=sol.objective, upper_status=sol.status,
-                         upper_seconds=sol.solve_seconds, stages=len(plan.stage_graph.stages))
-        jobs.append({"cand": cand, "sg": plan.stage_graph, "sync": plan.grad_sync_seconds, "plan": plan, "warm": None})
-    if best_split is not None:
-        cand = Candidate("contiguous", best_split.layout, "scheduled", stages=len(best_split.schedule.stage_graph.stages))
-        jobs.append({"cand": cand, "sg": best_split.schedule.stage_graph, "sync": best_split.grad_sync,
-                     "plan": None, "warm": best_split.schedule})
-    quick_deadline = time.perf_counter() + 0.35 * time_limit
-    for k, job in enumerate(jobs):
-        budget = max(10.0, (quick_deadline - time.perf_counter()) / (len(jobs) - k))
-        _schedule_job(job, M, limit, budget, solver, say)
-    ranked = sorted((j for j in jobs if "schedule" in j), key=lambda j: j["cand"].step_time)
-    finalists = ranked[:keep]
-    for k, job in enumerate(finalists):
-        # whether a finalist gets its longer solve depends on its result, never on the clock
-        budget = max(5.0, (deadline - time.perf_counter()) / (len(finalists) - k))
-        proven = job["extra"].get("gap") is not None and job["extra"]["gap"] <= 1e-6
-        if not proven:
-            _schedule_job(job, M, limit, budget, solver, say, warm=job["schedule"])
-    candidates = [j["cand"] for j in jobs] + candidates
-
-    # 4. the best simulated step time wins; a baseline itself is a plan the search may return
-    options = [(j["cand"].step_time, j["cand"].source, j["cand"].layout, j["schedule"], j["extra"], j["sync"], j["plan"])
-               for j in jobs if "schedule" in j]
-    options += [(b.step_time, f"baseline {b.method}", b.layout, b.schedule,
-                 {"solver": "none", "solve_seconds": b.solve_seconds}, b.grad_sync, None) for b in baselines]
+    jobs, unscheduled = _lower_jobs(solutions, problems, best_split)
+    _schedule_jobs(jobs, training.microbatches, limit, time_limit, t_start + time_limit, solver, keep)
+    options = [_job_option(j) for j in jobs if j.schedule is not None] + [_baseline_option(b) for b in baselines]
     if not options:
-        smallest = _smallest_schedulable(jobs, M)
+        smallest = min((minimum_memory_limit(j.stage_graph, training.microbatches) for j in jobs), default=math.inf)
         raise OpschedError(
             f"no candidate could be scheduled within {limit / 2**30:.1f} GiB per device; the smallest memory that works "
             f"is about {smallest / 2**30:.1f} GiB (pass --memory-limit {math.ceil(smallest / 2**30)}GiB)"
         )
-    step, source, lay_name, schedule, extra, sync, plan = min(options, key=lambda o: o[0])
-    validate(schedule)
-    stage_blocks: dict[int, list[str]] = {}
-    if plan is not None:
-        names = problems[lay_name].names
-        stage_blocks = {
-            sid: [f"{names[b]} [{plan.modes_of_stage[sid][b]}]" for b in blocks]
-            for sid, blocks in plan.blocks_of_stage.items()
-        }
+    best = min(options, key=lambda o: o.step_time)
+    validate(best.schedule)
     return PlanResult(
-        schedule=schedule,
-        solver_metrics=extra,
-        source=source,
-        layout=lay_name,
-        step_time=step,
-        grad_sync=sync,
-        stage_blocks=stage_blocks,
-        candidates=candidates,
+        schedule=best.schedule,
+        solver_metrics=best.metrics,
+        source=best.source,
+        layout=best.layout,
+        step_time=best.step_time,
+        grad_sync=best.grad_sync,
+        stage_blocks=_stage_blocks(best, problems),
+        candidates=[j.candidate for j in jobs] + candidates + unscheduled,
         baselines=baselines,
         blocks=small.number_of_nodes(),
         seconds={"upper": t_upper - t_start, "baselines": t_base - t_upper, "lower": time.perf_counter() - t_base},
     )
+
+
+def _solve_layouts(problems: dict[str, UpperProblem], time_limit: float, solver: str) -> tuple[list[UpperSolution], list[Candidate]]:
+    """Step 1, the upper MIP on every layout that fits, warm-started from its best contiguous split.
+
+    Returns the solutions and a candidate row for each layout without one.
+    """
+    solutions: list[UpperSolution] = []
+    candidates: list[Candidate] = []
+    # Work budgets (nodes, rounds) decide the result; the clock is only a safety
+    # cap per layout, generous so that it does not bind on a loaded machine.
+    share = max(10.0, 0.5 * time_limit / max(1, len(problems)))
+    for name, p in problems.items():
+        try:
+            found = run_isolated(_upper_for_layout, p, share, solver, timeout=3 * share + 30)
+        except SolverCrash as exc:
+            candidates.append(Candidate("upper", name, f"upper failed: {exc}"))
+            log.info("upper: layout %s: %s", name, exc)
+            continue
+        if found is None:
+            candidates.append(Candidate("upper", name, "no fit"))
+            continue
+        start_estimate, sol = found
+        log.info("upper: layout %s: estimate %.4g s -> %.4g s (%s, %.1f s)",
+                 name, start_estimate, sol.objective, sol.status_text, sol.solve_seconds)
+        solutions.append(sol)
+    return solutions, candidates
 
 
 def _upper_for_layout(p: UpperProblem, time_limit: float, solver: str) -> tuple[float, UpperSolution] | None:
@@ -238,68 +249,132 @@ def _upper_for_layout(p: UpperProblem, time_limit: float, solver: str) -> tuple[
     return estimate(p, start)["step_time"], solve_upper(p, time_limit=time_limit, solver=solver, start=start, window=window)
 
 
-def _schedule_job(job: dict, microbatches: int, limit: float, budget: float, solver: str, say: Progress,
+def _lower_jobs(
+    solutions: list[UpperSolution], problems: dict[str, UpperProblem], best_split: Baseline | None
+) -> tuple[list[LowerJob], list[Candidate]]:
+    """Step 3's jobs: the upper solutions worth scheduling, and the best baseline's split.
+
+    Returns the jobs and a candidate row for each solution left at its estimate.
+    """
+    jobs: list[LowerJob] = []
+    estimated_only: list[Candidate] = []
+    ranked = sorted(solutions, key=lambda x: (x.objective, str(x.layout)))
+    for rank, sol in enumerate(ranked):
+        if rank >= LOWER_AT_MOST or sol.objective > LOWER_WITHIN * ranked[0].objective:
+            estimated_only.append(Candidate("upper", str(sol.layout), "estimated only", estimate=sol.objective,
+                                            upper_status=sol.status_text, upper_seconds=sol.solve_seconds))
+            continue
+        plan = build_stage_graph(problems[str(sol.layout)], sol.assignment)
+        cand = Candidate("upper", str(sol.layout), "scheduled", estimate=sol.objective, upper_status=sol.status_text,
+                         upper_seconds=sol.solve_seconds, stages=len(plan.stage_graph.stages))
+        jobs.append(LowerJob(cand, plan.stage_graph, plan.grad_sync_seconds, plan=plan))
+    if best_split is not None:
+        sg = best_split.schedule.stage_graph
+        cand = Candidate("contiguous", best_split.layout, "scheduled", stages=len(sg.stages))
+        jobs.append(LowerJob(cand, sg, best_split.grad_sync, warm=best_split.schedule))
+    return jobs, estimated_only
+
+
+def _schedule_jobs(
+    jobs: list[LowerJob], microbatches: int, limit: float, time_limit: float, deadline: float, solver: str, keep: int
+) -> None:
+    """Step 3: a quick lower solve of every job, then longer ones for the ``keep`` best not proven optimal."""
+    quick_deadline = time.perf_counter() + 0.35 * time_limit
+    for k, job in enumerate(jobs):
+        budget = max(10.0, (quick_deadline - time.perf_counter()) / (len(jobs) - k))
+        _schedule_job(job, microbatches, limit, budget, solver)
+    finalists = sorted((j for j in jobs if j.schedule is not None), key=lambda j: j.candidate.step_time)[:keep]
+    for k, job in enumerate(finalists):
+        # whether a finalist gets its longer solve depends on its result, never on the clock
+        budget = max(5.0, (deadline - time.perf_counter()) / (len(finalists) - k))
+        if not job.outcome.proven:
+            _schedule_job(job, microbatches, limit, budget, solver, warm=job.schedule)
+
+
+def _schedule_job(job: LowerJob, microbatches: int, limit: float, budget: float, solver: str,
                   warm: Schedule | None = None) -> None:
-    """Run the lower MIP on ``job["sg"]``; keep the result in ``job`` when it is better than what it holds."""
-    cand: Candidate = job["cand"]
+    """Run the lower MIP on ``job.stage_graph``; keep the result in ``job`` when it is better than what it holds."""
+    cand = job.candidate
     # the quick pass gets a small work budget so that it finishes well inside its share of the clock
     # (budgets in work keep plans deterministic; the clock is only a safety cap)
     search = 10 if warm is None else None
     try:
-        schedule, extra = run_isolated(lower_schedule, job["sg"], microbatches, limit, budget, solver,
-                                       warm or job["warm"], search, timeout=3 * budget + 60)
-    except OpschedError as exc:
-        if "schedule" not in job:
+        schedule, outcome = run_isolated(lower_schedule, job.stage_graph, microbatches, limit, budget, solver,
+                                         warm or job.warm, search, timeout=3 * budget + 60)
+    except (SolverCrash, MemoryTooSmall) as exc:
+        if job.schedule is None:
             cand.status = f"lower failed: {exc}"
-        say(f"lower: {cand.source} {cand.layout}: {exc}")
+        log.info("lower: %s %s: %s", cand.source, cand.layout, exc)
         return
     m = metrics(schedule)
-    step = m.makespan + job["sync"]
-    if "schedule" in job and step >= cand.step_time:
+    step = m.makespan + job.grad_sync
+    if job.schedule is not None and step >= cand.step_time:
         return
-    job["schedule"], job["extra"] = schedule, extra
+    job.schedule, job.outcome = schedule, outcome
     cand.makespan, cand.step_time = m.makespan, step
     cand.bubble_ratio, cand.peak_memory_bytes = m.bubble_ratio, max(m.peak_memory_bytes, default=0.0)
-    cand.lower_bound, cand.gap = extra.get("lower_bound"), extra.get("gap")
-    cand.solve_seconds = (cand.solve_seconds or 0.0) + (extra.get("solve_seconds") or 0.0)
-    say(f"lower: {cand.source} {cand.layout}: makespan {m.makespan:.4g} s, step {step:.4g} s, "
-        f"bubbles {m.bubble_ratio:.3f}, gap {extra.get('gap', float('nan')):.3f}")
+    cand.lower_bound, cand.gap = outcome.lower_bound, outcome.gap
+    cand.solve_seconds = (cand.solve_seconds or 0.0) + outcome.solve_seconds
+    log.info("lower: %s %s: makespan %.4g s, step %.4g s, bubbles %.3f, gap %.3f",
+             cand.source, cand.layout, m.makespan, step, m.bubble_ratio, outcome.gap)
 
 
 def lower_schedule(
     sg: StageGraph, microbatches: int, memory_limit: float, time_limit: float, solver: str, warm: Schedule | None = None,
     search_budget: int | None = None,
-):
-    """(schedule, solver metrics) from the lower MIP, ``opsched.lower.solve``; ``warm`` is a schedule to start from.
+) -> tuple[Schedule, LowerOutcome]:
+    """The lower MIP's schedule of ``sg`` (``opsched.lower.solve``), started from ``warm`` and every baseline that applies.
 
     ``search_budget``: neighbourhood sub-MIPs (``None``: the lower level's
-    default). ``time_limit`` is a safety cap; ``lower_status`` says when it bound.
+    default). ``time_limit`` is a safety cap; the outcome's status says when
+    it bound. The lower level's own progress lines are left out (the
+    planner reports one line per solve).
     """
-    try:
-        from opsched.lower import solve
-    except ImportError:
-        raise OpschedError("the lower level (opsched.lower.solve) is not available in this installation") from None
     kwargs = {} if search_budget is None else {"search_budget": search_budget}
+    warm_orders: dict[str, Order] = {}
     if warm is not None:
-        kwargs["warm_orders"] = {warm.name or "warm": order_from_schedule(warm)}
-    result = solve(
-        sg, microbatches, memory_limit=memory_limit, time_limit=time_limit, solver=solver, progress=False, **kwargs
-    )
-    extra = {
-        "lower_bound": result.lower_bound,
-        "gap": result.gap,
-        "solver": result.solver,
-        "solve_seconds": result.solve_seconds,
-        "lower_status": result.status,
+        warm_orders[warm.name or "warm"] = order_from_schedule(warm)
+    for name, order in baseline_orders(sg, microbatches).items():
+        warm_orders.setdefault(name, order)  # on a name clash the caller's schedule comes first
+    with _quiet("opsched.lower"):
+        result = solve(sg, microbatches, memory_limit=memory_limit, time_limit=time_limit, solver=solver,
+                       warm_orders=warm_orders, **kwargs)
+    outcome = LowerOutcome(result.lower_bound, result.gap, result.solver, result.solve_seconds, result.status)
+    return result.schedule, outcome
+
+
+@contextmanager
+def _quiet(logger_name: str):
+    """Raise ``logger_name``'s level to WARNING for the duration of the block."""
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _job_option(job: LowerJob) -> Option:
+    cand = job.candidate
+    return Option(cand.step_time, cand.source, cand.layout, job.schedule, job.outcome.as_metrics(), job.grad_sync, job.plan)
+
+
+def _baseline_option(b: Baseline) -> Option:
+    """A baseline itself is a plan the search may return."""
+    return Option(b.step_time, f"baseline {b.method}", b.layout, b.schedule,
+                  {"solver": "none", "solve_seconds": b.solve_seconds}, b.grad_sync, None)
+
+
+def _stage_blocks(best: Option, problems: dict[str, UpperProblem]) -> dict[int, list[str]]:
+    """Stage id -> the names of the blocks it holds, with their modes (empty for a contiguous split)."""
+    if best.plan is None:
+        return {}
+    names = problems[best.layout].names
+    return {
+        sid: [f"{names[b]} [{best.plan.modes_of_stage[sid][b]}]" for b in blocks]
+        for sid, blocks in best.plan.blocks_of_stage.items()
     }
-    return result.schedule, extra
-
-
-def _smallest_schedulable(jobs: list[dict], microbatches: int) -> float:
-    """The least memory limit under which the lower level can schedule one of the candidates' StageGraphs."""
-    from opsched.lower import minimum_memory_limit
-
-    return min((minimum_memory_limit(j["sg"], microbatches) for j in jobs), default=math.inf)
 
 
 def _smallest_memory(problems: dict[str, UpperProblem], solver: str) -> float:
@@ -308,8 +383,6 @@ def _smallest_memory(problems: dict[str, UpperProblem], solver: str) -> float:
     for p in problems.values():
         try:
             best = min(best, run_isolated(minimum_memory, p, solver=solver, time_limit=2.0, timeout=30))
-        except OpschedError:
+        except SolverCrash:
             continue
     return best
-
-

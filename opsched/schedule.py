@@ -28,7 +28,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence, Union
 
-from opsched.errors import OpschedError
+from opsched.errors import Deadlock, OpschedError
 
 PASSES = ("F", "I", "W", "B")
 
@@ -437,7 +437,7 @@ def simulate(sg: StageGraph, order: Order, microbatches: int) -> list[Event]:
                 d: str(queues[d][heads[d]]) for d in sorted(queues) if heads[d] < len(queues[d])
             }
             detail = ", ".join(f"device {d} waits at {a}" for d, a in blocked.items())
-            raise OpschedError(f"the order deadlocks: {detail}")
+            raise Deadlock(f"the order deadlocks: {detail}")
     events.sort(key=lambda e: (e.start, e.stage, e.microbatch, PASSES.index(e.pass_)))
     return events
 

@@ -152,8 +152,8 @@ def test_bad_flags_give_one_line_and_exit_2(tmp_path, capsys, argv, message):
 def test_mip_hook_adds_a_row_with_bound_and_gap(tmp_path, capsys, monkeypatch):
     calls = []
 
-    def fake_solve(sg, microbatches, memory_limit=None, time_limit=30, solver="cbc", progress=True):
-        calls.append((len(sg.stages), microbatches, memory_limit, time_limit, solver, progress))
+    def fake_solve(sg, microbatches, memory_limit=None, time_limit=30, solver="cbc", warm_orders=None):
+        calls.append((len(sg.stages), microbatches, memory_limit, time_limit, solver, sorted(warm_orders)))
         schedule = run_baseline("zb-h1", sg, microbatches)
         schedule.name = "mip"
         return SimpleNamespace(schedule=schedule, lower_bound=20.0, gap=0.1, solver=solver, solve_seconds=0.5)
@@ -167,7 +167,7 @@ def test_mip_hook_adds_a_row_with_bound_and_gap(tmp_path, capsys, monkeypatch):
     assert code == 0, err
     rows = {r["method"]: r for r in json.loads(stdout)}
     assert rows["mip"]["lower_bound"] == 20.0 and rows["mip"]["gap"] == 0.1 and rows["mip"]["solver"] == "highs"
-    assert calls == [(4, 8, None, 5.0, "highs", False)]
+    assert calls == [(4, 8, None, 5.0, "highs", ["1f1b", "gpipe", "zb-h1", "zb-h2"])]
     code, table_out, _ = run_cli(capsys, "--stages", "4", "--microbatches", "8", "--methods", "mip", "--quiet")
     assert code == 0
     assert table_out.splitlines()[2].endswith("as given (4 stages); lower bound 20, gap 10.0%, cbc 0.5 s")

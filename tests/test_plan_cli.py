@@ -165,17 +165,26 @@ def _fail():
     raise OpschedError("nothing fits")
 
 
+def _bug():
+    return {}["missing"]
+
+
 def test_run_isolated_returns_reraises_and_survives_crashes():
     from opsched.errors import OpschedError
-    from opsched.isolate import run_isolated
+    from opsched.isolate import ChildTraceback, SolverCrash, run_isolated
 
     assert run_isolated(sum, [1, 2, 3], timeout=30) == 6
     with pytest.raises(OpschedError, match="nothing fits"):
         run_isolated(_fail, timeout=30)
+    # a bug in the child is that exception, with the child's traceback as its cause (never a SolverCrash)
+    with pytest.raises(KeyError) as bug:
+        run_isolated(_bug, timeout=30)
+    assert isinstance(bug.value.__cause__, ChildTraceback)
+    assert "in _bug" in str(bug.value.__cause__) and "missing" in str(bug.value.__cause__)
     # a child that aborts is caught by its death or by what it prints first (pytest's faulthandler)
-    with pytest.raises(OpschedError, match="died|crashed"):
+    with pytest.raises(SolverCrash, match="died|crashed"):
         run_isolated(_abort, timeout=30)
-    with pytest.raises(OpschedError, match="crashed"):
+    with pytest.raises(SolverCrash, match="crashed"):
         run_isolated(_print_crash, timeout=30)
-    with pytest.raises(OpschedError, match="did not return within"):
+    with pytest.raises(SolverCrash, match="did not return within"):
         run_isolated(_sleep, 10, timeout=0.5)

@@ -93,17 +93,17 @@ def baseline_order(name: str, sg: StageGraph, microbatches: int) -> Order:
 
 
 def baseline_orders(sg: StageGraph, microbatches: int) -> dict[str, Order]:
-    """Every method's order that applies to ``sg`` as placed, by name (the others refuse and are left out).
+    """Every method's order that applies to ``sg`` as placed, sorted by name (the others refuse and are left out).
 
     The lower level takes these as warm starts (``opsched.lower.solve(...,
     warm_orders=...)``).
 
     >>> from opsched.schedule import chain_stage_graph
-    >>> sorted(baseline_orders(chain_stage_graph(2), 4))
+    >>> list(baseline_orders(chain_stage_graph(2), 4))
     ['1f1b', 'gpipe', 'zb-h1', 'zb-h2']
     """
     out: dict[str, Order] = {}
-    for name in NAMES:
+    for name in sorted(NAMES):
         try:
             out[name] = baseline_order(name, sg, microbatches)
         except Unsupported:

@@ -180,7 +180,7 @@ def describe_placement(name: str, sg) -> str:
 
 def run_method(name: str, sg, microbatches: int, limit: float | None, args, solve):
     """(schedule, extra metrics) of one method; raises OpschedError with the reason it cannot run."""
-    from opsched.baselines import run_baseline
+    from opsched.baselines import baseline_orders, run_baseline
     from opsched.schedule import validate
 
     if name == "mip":
@@ -190,7 +190,7 @@ def run_method(name: str, sg, microbatches: int, limit: float | None, args, solv
             memory_limit=limit,
             time_limit=number("--time-limit", args.time_limit),
             solver=args.solver,
-            progress=not args.quiet,
+            warm_orders=baseline_orders(sg, microbatches),
         )
         extra = {
             "lower_bound": result.lower_bound,

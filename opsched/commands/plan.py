@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     say(f"cluster: {cluster.name}, {cluster.devices} devices ({cluster.devices_per_node} per node), "
         f"memory limit {limit / 2**30:.1f} GiB per device, {microbatches} microbatches")
     result = plan_block_graph(bg, cluster, training, memory_limit=limit, time_limit=time_limit,
-                              solver=args.solver, progress=say)
+                              solver=args.solver)
     say(f"validate: {result.source} on {result.layout}")
     samples = training.microbatches * training.microbatch_size
     extra = plan_extra(args.model, cluster, training, result)

@@ -2,7 +2,7 @@
 
 >>> from opsched.schedule import chain_stage_graph
 >>> result = solve(chain_stage_graph(2, f=1, b=2, w=1), 4, time_limit=5)
->>> result.status, result.gap
+>>> str(result.status), result.gap
 ('optimal', 0.0)
 """
 

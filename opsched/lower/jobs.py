@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from opsched.errors import OpschedError
+from opsched.errors import MemoryTooSmall, OpschedError
 from opsched.schedule import Action, Job, Order, Pair, StageGraph, dependencies
 
 #: relative tolerance for comparing times and memory
@@ -112,8 +112,8 @@ def _topological_jobs(js: JobSet) -> list[int]:
             indeg[s] -= 1
             if indeg[s] == 0:
                 ready.append(s)
-    if len(order) != len(js.jobs):  # pragma: no cover - the StageGraph is a DAG
-        raise OpschedError("job dependencies form a cycle")
+    # the StageGraph is a DAG (checked when it is built), so its jobs are too
+    assert len(order) == len(js.jobs), "job dependencies form a cycle"
     return order
 
 
@@ -167,15 +167,16 @@ def minimum_memory_limit(sg: StageGraph, microbatches: int) -> float:
 
 
 def check_memory_limit(sg: StageGraph, microbatches: int, memory_limit: float | None) -> None:
-    """Raise :class:`OpschedError` naming the minimum when ``memory_limit`` is below it."""
+    """Raise :class:`~opsched.errors.MemoryTooSmall` naming the minimum when ``memory_limit`` is below it."""
     if memory_limit is None:
         return
     least = minimum_memory_limit(sg, microbatches)
     if memory_limit < least * (1 - EPS) - EPS:
-        raise OpschedError(
+        raise MemoryTooSmall(
             f"memory limit {memory_limit:g} is below the minimum {least:g} any schedule needs "
             "(parameters plus one microbatch's activations on the fullest device); "
-            f"raise the limit to at least {least:g}"
+            f"raise the limit to at least {least:g}",
+            least,
         )
 
 

@@ -31,10 +31,7 @@ from opsched.lower.timeindexed import (
     starts_to_order,
 )
 from opsched.schedule import Job, simulate
-
-
-#: what the search minimises: the makespan, or the Zero Bubble paper's cost (longest device span)
-OBJECTIVES = ("makespan", "zb-span")
+from opsched.solver import Objective
 
 
 @dataclass
@@ -47,11 +44,11 @@ class Incumbent:
     total_end: float
 
 
-def objective_value(js: JobSet, events, objective: str = "makespan") -> float:
-    """``makespan``: the last end. ``zb-span``: the longest device span from its first F to its last W or B."""
-    if objective == "makespan":
+def objective_value(js: JobSet, events, objective: Objective = Objective.MAKESPAN) -> float:
+    """``MAKESPAN``: the last end. ``ZB_SPAN``: the longest device span from its first F to its last W or B."""
+    if objective == Objective.MAKESPAN:
         return max(e.end for e in events)
-    if objective == "zb-span":
+    if objective == Objective.ZB_SPAN:
         first: dict[int, float] = {}
         last: dict[int, float] = {}
         for e in events:
@@ -64,7 +61,7 @@ def objective_value(js: JobSet, events, objective: str = "makespan") -> float:
     raise ValueError(f"unknown objective {objective!r}")
 
 
-def evaluate(js: JobSet, order: dict, objective: str = "makespan") -> Incumbent:
+def evaluate(js: JobSet, order: dict, objective: Objective = Objective.MAKESPAN) -> Incumbent:
     """Time ``order`` with the simulator and wrap it as an :class:`Incumbent`."""
     events = simulate(js.sg, {d: list(a) for d, a in order.items()}, js.microbatches)
     return Incumbent(order, objective_value(js, events, objective), max(e.end for e in events), sum(e.end for e in events))
@@ -152,7 +149,7 @@ def large_neighbourhood_search(
     max_nodes: int = 500,
     rounds: int = 12,
     target: float = 0.0,
-    objective: str = "makespan",
+    objective: Objective = Objective.MAKESPAN,
     max_solves: int | None = None,
     max_seconds_per_solve: float = 5.0,
     on_improve: Callable[[Incumbent], None] | None = None,
@@ -198,7 +195,7 @@ def large_neighbourhood_search(
             out = solve_slot_problem(
                 sp, incumbent=starts, solver=solver, threads=threads,
                 time_limit=max(0.05, min(max_seconds_per_solve, deadline - time.monotonic())), max_nodes=max_nodes,
-                objective=("span" if objective == "zb-span" else "makespan") + "+flow", weights=weights,
+                objective=objective, flow=True, weights=weights,
             )
             log.solves += 1
             log.timed_out = log.timed_out or out.timed_out

@@ -4,8 +4,10 @@ Pipeline of the solve (each step is anytime; the best order so far is kept):
 
 1. check the memory limit against the minimum any schedule needs;
 2. a proven combinatorial lower bound (:mod:`opsched.lower.bounds`);
-3. incumbents: the given warm orders, every hand-written baseline that fits
-   in memory and several list-scheduler variants; the best is the warm start;
+3. incumbents: the caller's warm orders (the planner and ``opsched compare``
+   pass every hand-written baseline that applies, see
+   :func:`opsched.baselines.baseline_orders`) and several list-scheduler
+   variants, those that fit in memory; the best is the warm start;
 4. when the whole time-indexed MIP is small enough, solve it warm-started
    (its bound is proven when the slot divides every time exactly);
 5. large-neighbourhood search over time windows until the lower bound, its
@@ -15,18 +17,17 @@ Pipeline of the solve (each step is anytime; the best order so far is kept):
 
 from __future__ import annotations
 
+import logging
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 
-from opsched.errors import OpschedError
+from opsched.errors import Deadlock, OpschedError
 from opsched.lower.bounds import lower_bound as combinatorial_bound
 from opsched.lower.bounds import span_lower_bound
 from opsched.lower.jobs import JobSet, activation_budgets, check_memory_limit, order_fits
 from opsched.lower.listsched import default_variants, job_order, list_schedule
 from opsched.lower.lns import (
-    OBJECTIVES,
     Incumbent,
     SearchLog,
     better,
@@ -36,7 +37,7 @@ from opsched.lower.lns import (
     slotted_starts,
 )
 from opsched.lower.timeindexed import (
-    SOLVERS,
+    HorizonTooShort,
     auto_slot,
     full_windows,
     model_size,
@@ -44,7 +45,10 @@ from opsched.lower.timeindexed import (
     solve_slot_problem,
     starts_to_order,
 )
-from opsched.schedule import Job, Order, Pair, Schedule, simulate
+from opsched.schedule import Job, Order, Pair, Schedule, StageGraph, simulate
+from opsched.solver import Objective, Status, objective_of, require
+
+log = logging.getLogger(__name__)
 
 #: the whole MIP is tried when it has at most this many step variables
 FULL_MODEL_VARIABLES = 4000
@@ -52,8 +56,6 @@ FULL_MODEL_VARIABLES = 4000
 FULL_MODEL_NODES = 2000
 #: default number of neighbourhood sub-MIPs (a deterministic budget; see :func:`solve`)
 SEARCH_BUDGET = 100
-#: what ``status`` says when a clock limit cut the work short
-TIME_LIMIT_REACHED = "time limit reached"
 
 
 @dataclass
@@ -66,7 +68,7 @@ class LowerResult:
     gap: float
     solver: str
     solve_seconds: float
-    status: str
+    status: Status
     warm_start: str
     log: list[tuple[float, float, float]] = field(default_factory=list)
     slot: float | None = None
@@ -79,8 +81,35 @@ class LowerResult:
         return max((e.end for e in self.schedule.events), default=0.0)
 
 
+@dataclass
+class _Search:
+    """The state of one :func:`solve`: the problem, the best order so far, its bound and what the work cost."""
+
+    js: JobSet
+    budgets: dict[int, float] | None
+    objective: Objective
+    solver: str
+    threads: int
+    started: float  # time.monotonic() at the start
+    deadline: float  # the safety cap on the clock
+    bound: float
+    best: Incumbent | None = None  # None while the best order has overlapped pairs (not searched)
+    timed_out: bool = False
+    slot: float | None = None
+    solves: int = 0
+    log: list[tuple[float, float, float]] = field(default_factory=list)
+
+    def report(self, value: float, what: str) -> None:
+        elapsed = time.monotonic() - self.started
+        self.log.append((elapsed, value, self.bound))
+        log.info("[lower] %7.2fs  best %.6g  bound %.6g  %s", elapsed, value, self.bound, what)
+
+    def proven(self) -> bool:
+        return self.best is not None and _proven(self.best.value, self.bound)
+
+
 def solve(
-    sg,
+    sg: StageGraph,
     microbatches: int,
     *,
     memory_limit: float | None = None,
@@ -90,17 +119,17 @@ def solve(
     time_limit: float = 30.0,
     solver: str = "cbc",
     threads: int = 1,
-    progress: bool = False,
     warm_orders: dict[str, Order] | None = None,
-    objective: str = "makespan",
+    objective: Objective | str = Objective.MAKESPAN,
     search_budget: int | None = SEARCH_BUDGET,
 ) -> LowerResult:
     """Find a short schedule of every job within the memory limit, with a proven lower bound.
 
     ``memory_limit`` is per device for parameters plus activations (``None``:
     unlimited); below :func:`opsched.lower.jobs.minimum_memory_limit` it
-    raises :class:`OpschedError` naming that minimum. ``slot`` is the MIP's
-    time slot (default: :func:`opsched.lower.timeindexed.auto_slot`).
+    raises :class:`opsched.lower.jobs.MemoryTooSmall` naming that minimum.
+    ``slot`` is the MIP's time slot (default:
+    :func:`opsched.lower.timeindexed.auto_slot`).
 
     Determinism: the work is counted, not timed. Every list-scheduler variant
     runs, the whole MIP (when small enough) stops after
@@ -110,117 +139,137 @@ def solve(
     threads give the same schedule. ``time_limit`` (seconds) is only a safety
     cap, as is a 5 s cap per sub-MIP (CBC's root is not bounded by nodes):
     when either stops the work, the result may depend on the machine and
-    ``status`` is ``"time limit reached"`` (the progress line says so too);
-    otherwise ``status`` is ``"optimal"`` (the bound is reached) or
-    ``"feasible"``.
+    ``status`` is :attr:`Status.TIME_LIMIT` (the progress line says so too);
+    otherwise ``status`` is :attr:`Status.OPTIMAL` (the bound is reached) or
+    :attr:`Status.FEASIBLE`. Progress goes to this module's logger.
 
-    ``warm_orders`` are extra starting orders (kept only when they run the
-    same jobs and fit in memory); with ``split_backward`` a warm order with
-    fused B jobs is used with each B replaced by its I then its W.
+    ``warm_orders`` are starting orders, tried in the order given (ties keep
+    the earliest), each kept only when it runs the same jobs and fits in
+    memory; with ``split_backward`` a warm order with fused B jobs is used
+    with each B replaced by its I then its W. The lower level knows no
+    hand-written schedule itself: callers pass them here
+    (:func:`opsched.baselines.baseline_orders`).
 
-    ``objective`` is ``makespan`` (default) or ``zb-span``, the Zero Bubble
-    paper's cost (the longest device span from its first F to its last W or
-    B); ``lower_bound`` and ``gap`` then refer to that objective.
+    ``objective`` is :attr:`Objective.MAKESPAN` (default) or
+    :attr:`Objective.ZB_SPAN`, the Zero Bubble paper's cost (the longest
+    device span from its first F to its last W or B); ``lower_bound`` and
+    ``gap`` then refer to that objective.
 
     >>> from opsched.schedule import chain_stage_graph
     >>> r = solve(chain_stage_graph(2, f=1, b=2, w=1), 4, time_limit=5)
     >>> r.makespan, r.lower_bound, r.status
-    (13.0, 13.0, 'optimal')
+    (13.0, 13.0, <Status.OPTIMAL: 'optimal'>)
     """
     t0 = time.monotonic()
-    deadline = t0 + float(time_limit)
-    if objective not in OBJECTIVES:
-        raise OpschedError(f"unknown objective {objective!r}; choose {' or '.join(OBJECTIVES)}")
-    if solver not in SOLVERS:
-        raise OpschedError(f"unknown solver {solver!r}; choose cbc or highs")
+    objective = objective_of(objective)
+    _check_arguments(solver, time_limit, slot)
+    check_memory_limit(sg, microbatches, memory_limit)
+    js = JobSet(sg, microbatches, split_backward)
+    budgets = activation_budgets(sg, memory_limit)
+    bound = combinatorial_bound(js, budgets, allow_pairs) if objective == Objective.MAKESPAN else span_lower_bound(js)
+    run = _Search(js, budgets, objective, solver, threads, t0, t0 + float(time_limit), bound)
+
+    name, start, candidates, run.timed_out = _best_start(
+        js, budgets, allow_pairs, warm_orders, objective, stop_at=run.deadline
+    )
+    final_order: Order = start
+    if _has_pairs(start):  # the slotted MIP has no pairs: the order is kept as it is
+        run.report(candidates[name], f"warm start {name}")
+    else:
+        run.best = evaluate(js, job_order(start), objective)
+        run.report(run.best.value, f"warm start {name}")
+        if not run.proven():
+            run.slot = slot or auto_slot(sg, run.best.makespan)
+            _solve_whole_mip(run)
+        if not run.proven():
+            _neighbourhood_search(run, search_budget)
+        final_order = {d: list(jobs) for d, jobs in run.best.order.items()}
+    return _result(run, sg, memory_limit, final_order, name, candidates, time_limit)
+
+
+def _check_arguments(solver: str, time_limit: float, slot: float | None) -> None:
+    require(solver)
     if time_limit <= 0:
         raise OpschedError(f"time limit must be positive, got {time_limit}")
     if slot is not None and slot <= 0:
         raise OpschedError(f"slot must be positive, got {slot}")
-    check_memory_limit(sg, microbatches, memory_limit)
-    js = JobSet(sg, microbatches, split_backward)
-    budgets = activation_budgets(sg, memory_limit)
-    log: list[tuple[float, float, float]] = []
-    timed_out = False
 
-    def report(best: float, bound: float, what: str) -> None:
-        elapsed = time.monotonic() - t0
-        log.append((elapsed, best, bound))
-        if progress:
-            print(f"[lower] {elapsed:7.2f}s  best {best:.6g}  bound {bound:.6g}  {what}", file=sys.stderr)
 
-    lb = combinatorial_bound(js, budgets, allow_pairs) if objective == "makespan" else span_lower_bound(js)
-    name, best_order, candidates, cut = _best_start(js, budgets, allow_pairs, warm_orders, objective, stop_at=deadline)
-    timed_out = timed_out or cut
-    best = evaluate(js, job_order(best_order), objective) if not _has_pairs(best_order) else None
-    value = best.value if best is not None else candidates[name]
-    makespan = best.makespan if best is not None else _makespan(js, best_order)
-    report(value, lb, f"warm start {name}")
-    final_order: Order = best_order
-    used_slot = None
-    solves = 0
-    if best is not None and not _proven(value, lb):
-        used_slot = slot or auto_slot(sg, makespan)
-        slot_is_exact = _divides(used_slot, sg)  # then the MIP bound holds in continuous time
-        sp = slot_problem(js, used_slot, budgets)
-        horizon = max(s + sp.p[k] for k, s in slotted_starts(js, best.order, used_slot).items())
-        try:
-            full_windows(sp, horizon)
-            size = model_size(sp)
-        except OpschedError:
-            size = None
-        if size is not None and size <= FULL_MODEL_VARIABLES and time.monotonic() >= deadline:
-            timed_out = True
-        elif size is not None and size <= FULL_MODEL_VARIABLES:
-            starts = slotted_starts(js, best.order, used_slot)
-            # the symmetry rows may cut off the incumbent's start slots: then it starts cold
-            out = solve_slot_problem(
-                sp, incumbent=starts, solver=solver, threads=threads,
-                time_limit=max(0.05, 0.5 * (deadline - time.monotonic())), max_nodes=FULL_MODEL_NODES,
-                objective="makespan" if objective == "makespan" else "span+flow",
-            )
-            timed_out = timed_out or out.timed_out
-            if out.starts is not None:
-                cand = evaluate(js, starts_to_order(js, out.starts), objective)
-                if better(cand, best) and order_fits(sg, cand.order, budgets):
-                    best = cand
-            if slot_is_exact:
-                proven = out.objective if out.status == "optimal" else out.bound
-                if proven is not None and out.status in ("optimal", "feasible", "no_solution"):
-                    # slotted objectives are whole slots; a flow tie-breaker adds less than one slot
-                    whole = math.ceil(proven - 1e-6) if objective == "makespan" else math.floor(proven + 1e-6)
-                    lb = max(lb, whole * used_slot)
-            report(best.value, lb, f"full MIP ({out.variables} variables, {out.status})")
-        if not _proven(best.value, lb):
-            search = SearchLog()
-            best = large_neighbourhood_search(
-                js, best, used_slot, budgets, deadline=deadline, solver=solver, threads=threads,
-                target=lb, log=search, objective=objective, max_solves=search_budget,
-                on_improve=lambda inc: report(inc.value, lb, "neighbourhood search"),
-            )
-            timed_out = timed_out or search.timed_out
-            solves = search.solves
-        final_order = {d: list(jobs) for d, jobs in best.order.items()}
-    events = simulate(sg, {d: list(a) for d, a in final_order.items()}, microbatches)
-    value = objective_value(js, events, objective)
-    lb = min(lb, value)  # float noise only: the bound is proven
-    gap = (value - lb) / value if value > 0 else 0.0
-    status = "optimal" if _proven(value, lb) else TIME_LIMIT_REACHED if timed_out else "feasible"
-    report(value, lb, status + (f" (safety cap {time_limit:g} s or 5 s per sub-MIP; the result may vary)" if status == TIME_LIMIT_REACHED else ""))
-    schedule = Schedule(sg, microbatches, events, memory_limit=memory_limit, name="mip")
+def _solve_whole_mip(run: _Search) -> None:
+    """Phase 4: the whole time-indexed MIP, warm-started, when it is small enough; may raise the bound."""
+    js, best = run.js, run.best
+    slot_is_exact = _divides(run.slot, js.sg)  # then the MIP bound holds in continuous time
+    sp = slot_problem(js, run.slot, run.budgets)
+    starts = slotted_starts(js, best.order, run.slot)
+    horizon = max(s + sp.p[k] for k, s in starts.items())
+    try:
+        full_windows(sp, horizon)
+    except HorizonTooShort:
+        return
+    if model_size(sp) > FULL_MODEL_VARIABLES:
+        return
+    if time.monotonic() >= run.deadline:
+        run.timed_out = True
+        return
+    # the symmetry rows may cut off the incumbent's start slots: then it starts cold
+    out = solve_slot_problem(
+        sp, incumbent=starts, solver=run.solver, threads=run.threads,
+        time_limit=max(0.05, 0.5 * (run.deadline - time.monotonic())), max_nodes=FULL_MODEL_NODES,
+        objective=run.objective, flow=run.objective != Objective.MAKESPAN,
+    )
+    run.timed_out = run.timed_out or out.timed_out
+    if out.starts is not None:
+        cand = evaluate(js, starts_to_order(js, out.starts), run.objective)
+        if better(cand, best) and order_fits(js.sg, cand.order, run.budgets):
+            run.best = cand
+    if slot_is_exact:
+        proven = out.objective if out.status == Status.OPTIMAL else out.bound
+        if proven is not None and out.status in (Status.OPTIMAL, Status.FEASIBLE, Status.NO_SOLUTION):
+            # slotted objectives are whole slots; a flow tie-breaker adds less than one slot
+            whole = math.ceil(proven - 1e-6) if run.objective == Objective.MAKESPAN else math.floor(proven + 1e-6)
+            run.bound = max(run.bound, whole * run.slot)
+    run.report(run.best.value, f"full MIP ({out.variables} variables, {out.status})")
+
+
+def _neighbourhood_search(run: _Search, search_budget: int | None) -> None:
+    """Phase 5: large-neighbourhood search over time windows of the best order."""
+    search = SearchLog()
+    run.best = large_neighbourhood_search(
+        run.js, run.best, run.slot, run.budgets, deadline=run.deadline, solver=run.solver, threads=run.threads,
+        target=run.bound, log=search, objective=run.objective, max_solves=search_budget,
+        on_improve=lambda inc: run.report(inc.value, "neighbourhood search"),
+    )
+    run.timed_out = run.timed_out or search.timed_out
+    run.solves = search.solves
+
+
+def _result(
+    run: _Search, sg: StageGraph, memory_limit: float | None, order: Order, warm_start: str,
+    candidates: dict[str, float], time_limit: float,
+) -> LowerResult:
+    """Phase 6: ``order`` re-timed in continuous time, with its bound, gap and status."""
+    events = simulate(sg, {d: list(a) for d, a in order.items()}, run.js.microbatches)
+    value = objective_value(run.js, events, run.objective)
+    bound = min(run.bound, value)  # float noise only: the bound is proven
+    gap = (value - bound) / value if value > 0 else 0.0
+    status = Status.OPTIMAL if _proven(value, bound) else Status.TIME_LIMIT if run.timed_out else Status.FEASIBLE
+    run.bound = bound
+    run.report(value, str(status) + (
+        f" (safety cap {time_limit:g} s or 5 s per sub-MIP; the result may vary)" if status == Status.TIME_LIMIT else ""
+    ))
     return LowerResult(
-        schedule=schedule,
-        order=final_order,
-        lower_bound=lb,
+        schedule=Schedule(sg, run.js.microbatches, events, memory_limit=memory_limit, name="mip"),
+        order=order,
+        lower_bound=bound,
         gap=gap,
-        solver=solver,
-        solve_seconds=time.monotonic() - t0,
+        solver=run.solver,
+        solve_seconds=time.monotonic() - run.started,
         status=status,
-        warm_start=name,
-        log=log,
-        slot=used_slot,
+        warm_start=warm_start,
+        log=run.log,
+        slot=run.slot,
         candidates=candidates,
-        search_solves=solves,
+        search_solves=run.solves,
     )
 
 
@@ -254,29 +303,10 @@ def _same_jobs(js: JobSet, order: Order) -> bool:
     return all(seen[j] == len(js.devices[js.index[j]]) for j in seen)
 
 
-def baseline_orders(sg, microbatches: int) -> dict[str, Order]:
-    """Every hand-written baseline's order that applies to ``sg`` (none if baselines are missing)."""
-    try:
-        from opsched import baselines
-    except ImportError:  # pragma: no cover - baselines not installed
-        return {}
-    make = getattr(baselines, "baseline_order", None)
-    names = getattr(baselines, "NAMES", ())
-    if make is None:
-        return {}
-    out: dict[str, Order] = {}
-    for name in names:
-        try:
-            out[name] = make(name, sg, microbatches)
-        except OpschedError:
-            continue
-    return out
-
-
 def _best_start(
     js: JobSet, budgets, allow_pairs: bool, warm_orders: dict[str, Order] | None,
-    objective: str = "makespan", stop_at: float | None = None,
-):
+    objective: Objective = Objective.MAKESPAN, stop_at: float | None = None,
+) -> tuple[str, Order, dict[str, float], bool]:
     """The best order among warm orders, baselines and list-scheduler variants that fit in memory.
 
     Every variant runs and ties keep the earliest candidate in that order, so
@@ -285,10 +315,9 @@ def _best_start(
     Returns (name, order, {name: objective value of every candidate that fits}, cut short).
     """
     sg = js.sg
-    pool: list[tuple[str, Order]] = []
-    warm = {name: split_fused_backward(order) if js.split_backward else order for name, order in (warm_orders or {}).items()}
-    pool += sorted(warm.items())
-    pool += sorted(baseline_orders(sg, js.microbatches).items())
+    pool: list[tuple[str, Order]] = [
+        (name, split_fused_backward(order) if js.split_backward else order) for name, order in (warm_orders or {}).items()
+    ]
     cut = False
     for k, v in enumerate(default_variants(js, allow_pairs)):
         if k > 0 and stop_at is not None and time.monotonic() > stop_at:
@@ -304,7 +333,7 @@ def _best_start(
             continue
         try:
             events = simulate(sg, {d: list(a) for d, a in order.items()}, js.microbatches)
-        except OpschedError:
+        except Deadlock:  # a warm order may deadlock on this graph
             continue
         inc = Incumbent({}, objective_value(js, events, objective), max(e.end for e in events), sum(e.end for e in events))
         spans[name] = inc.value

@@ -29,11 +29,13 @@ from typing import Mapping
 
 import mip
 
-from opsched.errors import OpschedError
 from opsched.lower.jobs import JobSet
 from opsched.schedule import Edge, Job, Stage, StageGraph
+from opsched.solver import Objective, Status, new_model
 
-SOLVERS = {"cbc": mip.CBC, "highs": "HiGHS"}
+
+class HorizonTooShort(Exception):
+    """No slotted schedule fits in the horizon a caller chose (internal: the caller falls back)."""
 
 
 # --------------------------------------------------------------------------- slots
@@ -197,7 +199,7 @@ def full_windows(sp: SlotProblem, horizon: int, symmetry: bool = True) -> None:
             ls[k] = min(ls[k], ls[s] - sp.p[k])
     for k in range(len(js)):
         if ls[k] < es[k]:
-            raise OpschedError(f"no schedule fits in {horizon} slots")  # caller chose too short a horizon
+            raise HorizonTooShort(f"no schedule fits in {horizon} slots")
     sp.fixed = {}
     sp.es = {k: es[k] for k in range(len(js))}
     sp.ls = {k: ls[k] for k in range(len(js))}
@@ -288,7 +290,7 @@ def precedence_with_transfers(model: mip.Model, sp: SlotProblem, z: dict) -> Non
                 rhs = sp.started_by(z, i, t - sp.p[i] - c)
                 if isinstance(lhs, int) and isinstance(rhs, int):
                     if lhs > rhs:
-                        raise OpschedError("fixed jobs violate a dependency")  # pragma: no cover
+                        raise AssertionError("fixed jobs violate a dependency")  # a bug in the caller
                     continue
                 if isinstance(lhs, int) and lhs == 0 or isinstance(rhs, int) and rhs == 1:
                     continue
@@ -388,24 +390,16 @@ def start_expr(sp: SlotProblem, z: dict, j: int):
 
 
 def build_model(
-    sp: SlotProblem, *, solver: str = "cbc", threads: int = 1, objective: str = "makespan",
-    weights: Mapping[int, float] | None = None,
+    sp: SlotProblem, *, solver: str = "cbc", threads: int = 1, objective: Objective = Objective.MAKESPAN,
+    flow: bool = False, weights: Mapping[int, float] | None = None,
 ) -> tuple[mip.Model, dict, mip.Var]:
     """The MIP of ``sp``: variables, every constraint family and the objective.
 
-    ``objective`` is ``makespan`` (minimise C) or ``makespan+flow`` (minimise
-    C, then the weighted start times of the free jobs as a tie-breaker that
-    pushes work early, used by the neighbourhood search).
+    ``objective``: minimise the makespan C or the longest device span Z.
+    With ``flow``, the weighted start times of the free jobs are added as a
+    tie-breaker that pushes work early (used by the neighbourhood search).
     """
-    if solver not in SOLVERS:
-        raise OpschedError(f"unknown solver {solver!r}; choose cbc or highs")
-    model = mip.Model(sense=mip.MINIMIZE, solver_name=SOLVERS[solver])
-    model.verbose = 0
-    model.threads = threads
-    try:
-        model.seed = 0
-    except Exception:  # pragma: no cover - not every backend has a seed
-        pass
+    model = new_model(solver, threads=threads)
     z = {(j, t): model.add_var(var_type=mip.BINARY, name=f"z_{j}_{t}") for j in sp.free for t in range(sp.es[j], sp.ls[j])}
     horizon = max([sp.ls[j] + sp.p[j] for j in sp.free] + [sp.fixed[j] + sp.p[j] for j in sp.fixed] + [0])
     C = model.add_var(name="C", lb=0.0, ub=horizon)
@@ -415,17 +409,15 @@ def build_model(
     activation_memory_limit(model, sp, z)
     makespan_definition(model, sp, z, C)
     symmetry_breaking(model, sp, z)
-    if objective == "makespan":
-        model.objective = mip.minimize(C)
-    elif objective in ("makespan+flow", "span+flow"):
+    main = C if objective == Objective.MAKESPAN else device_span_definition(model, sp, z)
+    if not flow:
+        model.objective = mip.minimize(main)
+    else:
         w = weights or {}
         free = sp.free
         # the flow term stays below one slot, so it never trades against the main objective
         scale = 1.0 / (1 + sum(w.get(j, 1.0) * sp.ls[j] for j in free))
-        main = C if objective == "makespan+flow" else device_span_definition(model, sp, z)
         model.objective = mip.minimize(main + scale * mip.xsum(w.get(j, 1.0) * start_expr(sp, z, j) for j in free))
-    else:
-        raise ValueError(objective)
     return model, z, C
 
 
@@ -495,7 +487,7 @@ class MipOutcome:
     """What one MIP solve gave: the jobs' start slots (if any), the status and the bound in slots."""
 
     starts: dict[int, int] | None
-    status: str
+    status: Status
     objective: float | None
     bound: float
     variables: int
@@ -511,7 +503,8 @@ def solve_slot_problem(
     threads: int = 1,
     time_limit: float = 30.0,
     max_nodes: int | None = None,
-    objective: str = "makespan",
+    objective: Objective = Objective.MAKESPAN,
+    flow: bool = False,
     weights: Mapping[int, float] | None = None,
 ) -> MipOutcome:
     """Build and solve the MIP of ``sp``, warm-started from ``incumbent`` start slots when given.
@@ -519,7 +512,7 @@ def solve_slot_problem(
     ``max_nodes`` is the deterministic work budget; ``time_limit`` is a
     safety cap, and the outcome says when it stopped the solve (``timed_out``).
     """
-    model, z, C = build_model(sp, solver=solver, threads=threads, objective=objective, weights=weights)
+    model, z, C = build_model(sp, solver=solver, threads=threads, objective=objective, flow=flow, weights=weights)
     if incumbent is not None and all(sp.es[j] <= incumbent[j] <= sp.ls[j] for j in sp.free):
         model.start = complete_warm_start(model, sp, z, incumbent)
     kwargs = {"max_seconds": max(0.01, time_limit)}
@@ -532,13 +525,7 @@ def solve_slot_problem(
         time.monotonic() - began >= 0.95 * kwargs["max_seconds"]
     )
     bound = model.objective_bound if model.objective_bound is not None else 0.0
-    names = {
-        mip.OptimizationStatus.OPTIMAL: "optimal",
-        mip.OptimizationStatus.FEASIBLE: "feasible",
-        mip.OptimizationStatus.INFEASIBLE: "infeasible",
-        mip.OptimizationStatus.NO_SOLUTION_FOUND: "no_solution",
-    }
-    name = names.get(status, str(status.name).lower())
+    name = Status.of_mip(status)
     if status in (mip.OptimizationStatus.OPTIMAL, mip.OptimizationStatus.FEASIBLE) and model.num_solutions:
         return MipOutcome(solution_starts(sp, z), name, model.objective_value, bound, len(z), timed_out)
     return MipOutcome(None, name, None, bound, len(z), timed_out)

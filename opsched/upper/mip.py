@@ -39,6 +39,7 @@ import networkx as nx
 from opsched.cluster import Cluster, Training
 from opsched.cost import BlockCost, Mode, block_cost, modes_for
 from opsched.errors import OpschedError
+from opsched.solver import Status, new_model
 from opsched.upper.layouts import Layout
 
 #: block id -> (slot, mode)
@@ -88,9 +89,16 @@ class UpperSolution:
     layout: Layout
     assignment: Assignment
     estimate: dict[str, float]  # see :func:`estimate`
-    status: str  # optimal, feasible or heuristic
-    bound: float  # the solver's proven lower bound on the objective
+    status: Status  # NO_SOLUTION: the MIP found nothing within its budget and the warm start is kept
+    bound: float  # the solver's proven lower bound on the objective (0 after a window search)
     solve_seconds: float
+    #: found by the window search (:func:`solve_upper` with ``window``): its bound is not a global one
+    windowed: bool = False
+
+    @property
+    def status_text(self) -> str:
+        """The status as a report shows it, e.g. ``window search, time limit reached``."""
+        return f"window search, {self.status}" if self.windowed else str(self.status)
 
     @property
     def objective(self) -> float:
@@ -477,7 +485,7 @@ def within_window(p: UpperProblem, center: Assignment, radius: int) -> UpperProb
 
 #: branch-and-bound nodes per upper MIP solve. A work budget, not a clock, so
 #: the same input, solver and threads give the same plan; the time limit is
-#: only a safety cap (the status says "time cap" when it binds).
+#: only a safety cap (the status is ``Status.TIME_LIMIT`` when it binds).
 MAX_NODES = 20
 #: neighbourhood rounds of the windowed search at most
 MAX_WINDOW_ROUNDS = 10
@@ -497,29 +505,30 @@ def solve_upper(
     the answer is never worse than it. With ``window`` the MIP is solved
     repeatedly over slots within ``window`` of the incumbent's (a large
     neighbourhood search) until it stops improving or time runs out; the
-    status is then ``window`` and the bound is not a global one (0).
+    solution is then ``windowed`` and its bound is not a global one (0).
     Each solve is limited to :data:`MAX_NODES` branch-and-bound nodes and the
     window search to :data:`MAX_WINDOW_ROUNDS` rounds, so the result is
     deterministic for a given solver and thread count; ``time_limit`` is a
-    safety cap, and the status says "time cap" when it bound.
+    safety cap, and the status is ``Status.TIME_LIMIT`` when it bound.
     """
     t0 = time.perf_counter()
     if start is None:
         start = contiguous_start(p)
-    if window is None or window >= p.slots - 1:
+    windowed = window is not None and window < p.slots - 1
+    if not windowed:
         found, status, bound = _solve_once(p, time_limit, solver, start, threads)
     else:
-        found, status, bound = start, "window", 0.0
+        found, status, bound = start, Status.FEASIBLE, 0.0
         for _ in range(MAX_WINDOW_ROUNDS):
             left = time_limit - (time.perf_counter() - t0)
             if found is None:
                 break
             if left <= 0:
-                status = "window, time cap"
+                status = Status.TIME_LIMIT
                 break
             cand, state, _ = _solve_once(within_window(p, found, window), left, solver, found, threads)
-            if state == "time cap":
-                status = "window, time cap"
+            if state == Status.TIME_LIMIT:
+                status = Status.TIME_LIMIT
             if cand is None or estimate(p, cand)["step_time"] >= estimate(p, found)["step_time"] * (1 - 1e-6):
                 break
             found = cand
@@ -529,14 +538,14 @@ def solve_upper(
             f"no placement on layout {p.layout} fits in {p.memory_limit / 2**30:.1f} GiB per device; "
             f"the smallest that fits is about {minimum_memory(p, solver=solver) / 2**30:.1f} GiB"
         )
-    return UpperSolution(p.layout, found, estimate(p, found), status, bound, seconds)
+    return UpperSolution(p.layout, found, estimate(p, found), status, bound, seconds, windowed)
 
 
 def _solve_once(
     p: UpperProblem, time_limit: float, solver: str, start: Assignment | None, threads: int
-) -> tuple[Assignment | None, str, float]:
+) -> tuple[Assignment | None, Status, float]:
     """Build and solve the MIP over ``p``'s domain: (assignment or None, status, bound)."""
-    model = _new_model(solver, threads)
+    model = new_model(solver, threads=threads, max_gap=1e-6)
     x = {}
     for b in p.blocks:
         for s, m in p.choices(b):
@@ -555,11 +564,11 @@ def _solve_once(
     status = model.optimize(max_seconds=max(1.0, time_limit), max_nodes=MAX_NODES)
     capped = time.perf_counter() - t0 >= max(1.0, time_limit)
     if status == mip.OptimizationStatus.INFEASIBLE or model.num_solutions == 0:
-        return start, "time cap" if capped else "heuristic", 0.0
+        return start, Status.TIME_LIMIT if capped else Status.NO_SOLUTION, 0.0
     assignment = {b: max(p.choices(b), key=lambda sm: x[b, sm[0], sm[1]].x) for b in p.blocks}
     if start is not None and estimate(p, start)["step_time"] < estimate(p, assignment)["step_time"]:
         assignment = start  # never worse than the warm start
-    state = "optimal" if status == mip.OptimizationStatus.OPTIMAL else "time cap" if capped else "feasible"
+    state = Status.OPTIMAL if status == mip.OptimizationStatus.OPTIMAL else Status.TIME_LIMIT if capped else Status.FEASIBLE
     return assignment, state, float(model.objective_bound)
 
 
@@ -570,7 +579,7 @@ def minimum_memory(p: UpperProblem, solver: str = "cbc", time_limit: float = 10.
     group. With the time limit reached, the incumbent is returned: an upper
     bound on the minimum, so a memory that large surely fits.
     """
-    model = _new_model(solver, 1)
+    model = new_model(solver, max_gap=1e-6)
     x = {(b, s, m): model.add_var(var_type=mip.BINARY) for b in p.blocks for s, m in p.choices(b)}
     X = {(b, s): mip.xsum(x[b, s, m] for m in p.modes[b]) for b in p.blocks for s in p.allowed(b)}
     each_block_once(model, p, x)
@@ -587,21 +596,6 @@ def minimum_memory(p: UpperProblem, solver: str = "cbc", time_limit: float = 10.
     if model.num_solutions == 0:
         return math.inf
     return float(model.objective_value) * 1e9
-
-
-def _new_model(solver: str, threads: int) -> mip.Model:
-    name = {"cbc": mip.CBC, "highs": "HiGHS"}.get(solver.lower())
-    if name is None:
-        raise OpschedError(f"unknown solver {solver!r}; choose cbc or highs")
-    try:
-        model = mip.Model(sense=mip.MINIMIZE, solver_name=name)
-    except Exception as exc:  # python-mip raises plain exceptions when a backend is missing
-        raise OpschedError(f"solver {solver} is not available ({exc}); install highsbox or use --solver cbc") from None
-    model.verbose = 0
-    model.threads = threads
-    model.seed = 0
-    model.max_mip_gap = 1e-6
-    return model
 
 
 def _big_m(p: UpperProblem) -> float:

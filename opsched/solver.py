@@ -1,0 +1,136 @@
+"""The one place python-mip models are made, and the words both levels use for how a solve ended.
+
+Both MIPs (the upper placement, the lower time-indexed schedule) get their
+model from :func:`new_model`, so the backend choice (CBC or HiGHS), the
+thread count, the seed and the gap are set in one way, and a missing HiGHS
+is the same one-line error wherever it is found (:func:`require`, called
+before any long work starts).
+
+:class:`Status` says how a solve ended; :class:`Objective` is what the lower
+level minimises. Both are ``str`` enums, so they print and serialise (JSON)
+as their plain values.
+
+>>> model = new_model("cbc")
+>>> model.threads, model.seed
+(1, 0)
+>>> str(Status.TIME_LIMIT), Objective("zb-span").name
+('time limit reached', 'ZB_SPAN')
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+
+import mip
+
+from opsched.errors import OpschedError
+
+#: solver names the command line accepts -> python-mip's backend name
+BACKENDS = {"cbc": mip.CBC, "highs": "HiGHS"}
+SOLVERS = tuple(BACKENDS)
+
+
+class Status(str, enum.Enum):
+    """How a solve ended, from best to worst news."""
+
+    #: the result equals a proven lower bound
+    OPTIMAL = "optimal"
+    #: a result within the work budget (nodes, rounds, sub-MIPs), not proven optimal
+    FEASIBLE = "feasible"
+    #: the safety clock stopped the work before its budget: the result may depend on the machine
+    TIME_LIMIT = "time limit reached"
+    #: the budget ran out before the solver found any solution (a warm start, if given, is kept)
+    NO_SOLUTION = "no solution"
+    #: the model has no solution at all
+    INFEASIBLE = "infeasible"
+    #: the backend reported something else (unbounded, error)
+    ERROR = "solver error"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def of_mip(cls, status: mip.OptimizationStatus) -> "Status":
+        """The status of a python-mip ``optimize`` result (the clock is judged by the caller).
+
+        >>> Status.of_mip(mip.OptimizationStatus.NO_SOLUTION_FOUND)
+        <Status.NO_SOLUTION: 'no solution'>
+        """
+        S = mip.OptimizationStatus
+        return {
+            S.OPTIMAL: cls.OPTIMAL,
+            S.FEASIBLE: cls.FEASIBLE,
+            S.NO_SOLUTION_FOUND: cls.NO_SOLUTION,
+            S.CUTOFF: cls.NO_SOLUTION,
+            S.LOADED: cls.NO_SOLUTION,
+            S.INFEASIBLE: cls.INFEASIBLE,
+            S.INT_INFEASIBLE: cls.INFEASIBLE,
+        }.get(status, cls.ERROR)
+
+
+class Objective(str, enum.Enum):
+    """What the lower level minimises."""
+
+    #: the end of the last job
+    MAKESPAN = "makespan"
+    #: Zero Bubble's cost: the longest device span, from its first F to its last W or B
+    ZB_SPAN = "zb-span"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def objective_of(name: str | Objective) -> Objective:
+    """The :class:`Objective` named ``name``; an unknown name is a one-line :class:`OpschedError`.
+
+    >>> objective_of("makespan") is Objective.MAKESPAN
+    True
+    """
+    try:
+        return Objective(name)
+    except ValueError:
+        raise OpschedError(f"unknown objective {name!r}; choose {' or '.join(o.value for o in Objective)}") from None
+
+
+def require(solver: str) -> None:
+    """Raise :class:`OpschedError` at once when ``solver`` is unknown or its backend is not installed.
+
+    >>> require("cbc")
+    >>> require("gurobi")
+    Traceback (most recent call last):
+    ...
+    opsched.errors.OpschedError: unknown solver 'gurobi'; choose cbc or highs
+    """
+    _backend_check(solver)
+
+
+@functools.lru_cache(maxsize=None)
+def _backend_check(solver: str) -> None:
+    # creating one empty model is what loads the backend's shared library
+    new_model(solver)
+
+
+def new_model(solver: str, *, threads: int = 1, seed: int = 0, max_gap: float | None = None) -> mip.Model:
+    """An empty minimisation model on ``solver``'s backend, silent, with a fixed seed.
+
+    ``threads`` and ``seed`` fix what the backend may vary, so the same input
+    gives the same answer; ``max_gap`` (relative) is the backend's stopping
+    gap (``None``: python-mip's default).
+    """
+    backend = BACKENDS.get(solver)
+    if backend is None:
+        raise OpschedError(f"unknown solver {solver!r}; choose {' or '.join(SOLVERS)}")
+    try:
+        model = mip.Model(sense=mip.MINIMIZE, solver_name=backend)
+    except Exception as exc:  # python-mip raises plain exceptions when a backend library is missing
+        raise OpschedError(
+            f"solver {solver} is not available ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+            "install it with: pip install highsbox (or use --solver cbc)"
+        ) from None
+    model.verbose = 0
+    model.threads = threads
+    model.seed = seed
+    if max_gap is not None:
+        model.max_mip_gap = max_gap
+    return model
