@@ -1,10 +1,15 @@
-"""plan.json: the plan contract (schema ``opsched.plan/1``, see DESIGN.md), written and read.
+"""plan.json: the plan contract (schema ``opsched.plan/1``, docs/plan.schema.json), written and read.
 
 A plan file holds the StageGraph (stages with their device groups, times,
 memory; edges with transfer times), the timed events and the metrics, so
 another tool can check or draw it without opsched. Optional fields written
 when they matter: a stage's ``name``, ``microbatches`` (the subset it runs)
 and ``copy_of``; top-level ``overlap_gain`` and ``method``.
+
+docs/plan.schema.json is the contract as a JSON Schema (draft 2020-12): the
+tests check that :func:`plan_dict` follows it. The reader does not use it (a
+schema validator is no dependency of opsched); it checks the same field rules
+in code, plus the ones that relate fields (see :func:`schedule_from_dict`).
 
 >>> from opsched.schedule import chain_stage_graph, simulate, Schedule, Job
 >>> sg = chain_stage_graph(1, f=1, b=2, w=1)
