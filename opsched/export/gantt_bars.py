@@ -84,7 +84,11 @@ def lighten(hex_colour: str, amount: float) -> str:
 
 
 def bar_colour(pass_: str, chunk: int) -> str:
-    """The colour of a pass on a device's ``chunk``-th stage: later chunks are lighter."""
+    """The colour of a pass on a device's ``chunk``-th stage: later chunks are lighter.
+
+    >>> bar_colour("F", 0), bar_colour("F", 1)
+    ('#3b75af', '#93b3d3')
+    """
     return lighten(PASS_COLOURS[pass_], min(0.55, 0.45 * chunk))
 
 

@@ -153,7 +153,16 @@ def read_plan(path: str | os.PathLike) -> tuple[Schedule, dict]:
 
 
 def read_plan_schedule(path: str | os.PathLike) -> Schedule:
-    """The :class:`Schedule` of a plan.json, for commands that need no other field (see :func:`read_plan`)."""
+    """The :class:`Schedule` of a plan.json, for commands that need no other field (see :func:`read_plan`).
+
+    >>> import os, tempfile
+    >>> from opsched.schedule import chain_stage_graph, simulate, Schedule, Job
+    >>> sg = chain_stage_graph(1)
+    >>> path = os.path.join(tempfile.mkdtemp(), "plan.json")
+    >>> _ = write_plan(path, Schedule(sg, 1, simulate(sg, {0: [Job(0, 0, "F"), Job(0, 0, "B")]}, 1)))
+    >>> read_plan_schedule(path).events[-1]
+    Event(stage=0, microbatch=0, pass_='B', start=1.0, end=3.0, pair=None)
+    """
     schedule, _doc = read_plan(path)
     return schedule
 
