@@ -4,14 +4,24 @@ Each subcommand lives in ``opsched/commands/<name>.py`` and exposes two
 functions: ``add_arguments(parser)`` and ``run(args) -> int``. Modules are
 imported only when their subcommand runs, so ``opsched --help`` stays fast and
 a missing optional dependency only affects the command that needs it.
+
+Output: what a command is asked for (tables, summaries, paths written) goes
+to stdout; progress goes through :mod:`logging` (each module has
+``log = logging.getLogger(__name__)``), shown on stderr by :func:`main` at
+INFO, or from WARNING with ``-q/--quiet``. Errors the user can fix are one
+``opsched: error:`` line on stderr and exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import logging
 import sys
+from typing import Iterator
 
+from opsched.commands.args import Parser
 from opsched.errors import OpschedError
 
 #: subcommand name -> one-line help. Order is the order shown in ``--help``.
@@ -40,7 +50,12 @@ def _command_module(name: str):
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    """The ``opsched`` parser; with ``only``, the other subcommands get no options (their modules stay unimported).
+
+    >>> build_parser(only="gantt").parse_args(["gantt", "plan.json", "-o", "g.svg", "-q"]).quiet
+    True
+    """
+    parser = Parser(
         prog="opsched",
         description="Plan how to train a branch-rich model (MoE, multimodal) across many accelerators.",
         epilog=EPILOG,
@@ -54,13 +69,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if only is not None and name != only:
             sub.add_parser(name, help=help_text)
             continue
-        try:
-            module = _command_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != f"opsched.commands.{name}":
-                raise
-            sub.add_parser(name, help=help_text + " (not available yet)")
-            continue
+        module = _command_module(name)
         p = sub.add_parser(
             name,
             help=help_text,
@@ -68,27 +77,55 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         module.add_arguments(p)
+        p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr, only warnings and errors")
     return parser
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record comes (pytest's capsys swaps it between tests)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass  # StreamHandler.__init__ assigns a stream; this handler always looks it up
+
+
+@contextlib.contextmanager
+def progress_on_stderr(quiet: bool = False) -> Iterator[None]:
+    """Show the ``opsched`` loggers' records on stderr, one plain line each, while a command runs.
+
+    INFO and above, or WARNING and above when ``quiet``. Undone afterwards, so
+    calling :func:`main` twice in one process (as the tests do) prints each line once.
+    """
+    logger = logging.getLogger("opsched")
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING if quiet else logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one ``opsched`` command; returns its exit code (2 for an error the user can fix)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     # Only the chosen subcommand's module is imported.
     chosen = next((a for a in argv if a in COMMANDS), None)
-    parser = build_parser(only=chosen)
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 2
     try:
-        module = _command_module(args.command)
-    except ModuleNotFoundError as exc:
-        if exc.name == f"opsched.commands.{args.command}":
-            print(f"opsched: error: `{args.command}` is not implemented yet", file=sys.stderr)
+        parser = build_parser(only=chosen)
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
             return 2
-        raise
-    try:
-        return int(module.run(args) or 0)
+        with progress_on_stderr(args.quiet):
+            return int(_command_module(args.command).run(args) or 0)
     except OpschedError as exc:
         print(f"opsched: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -1,6 +1,6 @@
 """Pipeline schedules: the StageGraph, the action IR, the simulator, the validator, metrics.
 
-Vocabulary (see ``docs/`` and DESIGN.md):
+Vocabulary (see ``docs/``; the plan file's fields are in docs/plan.schema.json):
 
 * a **stage** runs on a device group; the **StageGraph** is a DAG of stages
   whose edges carry forward activations (and, backwards, their gradients);

@@ -7,9 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from opsched.baselines import NAMES, run_baseline
+from opsched import lower
+from opsched.baselines import NAMES, baseline_orders, run_baseline
 from opsched.cli import main
 from opsched.commands import compare as compare_cmd
+from opsched.errors import Unsupported
 from opsched.export.plan_json import read_plan
 from opsched.schedule import chain_stage_graph, metrics, validate
 
@@ -28,8 +30,12 @@ def run_json(capsys, *argv):
 
 @pytest.fixture(autouse=True)
 def no_mip(monkeypatch):
-    """Tests see the baselines only, unless they install a solver themselves."""
-    monkeypatch.setattr(compare_cmd, "mip_solver", lambda: None)
+    """The MIP row is refused here (tests/test_lower.py tests the solver), unless a test installs a fake one."""
+
+    def refuse(*args, **kwargs):
+        raise Unsupported("mip: not solved in these tests")
+
+    monkeypatch.setattr(lower, "solve", refuse)
 
 
 def test_table_lists_every_method_with_figures_or_reason(capsys):
@@ -39,7 +45,7 @@ def test_table_lists_every_method_with_figures_or_reason(capsys):
     assert lines[0] == "4 stages on 4 devices, 6 microbatches"
     assert lines[1].split()[:4] == ["method", "makespan", "bubble", "idle"]
     rows = {line.split()[0]: line for line in lines[2:]}
-    assert list(rows) == NAMES
+    assert list(rows) == [*NAMES, "mip"]
     # 1F1B at P=4, M=6, F=1, B=2: makespan (M+P-1)(F+B) = 27, idle 9 on each device
     assert rows["1f1b"].split()[1:4] == ["27", "0.3333", "9"]
     assert "refused: dualpipe needs" in rows["dualpipe"] and "microbatches=6" in rows["dualpipe"]
@@ -48,9 +54,10 @@ def test_table_lists_every_method_with_figures_or_reason(capsys):
 
 def test_json_fields_agree_with_run_baseline(capsys):
     rows = run_json(capsys, "--stages", "4", "--microbatches", "8", "--f", "1,2,1,1", "--comm", "0.1")
-    assert list(rows) == NAMES
+    assert list(rows) == [*NAMES, "mip"]
     sg = chain_stage_graph(4, f=[1, 2, 1, 1], comm=0.1)
-    for name, row in rows.items():
+    for name in NAMES:
+        row = rows[name]
         assert {"method", "makespan", "bubble_ratio", "peak_activation_bytes", "error"} <= set(row)
         m = metrics(run_baseline(name, sg, 8))
         assert row["error"] is None
@@ -74,7 +81,8 @@ def test_memory_limit_by_method_name_is_that_methods_peak(capsys):
     limited = run_json(capsys, *argv, "--memory-limit", "dualpipev")
     peak = free["dualpipev"]["peak_memory_bytes"]
     assert limited["dualpipev"]["error"] is None
-    for name, row in free.items():
+    for name in NAMES:
+        row = free[name]
         if row["peak_memory_bytes"] > peak:
             assert "over the memory limit" in limited[name]["error"]
         else:
@@ -158,7 +166,7 @@ def test_mip_hook_adds_a_row_with_bound_and_gap(tmp_path, capsys, monkeypatch):
         schedule.name = "mip"
         return SimpleNamespace(schedule=schedule, lower_bound=20.0, gap=0.1, solver=solver, solve_seconds=0.5)
 
-    monkeypatch.setattr(compare_cmd, "mip_solver", lambda: fake_solve)
+    monkeypatch.setattr(lower, "solve", fake_solve)
     out = tmp_path / "cmp"
     code, stdout, err = run_cli(
         capsys, "--stages", "4", "--microbatches", "8", "--methods", "1f1b,mip", "--time-limit", "5",
@@ -167,17 +175,13 @@ def test_mip_hook_adds_a_row_with_bound_and_gap(tmp_path, capsys, monkeypatch):
     assert code == 0, err
     rows = {r["method"]: r for r in json.loads(stdout)}
     assert rows["mip"]["lower_bound"] == 20.0 and rows["mip"]["gap"] == 0.1 and rows["mip"]["solver"] == "highs"
-    assert calls == [(4, 8, None, 5.0, "highs", ["1f1b", "gpipe", "zb-h1", "zb-h2"])]
+    # the baselines' orders on the chain as given are the MIP's warm starts
+    assert calls == [(4, 8, None, 5.0, "highs", sorted(baseline_orders(chain_stage_graph(4), 8)))]
     code, table_out, _ = run_cli(capsys, "--stages", "4", "--microbatches", "8", "--methods", "mip", "--quiet")
     assert code == 0
     assert table_out.splitlines()[2].endswith("as given (4 stages); lower bound 20, gap 10.0%, cbc 0.5 s")
     _, doc = read_plan(out / "mip" / "plan.json")
     assert doc["metrics"]["lower_bound"] == 20.0 and doc["metrics"]["solve_seconds"] == 0.5
-
-
-def test_mip_is_unknown_without_a_solver(capsys):
-    code, _, err = run_cli(capsys, "--stages", "4", "--microbatches", "8", "--methods", "mip")
-    assert code == 2 and "mip needs opsched.lower.solve" in err
 
 
 def test_branching_plan_gets_baselines_on_its_linearized_chain(tmp_path, capsys):

@@ -13,6 +13,7 @@ from opsched.graph import Block
 from opsched.planner import plan_block_graph
 from opsched.schedule import validate
 from conftest import SLOW_LINK_CLUSTER
+from test_plan_json import schema_errors
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 
@@ -58,6 +59,7 @@ def test_plan_cli_writes_every_file_and_a_valid_plan(tmp_path, capsys):
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary leftovers
     schedule, doc = read_plan(out / "plan.json")
     validate(schedule)
+    assert schema_errors(doc) == []  # docs/plan.schema.json, with the plan's extra fields (cluster, baselines, ...)
     assert doc["baselines"], "no baseline in the plan"
     for row in doc["baselines"]:
         assert {"method", "makespan", "bubble_ratio", "peak_memory_bytes"} <= set(row)

@@ -1,11 +1,13 @@
 """plan.json: schema fields, round trip, refusal of invalid schedules and malformed files."""
 
 import json
+from pathlib import Path
 
+import jsonschema
 import pytest
 
 from opsched.errors import OpschedError
-from opsched.export.plan_json import SCHEMA, plan_dict, read_plan, write_plan
+from opsched.export.plan_json import SCHEMA, plan_dict, read_plan, schedule_from_dict, write_plan
 from opsched.schedule import Edge, Event, Job, Pair, Schedule, ScheduleError, Stage, StageGraph, metrics, simulate
 
 
@@ -154,3 +156,86 @@ def test_measured_fused_backward_round_trips(tmp_path):
     back, raw = read_plan(tmp_path / "plan.json")
     assert raw["stages"][0]["time"]["B"] == 1.75 and "B" not in raw["stages"][1]["time"]
     assert back.stage_graph.stages == sg.stages and back.events == sched.events
+
+
+# --------------------------------------------------------------------------- docs/plan.schema.json
+
+SCHEMA_FILE = Path(__file__).resolve().parent.parent / "docs" / "plan.schema.json"
+
+
+def schema_errors(doc) -> list[str]:
+    """Every place ``doc`` breaks docs/plan.schema.json (empty when it follows it)."""
+    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_FILE.read_text()))
+    return [f"{e.json_path}: {e.message}" for e in validator.iter_errors(doc)]
+
+
+def test_the_schema_file_is_a_valid_draft_2020_12_schema():
+    schema = json.loads(SCHEMA_FILE.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert schema["properties"]["schema"]["const"] == SCHEMA
+
+
+def test_written_plans_follow_the_schema(tmp_path):
+    """A plan with every optional field (names, subsets, copies, pairs, a fused B), and a baseline's."""
+    from opsched.baselines import run_baseline
+    from opsched.schedule import chain_stage_graph
+
+    fused = StageGraph([Stage(0, (0,), {"F": 1.0, "I": 1.5, "W": 0.5, "B": 1.75})])
+    written = [
+        write_plan(tmp_path / "hand.json", dual_direction_schedule(), extra={"metrics": {"lower_bound": 1.0, "gap": None}}),
+        write_plan(tmp_path / "1f1b.json", run_baseline("1f1b", chain_stage_graph(4, comm=0.5), 8)),
+        write_plan(tmp_path / "fused.json", Schedule(fused, 1, simulate(fused, {0: [Job(0, 0, "F"), Job(0, 0, "B")]}, 1))),
+    ]
+    for doc in written:
+        assert schema_errors(doc) == []
+    assert {"name", "microbatches", "copy_of"} <= set(written[0]["stages"][3]) and "B" in written[2]["stages"][0]["time"]
+    assert any("pair" in e for e in written[0]["schedule"]["events"]) and "overlap_gain" in written[0]
+
+
+def test_a_mip_plan_with_solver_figures_follows_the_schema(tmp_path):
+    from opsched.lower import solve
+    from opsched.schedule import chain_stage_graph
+
+    result = solve(chain_stage_graph(2, f=1, b=2, w=1, overlap_gain=0.5), 4, allow_pairs=True, time_limit=5)
+    figures = {"lower_bound": result.lower_bound, "gap": result.gap, "solver": result.solver,
+               "solve_seconds": result.solve_seconds}
+    doc = write_plan(tmp_path / "mip.json", result.schedule, extra={"method": "mip", "metrics": figures})
+    assert schema_errors(doc) == []
+    assert any("pair" in e for e in doc["schedule"]["events"])  # the overlap gain makes pairs worth it
+
+
+@pytest.mark.parametrize(
+    "mutate, where",
+    [
+        (lambda d: d.pop("microbatches"), "$"),
+        (lambda d: d.update(devices="two"), "$.devices"),
+        (lambda d: d["stages"][1]["time"].pop("I"), "$.stages[1].time"),
+        (lambda d: d["stages"][0].update(devices=[]), "$.stages[0].devices"),
+        (lambda d: d["edges"][0].update(time=-1.0), "$.edges[0].time"),
+        (lambda d: d["schedule"]["events"][0].update({"pass": "X"}), "$.schedule.events[0].pass"),
+        (lambda d: d["schedule"]["events"][0].update(start="0"), "$.schedule.events[0].start"),
+        (lambda d: d.update(schema="opsched.plan/2"), "$.schema"),
+    ],
+)
+def test_broken_plans_break_the_schema_and_the_reader(mutate, where):
+    """The schema and the reader's own checks refuse the same field errors."""
+    doc = plan_dict(dual_direction_schedule())
+    mutate(doc)
+    errors = schema_errors(doc)
+    assert errors and all(e.startswith(where) for e in errors), errors
+    with pytest.raises(OpschedError):
+        schedule_from_dict(doc)
+
+
+def test_cross_field_rules_are_the_readers_not_the_schemas():
+    """Stage ids, devices in range and preds against edges relate fields: code checks them, the schema cannot."""
+    for mutate, needle in [
+        (lambda d: d["stages"][0].update(id=5), r"stages\[0\].id is 5"),
+        (lambda d: d["stages"][0].update(devices=[7]), "outside 0..1"),
+        (lambda d: d["stages"][1].update(preds=[]), "preds is"),
+    ]:
+        doc = plan_dict(dual_direction_schedule())
+        mutate(doc)
+        assert schema_errors(doc) == []
+        with pytest.raises(OpschedError, match=needle):
+            schedule_from_dict(doc)

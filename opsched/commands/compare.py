@@ -1,4 +1,4 @@
-"""Time the hand-written pipeline schedules (and the MIP, when available) on one pipeline.
+"""Time the hand-written pipeline schedules and the MIP on one pipeline.
 
 The pipeline is a synthetic chain of --stages stages, or the stage graph of a
 plan file (--plan). Every method re-places the same chain the way it needs
@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import logging
 from pathlib import Path
 
+from opsched.commands.args import fraction, non_negative_float, per_stage, positive_int
 from opsched.errors import OpschedError, Unsupported
+
+log = logging.getLogger(__name__)
 
 #: the Gantt files written per method with -o
 GANTT_FILES = ("gantt.svg", "gantt.png", "gantt.html", "trace.json")
@@ -32,33 +35,34 @@ GANTT_FILES = ("gantt.svg", "gantt.png", "gantt.html", "trace.json")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_argument_group("pipeline")
-    src.add_argument("--stages", metavar="P", help="number of stages of the synthetic chain")
-    src.add_argument("--microbatches", metavar="M", help="microbatches per step (default with --plan: the plan's)")
-    src.add_argument("--f", default="1", metavar="F", help="forward time per stage (default 1)")
-    src.add_argument("--b", default="2", metavar="B", help="full backward time per stage, I + W (default 2)")
-    src.add_argument("--w", default="1", metavar="W", help="weight-gradient part of B (default 1)")
-    src.add_argument("--devices", metavar="D", help="devices (default P)")
+    src.add_argument("--stages", type=positive_int, metavar="P", help="number of stages of the synthetic chain")
+    src.add_argument("--microbatches", type=positive_int, metavar="M",
+                     help="microbatches per step (default with --plan: the plan's)")
+    src.add_argument("--f", type=per_stage, default="1", metavar="F", help="forward time per stage (default 1)")
+    src.add_argument("--b", type=per_stage, default="2", metavar="B", help="full backward time per stage, I + W (default 2)")
+    src.add_argument("--w", type=per_stage, default="1", metavar="W", help="weight-gradient part of B (default 1)")
+    src.add_argument("--devices", type=positive_int, metavar="D", help="devices (default P)")
     src.add_argument(
         "--placement", default="chain", choices=("chain", "v", "interleaved"),
         help="how the P stages sit on the D devices as given (the MIP uses it; each baseline re-places)",
     )
-    src.add_argument("--comm", default="0", metavar="C", help="transfer time between stages on different devices")
-    src.add_argument("--act", default="1", metavar="A", help="activation per microbatch per stage (default 1)")
-    src.add_argument("--act-w", default="0.5", metavar="AW", help="part of A held until W (default 0.5)")
-    src.add_argument("--overlap-gain", default="0", metavar="G",
+    src.add_argument("--comm", type=non_negative_float, default="0", metavar="C",
+                     help="transfer time between stages on different devices")
+    src.add_argument("--act", type=per_stage, default="1", metavar="A", help="activation per microbatch per stage (default 1)")
+    src.add_argument("--act-w", type=per_stage, default="0.5", metavar="AW", help="part of A held until W (default 0.5)")
+    src.add_argument("--overlap-gain", type=fraction, default="0", metavar="G",
                      help="overlapped F&B pair lasts F + B - G*min(F, B); 0 = no gain (default), 1 = perfect")
     src.add_argument("--plan", metavar="PLAN.json",
                      help="take the stage graph from a plan file instead (baselines treat each device group as one "
                           "device and run a branching graph's stages one after another, as a chain-only runtime would)")
     run_ = parser.add_argument_group("methods")
-    run_.add_argument("--methods", metavar="a,b,...", help="methods to run (default: all baselines, and mip if present)")
+    run_.add_argument("--methods", metavar="a,b,...", help="methods to run (default: all baselines and mip)")
     run_.add_argument("--memory-limit", metavar="X",
                       help="per-device memory limit: a number, or a method name meaning that method's peak")
-    run_.add_argument("--time-limit", default="120", metavar="S",
+    run_.add_argument("--time-limit", type=non_negative_float, default="120", metavar="S",
                       help="safety cap on the MIP in seconds (default 120); work budgets decide the result, "
                            "so it is deterministic unless this cap binds (then its status says so)")
     run_.add_argument("--solver", default="cbc", choices=("cbc", "highs"), help="MIP solver (default cbc)")
-    run_.add_argument("--quiet", action="store_true", help="no MIP progress lines")
     run_.add_argument("--schedule", action="append", default=[], metavar="FILE.csv",
                       help="also time a hand-written schedule in PyTorch's pipelining CSV format, one row per "
                            "rank (repeatable; comm actions are ignored; stages as given by --placement or --plan)")
@@ -70,57 +74,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # --------------------------------------------------------------------------- input
 
 
-def number(flag: str, text: str, *, minimum: float = 0.0, maximum: float | None = None) -> float:
-    """One number from a flag, within bounds, else a one-line OpschedError."""
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        raise OpschedError(f"{flag}: expected a number, got {text!r}") from None
-    if not (minimum <= value < float("inf")) or (maximum is not None and value > maximum):
-        bound = f"between {minimum:g} and {maximum:g}" if maximum is not None else f">= {minimum:g}"
-        raise OpschedError(f"{flag}: must be a finite number {bound}, got {text}")
-    return value
-
-
-def integer(flag: str, text: str, minimum: int = 1) -> int:
-    """One whole number >= ``minimum`` from a flag."""
-    try:
-        value = int(text)
-    except (TypeError, ValueError):
-        raise OpschedError(f"{flag}: expected a whole number, got {text!r}") from None
-    if value < minimum:
-        raise OpschedError(f"{flag}: must be at least {minimum}, got {value}")
-    return value
-
-
-def per_stage(flag: str, text: str) -> float | list[float]:
-    """A number or a comma list of numbers (one per stage)."""
-    items = [x.strip() for x in str(text).split(",")]
-    values = [number(flag, x) for x in items]
-    return values[0] if len(values) == 1 else values
-
-
-def mip_solver():
-    """``opsched.lower.solve`` if the lower level provides it, else None."""
-    try:
-        from opsched.lower import solve
-    except ImportError:
-        return None
-    return solve
-
-
-def method_names(args: argparse.Namespace, solve) -> list[str]:
+def method_names(args: argparse.Namespace) -> list[str]:
     """The methods to run, in table order; unknown names are refused."""
     from opsched.baselines import NAMES
 
-    known = NAMES + (["mip"] if solve is not None else [])
+    known = [*NAMES, "mip"]
     if not args.methods:
         return known
     names = [n.strip().lower() for n in args.methods.split(",") if n.strip()]
     unknown = [n for n in names if n not in known]
     if unknown or not names:
-        extra = "" if solve is not None else " (mip needs opsched.lower.solve, not available here)"
-        raise OpschedError(f"--methods: unknown method {', '.join(unknown) or '(none)'}; choose from {','.join(known)}{extra}")
+        raise OpschedError(f"--methods: unknown method {', '.join(unknown) or '(none)'}; choose from {','.join(known)}")
     return list(dict.fromkeys(names))
 
 
@@ -135,32 +99,29 @@ def stage_graph_from_args(args: argparse.Namespace):
         from opsched.export.plan_json import read_plan
 
         schedule, _doc = read_plan(args.plan)
-        m = integer("--microbatches", args.microbatches) if args.microbatches else schedule.microbatches
+        m = args.microbatches or schedule.microbatches
         sg = schedule.stage_graph
-        if args.overlap_gain != "0":
-            sg.overlap_gain = number("--overlap-gain", args.overlap_gain, maximum=1.0)
+        if args.overlap_gain:  # 0, the default, keeps the plan's own gain
+            sg.overlap_gain = args.overlap_gain
         return sg, m
     if args.stages is None or args.microbatches is None:
         raise OpschedError("give --stages P and --microbatches M (or --plan PLAN.json)")
-    p = integer("--stages", args.stages)
-    m = integer("--microbatches", args.microbatches)
-    d = integer("--devices", args.devices) if args.devices is not None else p
     sg = chain_stage_graph(
-        p,
-        f=per_stage("--f", args.f),
-        b=per_stage("--b", args.b),
-        w=per_stage("--w", args.w),
-        devices=d,
+        args.stages,
+        f=args.f,
+        b=args.b,
+        w=args.w,
+        devices=args.devices if args.devices is not None else args.stages,
         placement=args.placement,
-        comm=number("--comm", args.comm),
-        act=per_stage("--act", args.act),
-        act_w=per_stage("--act-w", args.act_w),
-        overlap_gain=number("--overlap-gain", args.overlap_gain, maximum=1.0),
+        comm=args.comm,
+        act=args.act,
+        act_w=args.act_w,
+        overlap_gain=args.overlap_gain,
     )
     for s in sg.stages:
         if s.act_w_bytes > s.act_bytes:
             raise OpschedError(f"stage {s.id}: --act-w {s.act_w_bytes:g} exceeds --act {s.act_bytes:g}; AW is part of A")
-    return sg, m
+    return sg, args.microbatches
 
 
 # --------------------------------------------------------------------------- running
@@ -178,17 +139,19 @@ def describe_placement(name: str, sg) -> str:
     return f"{PLACEMENTS[placement_of(name)]} ({p} stages)"
 
 
-def run_method(name: str, sg, microbatches: int, limit: float | None, args, solve):
+def run_method(name: str, sg, microbatches: int, limit: float | None, args):
     """(schedule, extra metrics) of one method; raises OpschedError with the reason it cannot run."""
+    from opsched import lower
     from opsched.baselines import baseline_orders, run_baseline
     from opsched.schedule import validate
 
     if name == "mip":
-        result = solve(
+        # the hand-written orders that apply to the stage graph as given start the MIP
+        result = lower.solve(
             sg,
             microbatches,
             memory_limit=limit,
-            time_limit=number("--time-limit", args.time_limit),
+            time_limit=args.time_limit,
             solver=args.solver,
             warm_orders=baseline_orders(sg, microbatches),
         )
@@ -215,7 +178,7 @@ def run_method(name: str, sg, microbatches: int, limit: float | None, args, solv
     return schedule, extra
 
 
-def resolve_limit(text: str | None, sg, microbatches: int, args, solve) -> tuple[float | None, str | None]:
+def resolve_limit(text: str | None, sg, microbatches: int, args) -> tuple[float | None, str | None]:
     """(limit, method it came from) for --memory-limit: a number, or a method's peak memory per device."""
     from opsched.baselines import NAMES
     from opsched.schedule import metrics
@@ -223,15 +186,15 @@ def resolve_limit(text: str | None, sg, microbatches: int, args, solve) -> tuple
     if text is None:
         return None, None
     name = text.strip().lower()
-    if name in NAMES or (name == "mip" and solve is not None):
+    if name in NAMES or name == "mip":
         try:
-            schedule, _ = run_method(name, sg, microbatches, None, args, solve)
+            schedule, _ = run_method(name, sg, microbatches, None, args)
         except OpschedError as exc:
             raise OpschedError(f"--memory-limit {name}: {name} cannot run on this pipeline ({exc})") from None
         return max(metrics(schedule).peak_memory_bytes), name
     try:
-        return number("--memory-limit", text), None
-    except OpschedError:
+        return non_negative_float(text), None
+    except argparse.ArgumentTypeError:
         raise OpschedError(
             f"--memory-limit: give a number or a method name ({', '.join(NAMES)}), got {text!r}"
         ) from None
@@ -272,12 +235,12 @@ def refused_row(name: str, reason: str) -> dict:
     }
 
 
-def compare(sg, microbatches: int, names: list[str], limit: float | None, args, solve) -> tuple[list[dict], dict]:
+def compare(sg, microbatches: int, names: list[str], limit: float | None, args) -> tuple[list[dict], dict]:
     """Run every method; returns the rows (in ``names`` order) and the schedules that ran."""
     rows, schedules = [], {}
     for name in names:
         try:
-            schedule, extra = run_method(name, sg, microbatches, limit, args, solve)
+            schedule, extra = run_method(name, sg, microbatches, limit, args)
         except Unsupported as exc:
             rows.append(refused_row(name, str(exc)))
             continue
@@ -393,16 +356,14 @@ def write_outputs(out_dir: Path, rows: list[dict], schedules: dict) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    solve = mip_solver()
     sg, microbatches = stage_graph_from_args(args)
-    names = method_names(args, solve)
-    number("--time-limit", args.time_limit)  # checked before anything runs
+    names = method_names(args)
     out_dir = Path(args.output) if args.output else None
     if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
         raise OpschedError(f"-o {out_dir}: exists and is not a directory; give a directory name")
     written = schedule_files(args.schedule, sg, microbatches)  # checked before anything runs
-    limit, limit_from = resolve_limit(args.memory_limit, sg, microbatches, args, solve)
-    rows, schedules = compare(sg, microbatches, names, limit, args, solve)
+    limit, limit_from = resolve_limit(args.memory_limit, sg, microbatches, args)
+    rows, schedules = compare(sg, microbatches, names, limit, args)
     add_schedule_file_rows(written, limit, rows, schedules)
     if out_dir is not None:
         write_outputs(out_dir, rows, schedules)
@@ -414,5 +375,5 @@ def run(args: argparse.Namespace) -> int:
         header = f"{source} on {sg.num_devices} devices, {microbatches} microbatches{limit_text}"
         print(table(rows, header))
     if out_dir is not None:
-        print(f"wrote {len(schedules)} plans under {out_dir}/", file=sys.stderr)
+        log.info("wrote %d plans under %s/", len(schedules), out_dir)
     return 0

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 
-from opsched.errors import OpschedError
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", metavar="PLAN.json", help="a plan written by `opsched plan` or `opsched compare`")
@@ -32,8 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from opsched.export import torch_csv
+    from opsched.export.plan_json import read_plan_schedule
 
-    schedule = _read_plan_schedule(args.plan)
+    schedule = read_plan_schedule(args.plan)
     check = not args.no_torch_check and torch_csv.torch_available()
     rows = torch_csv.write_torch_csv(args.torch_csv, schedule, check_with_torch=check)
     groups = torch_csv.torch_ranks(schedule.stage_graph)
@@ -44,12 +43,3 @@ def run(args: argparse.Namespace) -> int:
         f"{schedule.microbatches} microbatches, {sum(len(r) for r in rows)} actions; {status}"
     )
     return 0
-
-
-def _read_plan_schedule(path: str):
-    try:
-        from opsched.export.plan_json import read_plan
-    except ImportError:
-        raise OpschedError("reading plan.json needs opsched.export.plan_json, which this checkout lacks") from None
-    schedule, _extra = read_plan(path)
-    return schedule

@@ -13,10 +13,12 @@ example:
 from __future__ import annotations
 
 import argparse
-import sys
+import logging
 from pathlib import Path
 
 from opsched.errors import OpschedError
+
+log = logging.getLogger(__name__)
 
 SUFFIXES = (".svg", ".png", ".html", ".htm", ".json")
 
@@ -33,14 +35,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from opsched.export.gantt import write_gantt
-    from opsched.export.plan_json import read_plan
+    from opsched.export.plan_json import read_plan_schedule
     from opsched.schedule import ScheduleError, validate
 
     # check every output name before writing anything, so a typo leaves no partial set of files
     for out in args.output:
         if Path(out).suffix.lower() not in SUFFIXES:
             raise OpschedError(f"cannot tell the Gantt format of {out!r}: use a .svg, .png, .html or .json file name")
-    schedule, _doc = read_plan(args.plan)
+    schedule = read_plan_schedule(args.plan)
     if not args.no_validate:
         try:
             validate(schedule)
@@ -48,5 +50,5 @@ def run(args: argparse.Namespace) -> int:
             raise OpschedError(f"{args.plan} is not a valid plan: {exc} (use --no-validate to draw it anyway)") from None
     for out in args.output:
         write_gantt(schedule, out, title=args.title)
-        print(f"wrote {out}", file=sys.stderr)
+        log.info("wrote %s", out)
     return 0

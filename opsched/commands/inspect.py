@@ -27,16 +27,18 @@ import argparse
 import json
 from collections import Counter
 
+from opsched.commands.args import dimension, merged_dims, non_negative_int, positive_float, positive_int
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL.onnx", help="an ONNX file (weights need not be present)")
-    parser.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
+    parser.add_argument("--dim", type=dimension, action="append", default=[], metavar="NAME=VALUE",
                         help="value of a symbolic dimension, e.g. --dim batch=1 --dim seq=4096 (repeatable)")
-    parser.add_argument("--capacity-factor", type=float, default=1.0, metavar="X",
+    parser.add_argument("--capacity-factor", type=positive_float, default=1.0, metavar="X",
                         help="MoE capacity factor for data-dependent expert loops (default 1.0, balanced routing)")
-    parser.add_argument("--depth", type=int, default=None, metavar="D",
+    parser.add_argument("--depth", type=non_negative_int, default=None, metavar="D",
                         help="coarsen by the first D module-scope levels (default: down to each op's layer)")
-    parser.add_argument("--blocks", type=int, default=None, metavar="K",
+    parser.add_argument("--blocks", type=positive_int, default=None, metavar="K",
                         help="contract small blocks into neighbours down to K blocks where branches allow")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text summary")
 
@@ -114,12 +116,7 @@ def format_summary(s: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from opsched.onnx_import import parse_dim
-
-    dims: dict[str, int] = {}
-    for item in args.dim:
-        dims.update(parse_dim(item))
-    s = summarise(args.model, dims=dims, capacity_factor=args.capacity_factor, depth=args.depth, blocks=args.blocks)
+    s = summarise(args.model, dims=merged_dims(args.dim), capacity_factor=args.capacity_factor, depth=args.depth, blocks=args.blocks)
     if args.json:
         print(json.dumps(s, indent=2, sort_keys=False))
     else:

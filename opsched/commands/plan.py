@@ -22,97 +22,69 @@ examples:
 from __future__ import annotations
 
 import argparse
+import logging
 import shutil
-import sys
 import tempfile
-import time
 from pathlib import Path
+
+from opsched.commands.args import byte_size, dimension, merged_dims, positive_float, positive_int
+
+log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL.onnx", help="an ONNX file (weights need not be present)")
-    parser.add_argument("--devices", metavar="N", help="number of devices (default: the cluster file's)")
+    parser.add_argument("--devices", type=positive_int, metavar="N", help="number of devices (default: the cluster file's)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--cluster", metavar="FILE", help="cluster description, .json or .toml (see docs/cost-model.md)")
     source.add_argument("--preset", metavar="NAME", help="named cluster: h100-sxm (default), a100-80g, h200")
-    parser.add_argument("--microbatches", default="16", metavar="M", help="microbatches per step (default 16)")
-    parser.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
+    parser.add_argument("--microbatches", type=positive_int, default="16", metavar="M",
+                        help="microbatches per step (default 16)")
+    parser.add_argument("--dim", type=dimension, action="append", default=[], metavar="NAME=VALUE",
                         help="value of a symbolic dimension, e.g. --dim seq=4096 (repeatable)")
-    parser.add_argument("--capacity-factor", default="1.0", metavar="X", help="MoE capacity factor (default 1.0)")
-    parser.add_argument("--memory-limit", metavar="BYTES", help="per device, e.g. 80GiB (default: the cluster's memory)")
-    parser.add_argument("--time-limit", default="60", metavar="S", help="total solver time in seconds (default 60)")
+    parser.add_argument("--capacity-factor", type=positive_float, default="1.0", metavar="X",
+                        help="MoE capacity factor (default 1.0)")
+    parser.add_argument("--memory-limit", type=byte_size, metavar="BYTES",
+                        help="per device, e.g. 80GiB (default: the cluster's memory)")
+    parser.add_argument("--time-limit", type=positive_float, default="60", metavar="S",
+                        help="total solver time in seconds (default 60)")
     parser.add_argument("--solver", default="cbc", choices=("cbc", "highs"), help="MIP solver (default cbc)")
     parser.add_argument("-o", "--out", required=True, metavar="OUTDIR", help="directory for the plan files")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
 def run(args: argparse.Namespace) -> int:
-    from opsched.cluster import Training, parse_bytes, resolve_cluster
+    from opsched.cluster import Training, resolve_cluster
     from opsched.coarsen import coarsen
     from opsched.errors import OpschedError
-    from opsched.onnx_import import import_onnx, parse_dim
+    from opsched.onnx_import import import_onnx
     from opsched.planner import plan_block_graph
     from opsched.upper.layouts import layouts
 
-    t0 = time.perf_counter()
-
-    def say(msg: str) -> None:
-        if not args.quiet:
-            print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
-
-    devices = _int("--devices", args.devices) if args.devices is not None else None
-    microbatches = _int("--microbatches", args.microbatches)
-    time_limit = _positive("--time-limit", args.time_limit)
-    capacity = _positive("--capacity-factor", args.capacity_factor)
-    cluster = resolve_cluster(devices, args.cluster, args.preset)
+    cluster = resolve_cluster(args.devices, args.cluster, args.preset)
     layouts(cluster)  # devices that fit no layout fail here, before the import
-    limit = parse_bytes(args.memory_limit) if args.memory_limit else cluster.memory_bytes
-    dims: dict[str, int] = {}
-    for item in args.dim:
-        dims.update(parse_dim(item))
+    limit = args.memory_limit or cluster.memory_bytes
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise OpschedError(f"-o {out} is a file; give a directory for the plan files")
 
-    say(f"import: {args.model}")
-    og = import_onnx(args.model, dims=dims or None, capacity_factor=capacity)
+    log.info("import: %s", args.model)
+    og = import_onnx(args.model, dims=merged_dims(args.dim) or None, capacity_factor=args.capacity_factor)
     used_dims = dict(og.graph.get("dims", {}))
-    training = Training(microbatches=microbatches, microbatch_size=int(used_dims.get("batch", 1)))
-    say(f"import: {og.number_of_nodes()} operators, dims {used_dims or 'none'}")
+    training = Training(microbatches=args.microbatches, microbatch_size=int(used_dims.get("batch", 1)))
+    log.info("import: %d operators, dims %s", og.number_of_nodes(), used_dims or "none")
     bg = coarsen(og)
-    say(f"coarsen: {bg.number_of_nodes()} blocks")
-    say(f"cluster: {cluster.name}, {cluster.devices} devices ({cluster.devices_per_node} per node), "
-        f"memory limit {limit / 2**30:.1f} GiB per device, {microbatches} microbatches")
-    result = plan_block_graph(bg, cluster, training, memory_limit=limit, time_limit=time_limit,
-                              solver=args.solver)
-    say(f"validate: {result.source} on {result.layout}")
+    log.info("coarsen: %d blocks", bg.number_of_nodes())
+    log.info("cluster: %s, %d devices (%d per node), memory limit %.1f GiB per device, %d microbatches",
+             cluster.name, cluster.devices, cluster.devices_per_node, limit / 2**30, args.microbatches)
+    # the planner logs its own progress (opsched.planner)
+    result = plan_block_graph(bg, cluster, training, memory_limit=limit, time_limit=args.time_limit, solver=args.solver)
+    log.info("validate: %s on %s", result.source, result.layout)
     samples = training.microbatches * training.microbatch_size
     extra = plan_extra(args.model, cluster, training, result)
-    names = write_outputs(out, result, extra, report_text(args.model, cluster, training, limit, result), say)
-    say(f"export: {', '.join(names)} in {out}")
+    names = write_outputs(out, result, extra, report_text(args.model, cluster, training, limit, result))
+    log.info("export: %s in %s", ", ".join(names), out)
     print(summary_text(args.model, cluster, training, result, samples, out, names))
     return 0
-
-
-def _int(flag: str, text) -> int:
-    from opsched.errors import OpschedError
-
-    try:
-        return int(str(text))
-    except ValueError:
-        raise OpschedError(f"{flag} must be a whole number, got {text!r}") from None
-
-
-def _positive(flag: str, text) -> float:
-    from opsched.errors import OpschedError
-
-    try:
-        value = float(str(text))
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise OpschedError(f"{flag} must be a positive number, got {text!r}")
-    return value
 
 
 def plan_extra(model: str, cluster, training, result) -> dict:
@@ -147,7 +119,7 @@ def output_files() -> list[str]:
     return ["plan.json", "trace.json", *pictures, "gantt.html", "report.md"]
 
 
-def write_outputs(out: Path, result, extra: dict, report: str, say) -> list[str]:
+def write_outputs(out: Path, result, extra: dict, report: str) -> list[str]:
     """Write every file into a temporary directory, then move them into ``out`` (no partial plan on failure).
 
     Returns the names written. Without matplotlib (the ``pictures`` extra) the
@@ -167,7 +139,8 @@ def write_outputs(out: Path, result, extra: dict, report: str, say) -> list[str]
         if "gantt.svg" in names:
             write_image(result.schedule, tmp / "gantt.svg", title=title)
         else:
-            say("export: gantt.svg skipped (needs matplotlib: pip install 'opsched[pictures]'); gantt.html has the picture")
+            log.warning("export: gantt.svg skipped (needs matplotlib: pip install 'opsched[pictures]'); "
+                        "gantt.html has the picture")
         write_html(result.schedule, tmp / "gantt.html", title=title)
         write_text(tmp / "report.md", report)
         for name in names:

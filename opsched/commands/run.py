@@ -17,24 +17,42 @@ example:
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import tempfile
 from pathlib import Path
 
+from opsched.commands.args import positive_float, positive_int
 from opsched.errors import OpschedError
+
+log = logging.getLogger(__name__)
 
 MAX_RANKS = 8
 
 
+def even_width(text: str) -> int:
+    """The tiny model's width: an even number >= 2 (its two attention heads split it).
+
+    >>> even_width("16")
+    16
+    """
+    value = positive_int(text)
+    if value % 2:
+        raise argparse.ArgumentTypeError(f"must be an even number >= 2, got {value}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", metavar="PLAN.json", help="a plan written by opsched")
-    parser.add_argument("--steps", type=int, default=2, help="training steps to run and check (default 2)")
-    parser.add_argument("--microbatch-size", type=int, default=2, help="samples per microbatch (default 2)")
-    parser.add_argument("--dim", type=int, default=16, help="model width of the tiny MoE transformer (default 16)")
+    parser.add_argument("--steps", type=positive_int, default=2, help="training steps to run and check (default 2)")
+    parser.add_argument("--microbatch-size", type=positive_int, default=2, help="samples per microbatch (default 2)")
+    parser.add_argument("--dim", type=even_width, default=16,
+                        help="model width of the tiny MoE transformer, even (default 16)")
     parser.add_argument("--dtype", choices=["float64", "float32"], default="float64",
                         help="float64 (default) allows a tight gradient tolerance")
     parser.add_argument("--torch-csv", metavar="FILE.csv", help="also keep the exported schedule CSV here")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds before the run is stopped (default 300)")
+    parser.add_argument("--timeout", type=positive_float, default=300.0,
+                        help="seconds before the run is stopped (default 300)")
 
 
 def blocks_per_stage(forward_times: list[float], most: int = 4) -> tuple[int, ...]:
@@ -56,11 +74,9 @@ def run(args: argparse.Namespace) -> int:
     from opsched.torchrun.launch import RunJob, compare_with_reference, compute_medians, run_job, step_seconds
     from opsched.torchrun.model import ModelSpec
 
-    if args.steps < 1 or args.microbatch_size < 1 or args.dim < 2 or args.dim % 2:
-        raise OpschedError("--steps and --microbatch-size must be >= 1 and --dim an even number >= 2")
-    from opsched.commands.export import _read_plan_schedule
+    from opsched.export.plan_json import read_plan_schedule
 
-    schedule = _read_plan_schedule(args.plan)
+    schedule = read_plan_schedule(args.plan)
     sg = schedule.stage_graph
     ranks = torch_csv.torch_ranks(sg)
     if len(ranks) > MAX_RANKS:
@@ -75,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
         torch_csv.write_torch_csv(csv_path, schedule)
         job = RunJob(spec, torch_csv.stage_ranks(sg), schedule.microbatches, csv_path=str(csv_path),
                      microbatch_size=args.microbatch_size, steps=args.steps)
-        print(f"running {args.plan}: {len(ranks)} ranks (gloo, 1 thread each), {len(sg.stages)} stages with "
-              f"{list(spec.blocks)} MoE blocks, {schedule.microbatches} microbatches, {args.steps} step(s)")
+        log.info("running %s: %d ranks (gloo, 1 thread each), %d stages with %s MoE blocks, %d microbatches, "
+                 "%d step(s)", args.plan, len(ranks), len(sg.stages), list(spec.blocks), schedule.microbatches, args.steps)
         results = run_job(job, timeout=args.timeout)
     report = compare_with_reference(job, results)
     last = next(r for r in results if len(sg.stages) - 1 in r.stages)

@@ -6,153 +6,48 @@
 * ``.svg`` / ``.png`` -- a matplotlib picture (:func:`write_image`);
 * ``.html`` -- one page with an inline SVG and hover details, no network needed (:func:`write_html`).
 
-All writers are atomic (temporary file, then rename). This module also holds
-what the three share: the bars to draw (:func:`gantt_bars`), colours and the title.
+All writers are atomic (temporary file, then rename). What the three share
+(the bars to draw, colours, the title) lives in :mod:`opsched.export.gantt_bars`,
+which they import instead of this module, so the dispatch here imports them
+without a cycle. matplotlib is imported only when a picture is drawn.
 
 >>> from opsched.schedule import chain_stage_graph, simulate, Schedule, Job
->>> sg = chain_stage_graph(2, devices=1, placement="interleaved")
->>> order = {0: [Job(0, 0, "F"), Job(1, 0, "F"), Job(1, 0, "B"), Job(0, 0, "B")]}
->>> bars = gantt_bars(Schedule(sg, 1, simulate(sg, order, 1)))
->>> [(b.device, b.start, b.end, b.label, b.chunk) for b in bars]
-[(0, 0.0, 1.0, '0F0', 0), (0, 1.0, 2.0, '1F0', 1), (0, 2.0, 4.0, '1B0', 1), (0, 4.0, 6.0, '0B0', 0)]
+>>> sg = chain_stage_graph(1)
+>>> schedule = Schedule(sg, 1, simulate(sg, {0: [Job(0, 0, "F"), Job(0, 0, "B")]}, 1))
+>>> write_gantt(schedule, "timeline.pdf")
+Traceback (most recent call last):
+...
+opsched.errors.OpschedError: cannot tell the Gantt format of 'timeline.pdf': use a .svg, .png, .html or .json (Perfetto) file name
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from opsched.errors import OpschedError
-from opsched.schedule import PASSES, Event, Metrics, Schedule, metrics
+from opsched.export.gantt_bars import Bar, gantt_bars  # noqa: F401 - the bars are part of this module's API
+from opsched.export.gantt_html import write_html
+from opsched.export.gantt_image import write_image
+from opsched.export.gantt_trace import write_trace
+from opsched.schedule import Schedule
 
-#: base colour of each pass (colour-blind-safe palette)
-PASS_COLOURS = {"F": "#3b75af", "I": "#ef8636", "W": "#519e3e", "B": "#c53a32"}
-PASS_NAMES = {"F": "forward", "I": "backward (inputs)", "W": "backward (weights)", "B": "full backward"}
-
-
-@dataclass(frozen=True)
-class Bar:
-    """One occupied interval of one device: a job, or both halves of an overlapped pair.
-
-    ``chunks[k]`` is the position of ``events[k]``'s stage among the stages
-    the device hosts (0 for the first), so a second model chunk or DualPipe's
-    reverse direction can be drawn in a lighter shade; ``chunk`` is the first's.
-    """
-
-    device: int
-    start: float
-    end: float
-    events: tuple[Event, ...]
-    chunks: tuple[int, ...]
-
-    @property
-    def chunk(self) -> int:
-        return self.chunks[0]
-
-    @property
-    def label(self) -> str:
-        return "+".join(f"{e.stage}{e.pass_}{e.microbatch}" for e in self.events)
-
-    @property
-    def is_pair(self) -> bool:
-        return len(self.events) > 1
-
-
-def gantt_bars(schedule: Schedule) -> list[Bar]:
-    """Every bar to draw, sorted by (device, start); a stage on a group gives one bar per device."""
-    sg = schedule.stage_graph
-    hosted = {d: sg.stages_on(d) for d in range(sg.num_devices or 0)}
-    groups: dict[tuple, list[Event]] = {}
-    for e in schedule.events:
-        key = ("pair", e.pair) if e.pair is not None else ("job", e.stage, e.microbatch, e.pass_, e.start)
-        groups.setdefault(key, []).append(e)
-    bars = []
-    for evs in groups.values():
-        evs.sort(key=lambda e: (PASSES.index(e.pass_) != 0, e.stage, e.microbatch))  # F half first
-        first = evs[0]
-        for d in sg.stage(first.stage).devices:
-            chunks = tuple(hosted[d].index(e.stage) if e.stage in hosted[d] else 0 for e in evs)
-            bars.append(Bar(d, first.start, max(e.end for e in evs), tuple(evs), chunks))
-    bars.sort(key=lambda b: (b.device, b.start, b.label))
-    return bars
-
-
-def lighten(hex_colour: str, amount: float) -> str:
-    """Mix a ``#rrggbb`` colour with white; ``amount`` 0 keeps it, 1 gives white.
-
-    >>> lighten("#000000", 0.5)
-    '#808080'
-    """
-    rgb = [int(hex_colour[i : i + 2], 16) for i in (1, 3, 5)]
-    mixed = [round(c + (255 - c) * amount) for c in rgb]
-    return "#" + "".join(f"{c:02x}" for c in mixed)
-
-
-def bar_colour(pass_: str, chunk: int) -> str:
-    """The colour of a pass on a device's ``chunk``-th stage: later chunks are lighter."""
-    return lighten(PASS_COLOURS[pass_], min(0.55, 0.45 * chunk))
-
-
-def title_text(schedule: Schedule, title: str | None = None, m: Metrics | None = None) -> str:
-    """``<title or method> -- makespan X, bubble ratio Y`` (the figure title of every format)."""
-    m = m or metrics(schedule)
-    head = title or schedule.name or "schedule"
-    return f"{head} — makespan {m.makespan:.4g}, bubble ratio {m.bubble_ratio:.3f}"
-
-
-def job_description(e: Event, schedule: Schedule) -> str:
-    """A one-line hover text for an event."""
-    st = schedule.stage_graph.stage(e.stage)
-    name = f" ({st.name})" if st.name else ""
-    pair = f", overlapped pair {e.pair}" if e.pair is not None else ""
-    return (
-        f"stage {e.stage}{name}, microbatch {e.microbatch}, {PASS_NAMES[e.pass_]} {e.pass_}: "
-        f"{e.start:.6g} to {e.end:.6g}{pair}"
-    )
+__all__ = ["Bar", "can_draw_images", "gantt_bars", "write_gantt", "write_html", "write_image", "write_trace"]
 
 
 def write_gantt(schedule: Schedule, path: str | os.PathLike, *, title: str | None = None) -> Path:
     """Write a Gantt timeline in the format named by the suffix of ``path`` (.json, .svg, .png, .html)."""
     suffix = Path(path).suffix.lower()
     if suffix == ".json":
-        from opsched.export.gantt_trace import write_trace
-
         return write_trace(schedule, path, title=title)
     if suffix in (".svg", ".png"):
-        from opsched.export.gantt_image import write_image
-
         return write_image(schedule, path, title=title)
     if suffix in (".html", ".htm"):
-        from opsched.export.gantt_html import write_html
-
         return write_html(schedule, path, title=title)
     raise OpschedError(f"cannot tell the Gantt format of {str(path)!r}: use a .svg, .png, .html or .json (Perfetto) file name")
 
 
-def write_trace(schedule: Schedule, path: str | os.PathLike, **kw) -> Path:
-    """Perfetto / chrome://tracing JSON; see :mod:`opsched.export.gantt_trace`."""
-    from opsched.export.gantt_trace import write_trace as _write
-
-    return _write(schedule, path, **kw)
-
-
 def can_draw_images() -> bool:
     """Whether matplotlib (the ``pictures`` extra) is installed, so SVG/PNG can be drawn."""
-    import importlib.util
-
     return importlib.util.find_spec("matplotlib") is not None
-
-
-def write_image(schedule: Schedule, path: str | os.PathLike, **kw) -> Path:
-    """SVG or PNG through matplotlib; see :mod:`opsched.export.gantt_image`."""
-    from opsched.export.gantt_image import write_image as _write
-
-    return _write(schedule, path, **kw)
-
-
-def write_html(schedule: Schedule, path: str | os.PathLike, **kw) -> Path:
-    """Self-contained HTML page; see :mod:`opsched.export.gantt_html`."""
-    from opsched.export.gantt_html import write_html as _write
-
-    return _write(schedule, path, **kw)

@@ -16,7 +16,15 @@ import os
 from html import escape
 from pathlib import Path
 
-from opsched.export.gantt import PASS_COLOURS, PASS_NAMES, bar_colour, gantt_bars, job_description, lighten, title_text
+from opsched.export.gantt_bars import (
+    PASS_COLOURS,
+    PASS_NAMES,
+    bar_colour,
+    gantt_bars,
+    job_description,
+    lighten,
+    title_text,
+)
 from opsched.export.plan_json import plan_dict
 from opsched.fileio import write_text
 from opsched.schedule import PASSES, Schedule, metrics

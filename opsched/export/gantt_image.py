@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from opsched.errors import OpschedError
-from opsched.export.gantt import PASS_COLOURS, PASS_NAMES, bar_colour, gantt_bars, lighten, title_text
+from opsched.export.gantt_bars import PASS_COLOURS, PASS_NAMES, bar_colour, gantt_bars, lighten, title_text
 from opsched.fileio import atomic_path
 from opsched.schedule import PASSES, Schedule
 

@@ -16,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from opsched.export.gantt import PASS_NAMES, title_text
+from opsched.export.gantt_bars import PASS_NAMES, title_text
 from opsched.fileio import write_text
 from opsched.schedule import Schedule, memory_profile, metrics
 

@@ -1,10 +1,15 @@
-"""plan.json: the plan contract (schema ``opsched.plan/1``, see DESIGN.md), written and read.
+"""plan.json: the plan contract (schema ``opsched.plan/1``, docs/plan.schema.json), written and read.
 
 A plan file holds the StageGraph (stages with their device groups, times,
 memory; edges with transfer times), the timed events and the metrics, so
 another tool can check or draw it without opsched. Optional fields written
 when they matter: a stage's ``name``, ``microbatches`` (the subset it runs)
 and ``copy_of``; top-level ``overlap_gain`` and ``method``.
+
+docs/plan.schema.json is the contract as a JSON Schema (draft 2020-12): the
+tests check that :func:`plan_dict` follows it. The reader does not use it (a
+schema validator is no dependency of opsched); it checks the same field rules
+in code, plus the ones that relate fields (see :func:`schedule_from_dict`).
 
 >>> from opsched.schedule import chain_stage_graph, simulate, Schedule, Job
 >>> sg = chain_stage_graph(1, f=1, b=2, w=1)
@@ -147,8 +152,30 @@ def read_plan(path: str | os.PathLike) -> tuple[Schedule, dict]:
         raise OpschedError(f"{path}: {exc}") from None
 
 
+def read_plan_schedule(path: str | os.PathLike) -> Schedule:
+    """The :class:`Schedule` of a plan.json, for commands that need no other field (see :func:`read_plan`).
+
+    >>> import os, tempfile
+    >>> from opsched.schedule import chain_stage_graph, simulate, Schedule, Job
+    >>> sg = chain_stage_graph(1)
+    >>> path = os.path.join(tempfile.mkdtemp(), "plan.json")
+    >>> _ = write_plan(path, Schedule(sg, 1, simulate(sg, {0: [Job(0, 0, "F"), Job(0, 0, "B")]}, 1)))
+    >>> read_plan_schedule(path).events[-1]
+    Event(stage=0, microbatch=0, pass_='B', start=1.0, end=3.0, pair=None)
+    """
+    schedule, _doc = read_plan(path)
+    return schedule
+
+
 def schedule_from_dict(doc: Any) -> tuple[Schedule, dict]:
-    """Build the :class:`Schedule` of a plan document; returns ``(schedule, doc)``."""
+    """Build the :class:`Schedule` of a plan document; returns ``(schedule, doc)``.
+
+    The checks here are the ones a reader needs to build a schedule without
+    a JSON Schema validator at run time: field presence and types, stage ids
+    0..n-1 in order, ``preds`` agreeing with ``edges``. docs/plan.schema.json
+    states the same field rules for other tools; whether the events make a
+    valid schedule is :func:`opsched.schedule.validate`'s job.
+    """
     if not isinstance(doc, dict):
         raise OpschedError("a plan must be a JSON object")
     if doc.get("schema") != SCHEMA:
@@ -158,56 +185,11 @@ def schedule_from_dict(doc: Any) -> tuple[Schedule, dict]:
     limit = doc.get("memory_limit_bytes")
     if limit is not None:
         limit = _num(doc, "memory_limit_bytes", "memory_limit_bytes")
-    stages_raw = _list(doc, "stages", "stages")
-    stages, preds = [], []
-    for k, raw in enumerate(stages_raw):
-        where = f"stages[{k}]"
-        if not isinstance(raw, dict):
-            raise OpschedError(f"field {where} must be an object")
-        if _int(raw, "id", f"{where}.id") != k:
-            raise OpschedError(f"field {where}.id is {raw['id']}; stage ids must be 0..n-1 in order")
-        devs = tuple(_int({"d": d}, "d", f"{where}.devices") for d in _list(raw, "devices", f"{where}.devices"))
-        time_raw = raw.get("time")
-        if not isinstance(time_raw, dict):
-            raise OpschedError(f"field {where}.time must be an object with F, I and W")
-        time = {p: _num(time_raw, p, f"{where}.time.{p}") for p in ("F", "I", "W")}
-        if "B" in time_raw:  # optional: a measured fused backward
-            time["B"] = _num(time_raw, "B", f"{where}.time.B")
-        mbs = raw.get("microbatches")
-        if mbs is not None:
-            mbs = tuple(_int({"m": m}, "m", f"{where}.microbatches") for m in _list(raw, "microbatches", f"{where}.microbatches"))
-        copy_of = raw.get("copy_of")
-        if copy_of is not None:
-            copy_of = _int(raw, "copy_of", f"{where}.copy_of")
-        stages.append(
-            Stage(
-                id=k,
-                devices=devs,
-                time=time,
-                param_bytes=_num(raw, "param_bytes", f"{where}.param_bytes"),
-                act_bytes=_num(raw, "act_bytes", f"{where}.act_bytes"),
-                act_w_bytes=_num(raw, "act_w_bytes", f"{where}.act_w_bytes"),
-                name=str(raw.get("name", "")),
-                microbatches=mbs,
-                copy_of=copy_of,
-            )
-        )
-        preds.append([_int({"p": p}, "p", f"{where}.preds") for p in _list(raw, "preds", f"{where}.preds")])
-    edges = []
-    for k, raw in enumerate(_list(doc, "edges", "edges")):
-        where = f"edges[{k}]"
-        if not isinstance(raw, dict):
-            raise OpschedError(f"field {where} must be an object")
-        edges.append(
-            Edge(
-                _int(raw, "src", f"{where}.src"),
-                _int(raw, "dst", f"{where}.dst"),
-                time=_num(raw, "time", f"{where}.time"),
-                bytes=_num(raw, "bytes", f"{where}.bytes") if "bytes" in raw else 0.0,
-            )
-        )
+    parsed = [_stage_from(raw, k) for k, raw in enumerate(_list(doc, "stages", "stages"))]
+    preds = [ps for _, ps in parsed]
+    edges = [_edge_from(raw, k) for k, raw in enumerate(_list(doc, "edges", "edges"))]
     gain = _num(doc, "overlap_gain", "overlap_gain") if "overlap_gain" in doc else 0.0
-    sg = StageGraph(stages, edges, num_devices=devices, overlap_gain=gain)
+    sg = StageGraph([stage for stage, _ in parsed], edges, num_devices=devices, overlap_gain=gain)
     for k, ps in enumerate(preds):
         from_edges = sorted(e.src for e in edges if e.dst == k)
         if sorted(ps) != from_edges:
@@ -215,27 +197,74 @@ def schedule_from_dict(doc: Any) -> tuple[Schedule, dict]:
     sched_raw = doc.get("schedule")
     if not isinstance(sched_raw, dict):
         raise OpschedError("field schedule must be an object with an events list")
-    events = []
-    for k, raw in enumerate(_list(sched_raw, "events", "schedule.events")):
-        where = f"schedule.events[{k}]"
-        if not isinstance(raw, dict):
-            raise OpschedError(f"field {where} must be an object")
-        pass_ = raw.get("pass")
-        if pass_ not in PASSES:
-            raise OpschedError(f"field {where}.pass is {pass_!r}; passes are F, I, W, B")
-        pair = raw.get("pair")
-        events.append(
-            Event(
-                _int(raw, "stage", f"{where}.stage"),
-                _int(raw, "microbatch", f"{where}.microbatch"),
-                pass_,
-                _num(raw, "start", f"{where}.start"),
-                _num(raw, "end", f"{where}.end"),
-                None if pair is None else _int(raw, "pair", f"{where}.pair"),
-            )
-        )
+    events = [_event_from(raw, k) for k, raw in enumerate(_list(sched_raw, "events", "schedule.events"))]
     name = doc.get("method", "")
     return Schedule(sg, microbatches, events, memory_limit=limit, name=name if isinstance(name, str) else ""), doc
+
+
+def _object(raw: Any, where: str) -> dict:
+    if not isinstance(raw, dict):
+        raise OpschedError(f"field {where} must be an object")
+    return raw
+
+
+def _ints(raw: dict, key: str, where: str) -> tuple[int, ...]:
+    """A list of integers >= 0 at ``raw[key]``."""
+    return tuple(_int({"v": v}, "v", where) for v in _list(raw, key, where))
+
+
+def _stage_from(raw: Any, k: int) -> tuple[Stage, list[int]]:
+    """Stage ``k`` of a plan and the stage ids its ``preds`` names (checked against the edges by the caller)."""
+    where = f"stages[{k}]"
+    raw = _object(raw, where)
+    if _int(raw, "id", f"{where}.id") != k:
+        raise OpschedError(f"field {where}.id is {raw['id']}; stage ids must be 0..n-1 in order")
+    time_raw = raw.get("time")
+    if not isinstance(time_raw, dict):
+        raise OpschedError(f"field {where}.time must be an object with F, I and W")
+    time = {p: _num(time_raw, p, f"{where}.time.{p}") for p in ("F", "I", "W")}
+    if "B" in time_raw:  # optional: a measured fused backward
+        time["B"] = _num(time_raw, "B", f"{where}.time.B")
+    stage = Stage(
+        id=k,
+        devices=_ints(raw, "devices", f"{where}.devices"),
+        time=time,
+        param_bytes=_num(raw, "param_bytes", f"{where}.param_bytes"),
+        act_bytes=_num(raw, "act_bytes", f"{where}.act_bytes"),
+        act_w_bytes=_num(raw, "act_w_bytes", f"{where}.act_w_bytes"),
+        name=str(raw.get("name", "")),
+        microbatches=None if raw.get("microbatches") is None else _ints(raw, "microbatches", f"{where}.microbatches"),
+        copy_of=None if raw.get("copy_of") is None else _int(raw, "copy_of", f"{where}.copy_of"),
+    )
+    return stage, list(_ints(raw, "preds", f"{where}.preds"))
+
+
+def _edge_from(raw: Any, k: int) -> Edge:
+    where = f"edges[{k}]"
+    raw = _object(raw, where)
+    return Edge(
+        _int(raw, "src", f"{where}.src"),
+        _int(raw, "dst", f"{where}.dst"),
+        time=_num(raw, "time", f"{where}.time"),
+        bytes=_num(raw, "bytes", f"{where}.bytes") if "bytes" in raw else 0.0,
+    )
+
+
+def _event_from(raw: Any, k: int) -> Event:
+    where = f"schedule.events[{k}]"
+    raw = _object(raw, where)
+    pass_ = raw.get("pass")
+    if pass_ not in PASSES:
+        raise OpschedError(f"field {where}.pass is {pass_!r}; passes are F, I, W, B")
+    pair = raw.get("pair")
+    return Event(
+        _int(raw, "stage", f"{where}.stage"),
+        _int(raw, "microbatch", f"{where}.microbatch"),
+        pass_,
+        _num(raw, "start", f"{where}.start"),
+        _num(raw, "end", f"{where}.end"),
+        None if pair is None else _int(raw, "pair", f"{where}.pair"),
+    )
 
 
 def _num(obj: dict, key: str, where: str) -> float:

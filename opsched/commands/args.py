@@ -1,0 +1,160 @@
+"""What every subcommand's arguments share: argparse ``type=`` callables and a parser that fails in one line.
+
+A type turns the text of one flag into its value or raises
+:class:`argparse.ArgumentTypeError` with a short reason; argparse puts the
+flag's name in front. :class:`Parser` (the class of ``opsched`` and of every
+subcommand's parser) raises that message as a :class:`UsageError`, which
+:func:`opsched.cli.main` prints as one ``opsched: error:`` line with exit
+code 2, like every other user error; argparse alone would print its usage
+block and exit the process.
+
+>>> positive_int("8"), non_negative_float("0.5"), per_stage("1,2.5")
+(8, 0.5, [1.0, 2.5])
+>>> fraction("2")
+Traceback (most recent call last):
+...
+argparse.ArgumentTypeError: must be a finite number between 0 and 1, got 2
+>>> parser = Parser(prog="opsched demo")
+>>> _ = parser.add_argument("--stages", type=positive_int)
+>>> parser.parse_args(["--stages", "x"])
+Traceback (most recent call last):
+...
+opsched.commands.args.UsageError: --stages: expected a whole number, got 'x'
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from typing import NoReturn
+
+from opsched.errors import OpschedError
+
+
+class UsageError(OpschedError):
+    """A flag the parser refused (unknown, missing, or a value of the wrong kind)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An :class:`argparse.ArgumentParser` whose errors raise :class:`UsageError` instead of exiting.
+
+    ``--help`` and ``--version`` still print and exit as usual. Subparsers
+    made by ``add_subparsers().add_parser`` are of the same class.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        # argparse says "argument --stages: ..."; the flag alone reads as the rest of opsched's errors do
+        raise UsageError(message.removeprefix("argument "))
+
+
+@dataclass(frozen=True)
+class WholeNumber:
+    """An integer flag of at least ``minimum``.
+
+    >>> WholeNumber(0)("0")
+    0
+    """
+
+    minimum: int = 1
+
+    def __call__(self, text: str) -> int:
+        try:
+            value = int(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < self.minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {self.minimum}, got {value}")
+        return value
+
+
+@dataclass(frozen=True)
+class RealNumber:
+    """A finite number flag from ``minimum`` (excluded when ``above``) up to ``maximum`` (``None``: no bound).
+
+    >>> RealNumber(0.0, above=True)("0")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: must be a finite number > 0, got 0
+    """
+
+    minimum: float = 0.0
+    maximum: float | None = None
+    above: bool = False
+
+    def __call__(self, text: str) -> float:
+        try:
+            value = float(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        low_ok = value > self.minimum if self.above else value >= self.minimum
+        if not (low_ok and math.isfinite(value)) or (self.maximum is not None and value > self.maximum):
+            raise argparse.ArgumentTypeError(f"must be a finite number {self._bounds()}, got {text}")
+        return value
+
+    def _bounds(self) -> str:
+        if self.maximum is not None:
+            return f"between {self.minimum:g} and {self.maximum:g}"
+        return f"{'>' if self.above else '>='} {self.minimum:g}"
+
+
+#: counts: stages, microbatches, devices, steps
+positive_int = WholeNumber(1)
+#: levels and the like, where 0 means "none"
+non_negative_int = WholeNumber(0)
+#: times, transfer costs, memory in abstract units
+non_negative_float = RealNumber(0.0)
+#: solver budgets, timeouts, factors that scale something
+positive_float = RealNumber(0.0, above=True)
+#: shares such as the overlap gain of an F&B pair
+fraction = RealNumber(0.0, 1.0)
+
+
+def per_stage(text: str) -> float | list[float]:
+    """One number >= 0, or a comma list of them with one value per stage.
+
+    >>> per_stage("2")
+    2.0
+    """
+    values = [non_negative_float(item.strip()) for item in str(text).split(",")]
+    return values[0] if len(values) == 1 else values
+
+
+def byte_size(text: str) -> float:
+    """A memory size such as ``80GiB``, ``80GB`` or ``8e10`` (see :func:`opsched.cluster.parse_bytes`).
+
+    >>> byte_size("1.5 GB")
+    1500000000.0
+    """
+    from opsched.cluster import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except OpschedError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def dimension(text: str) -> dict[str, int]:
+    """One ``NAME=VALUE`` symbolic dimension with a positive value (see :func:`opsched.onnx_import.parse_dim`).
+
+    >>> dimension("seq=4096")
+    {'seq': 4096}
+    """
+    from opsched.onnx_import import parse_dim
+
+    try:
+        return parse_dim(text, source="--dim")
+    except OpschedError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def merged_dims(items: list[dict[str, int]]) -> dict[str, int]:
+    """Every ``--dim`` given, later ones winning.
+
+    >>> merged_dims([{"seq": 16}, {"batch": 2}, {"seq": 32}])
+    {'seq': 32, 'batch': 2}
+    """
+    out: dict[str, int] = {}
+    for item in items:
+        out.update(item)
+    return out
