@@ -151,119 +151,144 @@ def list_schedule(js: JobSet, budgets: Mapping[int, float] | None, variant: Vari
     Forwards of one stage run in microbatch order. The order is complete and
     never deadlocks when every budget is at least one microbatch's requirement.
     """
-    v = variant or Variant(**kw)
-    sg = js.sg
-    n = len(js)
-    missing = [len(p) for p in js.preds]
-    end: dict[int, float] = {}
-    free = {d: 0.0 for d in js.on_device}
-    memory = _Memory(js, budgets)
-    order: Order = {d: [] for d in js.on_device}
-    # forwards of a stage run in microbatch order: only the next one is a candidate
-    next_forward: dict[int, list[int]] = {}
-    for k, job in enumerate(js.jobs):
-        if job.pass_ == "F":
-            next_forward.setdefault(job.stage, []).append(k)
-    for ks in next_forward.values():
-        ks.sort(key=lambda k: js.jobs[k].microbatch, reverse=True)  # pop() gives the smallest
-    candidates = {k for k in range(n) if missing[k] == 0 and js.jobs[k].pass_ != "F"}
-    for sid, ks in next_forward.items():
-        if ks and missing[ks[-1]] == 0:
-            candidates.add(ks.pop())
-    started_mb: set[int] = set()
-    depth = _stage_depths(sg)
-    between: dict[int, int] = {s.id: 0 for s in sg.stages}  # microbatches between F and I per stage
-    keys = [_priority_key(js, k, v.priority) for k in range(n)]
-    gain = sg.overlap_gain
+    return _ListScheduler(js, budgets, variant or Variant(**kw)).run()
 
-    ready_at: dict[int, float] = {}
-    last_mb = {st.id: max(st.microbatches) if st.microbatches else js.microbatches - 1 for st in sg.stages}
-    last_backward = {k for k, job in enumerate(js.jobs)
-                     if job.pass_ in ("I", "B") and job.microbatch == last_mb[job.stage]}
 
-    def ready(k: int) -> float:  # fixed once every predecessor is dispatched
-        r = ready_at.get(k)
+class _ListScheduler:
+    """The state of one :func:`list_schedule` run: what is dispatched, what may start, when devices free up."""
+
+    def __init__(self, js: JobSet, budgets: Mapping[int, float] | None, variant: Variant):
+        self.js, self.v = js, variant
+        sg = js.sg
+        n = len(js)
+        self.missing = [len(p) for p in js.preds]  # predecessors not yet dispatched
+        self.end: dict[int, float] = {}
+        self.free = {d: 0.0 for d in js.on_device}
+        self.memory = _Memory(js, budgets)
+        self.order: Order = {d: [] for d in js.on_device}
+        # forwards of a stage run in microbatch order: only the next one is a candidate
+        self.next_forward: dict[int, list[int]] = {}
+        for k, job in enumerate(js.jobs):
+            if job.pass_ == "F":
+                self.next_forward.setdefault(job.stage, []).append(k)
+        for ks in self.next_forward.values():
+            ks.sort(key=lambda k: js.jobs[k].microbatch, reverse=True)  # pop() gives the smallest
+        self.candidates = {k for k in range(n) if self.missing[k] == 0 and js.jobs[k].pass_ != "F"}
+        for ks in self.next_forward.values():
+            if ks and self.missing[ks[-1]] == 0:
+                self.candidates.add(ks.pop())
+        self.started_mb: set[int] = set()
+        self.depth = _stage_depths(sg)
+        self.between: dict[int, int] = {s.id: 0 for s in sg.stages}  # microbatches between F and I per stage
+        self.keys = [_priority_key(js, k, variant.priority) for k in range(n)]
+        self.ready_at: dict[int, float] = {}
+        last_mb = {st.id: max(st.microbatches) if st.microbatches else js.microbatches - 1 for st in sg.stages}
+        self.last_backward = {k for k, job in enumerate(js.jobs)
+                              if job.pass_ in ("I", "B") and job.microbatch == last_mb[job.stage]}
+
+    def run(self) -> Order:
+        done = 0
+        while done < len(self.js):
+            starts = self.startable()
+            if not starts:  # pragma: no cover - the banker's rule prevents this
+                raise RuntimeError("list scheduler stalled; memory budget below one microbatch's requirement")
+            done += self.dispatch_first(starts)
+        return self.order
+
+    def ready(self, k: int) -> float:
+        """When job ``k``'s inputs are there (fixed once every predecessor is dispatched)."""
+        r = self.ready_at.get(k)
         if r is None:
-            r = ready_at[k] = max([0.0] + [end[i] + delay for i, delay in js.preds[k]])
+            r = self.ready_at[k] = max([0.0] + [self.end[i] + delay for i, delay in self.js.preds[k]])
         return r
 
-    def release(k: int) -> None:
+    def startable(self) -> dict[int, float]:
+        """Candidate job -> its earliest start, for those the variant's caps and memory allow now."""
+        js, v = self.js, self.v
+        starts = {}
+        for k in self.candidates:
+            job = js.jobs[k]
+            if job.pass_ == "F":
+                if v.cap is not None and job.microbatch not in self.started_mb and len(self.memory.inflight) >= v.cap:
+                    continue
+                if v.stage_cap is not None:
+                    base, slope = v.stage_cap
+                    if self.between[job.stage] >= max(1, base - slope * self.depth[job.stage]):
+                        continue
+                if not self.memory.allows(k):
+                    continue
+            starts[k] = max([self.ready(k)] + [self.free[d] for d in js.devices[k]])
+        if v.patient_w or v.guard_last_backward:
+            self._hold_back_w(starts)
+        return starts
+
+    def _hold_back_w(self, starts: dict[int, float]) -> None:
+        """Drop each W that would still run when a job it must not delay could start on its devices."""
+        js, v = self.js, self.v
+        # per device, the earliest start of a job a W must not delay
+        earliest: dict[int, float] = {}
+        for o, start in starts.items():
+            if (js.jobs[o].pass_ != "W") if v.patient_w else (o in self.last_backward):
+                for d in js.devices[o]:
+                    if start < earliest.get(d, math.inf):
+                        earliest[d] = start
+        for k in [k for k in starts if js.jobs[k].pass_ == "W"]:
+            ends = starts[k] + js.duration[k] - EPS
+            if any(earliest.get(d, math.inf) < ends for d in js.devices[k]):
+                del starts[k]
+
+    def dispatch_first(self, starts: dict[int, float]) -> int:
+        """Dispatch the most urgent job of those that start earliest (with a pair partner if any); jobs dispatched."""
+        js = self.js
+        t = min(starts.values())
+        now = [k for k, s in starts.items() if s <= t + EPS * max(1.0, abs(t))]
+        k = min(now, key=lambda j: self.keys[j])
+        action: Action = js.jobs[k]
+        dur = js.duration[k]
+        partner = None
+        if self.v.pairs and js.sg.overlap_gain > 0:
+            partner = _pair_partner(js, k, now, self.keys)
+            if partner is not None:
+                f, b = (k, partner) if js.jobs[k].pass_ == "F" else (partner, k)
+                action = Pair(js.jobs[f], js.jobs[b])
+                dur = pair_duration(js.sg, action)
+        members = [k] if partner is None else [k, partner]
+        for j in members:
+            self.candidates.discard(j)
+            if js.jobs[j].pass_ == "F":
+                self.started_mb.add(js.jobs[j].microbatch)
+                self.between[js.jobs[j].stage] += 1
+            elif js.jobs[j].pass_ in ("I", "B"):
+                self.between[js.jobs[j].stage] -= 1
+        # allocate before freeing: the F of a pair runs while the backward still holds its memory
+        for j in sorted(members, key=lambda j: -js.mem[j]):
+            self.memory.dispatch(j)
+        for j in members:
+            self.end[j] = t + dur
+        for d in js.devices[k]:
+            self.free[d] = t + dur
+            self.order[d].append(action)
+        for j in members:
+            self.release(j)
+        return len(members)
+
+    def release(self, k: int) -> None:
+        """Job ``k`` is dispatched: its successors whose predecessors all are become candidates."""
+        js, missing, candidates = self.js, self.missing, self.candidates
         for s, _ in js.succs[k]:
             missing[s] -= 1
         job = js.jobs[k]
         if job.pass_ == "F":
-            ks = next_forward[job.stage]
+            ks = self.next_forward[job.stage]
             if ks and missing[ks[-1]] == 0:
                 candidates.add(ks.pop())
         for s, _ in js.succs[k]:
             if missing[s] == 0 and js.jobs[s].pass_ != "F":
                 candidates.add(s)
             elif missing[s] == 0 and js.jobs[s].pass_ == "F":
-                ks = next_forward[js.jobs[s].stage]
+                ks = self.next_forward[js.jobs[s].stage]
                 if ks and ks[-1] == s:
                     candidates.add(ks.pop())
-
-    done = 0
-    while done < n:
-        starts = {}
-        for k in candidates:
-            if js.jobs[k].pass_ == "F":
-                m = js.jobs[k].microbatch
-                if v.cap is not None and m not in started_mb and len(memory.inflight) >= v.cap:
-                    continue
-                if v.stage_cap is not None:
-                    base, slope = v.stage_cap
-                    if between[js.jobs[k].stage] >= max(1, base - slope * depth[js.jobs[k].stage]):
-                        continue
-                if not memory.allows(k):
-                    continue
-            starts[k] = max([ready(k)] + [free[d] for d in js.devices[k]])
-        if v.patient_w or v.guard_last_backward:
-            # per device, the earliest start of a job a W must not delay
-            earliest: dict[int, float] = {}
-            for o, start in starts.items():
-                if (js.jobs[o].pass_ != "W") if v.patient_w else (o in last_backward):
-                    for d in js.devices[o]:
-                        if start < earliest.get(d, math.inf):
-                            earliest[d] = start
-            for k in [k for k in starts if js.jobs[k].pass_ == "W"]:
-                ends = starts[k] + js.duration[k] - EPS
-                if any(earliest.get(d, math.inf) < ends for d in js.devices[k]):
-                    del starts[k]
-        if not starts:  # pragma: no cover - the banker's rule prevents this
-            raise RuntimeError("list scheduler stalled; memory budget below one microbatch's requirement")
-        t = min(starts.values())
-        now = [k for k, s in starts.items() if s <= t + EPS * max(1.0, abs(t))]
-        k = min(now, key=lambda j: keys[j])
-        action: Action = js.jobs[k]
-        dur = js.duration[k]
-        partner = None
-        if v.pairs and gain > 0:
-            partner = _pair_partner(js, k, now, keys)
-            if partner is not None:
-                f, b = (k, partner) if js.jobs[k].pass_ == "F" else (partner, k)
-                action = Pair(js.jobs[f], js.jobs[b])
-                dur = pair_duration(sg, action)
-        members = [k] if partner is None else [k, partner]
-        for j in members:
-            candidates.discard(j)
-            if js.jobs[j].pass_ == "F":
-                started_mb.add(js.jobs[j].microbatch)
-                between[js.jobs[j].stage] += 1
-            elif js.jobs[j].pass_ in ("I", "B"):
-                between[js.jobs[j].stage] -= 1
-        # allocate before freeing: the F of a pair runs while the backward still holds its memory
-        for j in sorted(members, key=lambda j: -js.mem[j]):
-            memory.dispatch(j)
-        for j in members:
-            end[j] = t + dur
-        for d in js.devices[k]:
-            free[d] = t + dur
-            order[d].append(action)
-        for j in members:
-            release(j)
-        done += len(members)
-    return order
 
 
 def _stage_depths(sg) -> dict[int, int]:
