@@ -26,6 +26,7 @@ from pathlib import Path
 
 from opsched.commands.args import fraction, non_negative_float, per_stage, positive_int
 from opsched.errors import OpschedError, Unsupported
+from opsched.solver import SOLVERS, require
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run_.add_argument("--time-limit", type=non_negative_float, default="120", metavar="S",
                       help="safety cap on the MIP in seconds (default 120); work budgets decide the result, "
                            "so it is deterministic unless this cap binds (then its status says so)")
-    run_.add_argument("--solver", default="cbc", choices=("cbc", "highs"), help="MIP solver (default cbc)")
+    run_.add_argument("--solver", default="cbc", choices=SOLVERS, help="MIP solver (default cbc; highs needs pip install highsbox)")
     run_.add_argument("--schedule", action="append", default=[], metavar="FILE.csv",
                       help="also time a hand-written schedule in PyTorch's pipelining CSV format, one row per "
                            "rank (repeatable; comm actions are ignored; stages as given by --placement or --plan)")
@@ -358,6 +359,8 @@ def write_outputs(out_dir: Path, rows: list[dict], schedules: dict) -> None:
 def run(args: argparse.Namespace) -> int:
     sg, microbatches = stage_graph_from_args(args)
     names = method_names(args)
+    if "mip" in names:
+        require(args.solver)  # a missing backend fails here, before any method runs
     out_dir = Path(args.output) if args.output else None
     if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
         raise OpschedError(f"-o {out_dir}: exists and is not a directory; give a directory name")

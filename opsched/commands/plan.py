@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 from opsched.commands.args import byte_size, dimension, merged_dims, positive_float, positive_int
+from opsched.solver import SOLVERS
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="per device, e.g. 80GiB (default: the cluster's memory)")
     parser.add_argument("--time-limit", type=positive_float, default="60", metavar="S",
                         help="total solver time in seconds (default 60)")
-    parser.add_argument("--solver", default="cbc", choices=("cbc", "highs"), help="MIP solver (default cbc)")
+    parser.add_argument("--solver", default="cbc", choices=SOLVERS, help="MIP solver (default cbc; highs needs pip install highsbox)")
     parser.add_argument("-o", "--out", required=True, metavar="OUTDIR", help="directory for the plan files")
 
 
@@ -58,8 +59,10 @@ def run(args: argparse.Namespace) -> int:
     from opsched.errors import OpschedError
     from opsched.onnx_import import import_onnx
     from opsched.planner import plan_block_graph
+    from opsched.solver import require
     from opsched.upper.layouts import layouts
 
+    require(args.solver)  # a missing backend fails here, before the import
     cluster = resolve_cluster(args.devices, args.cluster, args.preset)
     layouts(cluster)  # devices that fit no layout fail here, before the import
     limit = args.memory_limit or cluster.memory_bytes

@@ -513,7 +513,7 @@ def solve_upper(
     """
     t0 = time.perf_counter()
     if start is None:
-        start = contiguous_start(p)
+        start = contiguous_start(p, solver=solver)
     windowed = window is not None and window < p.slots - 1
     if not windowed:
         found, status, bound = _solve_once(p, time_limit, solver, start, threads)

@@ -1,0 +1,118 @@
+"""opsched.solver (one home for MIP models and statuses) and how the planner treats crashes and bugs in its solves."""
+
+import mip
+import pytest
+
+import opsched.planner as planner
+import opsched.solver as solver_module
+from opsched.cli import main
+from opsched.cluster import Training, cluster_from_dict, preset
+from opsched.errors import OpschedError
+from opsched.isolate import SolverCrash
+from opsched.lower import solve
+from opsched.schedule import chain_stage_graph, validate
+from opsched.solver import Objective, Status, new_model, require
+from opsched.upper.layouts import Layout
+from opsched.upper.mip import solve_upper, upper_problem
+from conftest import SLOW_LINK_CLUSTER
+from test_plan_cli import MODELS, two_tower_graph
+
+
+@pytest.fixture
+def no_highs(monkeypatch):
+    """python-mip as it behaves without a HiGHS library: creating a HiGHS model raises a plain exception."""
+    class Model(mip.Model):
+        def __init__(self, *args, solver_name="", **kwargs):
+            if solver_name == "HiGHS":
+                self.solver = None  # what mip.Model.__del__ deletes
+                raise FileNotFoundError("libhighs.so: cannot open shared object file")
+            super().__init__(*args, solver_name=solver_name, **kwargs)
+
+    monkeypatch.setattr(solver_module.mip, "Model", Model)
+    solver_module._backend_check.cache_clear()
+    yield
+    solver_module._backend_check.cache_clear()
+
+
+def test_a_missing_highs_is_the_same_one_line_error_at_both_levels(no_highs):
+    with pytest.raises(OpschedError) as upper:
+        p = upper_problem(two_tower_graph(), Layout(4, 2), cluster_from_dict(SLOW_LINK_CLUSTER), Training(4))
+        solve_upper(p, solver="highs")
+    with pytest.raises(OpschedError) as lower:
+        solve(chain_stage_graph(2), 4, solver="highs")
+    assert str(upper.value) == str(lower.value)
+    assert "pip install highsbox" in str(lower.value) and "\n" not in str(lower.value)
+
+
+def test_plan_with_a_missing_highs_exits_2_before_any_work(no_highs, tmp_path, capsys, monkeypatch):
+    def no_import(*args, **kwargs):  # the check must come before the model is even read
+        raise AssertionError("the model was imported before the solver was checked")
+
+    monkeypatch.setattr("opsched.onnx_import.import_onnx", no_import)
+    out = tmp_path / "out"
+    code = main(["plan", str(MODELS / "clip_vit_l14.onnx"), "--devices", "4", "--solver", "highs", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "pip install highsbox" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_new_model_is_silent_single_threaded_and_seeded():
+    model = new_model("cbc", threads=2, seed=3, max_gap=1e-6)
+    assert (model.verbose, model.threads, model.seed) == (0, 2, 3)
+    assert model.max_mip_gap == pytest.approx(1e-6)
+    with pytest.raises(OpschedError, match="unknown solver 'glpk'; choose cbc or highs"):
+        require("glpk")
+
+
+def test_statuses_and_objectives_print_and_compare_as_their_values():
+    assert Status.TIME_LIMIT == "time limit reached" and f"{Status.OPTIMAL}" == "optimal"
+    assert Objective("zb-span") is Objective.ZB_SPAN
+    with pytest.raises(OpschedError, match="choose makespan or zb-span"):
+        solve(chain_stage_graph(2), 4, objective="span")
+    assert Status.of_mip(mip.OptimizationStatus.INT_INFEASIBLE) is Status.INFEASIBLE
+    assert Status.of_mip(mip.OptimizationStatus.ERROR) is Status.ERROR
+
+
+def test_lower_result_status_is_a_status():
+    result = solve(chain_stage_graph(2, f=1, b=2, w=1), 4, time_limit=5)
+    assert result.status is Status.OPTIMAL
+
+
+def _crash_the_lower_level(real):
+    """run_isolated as it behaves when every lower solve's native code aborts."""
+
+    def run(fn, *args, timeout, **kwargs):
+        if fn is planner.lower_schedule:
+            raise SolverCrash("the solver crashed (native abort)")
+        return real(fn, *args, timeout=timeout, **kwargs)
+
+    return run
+
+
+def test_a_solver_crash_costs_a_candidate_not_the_plan(monkeypatch):
+    monkeypatch.setattr(planner, "run_isolated", _crash_the_lower_level(planner.run_isolated))
+    result = planner.plan_block_graph(two_tower_graph(), cluster_from_dict(SLOW_LINK_CLUSTER), Training(4),
+                                      time_limit=10)
+    # every lower solve crashed: the plan is the best baseline, and each candidate says what happened
+    assert result.source.startswith("baseline ")
+    validate(result.schedule)
+    failed = [c for c in result.candidates if c.status.startswith("lower failed")]
+    assert failed and all("crashed" in c.status for c in failed)
+
+
+def _bug_in_the_lower_level(sg, *args, **kwargs):
+    return {}["a bug"]
+
+
+def test_a_bug_in_an_isolated_solve_fails_the_command_with_its_traceback(monkeypatch):
+    monkeypatch.setattr(planner, "lower_schedule", _bug_in_the_lower_level)
+    with pytest.raises(KeyError) as bug:
+        planner.plan_block_graph(two_tower_graph(), cluster_from_dict(SLOW_LINK_CLUSTER), Training(4), time_limit=10)
+    assert "_bug_in_the_lower_level" in str(bug.value.__cause__)
+
+
+def test_the_planner_never_catches_user_errors_as_candidate_failures():
+    # a memory limit below anything that fits is the user's error: one line, not a candidate status
+    with pytest.raises(OpschedError, match="smallest memory that works"):
+        planner.plan_block_graph(two_tower_graph(), preset("h100-sxm", 4), Training(4), memory_limit=1e6,
+                                 time_limit=10)
