@@ -802,97 +802,139 @@ def _exporter(model) -> str:
     return "helper"
 
 
+# Op types op_flops knows how to cost: None for one of these means its shapes are unknown.
+_COSTED_OPS = (ELEMENTWISE_OPS | frozenset(PER_ELEMENT) | REDUCE_OPS | REDUCE2_OPS | POOL_OPS | GLOBAL_POOL_OPS
+               | {"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "Attention", "MatMulInteger", "FusedMatMul",
+                  "ConvInteger"})
+
+
 def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capacity_factor, routing):
+    """One OpNode per ONNX node, in topological ``order``, and one edge per tensor read from another node."""
     g_onnx = model.graph
     init_names = {t.name for t in g_onnx.initializer}
     graph_inputs = [vi.name for vi in g_onnx.input if vi.name not in init_names]
     data_inputs = [n for n in graph_inputs if n not in weight_inputs]
-    # Weight-derived tensor name -> the weight it comes from.
-    weightlike = {t.name: t.name for t in g_onnx.initializer if t.data_type in _FLOAT_TYPES}
-    weightlike.update((w, w) for w in weight_inputs)
     name = g_onnx.name or os.path.splitext(os.path.basename(path))[0]
     g = new_op_graph(name, dims=dict(dims), warnings=warnings, exporter=_exporter(model),
                      capacity_factor=capacity_factor, data_inputs=data_inputs, source=os.path.basename(path),
                      moe_routing=routing)
-    keys: list[str] = [""] * len(g_onnx.node)
-    used: set[str] = set()
-    for i, n in enumerate(g_onnx.node):
-        key = n.name or f"{n.op_type}_{i}"
-        if key in used:
-            key = f"{key}#{i}"
-        used.add(key)
-        keys[i] = key
-    producer: dict[str, int] = {}
-    const_tensors = set(init_names) | set(weight_inputs)
-    unknown: dict[str, int] = {}
-    uncosted: list[str] = []
-    tensor_bytes: dict[str, float] = {}
+    keys = _node_keys(g_onnx.node)
+    weights = _ParamCounter(g_onnx, weight_inputs, shapes)
     bytes_of = _BytesOf(shapes)
-    counted: set[str] = set()
+    const_tensors = set(init_names) | set(weight_inputs)
+    producer: dict[str, int] = {}  # tensor -> index of the node writing it
+    unknown: dict[str, int] = {}  # op type -> count of nodes op_flops cannot cost
+    uncosted: list[str] = []  # keys of costed op types whose shapes are unknown
+    tensor_bytes: dict[str, float] = {}
     for i in order:
         n = g_onnx.node[i]
-        in_shapes = [shapes.get(x, (None, 0))[0] if x else None for x in n.input]
-        out_shapes = [shapes.get(x, (None, 0))[0] if x else None for x in n.output]
-        flops = op_flops(n.op_type, n, in_shapes, out_shapes)
+        flops = _node_flops(n, shapes)
         if flops is None:
-            known = n.op_type in ELEMENTWISE_OPS or n.op_type in PER_ELEMENT or n.op_type in REDUCE_OPS \
-                or n.op_type in REDUCE2_OPS or n.op_type in POOL_OPS or n.op_type in GLOBAL_POOL_OPS \
-                or n.op_type in ("MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "Attention",
-                                 "MatMulInteger", "FusedMatMul", "ConvInteger")
-            if known:
+            if n.op_type in _COSTED_OPS:
                 uncosted.append(keys[i])
             else:
                 unknown[n.op_type] = unknown.get(n.op_type, 0) + 1
             flops = 0.0
-        param_count = 0
-        param_bytes = 0.0
-        if n.op_type in ALIAS_OPS:
-            if n.input and n.input[0] in weightlike:
-                for o in n.output:
-                    if o:
-                        weightlike[o] = weightlike[n.input[0]]
-        else:
-            for k, x in enumerate(n.input):
-                if x and x in weightlike and _weight_position(n, k, shapes, strong=False):
-                    shape, elem = shapes.get(x, (None, 0))
-                    if not _static(shape) or _numel(shape) < 2:
-                        continue
-                    if _numel(shape) > DEDUP_LIMIT:
-                        if weightlike[x] in counted:
-                            continue  # a big weight read twice (maybe transposed) is one tied weight
-                        counted.add(weightlike[x])
-                    param_count += _numel(shape)
-                    param_bytes += _numel(shape) * _DTYPE_BYTES.get(elem, 4)
+        param_count, param_bytes = weights.read_by(n)
         out_bytes = sum(bytes_of[o] for o in n.output if o)
         in_bytes = sum(bytes_of[x] for x in n.input if x)
-        scope = node_scope(n)
-        op = OpNode(keys[i], n.op_type, scope, flops=float(flops), param_count=int(param_count),
+        op = OpNode(keys[i], n.op_type, node_scope(n), flops=float(flops), param_count=int(param_count),
                     param_bytes=float(param_bytes), output_bytes=float(out_bytes), io_bytes=float(in_bytes + out_bytes))
         add_op(g, op)
         is_const = all((not x) or x in const_tensors for x in n.input)
         g.nodes[keys[i]]["const"] = is_const
         if is_const:
             const_tensors.update(o for o in n.output if o)
-        for x in n.input:
-            if x in producer:
-                u = keys[producer[x]]
-                b = 0.0 if n.op_type in SHAPE_READERS else bytes_of[x]
-                tensor_bytes[x] = bytes_of[x]
-                if g.has_edge(u, keys[i]):
-                    data = g.edges[u, keys[i]]
-                    if x not in data["tensors"]:
-                        data["tensors"].append(x)
-                        data["bytes"] += b
-                else:
-                    g.add_edge(u, keys[i], bytes=b, tensors=[x])
-        for o in n.output:
-            if o:
-                producer[o] = i
-    if unknown:
-        listing = ", ".join(f"{t} x{c}" for t, c in sorted(unknown.items()))
-        warnings.append(f"unknown op types costed as bytes only: {listing}")
-    if uncosted:
-        warnings.append(f"{len(uncosted)} ops have unknown shapes, FLOPs counted as 0: {', '.join(uncosted[:5])}"
-                        + (" ..." if len(uncosted) > 5 else ""))
+        _add_input_edges(g, n, keys[i], {x: keys[producer[x]] for x in n.input if x in producer}, bytes_of,
+                         tensor_bytes)
+        producer.update((o, i) for o in n.output if o)
+    warnings.extend(_cost_warnings(unknown, uncosted))
     g.graph["tensor_bytes"] = tensor_bytes
     return g
+
+
+def _node_keys(nodes) -> list[str]:
+    """A unique OpGraph key per ONNX node: its name, else ``OpType_index``; repeats get ``#index``."""
+    keys: list[str] = []
+    used: set[str] = set()
+    for i, n in enumerate(nodes):
+        key = n.name or f"{n.op_type}_{i}"
+        if key in used:
+            key = f"{key}#{i}"
+        used.add(key)
+        keys.append(key)
+    return keys
+
+
+def _node_flops(n, shapes) -> float | None:
+    in_shapes = [shapes.get(x, (None, 0))[0] if x else None for x in n.input]
+    out_shapes = [shapes.get(x, (None, 0))[0] if x else None for x in n.output]
+    return op_flops(n.op_type, n, in_shapes, out_shapes)
+
+
+class _ParamCounter:
+    """Parameters each node reads, following weights through alias ops (rule 6 of the module docstring).
+
+    The state lives across nodes: which tensors derive from a weight, and which
+    big weights were counted already, so a weight read twice (maybe transposed)
+    counts once.
+    """
+
+    def __init__(self, g_onnx, weight_inputs, shapes):
+        self.shapes = shapes
+        # Weight-derived tensor name -> the weight it comes from.
+        self.weightlike = {t.name: t.name for t in g_onnx.initializer if t.data_type in _FLOAT_TYPES}
+        self.weightlike.update((w, w) for w in weight_inputs)
+        self.counted: set[str] = set()
+
+    def read_by(self, n) -> tuple[int, float]:
+        """(parameter count, parameter bytes) node ``n`` reads; nodes must come in topological order."""
+        if n.op_type in ALIAS_OPS:
+            # a view of a weight is that weight: its reader counts it, not the alias
+            if n.input and n.input[0] in self.weightlike:
+                for o in n.output:
+                    if o:
+                        self.weightlike[o] = self.weightlike[n.input[0]]
+            return 0, 0.0
+        count, nbytes = 0, 0.0
+        for k, x in enumerate(n.input):
+            if not (x and x in self.weightlike and _weight_position(n, k, self.shapes, strong=False)):
+                continue
+            shape, elem = self.shapes.get(x, (None, 0))
+            if not _static(shape) or _numel(shape) < 2:
+                continue
+            if _numel(shape) > DEDUP_LIMIT:
+                if self.weightlike[x] in self.counted:
+                    continue  # a big weight read twice (maybe transposed) is one tied weight
+                self.counted.add(self.weightlike[x])
+            count += _numel(shape)
+            nbytes += _numel(shape) * _DTYPE_BYTES.get(elem, 4)
+        return count, nbytes
+
+
+def _add_input_edges(g, n, key, producer_keys, bytes_of, tensor_bytes) -> None:
+    """Edges into ``key`` from the nodes writing its inputs (``producer_keys``: tensor -> writer's key)."""
+    for x in n.input:
+        if x not in producer_keys:
+            continue
+        u = producer_keys[x]
+        b = 0.0 if n.op_type in SHAPE_READERS else bytes_of[x]
+        tensor_bytes[x] = bytes_of[x]
+        if g.has_edge(u, key):
+            data = g.edges[u, key]
+            if x not in data["tensors"]:
+                data["tensors"].append(x)
+                data["bytes"] += b
+        else:
+            g.add_edge(u, key, bytes=b, tensors=[x])
+
+
+def _cost_warnings(unknown: dict[str, int], uncosted: list[str]) -> list[str]:
+    out = []
+    if unknown:
+        listing = ", ".join(f"{t} x{c}" for t, c in sorted(unknown.items()))
+        out.append(f"unknown op types costed as bytes only: {listing}")
+    if uncosted:
+        out.append(f"{len(uncosted)} ops have unknown shapes, FLOPs counted as 0: {', '.join(uncosted[:5])}"
+                   + (" ..." if len(uncosted) > 5 else ""))
+    return out
