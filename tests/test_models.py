@@ -11,6 +11,9 @@ import networkx as nx
 import onnx
 import pytest
 
+from opsched import onnx_import
+from opsched.graph import ops, totals
+
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 NAMES = ["mixtral_8x7b", "deepseek_moe", "switch_moe", "clip_vit_l14", "llava_7b", "llama_7b"]
 MOE = {"mixtral_8x7b": (8, 2), "deepseek_moe": (64, 6), "switch_moe": (8, 1)}  # experts, top_k
@@ -247,9 +250,6 @@ def weight_readers(model: onnx.ModelProto) -> dict[str, int]:
     "name", [pytest.param(n, marks=pytest.mark.slow) if n == "deepseek_moe" else n for n in NAMES]
 )
 def test_importer_counts_the_same_parameters(models, name):
-    onnx_import = pytest.importorskip("opsched.onnx_import")
-    from opsched.graph import ops, totals
-
     g = onnx_import.import_onnx(MODELS_DIR / f"{name}.onnx")
     got = int(totals(g)["param_count"])
     own = count_params(models[name])
@@ -278,9 +278,6 @@ def test_importer_counts_the_same_parameters(models, name):
 @pytest.mark.parametrize("capacity_factor", [1.0, 1.25])
 def test_importer_expert_flops_follow_dims_and_capacity_factor(capacity_factor):
     """Switch (top-1 of 8 experts): each expert gets ceil(cf * tokens / 8) tokens, per stack."""
-    onnx_import = pytest.importorskip("opsched.onnx_import")
-    from opsched.graph import ops
-
     batch, seq, dec_seq = 2, 64, 32
     g = onnx_import.import_onnx(
         MODELS_DIR / "switch_moe.onnx", {"batch": batch, "seq": seq, "dec_seq": dec_seq}, capacity_factor

@@ -274,10 +274,7 @@ def test_real_exports_all_import():
 
 
 def test_mixtral_parameter_count():
-    path = REPO / "models" / "mixtral_8x7b.onnx"
-    if not path.exists():
-        pytest.skip("bundled Mixtral model not generated")
-    g = import_onnx(path)
+    g = import_onnx(REPO / "models" / "mixtral_8x7b.onnx")
     assert totals(g)["param_count"] == pytest.approx(46.7e9, rel=0.005)
 
 

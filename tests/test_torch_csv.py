@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-import importlib
+import json
 
 import pytest
 
 from conftest import hand_1f1b as one_f_one_b
+from opsched import baselines as base
+from opsched.cli import main
 from opsched.errors import OpschedError
 from opsched.export import torch_csv
+from opsched.export.plan_json import write_plan
 from opsched.export.torch_csv import (
     csv_text,
     order_from_schedule,
@@ -17,6 +20,7 @@ from opsched.export.torch_csv import (
     torch_rows,
     write_torch_csv,
 )
+from opsched.lower import solve
 from opsched.schedule import Edge, Job, Pair, Schedule, Stage, StageGraph, chain_stage_graph, simulate
 
 J = Job
@@ -267,17 +271,7 @@ def test_torch_rejects_what_opsched_rejects(tmp_path):
         torch_csv.check_with_torch_loader(path, 2, 2)
 
 
-# --------------------------------------------------------------------------- baselines (when present)
-
-
-def _baselines():
-    try:
-        mod = importlib.import_module("opsched.baselines")
-    except ImportError:
-        return None
-    if not hasattr(mod, "NAMES") or not hasattr(mod, "baseline_order"):
-        return None
-    return mod
+# --------------------------------------------------------------------------- baselines
 
 
 GRAPHS = [("chain", 4, 4), ("v", 8, 4), ("interleaved", 8, 4)]
@@ -285,9 +279,6 @@ GRAPHS = [("chain", 4, 4), ("v", 8, 4), ("interleaved", 8, 4)]
 
 @pytest.mark.parametrize("placement,stages,devices", GRAPHS)
 def test_every_baseline_round_trips(tmp_path, placement, stages, devices):
-    base = _baselines()
-    if base is None:
-        pytest.skip("opsched.baselines (NAMES, baseline_order) is not in this checkout yet")
     sg = chain_stage_graph(stages, devices=devices, placement=placement, f=1, b=2, w=1)
     tried = 0
     for name in base.NAMES:
@@ -345,9 +336,6 @@ SAME_AS_TORCH = [
 @pytest.mark.parametrize("ours,theirs,per_rank,placement", SAME_AS_TORCH)
 @pytest.mark.parametrize("pp,mb", [(2, 4), (4, 8), (4, 12)])
 def test_baseline_export_equals_torch_dump(tmp_path, ours, theirs, per_rank, placement, pp, mb):
-    base = _baselines()
-    if base is None:
-        pytest.skip("opsched.baselines (NAMES, baseline_order) is not in this checkout yet")
     sg = chain_stage_graph(pp * (per_rank or 1), devices=pp, placement=placement)
     placed = base.placed_stage_graph(ours, sg, mb)
     rows = write_torch_csv(tmp_path / "opsched.csv", sg=placed, order=base.baseline_order(ours, placed, mb),
@@ -366,14 +354,6 @@ def test_baseline_export_equals_torch_dump(tmp_path, ours, theirs, per_rank, pla
 # --------------------------------------------------------------------------- opsched compare --schedule
 
 
-def _compare_available():
-    try:
-        importlib.import_module("opsched.commands.compare")
-        importlib.import_module("opsched.baselines")
-    except ImportError:
-        pytest.skip("opsched compare is not in this checkout yet")
-
-
 ZBV_2x4 = (
     "0F0,0F1,0F2,3F0,3I0,3W0,3F1,3I1,3W1,0F3,0I0,0W0,3F2,3I2,3W2,0I1,0W1,3F3,3I3,3W3,0I2,0W2,0I3,0W3\n"
     "1F0,2F0,1F1,2F1,2I0,2W0,1F2,1I0,1W0,2F2,2I1,2W1,1F3,1I1,1W1,2F3,2I2,2W2,1I2,2I3,1I3,1W2,2W3,1W3\n"
@@ -381,25 +361,17 @@ ZBV_2x4 = (
 
 
 def test_compare_lists_a_hand_written_schedule(tmp_path, capsys):
-    _compare_available()
-    from opsched.cli import main
-
     path = tmp_path / "mine.csv"
     path.write_text(ZBV_2x4)
     argv = ["compare", "--stages", "4", "--devices", "2", "--placement", "v", "--microbatches", "4",
             "--methods", "zb-v", "--schedule", str(path), "--json"]
     assert main(argv) == 0
-    import json
-
     rows = {r["method"]: r for r in json.loads(capsys.readouterr().out)}
     # the same order as opsched's ZB-V, so the same makespan from the same simulator
     assert rows["mine.csv"]["makespan"] == rows["zb-v"]["makespan"] == 25
 
 
 def test_compare_rejects_a_bad_hand_written_schedule(tmp_path, capsys):
-    _compare_available()
-    from opsched.cli import main
-
     path = tmp_path / "bad.csv"
     path.write_text(ZBV_2x4.replace("1W1,2F3", "1X1,2F3"))
     argv = ["compare", "--stages", "4", "--devices", "2", "--placement", "v", "--microbatches", "4",
@@ -409,12 +381,6 @@ def test_compare_rejects_a_bad_hand_written_schedule(tmp_path, capsys):
 
 
 def test_export_command_writes_the_plan_csv(tmp_path, capsys):
-    base = _baselines()
-    if base is None:
-        pytest.skip("opsched.baselines is not in this checkout yet")
-    from opsched.cli import main
-    from opsched.export.plan_json import write_plan
-
     sg = chain_stage_graph(4, devices=2, placement="v")
     write_plan(tmp_path / "plan.json", base.run_baseline("zb-v", sg, 4))
     assert main(["export", str(tmp_path / "plan.json"), "--torch-csv", str(tmp_path / "s.csv")]) == 0
@@ -423,12 +389,6 @@ def test_export_command_writes_the_plan_csv(tmp_path, capsys):
 
 
 def test_export_command_refuses_bidirectional_dualpipe(tmp_path, capsys):
-    base = _baselines()
-    if base is None:
-        pytest.skip("opsched.baselines is not in this checkout yet")
-    from opsched.cli import main
-    from opsched.export.plan_json import write_plan
-
     write_plan(tmp_path / "plan.json", base.run_baseline("dualpipe", chain_stage_graph(2), 4))
     assert main(["export", str(tmp_path / "plan.json"), "--torch-csv", str(tmp_path / "s.csv")]) == 2
     assert "runs only microbatches" in capsys.readouterr().err
@@ -437,10 +397,6 @@ def test_export_command_refuses_bidirectional_dualpipe(tmp_path, capsys):
 
 @pytest.mark.parametrize("placement,stages,devices", [("chain", 2, 2), ("v", 4, 2)])
 def test_mip_plan_round_trips_through_torch(tmp_path, placement, stages, devices):
-    try:
-        from opsched.lower import solve
-    except ImportError:
-        pytest.skip("opsched.lower.solve is not in this checkout yet")
     sg = chain_stage_graph(stages, devices=devices, placement=placement, f=1, b=2, w=1, comm=0.5)
     result = solve(sg, 4, time_limit=5)
     path = tmp_path / "mip.csv"
