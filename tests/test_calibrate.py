@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import doctest
-
 import pytest
 
 from opsched.schedule import Job, simulate
-from opsched.torchrun import calibrate
 from opsched.torchrun.calibrate import fit_overhead, merged_times, stage_graph_from_times
 
 TIMES = {(0, "F"): 1.0, (0, "I"): 1.0, (0, "W"): 0.5, (0, "B"): 1.25,
@@ -40,8 +37,3 @@ def test_fit_recovers_the_overhead_that_made_the_measurements():
     assert fit_overhead(predict, measured, largest=2.0) == pytest.approx(true, abs=1e-6)
     # measurements already below the zero-overhead prediction: no overhead
     assert fit_overhead(predict, [0.5 * m for m in measured], largest=2.0) == 0.0
-
-
-def test_docstring_examples():
-    failed, _ = doctest.testmod(calibrate)
-    assert failed == 0

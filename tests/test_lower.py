@@ -242,17 +242,6 @@ def test_pairs_are_valid_and_never_worse(caplog):
     assert "[lower]" in err and "best" in err and "bound" in err
 
 
-def test_docstring_examples_of_the_lower_modules():
-    import doctest
-    import importlib
-
-    names = ("opsched.lower", "opsched.lower.bounds", "opsched.lower.jobs", "opsched.lower.listsched",
-             "opsched.lower.solve")
-    for module in map(importlib.import_module, names):
-        failed, _ = doctest.testmod(module)
-        assert failed == 0, module.__name__
-
-
 def test_branches_and_device_groups():
     """Two towers joining, one stage on a two-device group: valid, within the bound, memory kept."""
     from opsched.schedule import Edge, Stage, StageGraph

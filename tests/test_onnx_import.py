@@ -299,17 +299,6 @@ def test_matmul_with_unknown_shapes_warns(tmp_path):
     assert any("Mystery x1" in w for w in g.graph["warnings"])
 
 
-def test_module_doctests():
-    import doctest
-
-    import opsched.coarsen
-    import opsched.onnx_import
-
-    for module in (opsched.onnx_import, opsched.coarsen):
-        result = doctest.testmod(module)
-        assert result.failed == 0 and result.attempted > 0
-
-
 def test_hugging_face_onehot_expert_loop(tmp_path):
     """The HF Mixtral loop: one_hot(selected).permute(2, 1, 0); where(mask[e]); index_add."""
     T, H, FF, E, K = 10, 8, 16, 4, 2
