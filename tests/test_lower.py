@@ -222,6 +222,7 @@ def test_zb_span_objective_bound_and_result_bracket_the_optimum():
 
 
 def test_highs_gives_the_same_optimum_as_cbc():
+    pytest.importorskip("highsbox", reason="HiGHS is the optional highs extra: pip install -e \".[highs]\"")
     sg = chain_stage_graph(2, f=1, b=2, w=1)
     expected, _ = brute_force(sg, 3, 1.5, True)
     result = solve(sg, 3, memory_limit=1.5, solver="highs", time_limit=20)
