@@ -10,6 +10,11 @@ to stdout; progress goes through :mod:`logging` (each module has
 ``log = logging.getLogger(__name__)``), shown on stderr by :func:`main` at
 INFO, or from WARNING with ``-q/--quiet``. Errors the user can fix are one
 ``opsched: error:`` line on stderr and exit code 2.
+
+Stopping: Ctrl-C (SIGINT) and SIGTERM (what Slurm, Kubernetes and ``kill``
+send) both unwind the command: a running solver child is killed, temporary
+files are removed, nothing partial is left, and one line says so; the exit
+code is 130 or 143 (128 + the signal number), as a shell reports it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ import argparse
 import contextlib
 import importlib
 import logging
+import signal
 import sys
+import threading
 from typing import Iterator
 
 from opsched.commands.args import Parser
@@ -113,6 +120,27 @@ def progress_on_stderr(quiet: bool = False) -> Iterator[None]:
         logger.setLevel(level)
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived: unwinds like KeyboardInterrupt (``except Exception`` does not catch it)."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """While a command runs, SIGTERM raises :class:`Terminated` (in the main thread only; restored afterwards)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one ``opsched`` command; returns its exit code (2 for an error the user can fix)."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -124,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return 2
-        with progress_on_stderr(args.quiet):
+        with sigterm_unwinds(), progress_on_stderr(args.quiet):
             return int(_command_module(args.command).run(args) or 0)
     except OpschedError as exc:
         print(f"opsched: error: {exc}", file=sys.stderr)
@@ -132,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("opsched: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("opsched: terminated (SIGTERM); nothing was written", file=sys.stderr)
+        return 128 + signal.SIGTERM
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -309,3 +309,27 @@ def with_devices(cluster: Cluster, devices: int) -> Cluster:
     if devices < 1:
         raise OpschedError(f"devices must be at least 1, got {devices}")
     return replace(cluster, devices=devices)
+
+
+def memory_hint(smallest: float, cluster: Cluster) -> str:
+    """What to change when a plan needs ``smallest`` bytes per device: a memory limit the device has, else more devices or a larger preset.
+
+    A suggested ``--memory-limit`` is never above the device's own memory.
+
+    >>> memory_hint(60 * 2**30, preset("h100-sxm", 8))
+    'pass --memory-limit 60GiB'
+    >>> memory_hint(74.3 * 2**30, preset("h100-sxm", 8))
+    'leave out --memory-limit: the 80 GB of an h100-sxm device is enough'
+    >>> memory_hint(94 * 2**30, preset("h100-sxm", 8))
+    'more than the 80 GB of an h100-sxm device: use more devices (e.g. --devices 16) or --preset h200 (141 GB per device)'
+    """
+    own = cluster.memory_bytes
+    if smallest <= own:
+        rounded = math.ceil(smallest / 2**30)
+        if rounded * 2**30 <= own:
+            return f"pass --memory-limit {rounded}GiB"
+        return f"leave out --memory-limit: the {own / 1e9:.3g} GB of an {cluster.name} device is enough"
+    larger = sorted((spec["memory_bytes"], name) for name, spec in PRESETS.items() if spec["memory_bytes"] >= smallest)
+    preset_text = f" or --preset {larger[0][1]} ({larger[0][0] / 1e9:.3g} GB per device)" if larger else ""
+    return (f"more than the {own / 1e9:.3g} GB of an {cluster.name} device: use more devices "
+            f"(e.g. --devices {2 * cluster.devices}){preset_text}")

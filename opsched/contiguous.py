@@ -141,7 +141,7 @@ SPLIT_MEMORY_SCALES = (1.0, 0.9, 0.8, 0.7, 0.6)
 
 def contiguous_baselines(
     bg: nx.DiGraph, cluster: Cluster, training: Training, memory_limit: float
-) -> tuple[list[Baseline], Baseline | None]:
+) -> tuple[list[Baseline], Baseline | None, dict[str, str]]:
     """Every hand-written method on its best contiguous split at the same memory.
 
     For each method and each pipeline depth G ≥ 2 (G divides the devices,
@@ -150,11 +150,13 @@ def contiguous_baselines(
     (:func:`contiguous_chain`, cut for each of :data:`SPLIT_MEMORY_SCALES` of
     the limit); the method runs on it with the full memory limit, and the
     split with the best step time is kept. Returns one :class:`Baseline` per method that fits
-    anywhere (sorted by step time) and the overall best.
+    anywhere (sorted by step time), the overall best, and method -> the reason
+    for every method that fits nowhere (:func:`refusal_reason`).
     """
     M = training.microbatches
     best: dict[str, Baseline] = {}
     chains: dict[tuple[int, int, float], tuple | None] = {}
+    reasons: dict[str, dict[int, str]] = {name: {} for name in NAMES}  # method -> depth -> first reason
     for lay, method, scale in itertools.product(layouts(cluster, max_virtual=1), NAMES, SPLIT_MEMORY_SCALES):
         G = lay.groups
         if G < 2:
@@ -165,12 +167,14 @@ def contiguous_baselines(
             shape = Layout(lay.devices, G) if count == G else Layout(lay.devices, G, count // G, "interleaved")
             chains[key] = contiguous_chain(upper_problem(bg, shape, cluster, training, memory_limit * scale))
         if chains[key] is None:
+            reasons[method].setdefault(G, "no contiguous split of the model fits in the memory limit")
             continue
         chain, syncs, config = chains[key]
         t0 = time.perf_counter()
         try:
             sched = run_baseline(method, chain, M, memory_limit=memory_limit)
-        except Unsupported:
+        except Unsupported as exc:
+            reasons[method].setdefault(G, str(exc))
             continue
         seconds = time.perf_counter() - t0
         m = metrics(sched)
@@ -191,4 +195,27 @@ def contiguous_baselines(
     rows = sorted(best.values(), key=lambda b: (b.step_time, b.method))
     for b in rows:
         log.info("baseline: %s on %s: step %.4g s, bubbles %.3f", b.method, b.layout, b.step_time, b.bubble_ratio)
-    return rows, (rows[0] if rows else None)
+    refused = {name: refusal_reason(reasons[name], cluster.devices) for name in NAMES if name not in best}
+    for name, reason in refused.items():
+        log.info("baseline: %s refused: %s", name, reason)
+    return rows, (rows[0] if rows else None), refused
+
+
+def refusal_reason(by_depth: dict[int, str], devices: int) -> str:
+    """One line for a method that fits nowhere, from its first refusal at each pipeline depth.
+
+    >>> refusal_reason({2: "needs 9e10 per device", 4: "needs 9e10 per device", 8: "needs an even depth"}, 8)
+    'at 2 and 4 groups: needs 9e10 per device; at 8 groups: needs an even depth'
+    >>> refusal_reason({}, 1)
+    'a pipeline needs at least 2 device groups, got 1 device'
+    """
+    if not by_depth:
+        return f"a pipeline needs at least 2 device groups, got {devices} device{'' if devices == 1 else 's'}"
+    depths: dict[str, list[int]] = {}
+    for G, reason in sorted(by_depth.items()):
+        depths.setdefault(reason, []).append(G)
+    parts = []
+    for reason, gs in depths.items():
+        listed = str(gs[0]) if len(gs) == 1 else ", ".join(map(str, gs[:-1])) + f" and {gs[-1]}"
+        parts.append(f"at {listed} groups: {reason}")
+    return "; ".join(parts)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import sys
 import time
 import traceback
@@ -49,7 +50,8 @@ def run_isolated(fn, *args, timeout: float, **kwargs):
     running past ``timeout`` seconds (wall clock) raises :class:`SolverCrash`
     at once and the child is killed; an exception in ``fn`` is re-raised
     here with the child's traceback as its ``__cause__``. Other output of the
-    child is passed on to stderr. Falls back to a direct call where fork is
+    child is passed on to stderr. Whatever ends the wait (an interrupt, a
+    SIGTERM that :mod:`opsched.cli` turns into an exception) kills the child first. Falls back to a direct call where fork is
     unavailable.
     """
     try:
@@ -102,6 +104,9 @@ def _watch(child, receive, out_read: int, timeout: float) -> tuple[bool, object,
 
 
 def _isolated_child(send, out_write, fn, args, kwargs) -> None:
+    # SIGTERM ends the child at once, even inside native code (the parent's handler unwinds Python
+    # code only, and a job scheduler signals the whole process group); the parent kills it anyway
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.dup2(out_write, 1)  # the parent watches what native code prints
     os.dup2(out_write, 2)
     try:

@@ -265,12 +265,18 @@ def _eval_dim_expr(expr: str, dims: dict[str, int]) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def _resolve_dims(model: onnx.ModelProto, dims: dict[str, int] | None, warnings: list[str]) -> dict[str, int]:
-    """Defaults from metadata, overridden by ``dims``; error on any unresolved graph-input dim."""
+def _resolve_dims(model: onnx.ModelProto, dims: dict[str, int] | None, warnings: list[str],
+                  strict: bool = False) -> dict[str, int]:
+    """Defaults from metadata, overridden by ``dims``; error on any unresolved graph-input dim.
+
+    A name in ``dims`` the model does not have is a warning, or with ``strict`` an error naming the ones it has.
+    """
     meta = _metadata(model)
     resolved: dict[str, int] = {}
+    defaults: dict[str, int] = {}
     if DEFAULT_DIMS_KEY in meta:
-        resolved.update(parse_dims(meta[DEFAULT_DIMS_KEY], f"the model's {DEFAULT_DIMS_KEY} metadata"))
+        defaults = parse_dims(meta[DEFAULT_DIMS_KEY], f"the model's {DEFAULT_DIMS_KEY} metadata")
+        resolved.update(defaults)
     for name, value in (dims or {}).items():
         try:
             number = int(value)
@@ -304,7 +310,14 @@ def _resolve_dims(model: onnx.ModelProto, dims: dict[str, int] | None, warnings:
         names = ", ".join(f"'{k}' (input '{v}')" for k, v in sorted(missing.items()))
         flags = " ".join(f"--dim {k}=VALUE" for k in sorted(missing))
         raise OpschedError(f"unresolved symbolic dimension {names}: set it with {flags}")
-    unused = sorted(set(dims or {}) - used)
+    # names inside expressions such as "2*s0" count as used; so do the model's own default dims
+    known = {name for expr in used for name in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", expr)}
+    unknown = sorted(set(dims or {}) - known - set(defaults))
+    if unknown and strict:
+        listed = ", ".join(sorted(known | set(defaults))) or "none (every input shape is fixed)"
+        raise OpschedError(f"--dim {unknown[0]}: the model has no symbolic dimension '{unknown[0]}'; its dimensions "
+                           f"are {listed}")
+    unused = sorted(set(dims or {}) - known)
     if unused:
         warnings.append(f"dims not used by any graph input: {', '.join(unused)}")
     return resolved
@@ -740,11 +753,13 @@ def _weight_position(node, k, shapes, strong: bool) -> bool:
 # --------------------------------------------------------------------------- main entry
 
 
-def import_onnx(path, dims: dict[str, int] | None = None, capacity_factor: float = 1.0) -> nx.DiGraph:
+def import_onnx(path, dims: dict[str, int] | None = None, capacity_factor: float = 1.0,
+                strict_dims: bool = False) -> nx.DiGraph:
     """Read an ONNX model into an OpGraph with per-operator forward costs.
 
     ``dims`` sets symbolic dimensions (overriding the model's
-    ``opsched.default_dims`` metadata); ``capacity_factor`` scales the
+    ``opsched.default_dims`` metadata); a name the model does not have is a
+    warning, or an error with ``strict_dims``; ``capacity_factor`` scales the
     balanced-routing token count of data-dependent MoE loops. See the module
     docstring for every rule. Raises :class:`OpschedError` on bad input.
     """
@@ -759,7 +774,7 @@ def import_onnx(path, dims: dict[str, int] | None = None, capacity_factor: float
         except Exception:  # keep the calls as unknown ops
             warnings.append("could not inline the model's local functions; their calls cost bytes only")
     order = _check_structure(model.graph, path)
-    resolved = _resolve_dims(model, dims, warnings)
+    resolved = _resolve_dims(model, dims, warnings, strict=strict_dims)
     _substitute_dims(model, resolved)
     model = _infer(model)
     routing: dict[str, int] = {}

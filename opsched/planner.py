@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from opsched.baselines import baseline_orders
-from opsched.cluster import Cluster, Training
+from opsched.cluster import Cluster, Training, memory_hint
 from opsched.contiguous import Baseline, contiguous_baselines
 from opsched.errors import MemoryTooSmall, OpschedError
 from opsched.isolate import SolverCrash, run_isolated
@@ -89,6 +89,7 @@ class PlanResult:
     baselines: list[Baseline]
     blocks: int  # blocks the upper MIP placed
     seconds: dict[str, float] = field(default_factory=dict)
+    refused_baselines: dict[str, str] = field(default_factory=dict)  # method -> why it fits no contiguous split
 
 
 @dataclass
@@ -179,13 +180,13 @@ def plan_block_graph(
     problems = {str(lay): upper_problem(small, lay, cluster, training, limit) for lay in all_layouts}
     solutions, candidates = _solve_layouts(problems, time_limit, solver)
     t_upper = time.perf_counter()
-    baselines, best_split = contiguous_baselines(small, cluster, training, limit)
+    baselines, best_split, refused = contiguous_baselines(small, cluster, training, limit)
     t_base = time.perf_counter()
     if not solutions and not baselines:
         smallest = _smallest_memory(problems, solver)
         raise OpschedError(
             f"no layout fits in {limit / 2**30:.1f} GiB per device; the smallest memory that works is about "
-            f"{smallest / 2**30:.1f} GiB (pass --memory-limit {math.ceil(smallest / 2**30)}GiB or use more devices)"
+            f"{smallest / 2**30:.1f} GiB ({memory_hint(smallest, cluster)})"
         )
     jobs, unscheduled = _lower_jobs(solutions, problems, best_split)
     _schedule_jobs(jobs, training.microbatches, limit, time_limit, t_start + time_limit, solver, keep)
@@ -194,7 +195,7 @@ def plan_block_graph(
         smallest = min((minimum_memory_limit(j.stage_graph, training.microbatches) for j in jobs), default=math.inf)
         raise OpschedError(
             f"no candidate could be scheduled within {limit / 2**30:.1f} GiB per device; the smallest memory that works "
-            f"is about {smallest / 2**30:.1f} GiB (pass --memory-limit {math.ceil(smallest / 2**30)}GiB)"
+            f"is about {smallest / 2**30:.1f} GiB ({memory_hint(smallest, cluster)})"
         )
     best = min(options, key=lambda o: o.step_time)
     validate(best.schedule)
@@ -210,6 +211,7 @@ def plan_block_graph(
         baselines=baselines,
         blocks=small.number_of_nodes(),
         seconds={"upper": t_upper - t_start, "baselines": t_base - t_upper, "lower": time.perf_counter() - t_base},
+        refused_baselines=refused,
     )
 
 

@@ -50,13 +50,19 @@ class Parser(argparse.ArgumentParser):
 
 @dataclass(frozen=True)
 class WholeNumber:
-    """An integer flag of at least ``minimum``.
+    """An integer flag of at least ``minimum`` and, when ``maximum`` is set, at most that (``why`` says why).
 
     >>> WholeNumber(0)("0")
     0
+    >>> WholeNumber(1, 8, "the demo has 8 slots")("9")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: must be at most 8 (the demo has 8 slots), got 9
     """
 
     minimum: int = 1
+    maximum: int | None = None
+    why: str = ""
 
     def __call__(self, text: str) -> int:
         try:
@@ -65,6 +71,9 @@ class WholeNumber:
             raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
         if value < self.minimum:
             raise argparse.ArgumentTypeError(f"must be at least {self.minimum}, got {value}")
+        if self.maximum is not None and value > self.maximum:
+            reason = f" ({self.why})" if self.why else ""
+            raise argparse.ArgumentTypeError(f"must be at most {self.maximum}{reason}, got {value}")
         return value
 
 
@@ -98,8 +107,30 @@ class RealNumber:
         return f"{'>' if self.above else '>='} {self.minimum:g}"
 
 
-#: counts: stages, microbatches, devices, steps
+#: counts without a natural bound: steps, blocks, sizes
 positive_int = WholeNumber(1)
+
+# Bounded counts. The search grows with each of these, so a mistyped value
+# (an extra zero or three) would run silently for hours; the bounds are far
+# above any real training job and each error says why it is there.
+
+#: the most devices `plan` and `compare` accept
+MAX_DEVICES = 65_536
+#: the most microbatches per step
+MAX_MICROBATCHES = 4_096
+#: the most pipeline stages of `compare`'s synthetic chain
+MAX_STAGES = 1_024
+
+#: devices of a cluster
+device_count = WholeNumber(1, MAX_DEVICES, "larger than any cluster a pipeline spans; the layout search grows with it")
+#: microbatches per step
+microbatch_count = WholeNumber(
+    1, MAX_MICROBATCHES, "the schedule has a job per microbatch and stage, so a larger step would take hours to plan"
+)
+#: pipeline stages
+stage_count = WholeNumber(
+    1, MAX_STAGES, "the schedule has a job per microbatch and stage, so a deeper pipeline would take hours to plan"
+)
 #: levels and the like, where 0 means "none"
 non_negative_int = WholeNumber(0)
 #: times, transfer costs, memory in abstract units
@@ -120,18 +151,36 @@ def per_stage(text: str) -> float | list[float]:
     return values[0] if len(values) == 1 else values
 
 
+#: a memory size without a unit below this many bytes is taken for a missing unit
+BARE_BYTES_AT_LEAST = 2**20
+
+
 def byte_size(text: str) -> float:
     """A memory size such as ``80GiB``, ``80GB`` or ``8e10`` (see :func:`opsched.cluster.parse_bytes`).
 
+    A bare number is bytes, so one below a MiB (no model trains in that) is
+    refused as a forgotten unit:
+
     >>> byte_size("1.5 GB")
     1500000000.0
+    >>> byte_size("80")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: 80 without a unit is 80 bytes; did you mean 80GiB? (write a unit: GiB, GB, MiB; or all the bytes, e.g. 8e10)
     """
     from opsched.cluster import parse_bytes
 
     try:
-        return parse_bytes(text)
+        value = parse_bytes(text)
     except OpschedError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    bare = str(text).strip()
+    if value < BARE_BYTES_AT_LEAST and bare and bare[-1].isdigit():
+        raise argparse.ArgumentTypeError(
+            f"{bare} without a unit is {bare} bytes; did you mean {bare}GiB? "
+            "(write a unit: GiB, GB, MiB; or all the bytes, e.g. 8e10)"
+        )
+    return value
 
 
 def dimension(text: str) -> dict[str, int]:

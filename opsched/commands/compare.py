@@ -4,7 +4,8 @@ The pipeline is a synthetic chain of --stages stages, or the stage graph of a
 plan file (--plan). Every method re-places the same chain the way it needs
 on the same devices (see docs/baselines.md) and goes through the one
 simulator and validator; a method whose preconditions fail, or that needs
-more memory than --memory-limit, is listed with the reason.
+more memory than --memory-limit, is listed with the reason. When every method
+is refused, the table is still printed and the exit code is 2.
 
 F, B, W, A and AW take one value or a comma list with one value per stage;
 B is the full backward, so the input-gradient part is I = B - W. Memory is in
@@ -24,7 +25,15 @@ import json
 import logging
 from pathlib import Path
 
-from opsched.commands.args import fraction, non_negative_float, per_stage, positive_int
+from opsched.commands.args import (
+    MAX_STAGES,
+    device_count,
+    fraction,
+    microbatch_count,
+    non_negative_float,
+    per_stage,
+    stage_count,
+)
 from opsched.errors import OpschedError, Unsupported
 from opsched.solver import SOLVERS, require
 
@@ -36,13 +45,14 @@ GANTT_FILES = ("gantt.svg", "gantt.png", "gantt.html", "trace.json")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_argument_group("pipeline")
-    src.add_argument("--stages", type=positive_int, metavar="P", help="number of stages of the synthetic chain")
-    src.add_argument("--microbatches", type=positive_int, metavar="M",
-                     help="microbatches per step (default with --plan: the plan's)")
+    src.add_argument("--stages", type=stage_count, metavar="P",
+                     help=f"number of stages of the synthetic chain, at most {MAX_STAGES:,}")
+    src.add_argument("--microbatches", type=microbatch_count, metavar="M",
+                     help="microbatches per step, at most 4,096 (default with --plan: the plan's)")
     src.add_argument("--f", type=per_stage, default="1", metavar="F", help="forward time per stage (default 1)")
     src.add_argument("--b", type=per_stage, default="2", metavar="B", help="full backward time per stage, I + W (default 2)")
     src.add_argument("--w", type=per_stage, default="1", metavar="W", help="weight-gradient part of B (default 1)")
-    src.add_argument("--devices", type=positive_int, metavar="D", help="devices (default P)")
+    src.add_argument("--devices", type=device_count, metavar="D", help="devices (default P)")
     src.add_argument(
         "--placement", default="chain", choices=("chain", "v", "interleaved"),
         help="how the P stages sit on the D devices as given (the MIP uses it; each baseline re-places)",
@@ -362,13 +372,15 @@ def run(args: argparse.Namespace) -> int:
     if "mip" in names:
         require(args.solver)  # a missing backend fails here, before any method runs
     out_dir = Path(args.output) if args.output else None
-    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
-        raise OpschedError(f"-o {out_dir}: exists and is not a directory; give a directory name")
+    if out_dir is not None:
+        from opsched.fileio import check_output_dir
+
+        check_output_dir(out_dir, "-o")  # before any method runs
     written = schedule_files(args.schedule, sg, microbatches)  # checked before anything runs
     limit, limit_from = resolve_limit(args.memory_limit, sg, microbatches, args)
     rows, schedules = compare(sg, microbatches, names, limit, args)
     add_schedule_file_rows(written, limit, rows, schedules)
-    if out_dir is not None:
+    if out_dir is not None and schedules:
         write_outputs(out_dir, rows, schedules)
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -377,6 +389,9 @@ def run(args: argparse.Namespace) -> int:
         limit_text = "" if limit is None else f", memory limit {_g(limit)}" + (f" (= {limit_from}'s peak)" if limit_from else "")
         header = f"{source} on {sg.num_devices} devices, {microbatches} microbatches{limit_text}"
         print(table(rows, header))
+    if not schedules:
+        raise OpschedError(f"every method was refused on this pipeline ({len(rows)} tried; each row on stdout says "
+                           "why): try more microbatches, a higher --memory-limit or other --methods")
     if out_dir is not None:
         log.info("wrote %d plans under %s/", len(schedules), out_dir)
     return 0

@@ -5,7 +5,9 @@ ranks numbered by the group's smallest device) and one action per cell, in the
 plan's event order on that rank. torch's ``_PipelineScheduleRuntime`` loads it
 with ``_load_csv(path, format="compute_only")``. A plan torch cannot run (a
 branching StageGraph, a stage that runs only some microbatches, an order that
-would deadlock) is refused and no file is written.
+would deadlock) is refused and no file is written; so is a plan that breaks a
+validity rule (overlapping events, a dependency out of order), as `opsched
+gantt` refuses it. Where the file goes is checked before the plan is read.
 
 example:
   opsched export out/plan.json --torch-csv out/schedule.csv
@@ -29,10 +31,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from opsched.errors import OpschedError
     from opsched.export import torch_csv
     from opsched.export.plan_json import read_plan_schedule
+    from opsched.fileio import check_not_input, check_output_file
+    from opsched.schedule import ScheduleError, validate
 
+    check_not_input(args.torch_csv, [args.plan], "--torch-csv")
+    check_output_file(args.torch_csv, "--torch-csv", example="schedule.csv")
     schedule = read_plan_schedule(args.plan)
+    try:  # the same rules `opsched gantt` checks: a CSV of an invalid plan would run something else
+        validate(schedule)
+    except ScheduleError as exc:
+        raise OpschedError(f"{args.plan} is not a valid plan: {exc} (`opsched gantt --no-validate` draws it)") from None
     check = not args.no_torch_check and torch_csv.torch_available()
     rows = torch_csv.write_torch_csv(args.torch_csv, schedule, check_with_torch=check)
     groups = torch_csv.torch_ranks(schedule.stage_graph)

@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", metavar="PLAN.json", help="a plan file (schema opsched.plan/1)")
     parser.add_argument(
         "-o", "--output", action="append", required=True, metavar="OUT",
-        help="output file: .svg, .png, .html or .json (Perfetto); repeat for several",
+        help="output file: .svg, .png, .html or .json (Perfetto); repeat for several; never the plan itself",
     )
     parser.add_argument("--title", help="title shown instead of the method name (makespan and bubble ratio follow)")
     parser.add_argument("--no-validate", action="store_true", help="draw the plan even if it breaks a validity rule")
@@ -36,12 +36,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from opsched.export.gantt import write_gantt
     from opsched.export.plan_json import read_plan_schedule
+    from opsched.fileio import check_not_input, check_output_file
     from opsched.schedule import ScheduleError, validate
 
-    # check every output name before writing anything, so a typo leaves no partial set of files
+    # check every output before writing anything, so a typo or a bad place leaves no partial set of files
     for out in args.output:
         if Path(out).suffix.lower() not in SUFFIXES:
             raise OpschedError(f"cannot tell the Gantt format of {out!r}: use a .svg, .png, .html or .json file name")
+        check_not_input(out, [args.plan], "-o")
+        check_output_file(out, "-o", example="gantt" + Path(out).suffix)
     schedule = read_plan_schedule(args.plan)
     if not args.no_validate:
         try:

@@ -14,6 +14,20 @@ at the same memory. Writes, into OUTDIR:
 The cluster is a preset (--preset; `--devices N` alone uses h100-sxm) or a
 JSON/TOML file (--cluster). Memory per device defaults to the cluster's.
 
+Checked before the import and the search, so a mistake costs no time: the
+output directory can be written, --memory-limit has a unit (a bare 80 is
+80 bytes: write 80GiB), --devices is at most 65,536 and --microbatches at most
+4,096 (far above real jobs; the search grows with both); and right after the
+import, every --dim names one of the model's symbolic dimensions.
+
+With --json, stdout is one JSON object instead of the summary: model,
+cluster, devices, microbatches, microbatch_size, source and layout (the chosen
+plan), stages, step_time (s), throughput (samples/s), bubble_ratio,
+peak_memory_bytes (per device), lower_bound (s) and gap of the lower MIP
+(null for a baseline), best_baseline (method, layout, step_time, speedup;
+null when none fits), refused_baselines (method -> reason) and files (the
+paths written). Progress stays on stderr.
+
 examples:
   opsched plan models/mixtral_8x7b.onnx --devices 16 -o out/
   opsched plan models/clip_vit_l14.onnx --devices 8 --preset a100-80g --microbatches 16 -o out/clip
@@ -22,12 +36,22 @@ examples:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import logging
 import shutil
 import tempfile
 from pathlib import Path
 
-from opsched.commands.args import byte_size, dimension, merged_dims, positive_float, positive_int
+from opsched.commands.args import (
+    MAX_DEVICES,
+    byte_size,
+    device_count,
+    dimension,
+    merged_dims,
+    microbatch_count,
+    positive_float,
+)
 from opsched.solver import SOLVERS
 
 log = logging.getLogger(__name__)
@@ -35,28 +59,34 @@ log = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL.onnx", help="an ONNX file (weights need not be present)")
-    parser.add_argument("--devices", type=positive_int, metavar="N", help="number of devices (default: the cluster file's)")
+    parser.add_argument("--devices", type=device_count, metavar="N",
+                        help=f"number of devices, at most {MAX_DEVICES:,} (default: the cluster file's)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--cluster", metavar="FILE", help="cluster description, .json or .toml (see docs/cost-model.md)")
     source.add_argument("--preset", metavar="NAME", help="named cluster: h100-sxm (default), a100-80g, h200")
-    parser.add_argument("--microbatches", type=positive_int, default="16", metavar="M",
-                        help="microbatches per step (default 16)")
+    parser.add_argument("--microbatches", type=microbatch_count, default="16", metavar="M",
+                        help="microbatches per step, at most 4,096 (default 16)")
     parser.add_argument("--dim", type=dimension, action="append", default=[], metavar="NAME=VALUE",
                         help="value of a symbolic dimension, e.g. --dim seq=4096 (repeatable)")
     parser.add_argument("--capacity-factor", type=positive_float, default="1.0", metavar="X",
                         help="MoE capacity factor (default 1.0)")
     parser.add_argument("--memory-limit", type=byte_size, metavar="BYTES",
-                        help="per device, e.g. 80GiB (default: the cluster's memory)")
+                        help="per device with a unit, e.g. 80GiB, 80GB or 512MiB; a bare number is bytes, "
+                             "e.g. 8e10 (default: the cluster's memory)")
     parser.add_argument("--time-limit", type=positive_float, default="60", metavar="S",
                         help="total solver time in seconds (default 60)")
     parser.add_argument("--solver", default="cbc", choices=SOLVERS, help="MIP solver (default cbc; highs needs pip install highsbox)")
-    parser.add_argument("-o", "--out", required=True, metavar="OUTDIR", help="directory for the plan files")
+    parser.add_argument("-o", "--out", required=True, metavar="OUTDIR",
+                        help="directory for the plan files (made if missing; checked before any work)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the summary as one JSON object on stdout (fields above); progress stays on stderr")
 
 
 def run(args: argparse.Namespace) -> int:
     from opsched.cluster import Training, resolve_cluster
     from opsched.coarsen import coarsen
     from opsched.errors import OpschedError
+    from opsched.fileio import check_output_dir
     from opsched.onnx_import import import_onnx
     from opsched.planner import plan_block_graph
     from opsched.solver import require
@@ -64,14 +94,17 @@ def run(args: argparse.Namespace) -> int:
 
     require(args.solver)  # a missing backend fails here, before the import
     cluster = resolve_cluster(args.devices, args.cluster, args.preset)
+    if cluster.devices > MAX_DEVICES:  # --devices is bounded by its type; a cluster file's count is not
+        raise OpschedError(f"{args.cluster}: {cluster.devices:,} devices; opsched plans for at most {MAX_DEVICES:,} "
+                           "(the layout search grows with the device count)")
     layouts(cluster)  # devices that fit no layout fail here, before the import
     limit = args.memory_limit or cluster.memory_bytes
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise OpschedError(f"-o {out} is a file; give a directory for the plan files")
+    check_output_dir(out, "-o")  # an unwritable place fails here, not after the search
 
     log.info("import: %s", args.model)
-    og = import_onnx(args.model, dims=merged_dims(args.dim) or None, capacity_factor=args.capacity_factor)
+    og = import_onnx(args.model, dims=merged_dims(args.dim) or None, capacity_factor=args.capacity_factor,
+                     strict_dims=True)
     used_dims = dict(og.graph.get("dims", {}))
     training = Training(microbatches=args.microbatches, microbatch_size=int(used_dims.get("batch", 1)))
     log.info("import: %d operators, dims %s", og.number_of_nodes(), used_dims or "none")
@@ -86,7 +119,10 @@ def run(args: argparse.Namespace) -> int:
     extra = plan_extra(args.model, cluster, training, result)
     names = write_outputs(out, result, extra, report_text(args.model, cluster, training, limit, result))
     log.info("export: %s in %s", ", ".join(names), out)
-    print(summary_text(args.model, cluster, training, result, samples, out, names))
+    if args.json:
+        print(json.dumps(summary_dict(args.model, cluster, training, result, out, names), indent=2))
+    else:
+        print(summary_text(args.model, cluster, training, result, samples, out, names))
     return 0
 
 
@@ -109,6 +145,7 @@ def plan_extra(model: str, cluster, training, result) -> dict:
         "microbatch_size": training.microbatch_size,
         "stage_blocks": {str(k): v for k, v in result.stage_blocks.items()},
         "baselines": [b.to_dict(samples) for b in result.baselines],
+        "refused_baselines": [{"method": k, "reason": v} for k, v in result.refused_baselines.items()],
         "candidates": [c.to_dict() for c in result.candidates],
         "metrics": dict(result.solver_metrics),
     }
@@ -132,8 +169,12 @@ def write_outputs(out: Path, result, extra: dict, report: str) -> list[str]:
     from opsched.export.plan_json import write_plan
     from opsched.fileio import write_text
 
+    from opsched.fileio import signals_held
+
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".opsched-plan-", dir=out))
+    done = False
     try:
         title = f"opsched plan ({result.source}, {result.layout})"
         write_plan(tmp / "plan.json", result.schedule, extra=extra)
@@ -146,10 +187,15 @@ def write_outputs(out: Path, result, extra: dict, report: str) -> list[str]:
                         "gantt.html has the picture")
         write_html(result.schedule, tmp / "gantt.html", title=title)
         write_text(tmp / "report.md", report)
-        for name in names:
-            (tmp / name).replace(out / name)
+        with signals_held():  # a stop request waits for the renames: the set is complete or absent
+            for name in names:
+                (tmp / name).replace(out / name)
+        done = True
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if created and not done:
+            with contextlib.suppress(OSError):
+                out.rmdir()
     return names
 
 
@@ -192,6 +238,9 @@ def report_text(model: str, cluster, training, limit: float, result) -> str:
         lines += ["", f"Speed-up over the best baseline ({best.method}): {best.step_time / result.step_time:.3f}x"]
     else:
         lines += ["", "No hand-written baseline fits in this memory on any contiguous split."]
+    if result.refused_baselines:
+        lines += ["", "Baselines refused on every contiguous split (groups = pipeline depth tried):", ""]
+        lines += [f"- {method}: {reason}" for method, reason in result.refused_baselines.items()]
     lines += [
         "",
         "## Candidates tried",
@@ -235,5 +284,40 @@ def summary_text(model: str, cluster, training, result, samples: int, out: Path,
         lines.append(
             f"  vs best baseline {best.method} ({best.layout}): {best.step_time:.4g} s -> {best.step_time / result.step_time:.3f}x"
         )
+    if result.refused_baselines:
+        lines.append(f"  refused     {', '.join(result.refused_baselines)} (reasons in report.md)")
     lines.append(f"  files       {out}/{', '.join(names)}")
     return "\n".join(lines)
+
+
+def summary_dict(model: str, cluster, training, result, out: Path, names: list[str]) -> dict:
+    """What ``--json`` prints: the summary's figures with plan.json's names and units (seconds, bytes)."""
+    from opsched.schedule import metrics
+
+    m = metrics(result.schedule)
+    samples = training.microbatches * training.microbatch_size
+    best = result.baselines[0] if result.baselines else None
+    return {
+        "model": str(model),
+        "cluster": cluster.name,
+        "devices": cluster.devices,
+        "microbatches": training.microbatches,
+        "microbatch_size": training.microbatch_size,
+        "source": result.source,
+        "layout": result.layout,
+        "stages": len(result.schedule.stage_graph.stages),
+        "step_time": result.step_time,
+        "throughput": samples / result.step_time if result.step_time > 0 else 0.0,
+        "bubble_ratio": m.bubble_ratio,
+        "peak_memory_bytes": max(m.peak_memory_bytes, default=0.0),
+        "lower_bound": result.solver_metrics.get("lower_bound"),
+        "gap": result.solver_metrics.get("gap"),
+        "best_baseline": None if best is None else {
+            "method": best.method,
+            "layout": best.layout,
+            "step_time": best.step_time,
+            "speedup": best.step_time / result.step_time if result.step_time > 0 else None,
+        },
+        "refused_baselines": dict(result.refused_baselines),
+        "files": [str(out / name) for name in names],
+    }
