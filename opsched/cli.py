@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         print("opsched: interrupted", file=sys.stderr)
         return 130
     except Terminated:
-        print("opsched: terminated (SIGTERM); nothing was written", file=sys.stderr)
+        print("opsched: terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
 
 

@@ -15,6 +15,7 @@ with the place it happened.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -22,6 +23,8 @@ import sys
 import time
 import traceback
 from multiprocessing.connection import wait
+
+from opsched.fileio import signals_held
 
 
 class SolverCrash(Exception):
@@ -61,17 +64,24 @@ def run_isolated(fn, *args, timeout: float, **kwargs):
     receive, send = ctx.Pipe(duplex=False)
     out_read, out_write = os.pipe()
     child = ctx.Process(target=_isolated_child, args=(send, out_write, fn, args, kwargs), daemon=True)
-    child.start()
-    send.close()
-    os.close(out_write)
     try:
+        # a stop request waits until the fork is done (then the child is killed below), and the child
+        # starts with it held until it has SIGTERM's default action
+        with signals_held():
+            child.start()
+        send.close()
+        os.close(out_write)
         ok, value, child_traceback = _watch(child, receive, out_read, timeout)
     finally:
-        if child.is_alive():
-            child.kill()
-        child.join()
-        receive.close()
-        os.close(out_read)
+        if child.pid is not None:
+            if child.is_alive():
+                child.kill()
+            child.join()
+        for end in (send, receive):
+            end.close()
+        for fd in (out_read, out_write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
     if ok:
         return value
     raise value from ChildTraceback(child_traceback)
@@ -107,6 +117,7 @@ def _isolated_child(send, out_write, fn, args, kwargs) -> None:
     # SIGTERM ends the child at once, even inside native code (the parent's handler unwinds Python
     # code only, and a job scheduler signals the whole process group); the parent kills it anyway
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})  # held by the parent's fork
     os.dup2(out_write, 1)  # the parent watches what native code prints
     os.dup2(out_write, 2)
     try:

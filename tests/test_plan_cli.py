@@ -190,3 +190,49 @@ def test_run_isolated_returns_reraises_and_survives_crashes():
         run_isolated(_print_crash, timeout=30)
     with pytest.raises(SolverCrash, match="did not return within"):
         run_isolated(_sleep, 10, timeout=0.5)
+
+
+def test_plan_json_summary_and_refused_baselines_with_reasons(tmp_path, capsys):
+    """--json prints the summary as JSON on stdout (progress on stderr); refused baselines say why everywhere."""
+    from conftest import make_moe_model
+
+    model = tmp_path / "tiny.onnx"
+    model.write_bytes(make_moe_model("legacy", layers=2, experts=2, top_k=1, default_dims="batch=1,seq=4")
+                      .SerializeToString())
+    cluster = tmp_path / "three.json"
+    cluster.write_text(json.dumps(dict(SPEC, devices=3)))  # 3 groups and 5 microbatches: DualPipe cannot run
+    out = tmp_path / "out"
+    code = main(["plan", str(model), "--cluster", str(cluster), "--microbatches", "5", "--time-limit", "2",
+                 "-o", str(out), "--json"])
+    captured = capsys.readouterr()
+    assert code == 0
+    summary = json.loads(captured.out)
+    assert "import:" in captured.err  # progress stays on stderr
+    for key in ("source", "layout", "step_time", "throughput", "bubble_ratio", "peak_memory_bytes", "lower_bound",
+                "gap", "best_baseline", "refused_baselines", "files"):
+        assert key in summary, key
+    assert summary["devices"] == 3 and summary["microbatches"] == 5 and summary["step_time"] > 0
+    assert summary["best_baseline"]["speedup"] == pytest.approx(summary["best_baseline"]["step_time"]
+                                                                / summary["step_time"])
+    assert all(Path(f).is_file() for f in summary["files"])
+    assert "even number" in summary["refused_baselines"]["dualpipe"]
+    _schedule, doc = read_plan(out / "plan.json")
+    assert schema_errors(doc) == []
+    assert {r["method"]: r["reason"] for r in doc["refused_baselines"]} == summary["refused_baselines"]
+    ran = {b["method"] for b in doc["baselines"]}
+    from opsched.baselines import NAMES
+
+    assert ran | set(summary["refused_baselines"]) == set(NAMES)  # every method: a row or a reason
+    report = (out / "report.md").read_text()
+    assert "Baselines refused" in report
+    assert f"- dualpipe: {summary['refused_baselines']['dualpipe']}" in report
+
+
+def test_no_fit_hint_never_asks_for_more_memory_than_the_device_has():
+    from opsched.cluster import memory_hint, preset
+
+    h100 = preset("h100-sxm", 8)
+    assert memory_hint(94 * 2**30, h100).startswith("more than the 80 GB")
+    assert "--memory-limit" not in memory_hint(94 * 2**30, h100) and "--preset h200" in memory_hint(94 * 2**30, h100)
+    assert "--preset" not in memory_hint(200e9, h100) and "--devices 16" in memory_hint(200e9, h100)
+    assert memory_hint(40 * 2**30, h100) == "pass --memory-limit 40GiB"

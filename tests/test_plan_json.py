@@ -239,3 +239,11 @@ def test_cross_field_rules_are_the_readers_not_the_schemas():
         assert schema_errors(doc) == []
         with pytest.raises(OpschedError, match=needle):
             schedule_from_dict(doc)
+
+
+def test_refused_baselines_follow_the_schema():
+    doc = plan_dict(dual_direction_schedule())
+    doc["refused_baselines"] = [{"method": "dualpipe", "reason": "at 3 groups: dualpipe needs an even number"}]
+    assert schema_errors(doc) == []
+    doc["refused_baselines"] = [{"method": "dualpipe"}]
+    assert schema_errors(doc) and schema_errors(doc)[0].startswith("$.refused_baselines[0]")

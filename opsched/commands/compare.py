@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--f", type=per_stage, default="1", metavar="F", help="forward time per stage (default 1)")
     src.add_argument("--b", type=per_stage, default="2", metavar="B", help="full backward time per stage, I + W (default 2)")
     src.add_argument("--w", type=per_stage, default="1", metavar="W", help="weight-gradient part of B (default 1)")
-    src.add_argument("--devices", type=device_count, metavar="D", help="devices (default P)")
+    src.add_argument("--devices", type=device_count, metavar="D", help="devices, at most 65,536 (default P)")
     src.add_argument(
         "--placement", default="chain", choices=("chain", "v", "interleaved"),
         help="how the P stages sit on the D devices as given (the MIP uses it; each baseline re-places)",

@@ -102,12 +102,12 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     check_output_dir(out, "-o")  # an unwritable place fails here, not after the search
 
-    log.info("import: %s", args.model)
+    # no progress line before the import: a refused --dim is then the only line on stderr
     og = import_onnx(args.model, dims=merged_dims(args.dim) or None, capacity_factor=args.capacity_factor,
                      strict_dims=True)
     used_dims = dict(og.graph.get("dims", {}))
     training = Training(microbatches=args.microbatches, microbatch_size=int(used_dims.get("batch", 1)))
-    log.info("import: %d operators, dims %s", og.number_of_nodes(), used_dims or "none")
+    log.info("import: %s: %d operators, dims %s", args.model, og.number_of_nodes(), used_dims or "none")
     bg = coarsen(og)
     log.info("coarsen: %d blocks", bg.number_of_nodes())
     log.info("cluster: %s, %d devices (%d per node), memory limit %.1f GiB per device, %d microbatches",

@@ -75,8 +75,17 @@ def run(args: argparse.Namespace) -> int:
     from opsched.torchrun.model import ModelSpec
 
     from opsched.export.plan_json import read_plan_schedule
+    from opsched.fileio import check_not_input, check_output_file
+    from opsched.schedule import ScheduleError, validate
 
+    if args.torch_csv:
+        check_not_input(args.torch_csv, [args.plan], "--torch-csv")
+        check_output_file(args.torch_csv, "--torch-csv", example="schedule.csv")
     schedule = read_plan_schedule(args.plan)
+    try:
+        validate(schedule)
+    except ScheduleError as exc:
+        raise OpschedError(f"{args.plan} is not a valid plan: {exc} (`opsched gantt --no-validate` draws it)") from None
     sg = schedule.stage_graph
     ranks = torch_csv.torch_ranks(sg)
     if len(ranks) > MAX_RANKS:
