@@ -22,6 +22,7 @@ import pytest
 
 from conftest import SLOW_LINK_CLUSTER, make_moe_model
 from opsched.cli import main
+from opsched.export.torch_csv import torch_available
 
 # --------------------------------------------------------------------------- the places a case refers to
 
@@ -160,12 +161,7 @@ CASES = {
     "unknown command": (["frobnicate"], "invalid choice"),
 }
 
-try:
-    from opsched.export.torch_csv import torch_available
-
-    HAS_TORCH = torch_available()
-except ImportError:  # pragma: no cover
-    HAS_TORCH = False
+HAS_TORCH = torch_available()
 NO_TORCH = 'needs torch: pip install "opsched[torch]"'
 CASES.update({
     "run plan missing": (["run", "{tmp}/nope.json"], "nope.json" if HAS_TORCH else NO_TORCH),
