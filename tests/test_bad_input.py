@@ -80,12 +80,12 @@ OUT = ["-o", "{tmp}/out"]
 
 CASES = {
     # plan: counts, bounds, units
-    "plan devices too many": (PLAN + ["--devices", "1000000"] + OUT, "--devices: must be at most 65536"),
+    "plan devices too many": (PLAN + ["--devices", "1000000"] + OUT, "--devices: must be at most 65,536"),
     "plan devices zero": (PLAN + ["--devices", "0"] + OUT, "--devices: must be at least 1"),
     "plan devices not a number": (PLAN + ["--devices", "eight"] + OUT, "expected a whole number"),
     "plan devices not whole nodes": (PLAN + ["--devices", "12"] + OUT, "do not fill whole nodes"),
     "plan microbatches too many": (PLAN + ["--devices", "8", "--microbatches", "100000"] + OUT,
-                                   "--microbatches: must be at most 4096"),
+                                   "--microbatches: must be at most 4,096"),
     "plan microbatches negative": (PLAN + ["--devices", "8", "--microbatches", "-3"] + OUT, "at least 1"),
     "plan memory without unit": (PLAN + ["--devices", "8", "--memory-limit", "80"] + OUT, "did you mean 80GiB?"),
     "plan memory unreadable": (PLAN + ["--devices", "8", "--memory-limit", "lots"] + OUT, "memory size"),
@@ -115,10 +115,10 @@ CASES = {
     "plan out is a file": (PLAN + ["--devices", "8", "-o", "{file}"], "is a file; give a directory"),
     # compare
     "compare stages too many": (["compare", "--stages", "100000", "--microbatches", "8"] + OUT,
-                                "--stages: must be at most 1024"),
+                                "--stages: must be at most 1,024"),
     "compare microbatches too many": (["compare", "--stages", "4", "--microbatches", "100000"] + OUT,
-                                      "--microbatches: must be at most 4096"),
-    "compare devices too many": (COMPARE + ["--devices", "1000000"] + OUT, "--devices: must be at most 65536"),
+                                      "--microbatches: must be at most 4,096"),
+    "compare devices too many": (COMPARE + ["--devices", "1000000"] + OUT, "--devices: must be at most 65,536"),
     "compare stages not a number": (["compare", "--stages", "x", "--microbatches", "8"] + OUT,
                                     "expected a whole number"),
     "compare unknown method": (COMPARE + ["--methods", "nope"] + OUT, "unknown method nope"),

@@ -73,7 +73,7 @@ class WholeNumber:
             raise argparse.ArgumentTypeError(f"must be at least {self.minimum}, got {value}")
         if self.maximum is not None and value > self.maximum:
             reason = f" ({self.why})" if self.why else ""
-            raise argparse.ArgumentTypeError(f"must be at most {self.maximum}{reason}, got {value}")
+            raise argparse.ArgumentTypeError(f"must be at most {self.maximum:,}{reason}, got {value:,}")
         return value
 
 
