@@ -24,6 +24,8 @@ in opsched goes through, baselines and MIP plans alike.
 
 from __future__ import annotations
 
+import graphlib
+import heapq
 import numbers
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence, Union
@@ -76,6 +78,28 @@ class Stage:
 
     def runs(self, microbatch: int) -> bool:
         return self.microbatches is None or microbatch in self.microbatches
+
+    def activation_change(self, pass_: str) -> float:
+        """Activation bytes a pass adds to each device of the group (negative: frees).
+
+        An F holds ``act_bytes``; its I frees ``act_bytes - act_w_bytes``, its
+        W the remaining ``act_w_bytes``; a fused B frees all of it. When the
+        change happens (an F at its start, the others at their end) is the
+        caller's convention (see :func:`validate`).
+
+        >>> st = Stage(0, (0,), {"F": 1, "I": 1, "W": 1}, act_bytes=4, act_w_bytes=1)
+        >>> [st.activation_change(p) for p in ("F", "I", "W", "B")]
+        [4.0, -3.0, -1.0, -4.0]
+        """
+        if pass_ == "F":
+            return float(self.act_bytes)
+        if pass_ == "I":
+            return -float(self.act_bytes - self.act_w_bytes)
+        if pass_ == "W":
+            return -float(self.act_w_bytes)
+        if pass_ == "B":
+            return -float(self.act_bytes)
+        raise OpschedError(f"unknown pass {pass_!r}; passes are F, I, W, B")
 
 
 @dataclass(frozen=True)
@@ -166,19 +190,25 @@ def _check_stage(s: Stage, num_devices: int) -> None:
 
 
 def _topological_order(sg: StageGraph) -> list[int]:
-    indeg = {s.id: len(sg.preds(s.id)) for s in sg.stages}
-    ready = [sid for sid, k in indeg.items() if k == 0]
+    """The stages in topological order, the smallest ready stage id first (reproducible schedules rely on it).
+
+    ``graphlib`` finds what is ready; a heap picks the smallest id among it
+    (``static_order`` alone would take whole ready batches at a time).
+    """
+    sorter = graphlib.TopologicalSorter({s.id: [e.src for e in sg.preds(s.id)] for s in sg.stages})
+    try:
+        sorter.prepare()
+    except graphlib.CycleError:
+        raise OpschedError("the StageGraph has a cycle; stages must form a DAG") from None
+    ready = list(sorter.get_ready())
+    heapq.heapify(ready)
     order: list[int] = []
     while ready:
-        sid = min(ready)
-        ready.remove(sid)
+        sid = heapq.heappop(ready)
         order.append(sid)
-        for e in sg.succs(sid):
-            indeg[e.dst] -= 1
-            if indeg[e.dst] == 0:
-                ready.append(e.dst)
-    if len(order) != len(sg.stages):
-        raise OpschedError("the StageGraph has a cycle; stages must form a DAG")
+        sorter.done(sid)
+        for nxt in sorter.get_ready():
+            heapq.heappush(ready, nxt)
     return order
 
 
@@ -199,7 +229,7 @@ def chain_stage_graph(
     """A synthetic chain of ``stages`` stages (B is the full backward, so I = B - W).
 
     ``placement`` maps stage k to a device: ``chain`` (k, needs devices == stages),
-    ``interleaved`` (k mod D) or ``v`` (k for k < D, else 2D-1-k; needs stages == 2D).
+    ``interleaved`` (k mod D) or ``v`` (:func:`v_device`; needs stages == 2D).
     ``comm`` is the transfer time of an edge between different devices.
 
     >>> sg = chain_stage_graph(4, devices=2, placement="v")
@@ -249,8 +279,34 @@ def stage_placement(stages: int, devices: int, placement: str) -> list[int]:
     if placement == "v":
         if stages != 2 * devices:
             raise OpschedError(f"placement v needs stages = 2 x devices, got {stages} stages on {devices} devices")
-        return [k if k < devices else 2 * devices - 1 - k for k in range(stages)]
+        return [v_device(k, devices) for k in range(stages)]
     raise OpschedError(f"unknown placement {placement!r}; choose chain, interleaved or v")
+
+
+def v_device(stage: int, devices: int) -> int:
+    """The device of ``stage`` when 2D stages sit on D devices in a V: k for k < D, else 2D-1-k.
+
+    The V goes down the devices and back up, so device i holds stages i and
+    2D-1-i, and the first and last stage share device 0 (Zero Bubble V,
+    DualPipeV).
+
+    >>> [v_device(k, 3) for k in range(6)]
+    [0, 1, 2, 2, 1, 0]
+    """
+    if not 0 <= stage < 2 * devices:
+        raise OpschedError(f"a V on {devices} devices has stages 0..{2 * devices - 1}, not {stage}")
+    return stage if stage < devices else 2 * devices - 1 - stage
+
+
+def v_stages(device: int, devices: int) -> tuple[int, int]:
+    """The two stages a device holds in a V (:func:`v_device` read backwards): down i, up 2D-1-i.
+
+    >>> v_stages(1, 3), [v_device(k, 3) for k in v_stages(1, 3)]
+    ((1, 4), [1, 1])
+    """
+    if not 0 <= device < devices:
+        raise OpschedError(f"a V on {devices} devices has devices 0..{devices - 1}, not {device}")
+    return device, 2 * devices - 1 - device
 
 
 def _per_stage(value, stages: int) -> list[float]:
@@ -293,6 +349,17 @@ class Pair:
 Action = Union[Job, Pair]
 #: device -> its actions in execution order
 Order = dict[int, list[Action]]
+
+
+def jobs_of(action: Action) -> tuple[Job, ...]:
+    """The jobs an action runs: both halves of a pair (first, second), else the job itself.
+
+    >>> jobs_of(Job(0, 1, "F"))
+    (Job(stage=0, microbatch=1, pass_='F'),)
+    >>> [str(j) for j in jobs_of(Pair(Job(0, 2, "F"), Job(3, 0, "B")))]
+    ['0F2', '3B0']
+    """
+    return (action.first, action.second) if isinstance(action, Pair) else (action,)
 
 
 def pair_duration(sg: StageGraph, pair: Pair) -> float:
@@ -418,7 +485,7 @@ def simulate(sg: StageGraph, order: Order, microbatches: int) -> list[Event]:
             if ready is None:
                 continue
             start = max([ready] + [device_free[x] for x in devs])
-            jobs = (action.first, action.second) if isinstance(action, Pair) else (action,)
+            jobs = jobs_of(action)
             dur = pair_duration(sg, action) if isinstance(action, Pair) else sg.stage(action.stage).duration(action.pass_)
             end = start + dur
             pid = None
@@ -458,7 +525,7 @@ def _checked_queues(sg: StageGraph, order: Order, microbatches: int) -> dict[int
     for d, acts in queues.items():
         seen: set[Action] = set()
         for a in acts:
-            for job in _jobs_of(a):
+            for job in jobs_of(a):
                 _check_job(sg, job, microbatches)
             if d not in _action_devices(sg, a):
                 raise OpschedError(f"action {a} is listed on device {d}, which does not host its stage")
@@ -474,10 +541,6 @@ def _checked_queues(sg: StageGraph, order: Order, microbatches: int) -> dict[int
                 "a stage's action must appear on every device of its group"
             )
     return queues
-
-
-def _jobs_of(action: Action) -> tuple[Job, ...]:
-    return (action.first, action.second) if isinstance(action, Pair) else (action,)
 
 
 def _check_job(sg: StageGraph, job: Job, microbatches: int) -> None:
@@ -531,7 +594,7 @@ def backward_kinds(actions: Iterable[Action]) -> dict[tuple[int, int], str]:
     """(stage, microbatch) -> "B" where the order runs a fused backward, else "I"."""
     kinds: dict[tuple[int, int], str] = {}
     for a in actions:
-        for job in (a.first, a.second) if isinstance(a, Pair) else (a,):
+        for job in jobs_of(a):
             if job.pass_ in ("I", "B"):
                 kinds[(job.stage, job.microbatch)] = job.pass_
     return kinds
@@ -540,9 +603,8 @@ def backward_kinds(actions: Iterable[Action]) -> dict[tuple[int, int], str]:
 def _ready_time(
     sg: StageGraph, action: Action, finished: dict[Job, float], backward: Mapping[tuple[int, int], str]
 ) -> float | None:
-    jobs = (action.first, action.second) if isinstance(action, Pair) else (action,)
     ready = 0.0
-    for job in jobs:
+    for job in jobs_of(action):
         for dep, delay in dependencies(sg, job, backward):
             t = finished.get(dep)
             if t is None:
@@ -752,15 +814,10 @@ def _memory_changes(sg: StageGraph, events: Iterable[Event], eps: float):
     """
     raw = []
     for e in events:
-        st = sg.stage(e.stage)
-        if e.pass_ == "F":
-            raw.append((e.start, 1, st.act_bytes, e))
-        elif e.pass_ == "I":
-            raw.append((e.end, 0, -(st.act_bytes - st.act_w_bytes), e))
-        elif e.pass_ == "W":
-            raw.append((e.end, 0, -st.act_w_bytes, e))
-        elif e.pass_ == "B":
-            raw.append((e.end, 0, -st.act_bytes, e))
+        if e.pass_ not in PASSES:
+            continue
+        delta = sg.stage(e.stage).activation_change(e.pass_)
+        raw.append((e.start, 1, delta, e) if e.pass_ == "F" else (e.end, 0, delta, e))
     snapped: dict[float, float] = {}
     rep = None
     for t in sorted({r[0] for r in raw}):

@@ -13,9 +13,12 @@ from opsched.schedule import (
     Stage,
     StageGraph,
     chain_stage_graph,
+    jobs_of,
     memory_profile,
     metrics,
     simulate,
+    v_device,
+    v_stages,
     validate,
     zb_bubble_rate,
 )
@@ -219,3 +222,28 @@ def test_measured_fused_backward_time_is_used_and_checked():
     validate(Schedule(sg, 1, simulate(sg, order, 1)))
     with pytest.raises(OpschedError, match=r"time\['B'\]"):
         StageGraph([Stage(0, (0,), {"F": 1, "I": 1, "W": 1, "B": -1})])
+
+
+def test_topological_order_takes_the_smallest_ready_stage_first():
+    t = {"F": 1.0, "I": 1.0, "W": 1.0}
+    sg = StageGraph([Stage(k, (0,), t) for k in range(4)], [Edge(3, 1), Edge(2, 0)])
+    assert sg.topological_order() == [2, 0, 3, 1]  # not ready batches [2, 3], [0, 1]
+    with pytest.raises(OpschedError, match="cycle"):
+        StageGraph([Stage(k, (0,), t) for k in range(2)], [Edge(0, 1), Edge(1, 0)])
+
+
+def test_activation_change_is_the_memory_rule_of_each_pass():
+    st = Stage(0, (0,), {"F": 1.0, "I": 1.0, "W": 1.0}, act_bytes=3.0, act_w_bytes=1.0)
+    assert [st.activation_change(p) for p in ("F", "I", "W", "B")] == [3.0, -2.0, -1.0, -3.0]
+    assert st.activation_change("F") + st.activation_change("I") + st.activation_change("W") == 0
+    with pytest.raises(OpschedError, match="unknown pass"):
+        st.activation_change("X")
+
+
+def test_jobs_of_and_the_v_placement():
+    f, b = Job(0, 1, "F"), Job(1, 0, "B")
+    assert jobs_of(f) == (f,) and jobs_of(Pair(f, b)) == (f, b)
+    assert [v_device(k, 4) for k in range(8)] == [0, 1, 2, 3, 3, 2, 1, 0]
+    assert all(v_device(k, 4) == r for r in range(4) for k in v_stages(r, 4))
+    with pytest.raises(OpschedError):
+        v_device(8, 4)
