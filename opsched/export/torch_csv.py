@@ -45,6 +45,7 @@ from opsched.schedule import (
     Schedule,
     StageGraph,
     dependencies,
+    jobs_of,
     order_from_schedule,
     simulate,
 )
@@ -132,10 +133,6 @@ def check_expressible(sg: StageGraph, microbatches: int) -> None:
 # --------------------------------------------------------------------------- order -> rows
 
 
-def _jobs(action: Action) -> tuple[Job, ...]:
-    return (action.first, action.second) if isinstance(action, Pair) else (action,)
-
-
 def _check_complete(sg: StageGraph, rows: Sequence[Sequence[Action]], microbatches: int, where) -> None:
     """Every (stage, microbatch) has one F and either one B or one I and one W, each listed once.
 
@@ -144,7 +141,7 @@ def _check_complete(sg: StageGraph, rows: Sequence[Sequence[Action]], microbatch
     seen: dict[Job, tuple[int, int]] = {}
     for r, row in enumerate(rows):
         for i, action in enumerate(row):
-            for job in _jobs(action):
+            for job in jobs_of(action):
                 if job.stage >= len(sg.stages):
                     raise OpschedError(
                         f"{where(r, i)}: '{action}' names stage {job.stage}, but the plan has stages "
@@ -190,7 +187,7 @@ def _backward_kinds(rows: Sequence[Sequence[Action]]) -> dict[tuple[int, int], s
     kinds: dict[tuple[int, int], str] = {}
     for row in rows:
         for a in row:
-            for job in _jobs(a):
+            for job in jobs_of(a):
                 if job.pass_ in ("I", "B"):
                     kinds[(job.stage, job.microbatch)] = job.pass_
     return kinds
@@ -209,7 +206,7 @@ def _blocked_heads(sg: StageGraph, rows: Sequence[Sequence[Action]]) -> dict[int
         progressed = False
         for r, row in enumerate(rows):
             while heads[r] < len(row):
-                jobs = _jobs(row[heads[r]])
+                jobs = jobs_of(row[heads[r]])
                 if any(d not in done for job in jobs for d, _ in dependencies(sg, job, backward)):
                     break
                 done.update(jobs)
@@ -219,7 +216,7 @@ def _blocked_heads(sg: StageGraph, rows: Sequence[Sequence[Action]]) -> dict[int
             return None
         if not progressed:
             return {
-                r: (heads[r], [d for job in _jobs(row[heads[r]]) for d, _ in dependencies(sg, job, backward) if d not in done])
+                r: (heads[r], [d for job in jobs_of(row[heads[r]]) for d, _ in dependencies(sg, job, backward) if d not in done])
                 for r, row in enumerate(rows)
                 if heads[r] < len(row)
             }
@@ -253,7 +250,7 @@ def checked_rank_rows(sg: StageGraph, order: Order, microbatches: int, name: str
     ranks = stage_ranks(sg)
     for d, acts in order.items():
         for a in acts:
-            for job in _jobs(a):
+            for job in jobs_of(a):
                 if job.stage >= len(sg.stages) or d not in sg.stage(job.stage).devices:
                     raise OpschedError(f"{name}: action {a} is listed on device {d}, which does not host its stage")
     rows = _rank_rows(sg, order)
@@ -467,7 +464,7 @@ def read_torch_csv(path: str | os.PathLike, sg: StageGraph, microbatches: int) -
                 raise OpschedError(f"{where_cell(r, c)}: '{text.strip()}' {exc}; {_EXAMPLE}") from None
             if action is None or action == "comm":
                 continue
-            for job in _jobs(action):
+            for job in jobs_of(action):
                 if job.stage >= len(sg.stages):
                     raise OpschedError(
                         f"{where_cell(r, c)}: '{text.strip()}' names stage {job.stage}, but the plan has stages "
