@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from opsched.baselines import NAMES, placement_of, run_baseline
+from opsched.baselines import NAMES, run_baseline
+from opsched.baselines import method as baseline_module
 from opsched.baselines.placement import onto_groups
 from opsched.cluster import Cluster, Training
 from opsched.errors import Unsupported
@@ -55,10 +56,14 @@ class Baseline:
 
 
 def method_stage_count(method: str, groups: int) -> int:
-    """Logical stages a hand-written method uses on ``groups`` pipeline ranks."""
-    from opsched.baselines import placement_of
+    """Logical stages a hand-written method uses on ``groups`` pipeline ranks.
 
-    return 2 * groups if placement_of(method) in ("v", "interleaved") else groups
+    Its placement's ``stages_per_device`` for a chain of one stage per rank, times the ranks.
+
+    >>> [method_stage_count(name, 4) for name in ("1f1b", "interleaved-1f1b", "zb-v", "dualpipe")]
+    [4, 8, 8, 4]
+    """
+    return baseline_module(method).stages_per_device(groups, groups) * groups
 
 
 def contiguous_chain(p: UpperProblem, uniform: bool = True) -> tuple[StageGraph, list[float], str] | None:
@@ -111,21 +116,22 @@ def contiguous_chain(p: UpperProblem, uniform: bool = True) -> tuple[StageGraph,
     return StageGraph(stages, edges, num_devices=G), syncs, config
 
 
-def _device_sync(placement: str, syncs: list[float], groups: int) -> float:
-    """The largest per-pseudo-device gradient sync when a method places the chain its way."""
+def _device_sync(method: str, syncs: list[float], groups: int) -> float:
+    """The largest per-pseudo-device gradient sync when a method places the chain its way.
+
+    Stage k's sync counts on every device of the method's ``devices_of(k, groups)``
+    (DualPipe's two copies: on both). ``syncs`` has at most the method's
+    stage count (:func:`method_stage_count`) entries.
+
+    >>> _device_sync("zb-v", [1.0, 2.0, 3.0, 4.0], 2), _device_sync("dualpipe", [1.0, 2.0], 2)
+    (5.0, 3.0)
+    """
+    devices_of = baseline_module(method).devices_of
     per = [0.0] * groups
-    n = len(syncs)
     for k, s in enumerate(syncs):
-        if placement == "chain":
-            per[min(k, groups - 1)] += s
-        elif placement == "interleaved":
-            per[k % groups] += s
-        elif placement == "v":
-            per[k if k < groups else max(0, 2 * groups - 1 - k)] += s
-        else:  # dual: both directions' copies of stage k live on devices k and G-1-k
-            per[k % groups] += s
-            per[(groups - 1 - k) % groups] += s
-    return max(per) if n else 0.0
+        for d in devices_of(k, groups):
+            per[d] += s
+    return max(per) if syncs else 0.0
 
 
 def on_real_devices(schedule: Schedule, layout: Layout) -> Schedule:
@@ -178,7 +184,7 @@ def contiguous_baselines(
             continue
         seconds = time.perf_counter() - t0
         m = metrics(sched)
-        sync = _device_sync(placement_of(method), syncs, G)
+        sync = _device_sync(method, syncs, G)
         cand = Baseline(
             method=method,
             layout=f"{G}x{lay.group_size} contiguous, {config}",

@@ -297,6 +297,40 @@ def test_placed_graph_is_returned_unchanged_when_it_already_fits():
     assert [e.time for e in placed.edges] == [e.time for e in sg.edges]
 
 
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("devices", [2, 4])
+def test_each_module_states_the_placement_it_builds(name, devices):
+    """``stages_per_device`` and ``devices_of`` describe exactly what ``place`` builds."""
+    module = baselines.method(name)
+    sg = chain_stage_graph(devices)
+    placed = placed_stage_graph(name, sg, 4 * devices)
+    logical = module.stages_per_device(devices, devices) * devices
+    copies = [module.devices_of(k, devices) for k in range(logical)]
+    want = [(c[copy],) for copy in range(len(copies[0])) for c in copies]
+    assert [s.devices for s in placed.stages] == want
+    baseline_order(name, placed, 4 * devices)  # and its order accepts that placement
+
+
+def test_interleaved_stages_per_device_follows_the_chain():
+    module = baselines.method("interleaved-1f1b")
+    assert [module.stages_per_device(4, p) for p in (4, 8, 12, 13)] == [2, 2, 3, 3]
+
+
+def test_contiguous_split_sizes_and_syncs_come_from_the_placement():
+    from opsched.contiguous import _device_sync, method_stage_count
+
+    assert {n: method_stage_count(n, 3) for n in NAMES} == {
+        "gpipe": 3, "1f1b": 3, "interleaved-1f1b": 6, "zb-h1": 3, "zb-h2": 3,
+        "zb-v": 6, "dualpipe": 3, "dualpipev": 6,
+    }
+    syncs = [1.0, 2.0, 4.0, 8.0]
+    assert _device_sync("1f1b", syncs, 4) == 8.0
+    assert _device_sync("interleaved-1f1b", syncs, 2) == 10.0  # devices 0: 1+4, 1: 2+8
+    assert _device_sync("zb-v", syncs, 2) == 9.0  # V: device 0: 1+8, device 1: 2+4
+    assert _device_sync("dualpipe", syncs, 4) == 9.0  # device r holds stages r and 3-r
+    assert _device_sync("gpipe", [], 4) == 0.0
+
+
 # --------------------------------------------------------------------------- refusals
 
 

@@ -1,9 +1,19 @@
 """Hand-written pipeline schedules: GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2, ZB-V, DualPipe, DualPipeV.
 
-Each method lives in its own module with three things: ``PLACEMENT`` (how it
-puts stages on devices), ``place(sg, microbatches, comm)`` (the same chain of
-logical stages re-placed that way on the same devices) and ``order(sg,
-microbatches)`` (the per-device action lists, on exactly that placement). A
+Each method lives in its own module, which states its placement and its order:
+
+* ``PLACEMENT``: the placement's name (chain, interleaved, v or dual; see
+  :data:`PLACEMENTS`);
+* ``stages_per_device(devices, stages)``: how many logical stages per device
+  it regroups a chain of ``stages`` stages into;
+* ``devices_of(stage, devices)``: the devices logical stage ``stage`` runs
+  on, a tuple (one device; DualPipe's two copies: two);
+* ``place(sg, microbatches, comm)``: the same chain of logical stages
+  re-placed that way on the same devices;
+* ``order(sg, microbatches)``: the per-device action lists, on exactly that
+  placement.
+
+So a new placement is stated in the one module that uses it. A
 method refuses with :class:`~opsched.errors.Unsupported` and a one-line
 reason when the stage graph or the microbatch count does not meet its
 preconditions. Orders never depend on the costs, so they take non-uniform
@@ -73,8 +83,9 @@ def placed_stage_graph(
     of ``sg``). Raises Unsupported when the chain cannot be re-placed.
     """
     module = method(name)
-    if module.PLACEMENT == "dual" and microbatches is None:
-        raise Unsupported("dualpipe's placement splits the microbatches between its two copies: pass microbatches")
+    copies = len(module.devices_of(0, sg.num_devices)) if sg.num_devices else 1
+    if microbatches is None and copies > 1:
+        raise Unsupported(f"{name}'s placement splits the microbatches between its two copies: pass microbatches")
     try:
         return module.place(sg, microbatches or 0, comm)
     except Unsupported as exc:

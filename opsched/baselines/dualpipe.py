@@ -24,12 +24,24 @@ from opsched.errors import Unsupported
 from opsched.schedule import Order, StageGraph
 
 PLACEMENT = "dual"
+#: what :func:`order` checks the stage graph against
+RULE = "two copies: stage r on device r and stage D+j (copy of j) on device D-1-j"
+
+
+def stages_per_device(devices: int, stages: int) -> int:
+    """One logical stage per device (each device then holds two copies: stages r and D-1-r)."""
+    return 1
+
+
+def devices_of(stage: int, devices: int) -> tuple[int, ...]:
+    """Logical stage j's two copies: direction 0's on device j, direction 1's on device D-1-j."""
+    return (stage, devices - 1 - stage)
 
 
 def place(sg: StageGraph, microbatches: int, comm: float | None = None) -> StageGraph:
     """Two copies of the chain regrouped into D stages, in opposite directions."""
     check(sg.num_devices, microbatches)
-    return placement.dual_graph(sg, microbatches, comm)
+    return placement.dual_graph(sg, microbatches, devices_of, comm)
 
 
 def check(pp: int, microbatches: int) -> None:
@@ -45,11 +57,10 @@ def order(sg: StageGraph, microbatches: int) -> Order:
     """The DualPipe order on the two-copy placement of :func:`place`."""
     d = sg.num_devices
     check(d, microbatches)
-    place_ = list(range(d)) + [d - 1 - j for j in range(d)]
-    rule = "two copies: stage r on device r and stage D+j (copy of j) on device D-1-j"
+    place_ = [devices_of(j, d)[copy] for copy in (0, 1) for j in range(d)]
     placement.expect_single_devices(sg, "dualpipe")
     if len(sg.stages) != 2 * d or [s.devices[0] for s in sg.stages] != place_:
-        raise Unsupported(f"dualpipe needs {rule}; use baselines.placed_stage_graph")
+        raise Unsupported(f"dualpipe needs {RULE}; use baselines.placed_stage_graph")
     placement.expect_chain_edges(sg, list(range(d)), "dualpipe")
     placement.expect_chain_edges(sg, list(range(d, 2 * d)), "dualpipe")
     half = microbatches // 2

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 from opsched.baselines import placement
 from opsched.baselines.common import Counters, check_microbatches
-from opsched.baselines.zb_v import v_place
-from opsched.schedule import Action, Job, Order, Pair, StageGraph
+from opsched.baselines import zb_v
+from opsched.schedule import Action, Job, Order, Pair, StageGraph, v_stages
 
-PLACEMENT = "v"
-
-
-def place(sg: StageGraph, microbatches: int, comm: float | None = None) -> StageGraph:
-    """The chain regrouped into 2D stages on D devices in a V."""
-    return placement.v_graph(sg, comm)
+# ZB-V's placement: 2D stages in a V
+PLACEMENT = zb_v.PLACEMENT
+stages_per_device = zb_v.stages_per_device
+devices_of = zb_v.devices_of
+place = zb_v.place
 
 
 def eight_phases(chunk0: int, chunk1: int, h: int, n: int, per_chunk: int, count: Counters) -> list[Action]:
@@ -91,8 +90,6 @@ def eight_phases(chunk0: int, chunk1: int, h: int, n: int, per_chunk: int, count
 def order(sg: StageGraph, microbatches: int) -> Order:
     """The DualPipeV order on 2D stages in the V placement."""
     d = sg.num_devices
-    placement.expect_placement(
-        sg, v_place(d), "dualpipev", "2D stages in a V (device i holds stages i and 2D-1-i)"
-    )
+    placement.expect_placement(sg, 2 * d, devices_of, "dualpipev", zb_v.V_RULE)
     check_microbatches("dualpipev", microbatches, 2 * d, why=f"2 x {d} devices")
-    return {r: eight_phases(r, 2 * d - 1 - r, r, d, microbatches, Counters()) for r in range(d)}
+    return {r: eight_phases(*v_stages(r, d), r, d, microbatches, Counters()) for r in range(d)}

@@ -15,15 +15,15 @@ from opsched.baselines.common import check_microbatches
 from opsched.schedule import Job, Order, StageGraph
 
 PLACEMENT = "chain"
-
-
+stages_per_device = placement.one_stage_per_device
+devices_of = placement.chain_devices
 place = placement.place_chain
 
 
 def order(sg: StageGraph, microbatches: int) -> Order:
     """All forwards in microbatch order, then all backwards in microbatch order."""
     d = sg.num_devices
-    placement.expect_placement(sg, list(range(d)), "gpipe", "stage k on device k")
+    placement.expect_placement(sg, d, devices_of, "gpipe", "stage k on device k")
     check_microbatches("gpipe", microbatches, 1)
     return {
         s: [Job(s, m, "F") for m in range(microbatches)] + [Job(s, m, "B") for m in range(microbatches)]

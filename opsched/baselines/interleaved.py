@@ -33,14 +33,19 @@ from opsched.schedule import Job, Order, StageGraph
 PLACEMENT = "interleaved"
 
 
-def chunks_for(sg: StageGraph) -> int:
-    """Chunks per device the re-placement uses: P // D stages per device, at least 2."""
-    return max(2, len(sg.stages) // sg.num_devices)
+def stages_per_device(devices: int, stages: int) -> int:
+    """Chunks per device (v) the re-placement of a chain of ``stages`` uses: P // D, at least 2."""
+    return max(2, stages // devices)
+
+
+def devices_of(stage: int, devices: int) -> tuple[int, ...]:
+    """Stage k on device k mod D."""
+    return (stage % devices,)
 
 
 def place(sg: StageGraph, microbatches: int, comm: float | None = None) -> StageGraph:
     """The chain regrouped into v·D stages (v = max(2, P // D)), stage k on device k mod D."""
-    return placement.interleaved_graph(sg, chunks_for(sg), comm)
+    return placement.placed_chain(sg, stages_per_device(sg.num_devices, len(sg.stages)), devices_of, comm)
 
 
 def rounds(devices: int, microbatches: int) -> tuple[int, int]:
@@ -95,7 +100,7 @@ def order(sg: StageGraph, microbatches: int) -> Order:
             f"interleaved-1f1b needs v >= 2 chunks per device: a multiple of {d} stages, at least {2 * d}; "
             f"got {p} (with one chunk it is 1f1b)"
         )
-    placement.expect_placement(sg, [k % d for k in range(p)], "interleaved-1f1b", "stage k on device k mod D")
+    placement.expect_placement(sg, p, devices_of, "interleaved-1f1b", "stage k on device k mod D")
     check_microbatches("interleaved-1f1b", microbatches, 1)
     _, per_round = rounds(d, microbatches)
     return {r: device_actions(r, d, p // d, microbatches, per_round=per_round) for r in range(d)}

@@ -17,8 +17,8 @@ from opsched.baselines.common import check_microbatches
 from opsched.schedule import Job, Order, StageGraph
 
 PLACEMENT = "chain"
-
-
+stages_per_device = placement.one_stage_per_device
+devices_of = placement.chain_devices
 place = placement.place_chain
 
 
@@ -35,6 +35,6 @@ def stage_actions(stage: int, stages: int, microbatches: int, backward: str = "B
 def order(sg: StageGraph, microbatches: int) -> Order:
     """The 1F1B order on a chain with stage k on device k."""
     d = sg.num_devices
-    placement.expect_placement(sg, list(range(d)), "1f1b", "stage k on device k")
+    placement.expect_placement(sg, d, devices_of, "1f1b", "stage k on device k")
     check_microbatches("1f1b", microbatches, 1)
     return {s: stage_actions(s, d, microbatches) for s in range(d)}

@@ -3,14 +3,17 @@
 Every baseline is defined on a *chain* of logical stages (stage k feeds stage
 k+1) with one device per stage. A user's chain may have more or fewer stages
 than a method needs, so :func:`regroup` merges consecutive stages (summing
-times and memory) or splits each stage into equal parts, and the ``*_graph``
-functions put the result on devices:
+times and memory) or splits each stage into equal parts, and the result is
+put on devices by the method's own rule: every baseline module states its
+placement as ``stages_per_device(devices, stages)`` (logical stages per
+device it regroups the chain into) and ``devices_of(stage, devices)`` (the
+devices of logical stage ``stage``, a tuple: DualPipe puts a copy of each
+stage on two devices). The builders here only apply such a rule:
 
-* :func:`chain_graph`: stage k on device k (GPipe, 1F1B, ZB-H1, ZB-H2);
-* :func:`interleaved_graph`: stage k on device k mod D (interleaved 1F1B);
-* :func:`v_graph`: stage k on device k for k < D, else 2D-1-k (ZB-V, DualPipeV);
-* :func:`dual_graph`: two copies of a D-stage chain running in opposite
-  directions, logical stage j of the second copy on device D-1-j (DualPipe).
+* :func:`placed_chain`: one copy of each logical stage (:func:`place_chain`,
+  stage k on device k, is the rule of GPipe, 1F1B, ZB-H1 and ZB-H2);
+* :func:`dual_graph`: two copies running in opposite directions, copy c of
+  logical stage j on the c-th device of its rule (DualPipe).
 
 A branching StageGraph (two towers joining, experts side by side) is not a
 chain; :func:`linearize` gives the chain a chain-only runtime would run
@@ -23,8 +26,8 @@ new because a stage was split) it takes ``comm``, by default the largest edge
 time of the input graph (a chain has one link speed).
 
 >>> from opsched.schedule import chain_stage_graph
->>> sg = chain_stage_graph(4, f=[1, 2, 3, 4], comm=0.5)
->>> placed = chain_graph(sg, devices=2)
+>>> sg = chain_stage_graph(4, f=[1, 2, 3, 4], comm=0.5, devices=2, placement="interleaved")
+>>> placed = place_chain(sg, microbatches=8)
 >>> [(s.devices, s.time["F"]) for s in placed.stages]
 [((0,), 3.0), ((1,), 7.0)]
 >>> [e.time for e in placed.edges]
@@ -34,9 +37,13 @@ time of the input graph (a chain has one link speed).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from opsched.errors import Unsupported
 from opsched.schedule import Edge, Schedule, Stage, StageGraph
+
+#: a placement rule: (logical stage, devices) -> the devices that stage's copies run on
+DevicesOf = Callable[[int, int], tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -241,7 +248,7 @@ def regroup(sg: StageGraph, count: int, comm: float | None = None) -> list[Part]
 
 def _build(
     parts: list[Part],
-    devices_of: list[int],
+    on_device: list[int],
     num_devices: int,
     overlap_gain: float,
     *,
@@ -249,11 +256,11 @@ def _build(
     microbatches: tuple[int, ...] | None = None,
     copy: bool = False,
 ) -> tuple[list[Stage], list[Edge]]:
-    """Stages ``first_id ..`` for ``parts`` on ``devices_of``, chained by edges."""
+    """Stages ``first_id ..`` for ``parts``, part k on device ``on_device[k]``, chained by edges."""
     stages = [
         Stage(
             id=first_id + k,
-            devices=(devices_of[k],),
+            devices=(on_device[k],),
             time=dict(part.time),
             param_bytes=part.param_bytes,
             act_bytes=part.act_bytes,
@@ -268,7 +275,7 @@ def _build(
         Edge(
             first_id + k - 1,
             first_id + k,
-            time=0.0 if devices_of[k - 1] == devices_of[k] else float(parts[k].link_in or 0.0),
+            time=0.0 if on_device[k - 1] == on_device[k] else float(parts[k].link_in or 0.0),
             bytes=parts[k].bytes_in,
         )
         for k in range(1, len(parts))
@@ -276,57 +283,68 @@ def _build(
     return stages, edges
 
 
+def chain_devices(stage: int, devices: int) -> tuple[int, ...]:
+    """The chain placement: logical stage k on device k (one stage per device)."""
+    return (stage,)
+
+
+def one_stage_per_device(devices: int, stages: int) -> int:
+    """The chain placement's logical stages per device: 1, whatever the input chain."""
+    return 1
+
+
 def place_chain(sg: StageGraph, microbatches: int, comm: float | None = None) -> StageGraph:
     """The chain regrouped into one stage per device, stage k on device k.
 
     The ``place`` of every one-stage-per-device method (GPipe, 1F1B, ZB-H1, ZB-H2).
     """
-    return chain_graph(sg, comm=comm)
+    return placed_chain(sg, one_stage_per_device(sg.num_devices, len(sg.stages)), chain_devices, comm)
 
 
-def chain_graph(sg: StageGraph, devices: int | None = None, comm: float | None = None) -> StageGraph:
-    """One stage per device: the chain regrouped into D stages, stage k on device k."""
-    d = sg.num_devices if devices is None else devices
-    parts = regroup(sg, d, comm)
-    stages, edges = _build(parts, list(range(d)), d, sg.overlap_gain)
-    return StageGraph(stages, edges, num_devices=d, overlap_gain=sg.overlap_gain)
+def placed_chain(sg: StageGraph, per_device: int, devices_of: DevicesOf, comm: float | None = None) -> StageGraph:
+    """The chain regrouped into ``per_device`` x D stages, logical stage k on ``devices_of(k, D)``.
 
+    ``devices_of`` must give each stage one device (two copies: :func:`dual_graph`).
 
-def interleaved_graph(sg: StageGraph, chunks: int, comm: float | None = None) -> StageGraph:
-    """``chunks`` stages per device: the chain regrouped into chunks x D stages, stage k on device k mod D."""
+    >>> from opsched.schedule import chain_stage_graph
+    >>> placed = placed_chain(chain_stage_graph(4, devices=2, placement="interleaved"), 2, lambda k, d: (k % d,))
+    >>> [s.devices for s in placed.stages]
+    [(0,), (1,), (0,), (1,)]
+    """
     d = sg.num_devices
-    parts = regroup(sg, chunks * d, comm)
-    stages, edges = _build(parts, [k % d for k in range(len(parts))], d, sg.overlap_gain)
+    parts = regroup(sg, per_device * d, comm)
+    stages, edges = _build(parts, [single_device(devices_of, k, d) for k in range(len(parts))], d, sg.overlap_gain)
     return StageGraph(stages, edges, num_devices=d, overlap_gain=sg.overlap_gain)
 
 
-def v_graph(sg: StageGraph, comm: float | None = None) -> StageGraph:
-    """Two stages per device in a V: the chain regrouped into 2D stages, device i holds i and 2D-1-i."""
-    d = sg.num_devices
-    parts = regroup(sg, 2 * d, comm)
-    place = [k if k < d else 2 * d - 1 - k for k in range(2 * d)]
-    stages, edges = _build(parts, place, d, sg.overlap_gain)
-    return StageGraph(stages, edges, num_devices=d, overlap_gain=sg.overlap_gain)
+def single_device(devices_of: DevicesOf, stage: int, devices: int) -> int:
+    """The one device a placement rule gives ``stage`` (a rule with two copies is refused)."""
+    devices_ = devices_of(stage, devices)
+    if len(devices_) != 1:
+        raise ValueError(f"this placement puts stage {stage} on devices {devices_}; expected exactly one")
+    return devices_[0]
 
 
-def dual_graph(sg: StageGraph, microbatches: int, comm: float | None = None) -> StageGraph:
+def dual_graph(sg: StageGraph, microbatches: int, devices_of: DevicesOf, comm: float | None = None) -> StageGraph:
     """DualPipe's two directions on D devices.
 
-    The chain is regrouped into PP = D logical stages. Stages 0..D-1 (the
-    first copy, direction 0) put logical stage r on device r and run
-    microbatches 0 .. M/2-1; stages D..2D-1 (the second copy, direction 1,
-    ``copy_of`` = its logical stage) put logical stage j on device D-1-j and
-    run microbatches M/2 .. M-1. So device r holds logical stages r and D-1-r.
+    The chain is regrouped into PP = D logical stages; ``devices_of(j, D)``
+    gives the two devices of logical stage j, one per copy. Stages 0..D-1
+    (the first copy, direction 0) run microbatches 0 .. M/2-1, each on the
+    first device of its rule; stages D..2D-1 (the second copy, direction 1,
+    ``copy_of`` = its logical stage) run microbatches M/2 .. M-1, each on
+    the second device.
     """
     d = sg.num_devices
     parts = regroup(sg, d, comm)
     half = microbatches // 2
+    copies = [devices_of(j, d) for j in range(d)]
     down, down_edges = _build(
-        parts, list(range(d)), d, sg.overlap_gain, microbatches=tuple(range(half))
+        parts, [c[0] for c in copies], d, sg.overlap_gain, microbatches=tuple(range(half))
     )
     up, up_edges = _build(
         parts,
-        [d - 1 - j for j in range(d)],
+        [c[1] for c in copies],
         d,
         sg.overlap_gain,
         first_id=d,
@@ -355,8 +373,10 @@ def expect_chain_edges(sg: StageGraph, ids: list[int], method: str) -> None:
         raise Unsupported(f"{method} needs stages {ids} chained in order; edges {missing} are missing")
 
 
-def expect_placement(sg: StageGraph, place: list[int], method: str, rule: str) -> None:
-    """Stage k sits on device ``place[k]`` for every k, else Unsupported naming ``rule``."""
+def expect_placement(sg: StageGraph, count: int, devices_of: DevicesOf, method: str, rule: str) -> None:
+    """``count`` stages chained in order, stage k on ``devices_of(k, D)``, else Unsupported naming ``rule``."""
+    d = sg.num_devices
+    place = [single_device(devices_of, k, d) for k in range(count)]
     expect_single_devices(sg, method)
     if len(sg.stages) != len(place):
         raise Unsupported(

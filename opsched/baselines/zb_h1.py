@@ -23,14 +23,14 @@ from opsched.baselines.interleaved import device_actions
 from opsched.schedule import Order, StageGraph
 
 PLACEMENT = "chain"
-
-
+stages_per_device = placement.one_stage_per_device
+devices_of = placement.chain_devices
 place = placement.place_chain
 
 
 def order(sg: StageGraph, microbatches: int) -> Order:
     """The ZB-H1 order on a chain with stage k on device k."""
     d = sg.num_devices
-    placement.expect_placement(sg, list(range(d)), "zb-h1", "stage k on device k")
+    placement.expect_placement(sg, d, devices_of, "zb-h1", "stage k on device k")
     check_microbatches("zb-h1", microbatches, 1)
     return {s: device_actions(s, d, 1, microbatches, zero_bubble=True, per_round=microbatches) for s in range(d)}

@@ -30,8 +30,8 @@ from opsched.baselines.common import check_microbatches
 from opsched.schedule import Job, Order, StageGraph
 
 PLACEMENT = "chain"
-
-
+stages_per_device = placement.one_stage_per_device
+devices_of = placement.chain_devices
 place = placement.place_chain
 
 
@@ -84,6 +84,6 @@ def unit_time_orders(stages: int, microbatches: int) -> dict[int, list[Job]]:
 def order(sg: StageGraph, microbatches: int) -> Order:
     """The ZB-H2 order on a chain with stage k on device k."""
     d = sg.num_devices
-    placement.expect_placement(sg, list(range(d)), "zb-h2", "stage k on device k")
+    placement.expect_placement(sg, d, devices_of, "zb-h2", "stage k on device k")
     check_microbatches("zb-h2", microbatches, 1)
     return unit_time_orders(d, microbatches)

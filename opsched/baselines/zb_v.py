@@ -25,25 +25,32 @@ from __future__ import annotations
 
 from opsched.baselines import placement
 from opsched.baselines.common import Counters, check_microbatches
-from opsched.schedule import Job, Order, StageGraph
+from opsched.schedule import Job, Order, StageGraph, v_device, v_stages
 
 PLACEMENT = "v"
+#: what :func:`order` checks the stage graph against (DualPipeV shares it)
+V_RULE = "2D stages in a V (device i holds stages i and 2D-1-i)"
+
+
+def stages_per_device(devices: int, stages: int) -> int:
+    """Two stages per device, whatever the input chain."""
+    return 2
+
+
+def devices_of(stage: int, devices: int) -> tuple[int, ...]:
+    """The V: stage k on device :func:`~opsched.schedule.v_device` (k for k < D, else 2D-1-k)."""
+    return (v_device(stage, devices),)
 
 
 def place(sg: StageGraph, microbatches: int, comm: float | None = None) -> StageGraph:
     """The chain regrouped into 2D stages on D devices in a V."""
-    return placement.v_graph(sg, comm)
-
-
-def v_place(devices: int) -> list[int]:
-    """Device of each of the 2D stages of a V: k for k < D, else 2D-1-k."""
-    return [k if k < devices else 2 * devices - 1 - k for k in range(2 * devices)]
+    return placement.placed_chain(sg, stages_per_device(sg.num_devices, len(sg.stages)), devices_of, comm)
 
 
 def device_actions(rank: int, devices: int, microbatches: int) -> list[Job]:
     """The ZB-V action list of device ``rank``."""
     padded = max(microbatches, 2 * devices - 1)
-    down, up = rank, 2 * devices - 1 - rank
+    down, up = v_stages(rank, devices)
     c = Counters()
     acts: list[Job] = []
     fwd = {down: 0, up: 0}
@@ -85,6 +92,6 @@ def device_actions(rank: int, devices: int, microbatches: int) -> list[Job]:
 def order(sg: StageGraph, microbatches: int) -> Order:
     """The ZB-V order on 2D stages in the V placement."""
     d = sg.num_devices
-    placement.expect_placement(sg, v_place(d), "zb-v", "2D stages in a V (device i holds stages i and 2D-1-i)")
+    placement.expect_placement(sg, 2 * d, devices_of, "zb-v", V_RULE)
     check_microbatches("zb-v", microbatches, 1)
     return {r: device_actions(r, d, microbatches) for r in range(d)}
