@@ -45,10 +45,10 @@ class Stage:
     ``time`` holds the durations of the F, I and W passes of one microbatch; a
     fused backward B lasts ``time["B"]`` when given (a measured fused backward
     can be cheaper than its halves run apart) and I + W otherwise. Memory: the F of a microbatch holds
-    ``act_bytes`` on every device of the group until its I frees
-    ``act_bytes - act_w_bytes``; its W frees the remaining ``act_w_bytes`` (a B
-    frees all). ``param_bytes`` (parameters with gradients and optimizer state)
-    is resident on every device of the group for the whole step.
+    ``act_bytes`` on every device of the group, which its backward frees
+    (:meth:`activation_change` is the rule). ``param_bytes`` (parameters with
+    gradients and optimizer state) is resident on every device of the group
+    for the whole step (:func:`device_param_bytes` sums it per device).
 
     ``microbatches`` restricts the stage to a subset of microbatches (``None``:
     all). Bidirectional DualPipe needs it: each direction's copy of the model
