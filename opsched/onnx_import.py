@@ -89,6 +89,7 @@ constants and weights only (no data input reaches them).
 from __future__ import annotations
 
 import ast
+import graphlib
 import math
 import os
 import re
@@ -395,36 +396,28 @@ def _check_structure(g: onnx.GraphProto, path: str) -> list[int]:
             if o:
                 producer[o] = i
     available = {t.name for t in g.initializer} | {vi.name for vi in g.input}
-    indeg = [0] * len(g.node)
-    succs: list[list[int]] = [[] for _ in g.node]
+    sorter: graphlib.TopologicalSorter = graphlib.TopologicalSorter()
     for i, n in enumerate(g.node):
+        preds = []
         for name in n.input:
             if not name:
                 continue  # omitted optional input
             if name in producer:
-                indeg[i] += 1
-                succs[producer[name]].append(i)
+                preds.append(producer[name])
             elif name not in available:
                 raise OpschedError(
                     f"{path}: node '{n.name or n.op_type}' reads tensor '{name}' that no node, "
                     "initializer or graph input provides (dangling input); re-export the model"
                 )
-    queue = deque(i for i, d in enumerate(indeg) if d == 0)
-    order = []
-    while queue:
-        i = queue.popleft()
-        order.append(i)
-        for j in succs[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                queue.append(j)
-    if len(order) < len(g.node):
-        stuck = next(i for i, d in enumerate(indeg) if d > 0)
+        sorter.add(i, *preds)
+    try:
+        return list(sorter.static_order())
+    except graphlib.CycleError as exc:
+        stuck = exc.args[1][0]
         raise OpschedError(
             f"{path}: the ONNX graph has a cycle (through node '{g.node[stuck].name or g.node[stuck].op_type}'); "
             "an ONNX graph must be acyclic"
-        )
-    return order
+        ) from None
 
 
 def _small_int_values(model: onnx.ModelProto) -> dict[str, list[int]]:

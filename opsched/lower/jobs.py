@@ -8,7 +8,7 @@ and the MIP need as plain lists indexed by job number:
 * ``preds[j]`` / ``succs[j]``: ``(other job, transfer delay)`` from
   :func:`opsched.schedule.dependencies`, so the one dependency rule is reused;
 * ``mem[j]``: the signed activation change of the job on each of its devices
-  (F adds ``act``, I frees ``act - act_w``, W frees ``act_w``, B frees ``act``);
+  (:meth:`opsched.schedule.Stage.activation_change` is the rule);
 * ``head[j]``: earliest start ignoring devices and memory (longest path of
   predecessors with transfers); ``tail[j]``: least time that must pass after
   ``j`` ends before the last job ends.
@@ -27,10 +27,11 @@ parameters of the stages it hosts.
 
 from __future__ import annotations
 
-from typing import Mapping
+import graphlib
+from typing import Iterable, Mapping, Sequence
 
 from opsched.errors import MemoryTooSmall, OpschedError
-from opsched.schedule import Action, Job, Order, Pair, StageGraph, dependencies
+from opsched.schedule import Job, Order, StageGraph, dependencies, device_param_bytes, jobs_of
 
 #: relative tolerance for comparing times and memory
 EPS = 1e-9
@@ -52,7 +53,7 @@ class JobSet:
         self.index: dict[Job, int] = {job: k for k, job in enumerate(self.jobs)}
         self.duration = [sg.stage(j.stage).duration(j.pass_) for j in self.jobs]
         self.devices = [tuple(sg.stage(j.stage).devices) for j in self.jobs]
-        self.mem = [activation_change(sg, j) for j in self.jobs]
+        self.mem = [sg.stage(j.stage).activation_change(j.pass_) for j in self.jobs]
         self.preds: list[list[tuple[int, float]]] = [[] for _ in self.jobs]
         self.succs: list[list[tuple[int, float]]] = [[] for _ in self.jobs]
         for k, job in enumerate(self.jobs):
@@ -60,7 +61,7 @@ class JobSet:
                 i = self.index[dep]
                 self.preds[k].append((i, float(delay)))
                 self.succs[i].append((k, float(delay)))
-        self.topo = _topological_jobs(self)
+        self.topo = topological_order([[i for i, _ in ps] for ps in self.preds])
         self.head = self._heads()
         self.tail = self._tails()
         self.on_device: dict[int, list[int]] = {d: [] for d in range(sg.num_devices or 0)}
@@ -90,47 +91,26 @@ class JobSet:
         return [k for k in range(len(self.jobs)) if not self.succs[k]]
 
 
-def activation_change(sg: StageGraph, job: Job) -> float:
-    """Signed activation change of ``job`` on each device of its stage."""
-    st = sg.stage(job.stage)
-    return {
-        "F": st.act_bytes,
-        "I": -(st.act_bytes - st.act_w_bytes),
-        "W": -st.act_w_bytes,
-        "B": -st.act_bytes,
-    }[job.pass_]
+def topological_order(preds: Sequence[Iterable[int]]) -> list[int]:
+    """Job numbers ordered so that each comes after every job in its ``preds`` entry.
 
+    Callers use it for longest-path sweeps (heads, tails, start windows),
+    whose results do not depend on which topological order they get.
 
-def _topological_jobs(js: JobSet) -> list[int]:
-    indeg = [len(p) for p in js.preds]
-    ready = [k for k, n in enumerate(indeg) if n == 0]
-    order: list[int] = []
-    while ready:
-        k = ready.pop()
-        order.append(k)
-        for s, _ in js.succs[k]:
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                ready.append(s)
-    # the StageGraph is a DAG (checked when it is built), so its jobs are too
-    assert len(order) == len(js.jobs), "job dependencies form a cycle"
-    return order
+    >>> topological_order([[1], [], [0, 1]])
+    [1, 0, 2]
+    """
+    return list(graphlib.TopologicalSorter(dict(enumerate(preds))).static_order())
 
 
 # --------------------------------------------------------------------------- memory
-
-
-def resident_params(sg: StageGraph) -> dict[int, float]:
-    """Parameter bytes resident on each device (every stage it hosts)."""
-    return {d: sum(sg.stage(s).param_bytes for s in sg.stages_on(d)) for d in range(sg.num_devices or 0)}
 
 
 def activation_budgets(sg: StageGraph, memory_limit: float | None) -> dict[int, float] | None:
     """Activation budget per device: the limit minus resident parameters (``None``: no limit)."""
     if memory_limit is None:
         return None
-    params = resident_params(sg)
-    return {d: float(memory_limit) - params[d] for d in params}
+    return {d: float(memory_limit) - params for d, params in enumerate(device_param_bytes(sg))}
 
 
 def microbatch_requirement(sg: StageGraph, microbatch: int) -> dict[int, float]:
@@ -158,7 +138,7 @@ def minimum_memory_limit(sg: StageGraph, microbatches: int) -> float:
     microbatches. Exact when every stage feeds a single loss stage (pipelines,
     towers that join): running one microbatch at a time needs exactly this.
     """
-    params = resident_params(sg)
+    params = device_param_bytes(sg)
     worst = 0.0
     for m in range(microbatches):
         need = microbatch_requirement(sg, m)
@@ -180,11 +160,6 @@ def check_memory_limit(sg: StageGraph, microbatches: int, memory_limit: float | 
         )
 
 
-def action_jobs(action: Action) -> tuple[Job, ...]:
-    """The jobs of an action (two for an overlapped pair)."""
-    return (action.first, action.second) if isinstance(action, Pair) else (action,)
-
-
 def order_peak_activation(sg: StageGraph, order: Order) -> dict[int, float]:
     """Peak activation per device of an order, which does not depend on timing.
 
@@ -197,7 +172,7 @@ def order_peak_activation(sg: StageGraph, order: Order) -> dict[int, float]:
     for d, actions in order.items():
         level = peak = 0.0
         for action in actions:
-            changes = [activation_change(sg, j) for j in action_jobs(action)]
+            changes = [sg.stage(j.stage).activation_change(j.pass_) for j in jobs_of(action)]
             level += sum(c for c in changes if c > 0)
             peak = max(peak, level)
             level += sum(c for c in changes if c < 0)

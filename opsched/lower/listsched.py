@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from opsched.lower.jobs import EPS, JobSet, order_fits
-from opsched.schedule import Action, Job, Order, Pair, pair_duration, simulate
+from opsched.schedule import Action, Job, Order, Pair, jobs_of, pair_duration, simulate
 
 #: priority rule name -> sort key of a candidate job (smaller runs first)
 PRIORITIES = ("zb", "forward", "critical")
@@ -354,5 +354,5 @@ def job_order(order: Order) -> dict[int, list[Job]]:
     """The order with pairs split into their two jobs (for splicing and windows)."""
     out: dict[int, list[Job]] = {}
     for d, actions in order.items():
-        out[d] = [j for a in actions for j in ((a.first, a.second) if isinstance(a, Pair) else (a,))]
+        out[d] = [j for a in actions for j in jobs_of(a)]
     return out

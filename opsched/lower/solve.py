@@ -45,7 +45,7 @@ from opsched.lower.timeindexed import (
     solve_slot_problem,
     starts_to_order,
 )
-from opsched.schedule import Job, Order, Pair, Schedule, StageGraph, simulate
+from opsched.schedule import Job, Order, Pair, Schedule, StageGraph, jobs_of, simulate
 from opsched.solver import Objective, Status, objective_of, require
 
 log = logging.getLogger(__name__)
@@ -296,7 +296,7 @@ def _same_jobs(js: JobSet, order: Order) -> bool:
     seen: dict[Job, int] = {}
     for acts in order.values():
         for a in acts:
-            for j in (a.first, a.second) if isinstance(a, Pair) else (a,):
+            for j in jobs_of(a):
                 seen[j] = seen.get(j, 0) + 1
     if set(seen) != set(js.index):
         return False

@@ -29,7 +29,7 @@ from typing import Mapping
 
 import mip
 
-from opsched.lower.jobs import JobSet
+from opsched.lower.jobs import JobSet, topological_order
 from opsched.schedule import Edge, Job, Stage, StageGraph
 from opsched.solver import Objective, Status, new_model
 
@@ -184,7 +184,7 @@ def full_windows(sp: SlotProblem, horizon: int, symmetry: bool = True) -> None:
     for k, ps in enumerate(sp.preds):
         for i, c in ps:
             succs[i].append((k, c))
-    order = _topo_with_extra(js, extra_pred)
+    order = topological_order([[i for i, _ in js.preds[k]] + list(extra_pred.get(k, ())) for k in range(len(js))])
     es = [0] * len(js)
     for k in order:
         for i, c in sp.preds[k]:
@@ -203,25 +203,6 @@ def full_windows(sp: SlotProblem, horizon: int, symmetry: bool = True) -> None:
     sp.fixed = {}
     sp.es = {k: es[k] for k in range(len(js))}
     sp.ls = {k: ls[k] for k in range(len(js))}
-
-
-def _topo_with_extra(js: JobSet, extra_pred: Mapping[int, list[int]]) -> list[int]:
-    preds = [[i for i, _ in js.preds[k]] + list(extra_pred.get(k, ())) for k in range(len(js))]
-    succs: list[list[int]] = [[] for _ in range(len(js))]
-    for k, ps in enumerate(preds):
-        for i in ps:
-            succs[i].append(k)
-    indeg = [len(ps) for ps in preds]
-    ready = sorted((k for k in range(len(js)) if indeg[k] == 0), reverse=True)
-    out = []
-    while ready:
-        k = ready.pop()
-        out.append(k)
-        for s in succs[k]:
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                ready.append(s)
-    return out
 
 
 # --------------------------------------------------------------------------- constraint families

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from opsched.cluster import Cluster
 from opsched.cost import divisors
 from opsched.errors import OpschedError
+from opsched.schedule import v_device
 
 PLACEMENTS = ("chain", "v", "interleaved")
 
@@ -59,8 +60,8 @@ class Layout:
         return self.groups * self.virtual
 
     def group_of_slot(self, slot: int) -> int:
-        if self.placement == "v" and slot >= self.groups:
-            return 2 * self.groups - 1 - slot
+        if self.placement == "v":
+            return v_device(slot, self.groups)
         return slot % self.groups
 
     def slots_of_group(self, group: int) -> list[int]:
