@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import networkx as nx
 
@@ -40,6 +40,8 @@ class Baseline:
     peak_memory_bytes: float
     grad_sync: float
     solve_seconds: float
+    #: stage id -> (block id, mode name) of the blocks it holds (empty when the method regrouped the split)
+    stage_blocks: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
 
     def to_dict(self, samples_per_step: int) -> dict:
         return {
@@ -66,7 +68,17 @@ def method_stage_count(method: str, groups: int) -> int:
     return baseline_module(method).stages_per_device(groups, groups) * groups
 
 
-def contiguous_chain(p: UpperProblem, uniform: bool = True) -> tuple[StageGraph, list[float], str] | None:
+@dataclass
+class ContiguousChain:
+    """A contiguous split of the model as a chain of stages on pseudo-devices (:func:`contiguous_chain`)."""
+
+    stage_graph: StageGraph
+    syncs: list[float]  # each stage's gradient sync per step
+    config: str  # the parallel configuration's name, e.g. "dp4+ep"
+    blocks_of_stage: list[list[tuple[int, str]]]  # stage k -> (block id, mode name), in model order
+
+
+def contiguous_chain(p: UpperProblem, uniform: bool = True) -> ContiguousChain | None:
     """A contiguous split of ``p`` as a chain on pseudo-devices, one per group.
 
     ``uniform``: one parallel configuration for every block, as users set it
@@ -76,8 +88,9 @@ def contiguous_chain(p: UpperProblem, uniform: bool = True) -> tuple[StageGraph,
     Stage k runs on pseudo-device ``k mod G`` (so a baseline can re-place the
     chain); a stage's figures are its blocks' under their modes; the edge
     k -> k+1 carries every block edge that crosses the cut after stage k.
-    Returns the chain, each stage's gradient sync and the configuration's
-    name, or None when no contiguous split fits in memory. Empty slots are dropped.
+    Returns the chain with each stage's gradient sync, the configuration's
+    name and the blocks of each stage, or None when no contiguous split fits
+    in memory. Empty slots are dropped.
     """
     if uniform:
         found = uniform_start(p)
@@ -91,10 +104,11 @@ def contiguous_chain(p: UpperProblem, uniform: bool = True) -> tuple[StageGraph,
     used = sorted({s for s, _ in start.values()})
     index = {s: i for i, s in enumerate(used)}
     G = p.layout.groups
-    stages, syncs = [], []
+    stages, syncs, blocks_of_stage = [], [], []
     for s in used:
         k = index[s]
         costs = [p.cost[(b, p.group(s), m)] for b, (slot, m) in start.items() if slot == s]
+        blocks_of_stage.append([(b, str(start[b][1])) for b in p.blocks if start[b][0] == s])
         stages.append(
             Stage(
                 id=k,
@@ -113,7 +127,7 @@ def contiguous_chain(p: UpperProblem, uniform: bool = True) -> tuple[StageGraph,
         a, c = used[k], used[k + 1]
         time_ = 0.0 if p.group(a) == p.group(c) else p.transfer_latency[(a, c)] + crossing * p.transfer_rate[(a, c)]
         edges.append(Edge(k, k + 1, time=time_, bytes=crossing))
-    return StageGraph(stages, edges, num_devices=G), syncs, config
+    return ContiguousChain(StageGraph(stages, edges, num_devices=G), syncs, config, blocks_of_stage)
 
 
 def _device_sync(method: str, syncs: list[float], groups: int) -> float:
@@ -161,7 +175,7 @@ def contiguous_baselines(
     """
     M = training.microbatches
     best: dict[str, Baseline] = {}
-    chains: dict[tuple[int, int, float], tuple | None] = {}
+    chains: dict[tuple[int, int, float], ContiguousChain | None] = {}
     reasons: dict[str, dict[int, str]] = {name: {} for name in NAMES}  # method -> depth -> first reason
     for lay, method, scale in itertools.product(layouts(cluster, max_virtual=1), NAMES, SPLIT_MEMORY_SCALES):
         G = lay.groups
@@ -175,19 +189,19 @@ def contiguous_baselines(
         if chains[key] is None:
             reasons[method].setdefault(G, "no contiguous split of the model fits in the memory limit")
             continue
-        chain, syncs, config = chains[key]
+        chain = chains[key]
         t0 = time.perf_counter()
         try:
-            sched = run_baseline(method, chain, M, memory_limit=memory_limit)
+            sched = run_baseline(method, chain.stage_graph, M, memory_limit=memory_limit)
         except Unsupported as exc:
             reasons[method].setdefault(G, str(exc))
             continue
         seconds = time.perf_counter() - t0
         m = metrics(sched)
-        sync = _device_sync(method, syncs, G)
+        sync = _device_sync(method, chain.syncs, G)
         cand = Baseline(
             method=method,
-            layout=f"{G}x{lay.group_size} contiguous, {config}",
+            layout=f"{G}x{lay.group_size} contiguous, {chain.config}",
             schedule=on_real_devices(sched, lay),
             makespan=m.makespan,
             step_time=m.makespan + sync,
@@ -195,6 +209,7 @@ def contiguous_baselines(
             peak_memory_bytes=max(m.peak_memory_bytes, default=0.0),
             grad_sync=sync,
             solve_seconds=seconds,
+            stage_blocks=_placed_blocks(sched.stage_graph, chain.blocks_of_stage),
         )
         if method not in best or cand.step_time < best[method].step_time:
             best[method] = cand
@@ -205,6 +220,18 @@ def contiguous_baselines(
     for name, reason in refused.items():
         log.info("baseline: %s refused: %s", name, reason)
     return rows, (rows[0] if rows else None), refused
+
+
+def _placed_blocks(placed: StageGraph, blocks_of_stage: list[list[tuple[int, str]]]) -> dict[int, list[tuple[int, str]]]:
+    """Stage id of a method's placed chain -> the blocks it holds (a copy holds its original's).
+
+    Empty when the method regrouped the chain (its stage count differs), so
+    that no stage is said to hold blocks it does not.
+    """
+    originals = [s for s in placed.stages if s.copy_of is None]
+    if len(originals) != len(blocks_of_stage):
+        return {}
+    return {s.id: blocks_of_stage[s.id if s.copy_of is None else s.copy_of] for s in placed.stages}
 
 
 def refusal_reason(by_depth: dict[int, str], devices: int) -> str:

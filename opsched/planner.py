@@ -46,7 +46,7 @@ from opsched.upper.mip import (
     upper_problem,
 )
 from opsched.upper.reduce import reduce_block_graph
-from opsched.upper.stages import StagePlan, build_stage_graph
+from opsched.upper.stages import StageContents, StagePlan, build_stage_graph, stage_contents
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class PlanResult:
     layout: str
     step_time: float
     grad_sync: float
-    stage_blocks: dict[int, list[str]]  # stage id -> names of the blocks it holds, with modes
+    stage_contents: dict[int, StageContents]  # stage id -> its layers, module paths, blocks and modes
     candidates: list[Candidate]
     baselines: list[Baseline]
     blocks: int  # blocks the upper MIP placed
@@ -120,7 +120,7 @@ class LowerJob:
     stage_graph: StageGraph
     grad_sync: float  # seconds per step, added to the makespan
     plan: StagePlan | None = None  # the upper MIP's stages (None for the best baseline's contiguous split)
-    warm: Schedule | None = None  # a schedule to start from (the best baseline's)
+    split: Baseline | None = None  # the best baseline, whose split and schedule this job starts from
     schedule: Schedule | None = None
     outcome: LowerOutcome | None = None
 
@@ -135,7 +135,7 @@ class Option:
     schedule: Schedule
     metrics: dict
     grad_sync: float
-    plan: StagePlan | None
+    stage_blocks: dict[int, list[tuple[int, str]]]  # stage id -> (block id of the reduced graph, mode name)
 
 
 # --------------------------------------------------------------------------- the search
@@ -174,7 +174,7 @@ def plan_block_graph(
     t_start = time.perf_counter()
     all_layouts = layouts(cluster)
     target = target_blocks or max(24, 3 * max(lay.slots for lay in all_layouts))
-    small, _ = reduce_block_graph(bg, target)
+    small, members = reduce_block_graph(bg, target)
     log.info("upper: %d blocks reduced to %d for the MIP; %d layouts",
              bg.number_of_nodes(), small.number_of_nodes(), len(all_layouts))
     problems = {str(lay): upper_problem(small, lay, cluster, training, limit) for lay in all_layouts}
@@ -206,7 +206,7 @@ def plan_block_graph(
         layout=best.layout,
         step_time=best.step_time,
         grad_sync=best.grad_sync,
-        stage_blocks=_stage_blocks(best, problems),
+        stage_contents=_stage_contents(best.stage_blocks, members, bg),
         candidates=[j.candidate for j in jobs] + candidates + unscheduled,
         baselines=baselines,
         blocks=small.number_of_nodes(),
@@ -273,7 +273,7 @@ def _lower_jobs(
     if best_split is not None:
         sg = best_split.schedule.stage_graph
         cand = Candidate("contiguous", best_split.layout, "scheduled", stages=len(sg.stages))
-        jobs.append(LowerJob(cand, sg, best_split.grad_sync, warm=best_split.schedule))
+        jobs.append(LowerJob(cand, sg, best_split.grad_sync, split=best_split))
     return jobs, estimated_only
 
 
@@ -302,7 +302,7 @@ def _schedule_job(job: LowerJob, microbatches: int, limit: float, budget: float,
     search = 10 if warm is None else None
     try:
         schedule, outcome = run_isolated(lower_schedule, job.stage_graph, microbatches, limit, budget, solver,
-                                         warm or job.warm, search, timeout=3 * budget + 60)
+                                         warm or (job.split and job.split.schedule), search, timeout=3 * budget + 60)
     except (SolverCrash, MemoryTooSmall) as exc:
         if job.schedule is None:
             cand.status = f"lower failed: {exc}"
@@ -359,23 +359,26 @@ def _quiet(logger_name: str):
 
 def _job_option(job: LowerJob) -> Option:
     cand = job.candidate
-    return Option(cand.step_time, cand.source, cand.layout, job.schedule, job.outcome.as_metrics(), job.grad_sync, job.plan)
+    if job.plan is not None:
+        held = {sid: [(b, job.plan.modes_of_stage[sid][b]) for b in blocks] for sid, blocks in job.plan.blocks_of_stage.items()}
+    else:
+        held = job.split.stage_blocks
+    return Option(cand.step_time, cand.source, cand.layout, job.schedule, job.outcome.as_metrics(), job.grad_sync, held)
 
 
 def _baseline_option(b: Baseline) -> Option:
     """A baseline itself is a plan the search may return."""
     return Option(b.step_time, f"baseline {b.method}", b.layout, b.schedule,
-                  {"solver": "none", "solve_seconds": b.solve_seconds}, b.grad_sync, None)
+                  {"solver": "none", "solve_seconds": b.solve_seconds}, b.grad_sync, b.stage_blocks)
 
 
-def _stage_blocks(best: Option, problems: dict[str, UpperProblem]) -> dict[int, list[str]]:
-    """Stage id -> the names of the blocks it holds, with their modes (empty for a contiguous split)."""
-    if best.plan is None:
-        return {}
-    names = problems[best.layout].names
+def _stage_contents(
+    held: dict[int, list[tuple[int, str]]], members: dict[int, list[int]], bg: nx.DiGraph
+) -> dict[int, StageContents]:
+    """Stage id -> what it holds, in the model's own blocks (each reduced block stands for its ``members``)."""
     return {
-        sid: [f"{names[b]} [{best.plan.modes_of_stage[sid][b]}]" for b in blocks]
-        for sid, blocks in best.plan.blocks_of_stage.items()
+        sid: stage_contents([(bg.nodes[m]["block"].name, mode) for b, mode in blocks for m in members[b]])
+        for sid, blocks in held.items()
     }
 
 

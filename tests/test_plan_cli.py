@@ -37,8 +37,8 @@ def test_two_towers_run_on_different_groups_and_overlap_in_time():
     sg = result.schedule.stage_graph
     assert result.source == "upper"
     tower = {}
-    for sid, names in result.stage_blocks.items():
-        for n in names:
+    for sid, held in result.stage_contents.items():
+        for n in held.blocks:
             tower.setdefault(n.split(" ")[0], sid)
     a, b = tower["a1"], tower["b1"]
     assert set(sg.stage(a).devices).isdisjoint(sg.stage(b).devices)
@@ -69,6 +69,25 @@ def test_plan_cli_writes_every_file_and_a_valid_plan(tmp_path, capsys):
     assert "| **opsched**" in report and "throughput" in report
     summary = capsys.readouterr().out
     assert "step time" in summary and "vs best baseline" in summary
+    assert_every_stage_says_what_it_holds(schedule, doc, report, MODELS / "clip_vit_l14.onnx")
+
+
+def assert_every_stage_says_what_it_holds(schedule, doc, report, model):
+    """Every stage has its layers; the original stages hold every layer of the model exactly once."""
+    from opsched.coarsen import coarsen
+    from opsched.graph import ops
+    from opsched.onnx_import import import_onnx
+    from opsched.upper.stages import layer_path
+
+    contents = doc["stage_contents"]
+    stages = schedule.stage_graph.stages
+    assert set(contents) == {str(s.id) for s in stages}
+    held = [path for s in stages if s.copy_of is None for path in contents[str(s.id)]["modules"]]
+    model_layers = {layer_path(block.name) for block in ops(coarsen(import_onnx(str(model))))}
+    assert set(held) == model_layers
+    # a layer split across two consecutive stages is listed by both; none is listed three times
+    assert all(held.count(path) <= 2 for path in held)
+    assert "## Stages" in report and "vision_model.encoder.layers." in report
 
 
 def test_plan_without_matplotlib_skips_only_the_svg(tmp_path, capsys, monkeypatch):

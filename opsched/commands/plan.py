@@ -143,7 +143,8 @@ def plan_extra(model: str, cluster, training, result) -> dict:
         "grad_sync_seconds": result.grad_sync,
         "throughput": samples / result.step_time if result.step_time > 0 else 0.0,
         "microbatch_size": training.microbatch_size,
-        "stage_blocks": {str(k): v for k, v in result.stage_blocks.items()},
+        "stage_blocks": {str(k): c.blocks for k, c in result.stage_contents.items()},
+        "stage_contents": {str(k): c.to_dict() for k, c in result.stage_contents.items()},
         "baselines": [b.to_dict(samples) for b in result.baselines],
         "refused_baselines": [{"method": k, "reason": v} for k, v in result.refused_baselines.items()],
         "candidates": [c.to_dict() for c in result.candidates],
@@ -254,15 +255,28 @@ def report_text(model: str, cluster, training, limit: float, result) -> str:
             f"| {c.source} | {c.layout} | {c.status} | {fmt(c.estimate)} | {c.upper_status or '-'} | {fmt(c.makespan)} | "
             f"{fmt(c.step_time)} | {fmt(c.bubble_ratio, '.3f')} | {fmt(c.lower_bound)} | {fmt(c.gap, '.3f')} |"
         )
-    if result.stage_blocks:
-        lines += ["", "## Stages", "", "| stage | devices | F / I / W (ms) | blocks [mode] |", "|---|---|---|---|"]
-        for s in result.schedule.stage_graph.stages:
-            t = s.time
-            blocks = ", ".join(result.stage_blocks.get(s.id, []))
-            lines.append(
-                f"| {s.id} | {s.devices[0]}-{s.devices[-1]} | {t['F'] * 1e3:.2f} / {t['I'] * 1e3:.2f} / {t['W'] * 1e3:.2f} | {blocks} |"
-            )
+    lines += stages_table(result)
     return "\n".join(lines) + "\n"
+
+
+def stages_table(result) -> list[str]:
+    """The report's Stages section: every stage's devices, times, layers and parallel modes, for every plan."""
+    lines = ["", "## Stages", "",
+             "| stage | devices | F / I / W (ms) | layers | parallel modes |", "|---|---|---|---|---|"]
+    for s in result.schedule.stage_graph.stages:
+        t = s.time
+        held = result.stage_contents.get(s.id)
+        copy = f" (copy of stage {s.copy_of})" if s.copy_of is not None else ""
+        layers = (held.layers if held else "-") + copy
+        modes = held.modes_text if held else "-"
+        devices = f"{s.devices[0]}" if len(s.devices) == 1 else f"{s.devices[0]}-{s.devices[-1]}"
+        lines.append(f"| {s.id} | {devices} | {t['F'] * 1e3:.2f} / {t['I'] * 1e3:.2f} / {t['W'] * 1e3:.2f} | "
+                     f"{layers} | {modes} |")
+    if not result.stage_contents:
+        lines += ["", "(this schedule regroups the model's split into its own stages, so which blocks each holds is not tracked)"]
+    else:
+        lines += ["", "Every block of each stage, with its mode, is in plan.json (`stage_contents`)."]
+    return lines
 
 
 def summary_text(model: str, cluster, training, result, samples: int, out: Path, names: list[str]) -> str:

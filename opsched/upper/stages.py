@@ -11,6 +11,7 @@ objective used, so the lower level schedules the same costs.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from opsched.errors import OpschedError
@@ -95,3 +96,101 @@ def build_stage_graph(p: UpperProblem, assignment: Assignment) -> StagePlan:
         slot_of_stage={sid: s for s, sid in stage_of_slot.items()},
         grad_sync_seconds=max(sync_per_group.values(), default=0.0),
     )
+
+
+# --------------------------------------------------------------------------- what a stage holds, as layers
+
+
+#: a module path component that numbers a repeated layer (transformers' ``layers.3``, GPT-2's ``h.3``, ...)
+LAYER_COMPONENT = re.compile(r"^(layers?|h|blocks?|resblocks)\.(\d+)$")
+
+
+@dataclass
+class StageContents:
+    """What one stage holds: its layers in a line, their module paths, its parallel modes, each block with its mode."""
+
+    layers: str  # e.g. "model.layers.0-3, lm_head"
+    modules: list[str]  # module paths of the layers (or top-level modules) it holds, in model order
+    blocks: list[str]  # "block name [mode]" for every block it holds
+    modes: dict[str, str]  # parallel mode -> the layers with blocks in that mode, in a line
+
+    @property
+    def modes_text(self) -> str:
+        """``dp2`` for one mode, else ``dp2: model.layers.0; ep2: model.layers.1-2``."""
+        if len(self.modes) == 1:
+            return next(iter(self.modes))
+        return "; ".join(f"{mode}: {layers}" for mode, layers in self.modes.items())
+
+    def to_dict(self) -> dict:
+        return {"layers": self.layers, "modules": self.modules, "modes": self.modes, "blocks": self.blocks}
+
+
+def layer_path(block_name: str) -> str:
+    """The module path of the layer a block belongs to: up to its first numbered layer component.
+
+    Block names are ONNX scopes joined by ``/`` (a ``#k`` suffix tells apart
+    blocks of one scope); a block outside every numbered layer keeps its whole path.
+
+    >>> layer_path("model/layers.3/block_sparse_moe/experts.1#2")
+    'model.layers.3'
+    >>> layer_path("lm_head"), layer_path("(root)")
+    ('lm_head', '(root)')
+    """
+    parts = block_name.split("#", 1)[0].split("/")
+    for k, part in enumerate(parts):
+        if LAYER_COMPONENT.match(part):
+            return ".".join(parts[: k + 1])
+    return ".".join(parts)
+
+
+def summarize_layers(paths: list[str]) -> str:
+    """Module paths in a line, runs of consecutive numbered layers as ranges.
+
+    >>> summarize_layers(["model.layers.0", "model.layers.1", "model.layers.2", "model.layers.5", "lm_head"])
+    'model.layers.0-2, model.layers.5, lm_head'
+    """
+    out: list[str] = []
+    run: tuple[str, int, int] | None = None  # (prefix, first index, last index)
+
+    def flush() -> None:
+        if run is not None:
+            prefix, first, last = run
+            out.append(f"{prefix}{first}" if first == last else f"{prefix}{first}-{last}")
+
+    for path in paths:
+        head, _, last_part = path.rpartition(".")
+        number = last_part.isdigit() and LAYER_COMPONENT.match(path.split(".")[-2] + "." + last_part) if head else None
+        if number:
+            prefix = head + "."
+            index = int(last_part)
+            if run is not None and run[0] == prefix and index == run[2] + 1:
+                run = (prefix, run[1], index)
+                continue
+            flush()
+            run = (prefix, index, index)
+        else:
+            flush()
+            run = None
+            out.append(path)
+    flush()
+    return ", ".join(out)
+
+
+def stage_contents(blocks: list[tuple[str, str]]) -> StageContents:
+    """The :class:`StageContents` of a stage holding ``blocks``: (original block name, mode name) in model order.
+
+    >>> c = stage_contents([("model/layers.0", "tp2"), ("model/layers.1/mlp", "tp2"), ("lm_head", "dp2")])
+    >>> c.layers, c.modes_text
+    ('model.layers.0-1, lm_head', 'tp2: model.layers.0-1; dp2: lm_head')
+    """
+    modules: list[str] = []
+    by_mode: dict[str, list[str]] = {}
+    for name, mode in blocks:
+        path = layer_path(name)
+        if path not in modules:
+            modules.append(path)
+        paths = by_mode.setdefault(mode, [])
+        if path not in paths:
+            paths.append(path)
+    modes = {mode: summarize_layers(paths) for mode, paths in by_mode.items()}
+    return StageContents(summarize_layers(modules), modules, [f"{n} [{m}]" for n, m in blocks], modes)
