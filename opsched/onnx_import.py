@@ -70,7 +70,17 @@ What the importer does, in order:
    equal-valued tensors (every LayerNorm weight starts as ones; dynamo shares
    one initializer, legacy adds Identity copies), while a big tensor read
    twice (directly or through an alias op such as Transpose) is a tied weight
-   (shared embeddings).
+   (shared embeddings). ``GatherND`` reads its table (input 0) in a weight
+   position like ``Gather``.
+7. **Stacked experts** (:mod:`opsched.stacked_experts`): when a router (a
+   ``TopK`` over an axis of E that keeps fewer than E) is present, a weight of
+   shape ``[E, ...]`` read by ``Gather`` / ``GatherND`` of expert indices or
+   by a matmul batched over the expert axis makes the operators of that
+   layer's expert computation split into E per-expert copies (scope
+   ``.../experts.e``), each with 1/E of the weight and, for the gather style,
+   ``ceil(capacity_factor * rows / E)`` of the S = tokens x top_k rows. Graph
+   attribute ``stacked_experts`` lists them (region scope -> experts, rows,
+   rows per expert).
 
 Module scope per node: dynamo's ``metadata_props["pkg.torch.onnx.name_scopes"]``
 (full or relative module names; the leaf op name is dropped) or legacy names
@@ -101,6 +111,7 @@ from onnx import TensorProto, numpy_helper
 
 from opsched.errors import OpschedError
 from opsched.graph import OpNode, add_op, new_op_graph
+from opsched.stacked_experts import find_families, router_sizes, split_families, stacked_weights
 
 DEFAULT_DIMS_KEY = "opsched.default_dims"
 DATA_INPUTS_KEY = "opsched.data_inputs"
@@ -732,7 +743,7 @@ def _weight_position(node, k, shapes, strong: bool) -> bool:
         return k >= 1
     if t in NORM_OPS:
         return 1 <= k <= (2 if t != "SkipLayerNormalization" else 4)
-    if t == "Gather":
+    if t in ("Gather", "GatherND"):
         return k == 0
     if t in ("Add", "Sub", "Mul", "Div"):
         if not strong:
@@ -780,7 +791,25 @@ def import_onnx(path, dims: dict[str, int] | None = None, capacity_factor: float
     meta = _metadata(model)
     data_meta = [s.strip() for s in meta[DATA_INPUTS_KEY].split(",") if s.strip()] if DATA_INPUTS_KEY in meta else None
     weight_inputs = _weight_inputs(model, shapes, data_meta)
-    return _build_graph(model, path, order, shapes, resolved, weight_inputs, warnings, capacity_factor, routing)
+    g = _build_graph(model, path, order, shapes, resolved, weight_inputs, warnings, capacity_factor, routing)
+    _split_stacked_experts(g, model, order, shapes, weight_inputs, capacity_factor)
+    return g
+
+
+def _split_stacked_experts(g, model, order, shapes, weight_inputs, capacity_factor) -> None:
+    """Experts stored as one ``[E, ...]`` weight become E per-expert copies (rule 7, :mod:`opsched.stacked_experts`)."""
+    nodes = model.graph.node
+    sizes = router_sizes(nodes, shapes, _small_int_values(model))
+    found: dict[str, dict] = {}
+    if sizes:
+        weights = {t.name for t in model.graph.initializer if t.data_type in _FLOAT_TYPES} | set(weight_inputs)
+        stacked = stacked_weights(nodes, order, shapes, weights, sizes)
+        scopes = [node_scope(n) for n in nodes]
+        families = find_families(nodes, order, shapes, stacked, scopes, capacity_factor)
+        split_families(g, families, _node_keys(nodes))
+        found = {f.name: {"experts": f.experts, "rows": f.rows, "rows_per_expert": f.rows and round(f.rows * f.per_expert)}
+                 for f in families}
+    g.graph["stacked_experts"] = found
 
 
 def _tensor_bytes(shapes, name) -> float:

@@ -256,3 +256,24 @@ def test_random_graphs_give_valid_block_graphs(g, depth, target):
                 assert a != b and not nx.has_path(bg, a, b) and not nx.has_path(bg, b, a)
     if target is not None and bg.graph["target_met"]:
         assert bg.number_of_nodes() <= target
+
+
+def test_batched_experts_coarsen_like_separate_experts():
+    # A tiny HF Mixtral whose experts are stacked [4, ...] weights (tests/data/make_hf_moe.py):
+    # after import each layer has 4 expert blocks, parallel, one expert each, and the
+    # reduced graph offers expert parallelism on the merged experts as for per-expert exports.
+    from opsched.cost import expert_count, modes_for
+    from opsched.upper.reduce import reduce_block_graph
+
+    bg = coarsen(import_onnx(real_export("mixtral_batched_experts.dynamo.onnx")))
+    experts = [bg.nodes[b]["block"] for b in bg if expert_count(bg.nodes[b]["block"]) > 0]
+    assert len(experts) == 2 * 4
+    assert all(expert_count(b) == 1 and b.param_count == (96 * 32 + 32 * 48) for b in experts)
+    assert parallel_branches(bg) == 4
+    small, _ = reduce_block_graph(bg, target=12)
+    merged = [b for b in small if small.nodes[b]["expert_params"] > 0]
+    assert len(merged) == 2
+    for b in merged:
+        block = small.nodes[b]["block"]
+        assert expert_count(block) == 4 and small.nodes[b]["expert_params"] == 4 * (96 * 32 + 32 * 48)
+        assert any(m.ep == 4 for m in modes_for(block, 4))

@@ -117,3 +117,16 @@ def test_inspect_writes_no_files(tmp_path, capsys):
     assert code == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     onnx.load(str(path), load_external_data=False)  # the model file is untouched and loads
+
+
+def test_batched_experts_are_shown(capsys):
+    code, out, err = run_cli(capsys, real_export("mixtral_batched_experts.dynamo.onnx"))
+    assert code == 0 and err == ""
+    assert "47,524" in out  # every expert's weights (see test_onnx_import)
+    assert "at most 4 blocks in parallel" in out
+    assert "experts      2 layers of stacked [experts, ...] weights split into 4 experts each" in out
+    code, out, _ = run_cli(capsys, real_export("qwen2_moe_batched_experts.dynamo.onnx"), "--json",
+                           "--capacity-factor", "1.25")
+    s = json.loads(out)
+    assert {f["experts"] for f in s["stacked_experts"].values()} == {4}
+    assert {f["rows_per_expert"] for f in s["stacked_experts"].values()} == {10}  # ceil(1.25 * 16 * 2 / 4)

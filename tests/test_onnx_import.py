@@ -347,3 +347,86 @@ def test_hugging_face_onehot_expert_loop(tmp_path):
     assert g.nodes["/moe/experts.2/w1/MatMul"]["op"].flops == 2 * n * H * FF
     assert totals(g)["param_count"] == H * E + E * 2 * H * FF
     assert g.graph["warnings"] == []
+
+
+# Tiny-config Hugging Face Mixtral and Qwen2-MoE (2 layers, hidden 32, 4 experts, top-2) with
+# transformers' batched experts: one [experts, ...] weight per projection, read by GatherND of
+# the routed expert ids, then a batched MatMul (tests/data/make_hf_moe.py).
+BATCHED = {"mixtral_batched_experts.dynamo.onnx": dict(ffn=48, shared=0),
+           "qwen2_moe_batched_experts.dynamo.onnx": dict(ffn=24, shared=40)}
+
+
+def _torch_counts(name):
+    meta = {p.key: p.value for p in onnx.load(str(real_export(name)), load_external_data=False).metadata_props}
+    return int(meta["opsched.test.torch_params"]), meta
+
+
+@pytest.mark.parametrize("name", sorted(BATCHED))
+def test_batched_experts_count_every_parameter(name):
+    g = import_onnx(real_export(name))
+    params, _ = _torch_counts(name)
+    # The model's own sum(p.numel()) plus the rotary inv_freq buffer (head_dim / 2 = 4
+    # floats), which the exporter writes as a float initializer like a weight. Before
+    # stacked weights were read as parameters the count was a quarter of this (10,660 of
+    # 47,524 for Mixtral).
+    assert totals(g)["param_count"] == params + 4
+    model = onnx.load(str(real_export(name)), load_external_data=False)
+    stacked = sum(math.prod(t.dims) for t in model.graph.initializer if len(t.dims) == 3)
+    expert_params = sum(o.param_count for _, o in g.nodes(data="op") if any(p.startswith("experts.") for p in o.scope))
+    assert expert_params == stacked
+    assert g.graph["warnings"] == []
+
+
+@pytest.mark.parametrize("cf", [1.0, 1.25, 0.5])
+@pytest.mark.parametrize("name", sorted(BATCHED))
+def test_batched_experts_flops_follow_the_per_expert_routing_rule(tmp_path, name, cf):
+    batch, seq, hidden, experts, top_k, layers = 2, 8, 32, 4, 2, 2
+    ffn = BATCHED[name]["ffn"]
+    g = import_onnx(real_export(name), capacity_factor=cf)
+    # Each expert gets the rows the per-expert style's NonZero pin gives it: the same rule,
+    # the same number, for the same tokens, experts, top-k and capacity factor.
+    per_expert = make_moe_model("dynamo", experts=experts, top_k=top_k, routing="nonzero")
+    pinned = import_onnx(save(per_expert, tmp_path / "p.onnx"), dims={"batch": batch, "seq": seq}, capacity_factor=cf)
+    rows = set(pinned.graph["moe_routing"].values())
+    assert rows == {math.ceil(cf * batch * seq * top_k / experts)}
+    n = rows.pop()
+    assert {f["rows_per_expert"] for f in g.graph["stacked_experts"].values()} == {n}
+    # SwiGLU expert: gate_up (H x 2F) and down (F x H) matmuls on n rows each, per expert,
+    # per layer: exactly (the matmuls of one expert are whole multiples of a row).
+    by_expert: dict = {}
+    for _, o in g.nodes(data="op"):
+        e = [p for p in o.scope if p.startswith("experts.")]
+        if e and o.op_type == "MatMul":
+            key = (o.scope[:o.scope.index(e[0])], e[0])
+            by_expert[key] = by_expert.get(key, 0.0) + o.flops
+    assert len(by_expert) == layers * experts
+    assert set(by_expert.values()) == {n * (2 * hidden * 2 * ffn + 2 * ffn * hidden)}
+
+
+@pytest.mark.parametrize("name", sorted(BATCHED))
+def test_splitting_batched_experts_keeps_the_totals(name, monkeypatch):
+    # At capacity factor 1 with the experts dividing the rows, the split only redistributes:
+    # every cost total equals that of the unsplit batched ops (up to float rounding).
+    g = import_onnx(real_export(name))
+    monkeypatch.setattr("opsched.onnx_import.split_families", lambda *args: None)
+    whole = import_onnx(real_export(name))
+    assert g.number_of_nodes() > whole.number_of_nodes()
+    for field in ("flops", "output_bytes", "io_bytes", "param_bytes"):
+        assert totals(g)[field] == pytest.approx(totals(whole)[field], rel=1e-12)
+    assert totals(g)["param_count"] == totals(whole)["param_count"]
+
+
+def test_stacked_weights_without_a_router_stay_whole(tmp_path):
+    # A rank-3 weight read by Gather is a plain table when no TopK routes over its leading axis.
+    w = onnx.TensorProto(name="w", data_type=F, dims=[4, 8, 8])
+    w.data_location = onnx.TensorProto.EXTERNAL
+    entry = w.external_data.add()
+    entry.key, entry.value = "location", "absent.data"
+    x = helper.make_tensor_value_info("i", TensorProto.INT64, [6])
+    nodes = [helper.make_node("Gather", ["w", "i"], ["g"], name="gather"),
+             helper.make_node("MatMul", ["g", "g"], ["y"], name="mm")]
+    graph = helper.make_graph(nodes, "t", [x], [helper.make_tensor_value_info("y", F, None)], initializer=[w])
+    g = import_onnx(save(helper.make_model(graph), tmp_path / "t.onnx"))
+    assert g.graph["stacked_experts"] == {}
+    assert sorted(g.nodes) == ["gather", "mm"]
+    assert totals(g)["param_count"] == 4 * 8 * 8

@@ -11,7 +11,11 @@ MoE routing assumption: an expert loop exported with NonZero has
 data-dependent token counts. opsched assumes balanced routing: each expert
 gets ceil(capacity_factor * tokens * top_k / num_experts) tokens, with
 num_experts, tokens and top_k read from the router's TopK
-(--capacity-factor, default 1.0).
+(--capacity-factor, default 1.0). Experts stored as one stacked
+[experts, ...] weight (read by Gather/GatherND of expert indices, or a
+batched MatMul over the expert axis) are split into one copy per expert,
+each with its weights and ceil(capacity_factor * rows / num_experts) of the
+rows.
 
 Parallel branches: the most blocks at one level of the block graph (blocks on
 one level have no path between them, e.g. the experts of a layer).
@@ -76,6 +80,7 @@ def summarise(path: str, dims: dict[str, int] | None = None, capacity_factor: fl
         "blocks_target_met": bg.graph["target_met"],
         "max_parallel_branches": parallel_branches(bg),
         "moe_nonzero_resolved": len(g.graph.get("moe_routing", {})),
+        "stacked_experts": g.graph.get("stacked_experts", {}),
         "data_inputs": g.graph["data_inputs"],
         "warnings": list(g.graph["warnings"]),
     }
@@ -105,6 +110,12 @@ def format_summary(s: dict) -> str:
     if s["moe_nonzero_resolved"]:
         lines.append(f"moe routing  {s['moe_nonzero_resolved']} data-dependent expert selections sized by "
                      f"balanced routing, capacity factor {s['capacity_factor']:g}")
+    stacked = s.get("stacked_experts") or {}
+    if stacked:
+        counts = sorted({f["experts"] for f in stacked.values()})
+        lines.append(f"experts      {len(stacked)} layers of stacked [experts, ...] weights split into "
+                     f"{'/'.join(map(str, counts))} experts each, each expert's rows by balanced routing, "
+                     f"capacity factor {s['capacity_factor']:g}")
     lines.append("op types     " + ", ".join(f"{k} {v}" for k, v in list(s["op_types"].items())[:12])
                  + (" ..." if len(s["op_types"]) > 12 else ""))
     top = list(s["flops_by_op_type"].items())[:6]
