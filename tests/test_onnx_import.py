@@ -430,3 +430,34 @@ def test_stacked_weights_without_a_router_stay_whole(tmp_path):
     assert g.graph["stacked_experts"] == {}
     assert sorted(g.nodes) == ["gather", "mm"]
     assert totals(g)["param_count"] == 4 * 8 * 8
+
+
+def test_matmul_batched_over_the_expert_axis_splits_per_expert(tmp_path):
+    # Capacity-style dispatch x[E, C, H] @ w1[E, H, F] -> act -> @ w2[E, F, H], with a
+    # router TopK over E = 4 experts: 4 experts, each with its slice and 1/E of the work.
+    e, c, h, f, t = 4, 6, 8, 16, 12
+    inits = []
+    for name, shape in (("router", (h, e)), ("w1", (e, h, f)), ("w2", (e, f, h))):
+        w = onnx.TensorProto(name=name, data_type=F, dims=list(shape))
+        w.data_location = onnx.TensorProto.EXTERNAL
+        entry = w.external_data.add()
+        entry.key, entry.value = "location", "absent.data"
+        inits.append(w)
+    inits.append(onnx.numpy_helper.from_array(np.array([2], dtype=np.int64), "k"))
+    inits.append(onnx.numpy_helper.from_array(np.array([e, c, h], dtype=np.int64), "disp"))
+    nodes = [helper.make_node("MatMul", ["x", "router"], ["logits"], name="gate"),
+             helper.make_node("TopK", ["logits", "k"], ["tv", "ti"], name="topk", axis=-1),
+             helper.make_node("Reshape", ["x", "disp"], ["xe"], name="dispatch"),
+             helper.make_node("MatMul", ["xe", "w1"], ["a"], name="up"),
+             helper.make_node("Relu", ["a"], ["r"], name="act"),
+             helper.make_node("MatMul", ["r", "w2"], ["y"], name="down")]
+    graph = helper.make_graph(nodes, "cap", [helper.make_tensor_value_info("x", F, [t * 2, h])],
+                              [helper.make_tensor_value_info("y", F, None), helper.make_tensor_value_info("tv", F, None)],
+                              initializer=inits)
+    g = import_onnx(save(helper.make_model(graph), tmp_path / "cap.onnx"))
+    assert list(g.graph["stacked_experts"].values()) == [{"experts": e, "rows": None, "rows_per_expert": None}]
+    for name, flops, params in (("up", 2 * c * h * f, h * f), ("act", c * f, 0), ("down", 2 * c * f * h, f * h)):
+        copies = [g.nodes[f"{name}/experts.{i}"]["op"] for i in range(e)]
+        assert [o.scope for o in copies] == [(f"experts.{i}",) for i in range(e)]
+        assert {o.flops for o in copies} == {flops} and {o.param_count for o in copies} == {params}
+    assert totals(g)["param_count"] == h * e + 2 * e * h * f
