@@ -6,6 +6,7 @@ hundred KB and imports without reading any tensor data. Run::
 
     python models/build.py                 # regenerate every bundled model here
     python models/build.py --out DIR llama_7b switch_moe   # some models, elsewhere
+    python models/build.py deepseek_v3     # a model too large to ship (19 MB), on demand
 
 Conventions shared by all models (see ``models/README.md``):
 
@@ -85,10 +86,11 @@ class GraphBuilder:
         self.data_inputs.append(name)
         return name
 
-    def weight(self, scope: str, leaf: str, shape: list[int]) -> str:
+    def weight(self, scope: str, leaf: str, shape: list[int], elem_type: int | None = None) -> str:
         """Declare a weight as a typed graph input named like the PyTorch parameter."""
         name = ".".join([part for part in scope.split("/") if part] + [leaf])
-        self.inputs.append(helper.make_tensor_value_info(name, self.dtype, shape))
+        elem = self.dtype if elem_type is None else elem_type
+        self.inputs.append(helper.make_tensor_value_info(name, elem, shape))
         self.param_count += math.prod(shape)
         return name
 
@@ -208,6 +210,50 @@ def attention(
     return linear(b, f"{scope}/{names[3]}", a, heads * head_dim, dim, bias)
 
 
+def mla_attention(
+    b: GraphBuilder,
+    scope: str,
+    x: str,
+    dim: int,
+    heads: int,
+    q_rank: int,
+    kv_rank: int,
+    nope_dim: int,
+    rope_dim: int,
+    v_dim: int,
+    eps: float = 1e-6,
+) -> str:
+    """Multi-head latent attention (DeepSeek-V2/V3), with the Hugging Face module names.
+
+    Queries go through a low-rank bottleneck (``q_a_proj`` to ``q_rank``,
+    RMSNorm, ``q_b_proj`` to ``heads x (nope_dim + rope_dim)``). Keys and values
+    share one latent: ``kv_a_proj_with_mqa`` gives ``kv_rank`` latent features
+    plus one ``rope_dim`` key part shared by all heads; the latent is normed and
+    ``kv_b_proj`` expands it to each head's ``nope_dim`` key part and ``v_dim``
+    value. A head's key is its own part followed by the shared one (``Expand``
+    to every head, ``Concat``); opset-23 ``Attention`` takes value heads of a
+    different width than query/key heads. RoPE itself has no parameters and is
+    left out, as in the other models.
+    """
+    qk_dim = nope_dim + rope_dim
+    q = linear(b, f"{scope}/q_a_proj", x, dim, q_rank)
+    q = rms_norm(b, f"{scope}/q_a_layernorm", q, q_rank, eps)
+    q = linear(b, f"{scope}/q_b_proj", q, q_rank, heads * qk_dim)
+    kv_a = linear(b, f"{scope}/kv_a_proj_with_mqa", x, dim, kv_rank + rope_dim)
+    latent, k_rope = b.node(scope, "Split", [kv_a, b.const(scope, [kv_rank, rope_dim])], n_outputs=2, axis=-1)
+    latent = rms_norm(b, f"{scope}/kv_a_layernorm", latent, kv_rank, eps)
+    kv = linear(b, f"{scope}/kv_b_proj", latent, kv_rank, heads * (nope_dim + v_dim))
+    kv = b.node(scope, "Reshape", [kv, b.const(scope, [0, 0, heads, nope_dim + v_dim])])
+    k_nope, v = b.node(scope, "Split", [kv, b.const(scope, [nope_dim, v_dim])], n_outputs=2, axis=-1)
+    k_rope = b.node(scope, "Unsqueeze", [k_rope, b.const(scope, [2])])  # [batch, seq, 1, rope_dim]
+    k_rope = b.node(scope, "Expand", [k_rope, b.const(scope, [1, 1, heads, 1])])
+    k = b.node(scope, "Concat", [k_nope, k_rope], axis=-1)
+    k = b.node(scope, "Reshape", [k, b.const(scope, [0, 0, heads * qk_dim])])
+    v = b.node(scope, "Reshape", [v, b.const(scope, [0, 0, heads * v_dim])])
+    a = b.node(scope, "Attention", [q, k, v], q_num_heads=heads, kv_num_heads=heads, is_causal=1)
+    return linear(b, f"{scope}/o_proj", a, heads * v_dim, dim)
+
+
 def swiglu_mlp(
     b: GraphBuilder,
     scope: str,
@@ -235,6 +281,42 @@ def gelu_mlp(b: GraphBuilder, scope: str, x: str, dim: int, ff: int, quick: bool
     return linear(b, f"{scope}/fc2", h, ff, dim, bias=True)
 
 
+def softmax_top_k(b: GraphBuilder, scope: str, logits: str, experts: int, top_k: int, normalize: bool) -> tuple[str, str]:
+    """Mixtral / DeepSeek-MoE / Switch router: ``TopK(softmax(logits))`` in float32, optionally renormalised."""
+    probs = b.node(scope, "Softmax", [b.node(scope, "Cast", [logits], to=F32)], axis=-1)
+    top_w, top_i = b.node(scope, "TopK", [probs, b.const(scope, [top_k])], n_outputs=2, axis=-1)
+    if normalize:
+        total = b.node(scope, "ReduceSum", [top_w, b.const(scope, [-1])], keepdims=1)
+        top_w = b.node(scope, "Div", [top_w, total])
+    return top_w, top_i
+
+
+def sigmoid_top_k(scaling: float, gate_name: str = "gate"):
+    """DeepSeek-V3's router (a ``router`` for :func:`moe_layer`), with ``routed_scaling_factor`` ``scaling``.
+
+    Scores are ``sigmoid(logits)`` in float32; experts are chosen by ``TopK`` of
+    the scores plus a learned per-expert bias (``e_score_correction_bias``, used
+    for the choice only), and weighted by their own scores, renormalised over the
+    chosen k and multiplied by ``scaling``. Group-limited routing (top 4 of 8
+    expert groups first) is left out: it has no parameters, a few hundred FLOPs
+    per token, and the same number of experts per token.
+    """
+
+    def route(b: GraphBuilder, scope: str, logits: str, experts: int, top_k: int, normalize: bool) -> tuple[str, str]:
+        scores = b.node(scope, "Sigmoid", [b.node(scope, "Cast", [logits], to=F32)])
+        experts_bias = b.weight(f"{scope}/{gate_name}", "e_score_correction_bias", [experts], F32)
+        choice = b.node(scope, "Add", [scores, experts_bias])
+        _, top_i = b.node(scope, "TopK", [choice, b.const(scope, [top_k])], n_outputs=2, axis=-1)
+        top_w = b.node(scope, "GatherElements", [scores, top_i], axis=-1)
+        if normalize:
+            total = b.node(scope, "ReduceSum", [top_w, b.const(scope, [-1])], keepdims=1)
+            top_w = b.node(scope, "Div", [top_w, total])
+        factor = b.node(scope, "Constant", [], value=helper.make_tensor("value", F32, [], [scaling]))
+        return b.node(scope, "Mul", [top_w, factor]), top_i
+
+    return route
+
+
 def moe_layer(
     b: GraphBuilder,
     scope: str,
@@ -246,10 +328,13 @@ def moe_layer(
     expert_fn,
     gate_name: str = "gate",
     normalize_top_k: bool = True,
+    router=None,
 ) -> str:
     """A routed mixture-of-experts layer; returns ``residual + sum_e w_e * expert_e(x)``.
 
-    Router (float32): ``softmax(x @ W_gate)``, ``TopK``, optionally renormalised
+    Router (float32): ``router(b, scope, logits, experts, top_k, normalize_top_k)`` on
+    ``x @ W_gate`` gives the chosen experts' weights and indices; the default,
+    :func:`softmax_top_k`, is ``softmax``, ``TopK``, optionally renormalised
     over the chosen k. The dense weight matrix ``[batch, seq, experts]`` (zero
     where an expert is not chosen) is split per expert; each expert gathers
     the tokens with a non-zero weight (``NonZero`` -> ``GatherND``), runs
@@ -260,11 +345,7 @@ def moe_layer(
     """
     b.moe.add((experts, top_k))
     logits = linear(b, f"{scope}/{gate_name}", x, dim, experts)
-    probs = b.node(scope, "Softmax", [b.node(scope, "Cast", [logits], to=F32)], axis=-1)
-    top_w, top_i = b.node(scope, "TopK", [probs, b.const(scope, [top_k])], n_outputs=2, axis=-1)
-    if normalize_top_k:
-        total = b.node(scope, "ReduceSum", [top_w, b.const(scope, [-1])], keepdims=1)
-        top_w = b.node(scope, "Div", [top_w, total])
+    top_w, top_i = (router or softmax_top_k)(b, scope, logits, experts, top_k, normalize_top_k)
     # one-hot of the chosen experts, weighted: [batch, seq, k, experts] -> [batch, seq, experts]
     last = b.const(scope, [-1])
     chosen = b.node(
@@ -312,15 +393,22 @@ def decoder_lm(
     mlp_name: str = "mlp",
     head_scope: str = "lm_head",
     eps: float = 1e-5,
+    attn_fn=None,
 ) -> str:
     """Llama-family decoder stack on embeddings ``h``; returns the logits.
 
     ``mlp_fn(b, scope, x_normed, residual, layer)`` returns the layer output
     *including* the residual (MoE layers fuse it into their scatter-add).
+    ``attn_fn(b, scope, x_normed)`` replaces the (grouped-query) attention of
+    ``heads`` / ``kv_heads`` heads, e.g. with :func:`mla_attention`.
     """
     for i in range(layers):
         scope = f"{prefix}/layers.{i}"
-        a = attention(b, f"{scope}/self_attn", rms_norm(b, f"{scope}/input_layernorm", h, dim, eps), dim, heads, kv_heads)
+        normed = rms_norm(b, f"{scope}/input_layernorm", h, dim, eps)
+        if attn_fn is None:
+            a = attention(b, f"{scope}/self_attn", normed, dim, heads, kv_heads)
+        else:
+            a = attn_fn(b, f"{scope}/self_attn", normed)
         h = b.node(scope, "Add", [h, a])
         normed = rms_norm(b, f"{scope}/post_attention_layernorm", h, dim, eps)
         h = mlp_fn(b, f"{scope}/{mlp_name}", normed, h, i)
@@ -545,6 +633,68 @@ def build_llava_7b() -> onnx.ModelProto:
     return b.model({"batch": 1, "seq": 2048}, build_llava_7b.__doc__)
 
 
+# ---------------------------------------------------------------- frontier models (written on demand)
+#
+# Sizes from the published Hugging Face configurations:
+# - meta-llama/Llama-3.1-405B, config.json: hidden_size 16384, intermediate_size 53248,
+#   num_hidden_layers 126, num_attention_heads 128, num_key_value_heads 8 (head_dim 128),
+#   vocab_size 128256, tie_word_embeddings false, rms_norm_eps 1e-05; 405,853,388,800
+#   parameters (Llama 3 paper, arXiv:2407.21783, Table 3: 405 B).
+# - deepseek-ai/DeepSeek-V3, config.json: hidden_size 7168, num_hidden_layers 61,
+#   first_k_dense_replace 3, intermediate_size 18432, moe_intermediate_size 2048,
+#   n_shared_experts 1, n_routed_experts 256, num_experts_per_tok 8, norm_topk_prob true,
+#   routed_scaling_factor 2.5, scoring_func sigmoid, num_attention_heads 128,
+#   q_lora_rank 1536, kv_lora_rank 512, qk_nope_head_dim 128, qk_rope_head_dim 64,
+#   v_head_dim 128, vocab_size 129280, tie_word_embeddings false, rms_norm_eps 1e-06,
+#   num_nextn_predict_layers 1 (the MTP module, left out here). The technical report
+#   (arXiv:2412.19437) gives 671 B main-model parameters plus 14 B for MTP; the config
+#   gives 671,026,419,200 without MTP.
+
+
+def build_llama3_405b() -> onnx.ModelProto:
+    """Llama-3.1-405B: 126 layers, d=16384, GQA 128/8 heads of 128, SwiGLU FFN 53248, vocab 128256,
+    untied embeddings (405.9 B)."""
+    b = GraphBuilder("llama3_405b")
+    dim, vocab = 16384, 128256
+    ids = b.data("input_ids", ["batch", "seq"], I64)
+    h = embedding(b, "model/embed_tokens", ids, vocab, dim)
+    logits = decoder_lm(b, "model", h, layers=126, dim=dim, heads=128, kv_heads=8, vocab=vocab,
+                        mlp_fn=dense_mlp(dim, 53248))
+    b.output(logits, "logits", ["batch", "seq", vocab])
+    return b.model({"batch": 1, "seq": 8192}, build_llama3_405b.__doc__)
+
+
+def build_deepseek_v3() -> onnx.ModelProto:
+    """DeepSeek-V3 without its MTP module: 61 layers, d=7168, multi-head latent attention (128 heads,
+    q rank 1536, kv rank 512, key 128+64, value 128); layers 0-2 dense (FFN 18432); layers 3-60:
+    1 shared + 256 routed SwiGLU experts (2048) top-8, sigmoid router; vocab 129280 (671.0 B)."""
+    b = GraphBuilder("deepseek_v3")
+    dim, vocab, eps = 7168, 129280, 1e-6
+    ids = b.data("input_ids", ["batch", "seq"], I64)
+    h = embedding(b, "model/embed_tokens", ids, vocab, dim)
+    dense = dense_mlp(dim, 18432)
+    router = sigmoid_top_k(2.5)
+
+    def attn(b, scope, x):
+        return mla_attention(b, scope, x, dim, 128, q_rank=1536, kv_rank=512, nope_dim=128, rope_dim=64,
+                             v_dim=128, eps=eps)
+
+    def expert(b, scope, t):
+        return swiglu_mlp(b, scope, t, dim, 2048)
+
+    def mlp(b, scope, x, residual, layer):
+        if layer < 3:
+            return dense(b, scope, x, residual, layer)
+        shared = swiglu_mlp(b, f"{scope}/shared_experts", x, dim, 2048)
+        base = b.node(scope.rsplit("/", 1)[0], "Add", [residual, shared])
+        return moe_layer(b, scope, x, base, dim, 256, 8, expert, normalize_top_k=True, router=router)
+
+    logits = decoder_lm(b, "model", h, layers=61, dim=dim, heads=128, kv_heads=128, vocab=vocab, mlp_fn=mlp,
+                        eps=eps, attn_fn=attn)
+    b.output(logits, "logits", ["batch", "seq", vocab])
+    return b.model({"batch": 1, "seq": 4096}, build_deepseek_v3.__doc__)
+
+
 MODELS = {
     "mixtral_8x7b": build_mixtral_8x7b,
     "deepseek_moe": build_deepseek_moe,
@@ -552,7 +702,14 @@ MODELS = {
     "clip_vit_l14": build_clip_vit_l14,
     "llava_7b": build_llava_7b,
     "llama_7b": build_llama_7b,
+    "llama3_405b": build_llama3_405b,
+    "deepseek_v3": build_deepseek_v3,
 }
+
+# Written on demand only (``python models/build.py deepseek_v3``), never shipped:
+# DeepSeek-V3's 14,848 expert branches make a 19 MB file that takes seconds to build.
+ON_DEMAND = ("deepseek_v3",)
+BUNDLED = tuple(name for name in MODELS if name not in ON_DEMAND)
 
 
 def write_model(model: onnx.ModelProto, path: str) -> None:
@@ -572,14 +729,15 @@ def write_model(model: onnx.ModelProto, path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Regenerate the bundled shape-only ONNX models.")
-    parser.add_argument("names", nargs="*", help=f"models to build (default: all of {', '.join(MODELS)})")
+    parser.add_argument("names", nargs="*", help=f"models to build (default: the bundled {', '.join(BUNDLED)}; "
+                        f"on demand: {', '.join(ON_DEMAND)})")
     parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)), help="output folder")
     args = parser.parse_args(argv)
     unknown = [n for n in args.names if n not in MODELS]
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
     os.makedirs(args.out, exist_ok=True)
-    for name in args.names or MODELS:
+    for name in args.names or BUNDLED:
         model = MODELS[name]()
         path = os.path.join(args.out, f"{name}.onnx")
         write_model(model, path)

@@ -15,7 +15,7 @@ from opsched import onnx_import
 from opsched.graph import ops, totals
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
-NAMES = ["mixtral_8x7b", "deepseek_moe", "switch_moe", "clip_vit_l14", "llava_7b", "llama_7b"]
+NAMES = ["mixtral_8x7b", "deepseek_moe", "switch_moe", "clip_vit_l14", "llava_7b", "llama_7b", "llama3_405b"]
 MOE = {"mixtral_8x7b": (8, 2), "deepseek_moe": (64, 6), "switch_moe": (8, 1)}  # experts, top_k
 
 # Published parameter counts of the reference checkpoints, and how far ours may be.
@@ -27,6 +27,7 @@ PUBLISHED = {
     # LLaVA-1.5-7B holds 7,063,427,072; we leave out the vision layer and norm it never runs
     "llava_7b": (7_063_427_072 - 12_596_224 - 2_048, 0.0),
     "switch_moe": (619e6, 0.005),  # switch-base-8 (relative position bias left out)
+    "llama3_405b": (405_853_388_800, 0.0),  # Llama-3.1-405B, exact (see llama3_405b_params)
 }
 
 
@@ -226,7 +227,7 @@ def test_build_rejects_an_unknown_model_name(tmp_path, capsys):
 def test_every_bundled_model_matches_its_generator():
     """The shipped files are what the generator builds today (not stale)."""
     build = load_build()
-    assert sorted(build.MODELS) == sorted(NAMES)
+    assert sorted(build.BUNDLED) == sorted(NAMES)
     for name in NAMES:
         built = build.MODELS[name]().SerializeToString(deterministic=True)
         assert built == (MODELS_DIR / f"{name}.onnx").read_bytes(), f"{name}.onnx is stale: run python models/build.py"
@@ -291,3 +292,101 @@ def test_importer_expert_flops_follow_dims_and_capacity_factor(capacity_factor):
         routed = math.ceil(capacity_factor * tokens / experts)
         # wi and wo: 2 MatMuls of 2 * routed * dim * ff FLOPs per expert
         assert per_stack[stack] == sparse_layers * experts * 2 * (2 * routed * dim * ff)
+
+
+# ---------------------------------------------------------------- frontier models
+#
+# The expected counts are worked out here from the published configurations
+# (meta-llama/Llama-3.1-405B and deepseek-ai/DeepSeek-V3 config.json), independently
+# of the generator, and compared with the headline figures of the papers.
+
+
+def llama3_405b_params() -> int:
+    """Llama-3.1-405B: GQA attention, SwiGLU MLP and 2 RMSNorms per layer, untied embeddings."""
+    dim, ff, heads, kv_heads, head_dim, layers, vocab = 16384, 53248, 128, 8, 128, 126, 128256
+    attention = 2 * dim * heads * head_dim + 2 * dim * kv_heads * head_dim  # q, o; k, v
+    layer = attention + 3 * dim * ff + 2 * dim
+    return layers * layer + 2 * vocab * dim + dim
+
+
+def deepseek_v3_params() -> int:
+    """DeepSeek-V3 without MTP: MLA, 3 dense layers, 58 MoE layers (1 shared + 256 routed experts)."""
+    dim, heads, q_rank, kv_rank, nope, rope, v_dim = 7168, 128, 1536, 512, 128, 64, 128
+    mla = (dim * q_rank + q_rank + q_rank * heads * (nope + rope)  # q_a_proj, q_a_layernorm, q_b_proj
+           + dim * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + v_dim)  # kv_a, its norm, kv_b
+           + heads * v_dim * dim)  # o_proj
+    expert = 3 * dim * 2048
+    routed = 256
+    moe = (1 + routed) * expert + routed * dim + routed  # experts, gate, e_score_correction_bias
+    return 3 * (mla + 2 * dim + 3 * dim * 18432) + 58 * (mla + 2 * dim + moe) + 2 * 129280 * dim + dim
+
+
+def test_frontier_expected_counts_are_the_published_ones():
+    assert llama3_405b_params() == 405_853_388_800
+    assert abs(llama3_405b_params() - 405e9) <= 0.01 * 405e9
+    assert abs(deepseek_v3_params() - 671e9) <= 0.01 * 671e9  # 671 B main model; MTP's 14 B left out
+
+
+def test_llama3_405b_has_the_published_shapes(models):
+    shapes = weights(models["llama3_405b"])
+    assert shapes["model.layers.125.self_attn.q_proj.weight"] == [16384, 16384]
+    assert shapes["model.layers.0.self_attn.k_proj.weight"] == [16384, 1024]  # GQA: 8 kv heads of 128
+    assert shapes["model.layers.0.mlp.gate_proj.weight"] == [16384, 53248]
+    assert shapes["lm_head.weight"] == [16384, 128256] and shapes["model.embed_tokens.weight"] == [128256, 16384]
+    assert "model.layers.126.mlp.up_proj.weight" not in shapes
+
+
+@pytest.fixture(scope="module")
+def deepseek_v3(tmp_path_factory):
+    """DeepSeek-V3 built once per module (about 10 s), and written to a temporary folder (19 MB)."""
+    build = load_build()
+    assert "deepseek_v3" in build.ON_DEMAND and "deepseek_v3" not in build.BUNDLED
+    model = build.MODELS["deepseek_v3"]()
+    path = tmp_path_factory.mktemp("frontier") / "deepseek_v3.onnx"
+    build.write_model(model, str(path))
+    return model, path
+
+
+def test_deepseek_v3_generator_counts_the_published_parameters(deepseek_v3):
+    model, _ = deepseek_v3
+    meta = metadata(model)
+    assert int(meta["opsched.param_count"]) == count_params(model) == deepseek_v3_params()
+    assert meta["opsched.moe"] == "experts=256,top_k=8"
+    shapes = weights(model)
+    assert shapes["model.layers.0.self_attn.q_b_proj.weight"] == [1536, 128 * 192]
+    assert shapes["model.layers.0.self_attn.kv_a_proj_with_mqa.weight"] == [7168, 576]
+    assert shapes["model.layers.0.self_attn.kv_b_proj.weight"] == [512, 128 * 256]
+    assert shapes["model.layers.2.mlp.down_proj.weight"] == [18432, 7168]
+    assert shapes["model.layers.60.mlp.experts.255.down_proj.weight"] == [2048, 7168]
+    assert shapes["model.layers.3.mlp.shared_experts.up_proj.weight"] == [7168, 2048]
+    assert "model.layers.2.mlp.experts.0.up_proj.weight" not in shapes  # the first 3 layers are dense
+    routers = [n for n in model.graph.node if n.op_type == "TopK"]
+    assert len(routers) == 58
+    names = [n.name for n in model.graph.node]
+    assert len(set(names)) == len(names) > 180_000
+
+
+@pytest.mark.slow
+def test_deepseek_v3_is_valid_onnx_with_parallel_experts(deepseek_v3):
+    model, _ = deepseek_v3
+    onnx.checker.check_model(model, full_check=True)
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, check_type=True)
+    out = inferred.graph.output[0].type.tensor_type.shape.dim
+    assert [d.dim_param or d.dim_value for d in out] == ["batch", "seq", 129280]
+    groups: dict[str, set[str]] = {}
+    for n in model.graph.node:
+        m = re.match(r"(/model/layers\.(?:3|60))/mlp/experts\.(\d+)/", n.name)
+        if m:
+            groups.setdefault(f"{m.group(1)}|{int(m.group(2)):03d}", set()).add(n.name)
+    assert len(groups) == 2 * 256
+    assert crossing_paths(node_graph(model), groups) == []
+
+
+@pytest.mark.slow
+def test_importer_counts_deepseek_v3_parameters(deepseek_v3):
+    """About 80 s on 2 cores (181,990 nodes): hence slow."""
+    model, path = deepseek_v3
+    g = onnx_import.import_onnx(path)
+    assert int(totals(g)["param_count"]) == deepseek_v3_params()
+    assert g.graph["dims"] == {"batch": 1, "seq": 4096}
+    assert any("experts.255" in op.scope for op in ops(g))

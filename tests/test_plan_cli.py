@@ -146,8 +146,14 @@ def test_memory_nothing_fits_names_the_smallest(tmp_path, capsys):
     assert "smallest memory that works is about" in err
 
 
+# Frontier models do not fit 8 or 16 devices (Llama-3.1-405B needs about 6.5 TB):
+# planned at frontier scale by benchmarks/bench_scale.py (issue 13), not here.
+# deepseek_v3.onnx is in models/ only when someone generated it there.
+FRONTIER = {"llama3_405b.onnx", "deepseek_v3.onnx"}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("model", sorted(p.name for p in MODELS.glob("*.onnx")))
+@pytest.mark.parametrize("model", sorted(p.name for p in MODELS.glob("*.onnx") if p.name not in FRONTIER))
 def test_every_bundled_model_plans_and_validates(model, tmp_path):
     out = tmp_path / "out"
     # Mixtral-8x7B needs 16 H100s: 46.7 B parameters x 16 bytes do not fit 8 x 80 GB

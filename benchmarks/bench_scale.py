@@ -1,0 +1,163 @@
+"""Time and memory of generating, importing and coarsening the frontier models (issue 13).
+
+Issue 13's target for import and coarsening: a 180,000-node graph in under
+60 s and 2 GB. The models are those of ``models/build.py``: ``deepseek_v3``
+(181,990 nodes, written on demand into a temporary folder) and
+``llama3_405b`` (1,893 nodes, shipped). Each step runs in a fresh child
+process, so each model's peak memory is its own:
+
+1. generate: ``build.MODELS[name]()`` and ``write_model`` (the build script's work);
+2. import + coarsen: ``opsched.onnx_import.import_onnx`` on the file with its
+   default dims, then ``opsched.coarsen.coarsen`` (what ``opsched inspect`` does);
+   peak resident memory is read after each of the two.
+
+usage:
+  python benchmarks/bench_scale.py [--models deepseek_v3 llama3_405b]
+  python benchmarks/bench_scale.py --models deepseek_v3 --profile 25
+
+Prints a markdown table: wall seconds with CPU seconds (user + system) in
+brackets, which stay meaningful when other work shares the cores; peak RSS in
+MB (the child's ru_maxrss). ``--profile N`` instead runs import + coarsen once under cProfile and
+prints the N functions with the most own time, then the N with the most
+cumulative time (profiling slows the run down by about half again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import importlib.util
+import io
+import json
+import pstats
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_MODELS = ("deepseek_v3", "llama3_405b")
+
+
+def load_build():
+    """``models/build.py`` as a module (``models/`` is a folder of scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location("opsched_models_build", ROOT / "models" / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def cpu_s() -> float:
+    """User + system CPU seconds of this process so far (wall time is inflated on a shared machine)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def peak_mb() -> float:
+    """Peak resident memory of this process so far, in MB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def child_generate(name: str, path: str) -> dict:
+    """Build one model and write it to ``path``."""
+    build = load_build()
+    t0 = time.perf_counter()
+    model = build.MODELS[name]()
+    build.write_model(model, path)
+    seconds = time.perf_counter() - t0
+    params = {p.key: p.value for p in model.metadata_props}["opsched.param_count"]
+    return {"nodes": len(model.graph.node), "params": int(params), "generate_s": seconds,
+            "generate_mb": peak_mb(), "file_mb": Path(path).stat().st_size / 1e6}
+
+
+def child_import(path: str) -> dict:
+    """Import and coarsen one file; times and the peak memory after each step."""
+    from opsched.coarsen import coarsen
+    from opsched.graph import totals
+    from opsched.onnx_import import import_onnx
+
+    c0, t0 = cpu_s(), time.perf_counter()
+    g = import_onnx(path)
+    c1, t1 = cpu_s(), time.perf_counter()
+    import_mb = peak_mb()
+    bg = coarsen(g)
+    c2, t2 = cpu_s(), time.perf_counter()
+    return {"ops": g.number_of_nodes(), "imported_params": int(totals(g)["param_count"]),
+            "import_s": t1 - t0, "import_cpu": c1 - c0, "import_mb": import_mb,
+            "coarsen_s": t2 - t1, "coarsen_cpu": c2 - c1, "coarsen_mb": peak_mb(), "blocks": bg.number_of_nodes()}
+
+
+def child_profile(path: str, top: int) -> str:
+    """Import and coarsen under cProfile; the top functions by own and by cumulative time."""
+    from opsched.coarsen import coarsen
+    from opsched.onnx_import import import_onnx
+
+    profile = cProfile.Profile()
+    profile.enable()
+    coarsen(import_onnx(path))
+    profile.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(profile, stream=out).strip_dirs()
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    return out.getvalue()
+
+
+def run_child(*args: str) -> dict:
+    """Run this script as ``--child ARGS`` in a fresh interpreter; its JSON answer."""
+    done = subprocess.run([sys.executable, __file__, "--child", *args], check=True, capture_output=True, text=True)
+    return json.loads(done.stdout)
+
+
+def measure(name: str, folder: str) -> dict:
+    """Generate ``name`` into ``folder``, then import and coarsen it, each in its own child."""
+    path = str(Path(folder) / f"{name}.onnx")
+    row = {"model": name, **run_child("generate", name, path)}
+    row.update(run_child("import", path))
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    """The figures as a markdown table."""
+    head = ("| model | nodes | parameters | file MB | generate s | import s (CPU s) | coarsen s (CPU s) "
+            "| import + coarsen s (CPU s) | peak MB after import | peak MB after coarsen | blocks |")
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['nodes']:,} | {r['imported_params']:,} | {r['file_mb']:.1f} | {r['generate_s']:.1f} "
+            f"| {r['import_s']:.1f} ({r['import_cpu']:.1f}) | {r['coarsen_s']:.1f} ({r['coarsen_cpu']:.1f}) "
+            f"| {r['import_s'] + r['coarsen_s']:.1f} ({r['import_cpu'] + r['coarsen_cpu']:.1f}) "
+            f"| {r['import_mb']:,.0f} | {r['coarsen_mb']:,.0f} | {r['blocks']:,} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), help="names in models/build.py")
+    parser.add_argument("--profile", type=int, metavar="N", help="profile import + coarsen; print the top N functions")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        kind, *rest = args.child
+        if kind == "generate":
+            print(json.dumps(child_generate(*rest)))
+        elif kind == "import":
+            print(json.dumps(child_import(*rest)))
+        return 0
+    with tempfile.TemporaryDirectory() as folder:
+        if args.profile:
+            for name in args.models:
+                path = str(Path(folder) / f"{name}.onnx")
+                run_child("generate", name, path)
+                print(f"## {name}: import + coarsen under cProfile\n")
+                print(child_profile(path, args.profile))
+            return 0
+        print(table([measure(name, folder) for name in args.models]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
