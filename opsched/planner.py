@@ -156,29 +156,37 @@ def plan_block_graph(
     solver: str = "cbc",
     keep: int = 2,
     target_blocks: int | None = None,
+    deadline: float | None = None,
 ) -> PlanResult:
-    """Plan ``bg`` on ``cluster`` (see the module docstring); ``time_limit`` is the total solver budget in seconds.
+    """Plan ``bg`` on ``cluster`` (see the module docstring) within ``time_limit`` seconds of wall clock.
 
-    What is solved is fixed by work budgets, so the same input, solver and
-    threads give the same plan: the upper MIP of every layout (node and round
-    limits, :mod:`opsched.upper.mip`), a quick lower solve of every upper
-    solution and of the best baseline's split (10 neighbourhood MIPs), then a
-    longer lower solve of the ``keep`` best of those not yet proven optimal
-    (warm-started from their quick schedules). ``time_limit`` shares the clock
-    among these as safety caps (at least 10 s per upper layout and per quick
-    solve, 5 s per longer one); a cap that binds is reported in the
-    candidate's status. Progress goes to this module's logger.
+    The work is the upper MIP of every layout (node and round limits,
+    :mod:`opsched.upper.mip`), a quick lower solve of every upper solution and
+    of the best baseline's split (10 neighbourhood MIPs), then a longer lower
+    solve of the ``keep`` best of those not yet proven optimal (warm-started
+    from their quick schedules). Work budgets decide each result, so on a
+    machine fast enough for them the same input, solver and threads give the
+    same plan. The clock is a hard limit: ``deadline`` (a
+    :func:`time.monotonic` instant; default now + ``time_limit``) is shared
+    out as :data:`UPPER_SHARE` of it for the upper MIPs and
+    :data:`QUICK_SHARE` of what is left after the baselines for the quick
+    lower solves, the rest for the longer ones, each step getting an equal
+    part of its share's remainder. A solve that runs past its part is
+    stopped (its candidate says so), and work that no longer fits is
+    skipped; the best valid plan found by then is returned, a baseline at
+    worst. Progress, with the time left, goes to this module's logger.
     """
     require(solver)
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
     t_start = time.perf_counter()
+    clock = Clock(time.monotonic() + time_limit if deadline is None else deadline)
     all_layouts = layouts(cluster)
     target = target_blocks or max(24, 3 * max(lay.slots for lay in all_layouts))
     small, members = reduce_block_graph(bg, target)
     log.info("upper: %d blocks reduced to %d for the MIP; %d layouts",
              bg.number_of_nodes(), small.number_of_nodes(), len(all_layouts))
     problems = {str(lay): upper_problem(small, lay, cluster, training, limit) for lay in all_layouts}
-    solutions, candidates = _solve_layouts(problems, time_limit, solver)
+    solutions, candidates = _solve_layouts(problems, clock, solver)
     t_upper = time.perf_counter()
     baselines, best_split, refused = contiguous_baselines(small, cluster, training, limit)
     t_base = time.perf_counter()
@@ -189,7 +197,7 @@ def plan_block_graph(
             f"{smallest / 2**30:.1f} GiB ({memory_hint(smallest, cluster)})"
         )
     jobs, unscheduled = _lower_jobs(solutions, problems, best_split)
-    _schedule_jobs(jobs, training.microbatches, limit, time_limit, t_start + time_limit, solver, keep)
+    _schedule_jobs(jobs, training.microbatches, limit, clock, solver, keep)
     options = [_job_option(j) for j in jobs if j.schedule is not None] + [_baseline_option(b) for b in baselines]
     if not options:
         smallest = min((minimum_memory_limit(j.stage_graph, training.microbatches) for j in jobs), default=math.inf)
@@ -215,40 +223,75 @@ def plan_block_graph(
     )
 
 
-def _solve_layouts(problems: dict[str, UpperProblem], time_limit: float, solver: str) -> tuple[list[UpperSolution], list[Candidate]]:
+#: the part of the time limit the upper MIPs share
+UPPER_SHARE = 0.4
+#: the part of what is left after the baselines that the quick lower solves share
+QUICK_SHARE = 0.6
+#: a step whose part of the clock is below this many seconds is skipped
+LEAST_PART = 0.25
+
+
+@dataclass
+class Clock:
+    """The planner's wall-clock budget: a hard deadline, and equal parts of a share of it."""
+
+    deadline: float  # a time.monotonic() instant
+
+    def left(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+    def share(self, fraction: float) -> float:
+        """The deadline of a step that may use ``fraction`` of the time left."""
+        return time.monotonic() + fraction * self.left()
+
+    @staticmethod
+    def part(share_deadline: float, steps_left: int) -> float:
+        """Seconds for the next of ``steps_left`` steps that share a deadline (what earlier ones saved carries over)."""
+        return max(0.0, share_deadline - time.monotonic()) / max(1, steps_left)
+
+    def timeout(self, part: float) -> float:
+        """How long an isolated solve given ``part`` seconds may run before it is stopped: a little grace, never past the deadline."""
+        return min(1.25 * part + 1.0, self.left())
+
+
+def _solve_layouts(problems: dict[str, UpperProblem], clock: Clock, solver: str) -> tuple[list[UpperSolution], list[Candidate]]:
     """Step 1, the upper MIP on every layout that fits, warm-started from its best contiguous split.
 
     Returns the solutions and a candidate row for each layout without one.
     """
     solutions: list[UpperSolution] = []
     candidates: list[Candidate] = []
-    # Work budgets (nodes, rounds) decide the result; the clock is only a safety
-    # cap per layout, generous so that it does not bind on a loaded machine.
-    share = max(10.0, 0.5 * time_limit / max(1, len(problems)))
-    for name, p in problems.items():
+    share = clock.share(UPPER_SHARE)
+    for k, (name, p) in enumerate(problems.items()):
+        part = clock.part(share, len(problems) - k)
+        if part < LEAST_PART:
+            candidates.append(Candidate("upper", name, "skipped: the time limit was spent"))
+            continue
         try:
-            found = run_isolated(_upper_for_layout, p, share, solver, timeout=3 * share + 30)
+            found = run_isolated(_upper_for_layout, p, part, solver, timeout=clock.timeout(part))
         except SolverCrash as exc:
             candidates.append(Candidate("upper", name, f"upper failed: {exc}"))
-            log.info("upper: layout %s: %s", name, exc)
+            log.info("upper: layout %s: %s (%.0f s left)", name, exc, clock.left())
             continue
         if found is None:
             candidates.append(Candidate("upper", name, "no fit"))
             continue
         start_estimate, sol = found
-        log.info("upper: layout %s: estimate %.4g s -> %.4g s (%s, %.1f s)",
-                 name, start_estimate, sol.objective, sol.status_text, sol.solve_seconds)
+        log.info("upper: layout %s: estimate %.4g s -> %.4g s (%s, %.1f s; %.0f s left)",
+                 name, start_estimate, sol.objective, sol.status_text, sol.solve_seconds, clock.left())
         solutions.append(sol)
     return solutions, candidates
 
 
 def _upper_for_layout(p: UpperProblem, time_limit: float, solver: str) -> tuple[float, UpperSolution] | None:
     """(estimate of the contiguous start, upper solution) for one layout, or None when nothing fits."""
+    began = time.monotonic()
     start = contiguous_start(p, solver=solver)
     if start is None:
         return None
     window = 2 if p.layout.slots > 4 else None
-    return estimate(p, start)["step_time"], solve_upper(p, time_limit=time_limit, solver=solver, start=start, window=window)
+    left = max(0.05, time_limit - (time.monotonic() - began))  # the start's own solve counts against the limit
+    return estimate(p, start)["step_time"], solve_upper(p, time_limit=left, solver=solver, start=start, window=window)
 
 
 def _lower_jobs(
@@ -277,23 +320,24 @@ def _lower_jobs(
     return jobs, estimated_only
 
 
-def _schedule_jobs(
-    jobs: list[LowerJob], microbatches: int, limit: float, time_limit: float, deadline: float, solver: str, keep: int
-) -> None:
+def _schedule_jobs(jobs: list[LowerJob], microbatches: int, limit: float, clock: Clock, solver: str, keep: int) -> None:
     """Step 3: a quick lower solve of every job, then longer ones for the ``keep`` best not proven optimal."""
-    quick_deadline = time.perf_counter() + 0.35 * time_limit
+    share = clock.share(QUICK_SHARE)
     for k, job in enumerate(jobs):
-        budget = max(10.0, (quick_deadline - time.perf_counter()) / (len(jobs) - k))
-        _schedule_job(job, microbatches, limit, budget, solver)
+        part = clock.part(share, len(jobs) - k)
+        if part < LEAST_PART:
+            job.candidate.status = "not scheduled: the time limit was spent"
+            continue
+        _schedule_job(job, microbatches, limit, part, clock, solver)
     finalists = sorted((j for j in jobs if j.schedule is not None), key=lambda j: j.candidate.step_time)[:keep]
+    finalists = [j for j in finalists if not j.outcome.proven]
     for k, job in enumerate(finalists):
-        # whether a finalist gets its longer solve depends on its result, never on the clock
-        budget = max(5.0, (deadline - time.perf_counter()) / (len(finalists) - k))
-        if not job.outcome.proven:
-            _schedule_job(job, microbatches, limit, budget, solver, warm=job.schedule)
+        part = clock.part(clock.deadline, len(finalists) - k)
+        if part >= LEAST_PART:
+            _schedule_job(job, microbatches, limit, part, clock, solver, warm=job.schedule)
 
 
-def _schedule_job(job: LowerJob, microbatches: int, limit: float, budget: float, solver: str,
+def _schedule_job(job: LowerJob, microbatches: int, limit: float, budget: float, clock: Clock, solver: str,
                   warm: Schedule | None = None) -> None:
     """Run the lower MIP on ``job.stage_graph``; keep the result in ``job`` when it is better than what it holds."""
     cand = job.candidate
@@ -302,11 +346,12 @@ def _schedule_job(job: LowerJob, microbatches: int, limit: float, budget: float,
     search = 10 if warm is None else None
     try:
         schedule, outcome = run_isolated(lower_schedule, job.stage_graph, microbatches, limit, budget, solver,
-                                         warm or (job.split and job.split.schedule), search, timeout=3 * budget + 60)
+                                         warm or (job.split and job.split.schedule), search,
+                                         timeout=clock.timeout(budget))
     except (SolverCrash, MemoryTooSmall) as exc:
         if job.schedule is None:
             cand.status = f"lower failed: {exc}"
-        log.info("lower: %s %s: %s", cand.source, cand.layout, exc)
+        log.info("lower: %s %s: %s (%.0f s left)", cand.source, cand.layout, exc, clock.left())
         return
     m = metrics(schedule)
     step = m.makespan + job.grad_sync
@@ -317,8 +362,8 @@ def _schedule_job(job: LowerJob, microbatches: int, limit: float, budget: float,
     cand.bubble_ratio, cand.peak_memory_bytes = m.bubble_ratio, max(m.peak_memory_bytes, default=0.0)
     cand.lower_bound, cand.gap = outcome.lower_bound, outcome.gap
     cand.solve_seconds = (cand.solve_seconds or 0.0) + outcome.solve_seconds
-    log.info("lower: %s %s: makespan %.4g s, step %.4g s, bubbles %.3f, gap %.3f",
-             cand.source, cand.layout, m.makespan, step, m.bubble_ratio, outcome.gap)
+    log.info("lower: %s %s: makespan %.4g s, step %.4g s, bubbles %.3f, gap %.3f (%.0f s left)",
+             cand.source, cand.layout, m.makespan, step, m.bubble_ratio, outcome.gap, clock.left())
 
 
 def lower_schedule(

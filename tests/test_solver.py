@@ -116,3 +116,24 @@ def test_the_planner_never_catches_user_errors_as_candidate_failures():
     with pytest.raises(OpschedError, match="smallest memory that works"):
         planner.plan_block_graph(two_tower_graph(), preset("h100-sxm", 4), Training(4), memory_limit=1e6,
                                  time_limit=10)
+
+
+def _sleepy_lower_schedule(*args, **kwargs):
+    import time
+
+    time.sleep(600)  # a solve that ignores its own time limit
+
+
+def test_the_time_limit_is_a_wall_clock_limit_even_when_a_solve_ignores_it(monkeypatch):
+    import time
+
+    monkeypatch.setattr(planner, "lower_schedule", _sleepy_lower_schedule)
+    began = time.monotonic()
+    result = planner.plan_block_graph(two_tower_graph(), cluster_from_dict(SLOW_LINK_CLUSTER), Training(4),
+                                      time_limit=6)
+    took = time.monotonic() - began
+    # every lower solve was stopped at its part of the clock; the plan is the best baseline, found in time
+    assert took <= 6 * 1.1 + 1.0, took
+    assert result.source.startswith("baseline ")
+    stopped = [c for c in result.candidates if c.status.startswith(("lower failed", "not scheduled"))]
+    assert stopped and all("did not return" in c.status or "time limit" in c.status for c in stopped)

@@ -41,6 +41,7 @@ import json
 import logging
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from opsched.commands.args import (
@@ -55,6 +56,9 @@ from opsched.commands.args import (
 from opsched.solver import SOLVERS
 
 log = logging.getLogger(__name__)
+
+#: the part of --time-limit kept for validating the plan and writing its files
+EXPORT_SHARE = 0.05
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,7 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="per device with a unit, e.g. 80GiB, 80GB or 512MiB; a bare number is bytes, "
                              "e.g. 8e10 (default: the cluster's memory)")
     parser.add_argument("--time-limit", type=positive_float, default="60", metavar="S",
-                        help="total solver time in seconds (default 60)")
+                        help="wall-clock budget of the whole command in seconds (default 60): the import, "
+                             "the search and writing the files; the best valid plan found by then is written, "
+                             "and a candidate the clock cut short says so in report.md")
     parser.add_argument("--solver", default="cbc", choices=SOLVERS, help="MIP solver (default cbc; highs needs pip install highsbox)")
     parser.add_argument("-o", "--out", required=True, metavar="OUTDIR",
                         help="directory for the plan files (made if missing; checked before any work)")
@@ -92,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
     from opsched.solver import require
     from opsched.upper.layouts import layouts
 
+    # the time limit is the whole command's: the import counts, and a part is kept for writing the files
+    deadline = time.monotonic() + (1.0 - EXPORT_SHARE) * args.time_limit
     require(args.solver)  # a missing backend fails here, before the import
     cluster = resolve_cluster(args.devices, args.cluster, args.preset)
     if cluster.devices > MAX_DEVICES:  # --devices is bounded by its type; a cluster file's count is not
@@ -113,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     log.info("cluster: %s, %d devices (%d per node), memory limit %.1f GiB per device, %d microbatches",
              cluster.name, cluster.devices, cluster.devices_per_node, limit / 2**30, args.microbatches)
     # the planner logs its own progress (opsched.planner)
-    result = plan_block_graph(bg, cluster, training, memory_limit=limit, time_limit=args.time_limit, solver=args.solver)
+    result = plan_block_graph(bg, cluster, training, memory_limit=limit, time_limit=args.time_limit, solver=args.solver,
+                              deadline=deadline)
     log.info("validate: %s on %s", result.source, result.layout)
     samples = training.microbatches * training.microbatch_size
     extra = plan_extra(args.model, cluster, training, result)
