@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import enum
 import functools
+import gc
+from contextlib import contextmanager
 
 import mip
 
@@ -134,3 +136,26 @@ def new_model(solver: str, *, threads: int = 1, seed: int = 0, max_gap: float | 
     if max_gap is not None:
         model.max_mip_gap = max_gap
     return model
+
+
+@contextmanager
+def collector_paused():
+    """Keep Python's cyclic garbage collector out of a solve; models left over are freed after it.
+
+    python-mip frees a backend model in ``Model.__del__``, which the
+    collector may run at any allocation, also in the middle of another
+    model's native calls: a test run was seen to hang there while a warm
+    start was being set. Paused for one solve, the collector frees old models
+    between solves instead, at a point where no native call is running.
+
+    >>> with collector_paused():
+    ...     gc.isenabled()
+    False
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

@@ -31,7 +31,7 @@ import mip
 
 from opsched.lower.jobs import JobSet, topological_order
 from opsched.schedule import Edge, Job, Stage, StageGraph
-from opsched.solver import Objective, Status, new_model
+from opsched.solver import Objective, Status, collector_paused, new_model
 
 
 class HorizonTooShort(Exception):
@@ -493,20 +493,21 @@ def solve_slot_problem(
     ``max_nodes`` is the deterministic work budget; ``time_limit`` is a
     safety cap, and the outcome says when it stopped the solve (``timed_out``).
     """
-    model, z, C = build_model(sp, solver=solver, threads=threads, objective=objective, flow=flow, weights=weights)
-    if incumbent is not None and all(sp.es[j] <= incumbent[j] <= sp.ls[j] for j in sp.free):
-        model.start = complete_warm_start(model, sp, z, incumbent)
-    kwargs = {"max_seconds": max(0.01, time_limit)}
-    if max_nodes is not None:
-        kwargs["max_nodes"] = max_nodes
-    began = time.monotonic()
-    status = model.optimize(**kwargs)
-    # a search cut by the clock ends without proving optimality at (about) the time limit
-    timed_out = status != mip.OptimizationStatus.OPTIMAL and status != mip.OptimizationStatus.INFEASIBLE and (
-        time.monotonic() - began >= 0.95 * kwargs["max_seconds"]
-    )
-    bound = model.objective_bound if model.objective_bound is not None else 0.0
-    name = Status.of_mip(status)
-    if status in (mip.OptimizationStatus.OPTIMAL, mip.OptimizationStatus.FEASIBLE) and model.num_solutions:
-        return MipOutcome(solution_starts(sp, z), name, model.objective_value, bound, len(z), timed_out)
-    return MipOutcome(None, name, None, bound, len(z), timed_out)
+    with collector_paused():
+        model, z, C = build_model(sp, solver=solver, threads=threads, objective=objective, flow=flow, weights=weights)
+        if incumbent is not None and all(sp.es[j] <= incumbent[j] <= sp.ls[j] for j in sp.free):
+            model.start = complete_warm_start(model, sp, z, incumbent)
+        kwargs = {"max_seconds": max(0.01, time_limit)}
+        if max_nodes is not None:
+            kwargs["max_nodes"] = max_nodes
+        began = time.monotonic()
+        status = model.optimize(**kwargs)
+        # a search cut by the clock ends without proving optimality at (about) the time limit
+        timed_out = status != mip.OptimizationStatus.OPTIMAL and status != mip.OptimizationStatus.INFEASIBLE and (
+            time.monotonic() - began >= 0.95 * kwargs["max_seconds"]
+        )
+        bound = model.objective_bound if model.objective_bound is not None else 0.0
+        name = Status.of_mip(status)
+        if status in (mip.OptimizationStatus.OPTIMAL, mip.OptimizationStatus.FEASIBLE) and model.num_solutions:
+            return MipOutcome(solution_starts(sp, z), name, model.objective_value, bound, len(z), timed_out)
+        return MipOutcome(None, name, None, bound, len(z), timed_out)
