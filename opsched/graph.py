@@ -63,6 +63,22 @@ class Block:
 COST_FIELDS = ("flops", "param_count", "param_bytes", "output_bytes", "io_bytes")
 
 
+def common_scope(scopes) -> tuple[str, ...]:
+    """The longest module path every one of ``scopes`` starts with.
+
+    >>> common_scope([("model", "layers.1", "mlp"), ("model", "layers.1", "attn")])
+    ('model', 'layers.1')
+    """
+    scopes = list(scopes)
+    prefix = list(scopes[0]) if scopes else []
+    for s in scopes[1:]:
+        n = 0
+        while n < min(len(prefix), len(s)) and prefix[n] == s[n]:
+            n += 1
+        prefix = prefix[:n]
+    return tuple(prefix)
+
+
 def new_op_graph(name: str = "model", **attrs) -> nx.DiGraph:
     """An empty OpGraph; graph attributes record provenance (dims, warnings...)."""
     g = nx.DiGraph(name=name, kind="OpGraph", **attrs)

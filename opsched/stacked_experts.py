@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 import onnx
 
-from opsched.graph import OpNode, add_op
+from opsched.graph import OpNode, add_op, common_scope
 
 # Ops through which a weight stays the same weight, leading axis included.
 _SAME_AXES = frozenset({"Identity", "Transpose", "Cast"})
@@ -223,7 +223,7 @@ def split_families(g: nx.DiGraph, families: list[Family], keys: list[str]) -> No
     for fam in families:
         members = {keys[i] for i in fam.nodes}
         members -= _fold_reads(g, [keys[i] for i in sorted(fam.reads)], members)
-        common = _common_prefix([g.nodes[k]["op"].scope for k in members])
+        common = common_scope([g.nodes[k]["op"].scope for k in members if g.nodes[k]["op"].scope])
         fam.name = "/".join(common) or sorted(members)[0]
         copies = {k: [f"{k}/experts.{e}" for e in range(fam.experts)] for k in members}
         for k in sorted(members):
@@ -308,19 +308,6 @@ def _split_edges(g, members, copies, fam: Family, tensor_bytes) -> None:
             for t, t_e in zip(tensors, names):
                 tensor_bytes[t_e] = tensor_bytes.get(t, 0.0) * share
             g.add_edge(a, b, bytes=data.get("bytes", 0.0) * share, tensors=names)
-
-
-def _common_prefix(scopes) -> tuple[str, ...]:
-    scopes = [s for s in scopes if s]
-    if not scopes:
-        return ()
-    prefix = scopes[0]
-    for s in scopes[1:]:
-        n = 0
-        while n < min(len(prefix), len(s)) and prefix[n] == s[n]:
-            n += 1
-        prefix = prefix[:n]
-    return tuple(prefix)
 
 
 def _static(shape) -> bool:

@@ -36,7 +36,7 @@ from collections import defaultdict
 import networkx as nx
 
 from opsched.cost import expert_count
-from opsched.graph import COST_FIELDS, Block
+from opsched.graph import COST_FIELDS, Block, common_scope
 
 
 def reduce_block_graph(
@@ -136,7 +136,7 @@ def _renumbered(g: nx.DiGraph, members, records) -> tuple[nx.DiGraph, dict[int, 
             block=Block(
                 new_id[b],
                 name,
-                _common_prefix([r.scope for r in recs]),
+                common_scope([r.scope for r in recs]),
                 tuple(op for r in recs for op in r.ops),
                 op_types=op_types,
                 **sums,
@@ -148,14 +148,3 @@ def _renumbered(g: nx.DiGraph, members, records) -> tuple[nx.DiGraph, dict[int, 
     for u, v, d in g.edges(data=True):
         out.add_edge(new_id[u], new_id[v], bytes=d["bytes"])
     return out, held
-
-
-def _common_prefix(scopes) -> tuple[str, ...]:
-    scopes = list(scopes)
-    prefix = list(scopes[0]) if scopes else []
-    for s in scopes[1:]:
-        n = 0
-        while n < min(len(prefix), len(s)) and prefix[n] == s[n]:
-            n += 1
-        prefix = prefix[:n]
-    return tuple(prefix)
