@@ -130,6 +130,8 @@ class StageGraph:
             raise OpschedError(f"stage ids must be 0..{len(ids) - 1} in order, got {ids}")
         if self.num_devices is None:
             self.num_devices = 1 + max((d for s in self.stages for d in s.devices), default=-1)
+        if not 0 <= self.overlap_gain <= 1:  # pair_duration and the lower bounds need a pair >= its longer part
+            raise OpschedError(f"overlap_gain must be between 0 and 1, got {self.overlap_gain}")
         for s in self.stages:
             _check_stage(s, self.num_devices)
         for e in self.edges:

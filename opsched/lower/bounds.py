@@ -1,9 +1,30 @@
 """Combinatorial lower bounds on the makespan of a lower-level problem.
 
-Every bound here is proven for the continuous-time problem (any schedule,
-any order), so it can be reported next to a heuristic or MIP makespan:
+Every bound here holds for every schedule of the StageGraph under the same
+memory, whatever made it: any order, split (I, W) or fused (B) backwards,
+and overlapped F&B pairs whenever the overlap gain is positive, whether or
+not the solve at hand uses them. Two relaxations make that so:
 
-* **critical path**: ``head[j] + duration[j] + tail[j]`` for every job;
+* **the bound job set** (:func:`bound_jobs`): the backward of every stage
+  is split into ``I' = min(I, B)`` and ``W' = min(I + W, B) - I'``. A split
+  schedule only shrinks its jobs to get there; a fused B starting at ``t``
+  becomes I' then W' inside ``[t, t + B]``. Nothing starts earlier or frees
+  later, so every schedule maps to a schedule of the bound job set with the
+  same makespan (a span no longer), and a bound on it is a bound on all;
+* **pair shares** (:func:`pair_shares`): an overlapped pair of an F lasting
+  ``f`` and a backward pass (I, W or B) lasting ``x`` takes
+  ``f + x - gain * min(f, x)``, at least ``max(f, x)`` (gain <= 1). For any
+  threshold ``theta``, giving the F ``f - gain * min(f, theta)`` and the
+  backward ``x - gain * max(0, x - theta)`` never exceeds that, so a pair
+  can be laid out as its two jobs one after the other, each within the
+  pair's time, with these shorter durations. The device bounds take the best
+  threshold among ``0``, ``inf`` and the device's durations.
+
+The bounds, on the bound job set:
+
+* **critical path**: ``head[j] + duration[j] + tail[j]`` for every job (a
+  job inside a pair lasts at least its own duration, so pairs do not shorten
+  paths);
 * **one device, heads and tails** (Jackson's preemptive rule): a device runs
   its jobs one at a time, none before its head, and after job ``j`` ends at
   least ``tail[j]`` must pass. Scheduling the device preemptively, always the
@@ -11,25 +32,69 @@ any order), so it can be reported next to a heuristic or MIP makespan:
   value bounds the makespan. It contains the simpler "unavoidable idle before
   the first job + total work + unavoidable idle after the last job";
 * **memory warm-up**: before the first backward of a device can start (its
-  head), the device can only run forwards, and only as many as its
-  activation budget holds, so it idles at least the rest of that time.
-
-With overlapped F&B pairs (``allow_pairs`` and a positive overlap gain) a
-device's work can shrink, so the device bounds use durations reduced by the
-largest possible overlap saving instead.
+  head), the device can only run forwards (a pair needs a backward, so none
+  start earlier), and only as many as its activation budget holds, so it
+  idles at least the rest of that time.
 
 >>> from opsched.schedule import chain_stage_graph
->>> from opsched.lower.jobs import JobSet
 >>> lower_bound(JobSet(chain_stage_graph(2, f=1, b=2, w=1), 4))
 13.0
+
+With a perfect overlap gain, F and I may hide each other (I + W = 2 per
+microbatch and device is what no pair can save):
+
+>>> lower_bound(JobSet(chain_stage_graph(2, f=1, b=2, w=1, overlap_gain=1.0), 4))
+11.0
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
+import math
 from typing import Mapping
 
 from opsched.lower.jobs import JobSet
+from opsched.schedule import StageGraph
+
+
+def relaxed_stage_graph(sg: StageGraph) -> StageGraph:
+    """``sg`` with each stage's backward as ``I' = min(I, B)`` and ``W' = min(I + W, B) - I'`` (no measured B)."""
+    stages = []
+    for st in sg.stages:
+        i, fused = st.duration("I"), st.duration("B")
+        first = min(i, fused)
+        rest = max(0.0, min(i + st.duration("W"), fused) - first)
+        stages.append(dataclasses.replace(st, time={"F": st.duration("F"), "I": first, "W": rest}))
+    return StageGraph(stages, list(sg.edges), num_devices=sg.num_devices, overlap_gain=sg.overlap_gain)
+
+
+def bound_jobs(js: JobSet) -> JobSet:
+    """The job set the bounds are computed on: split, with a measured B shorter than I + W folded in.
+
+    ``js`` itself when it is already that (split backwards, no B shorter than I + W).
+    """
+    short = any("B" in st.time and st.duration("B") < st.duration("I") + st.duration("W") for st in js.sg.stages)
+    if js.split_backward and not short:
+        return js
+    return JobSet(relaxed_stage_graph(js.sg), js.microbatches, split_backward=True)
+
+
+def pair_shares(js: JobSet, ks: list[int]) -> list[list[float]]:
+    """Durations of the jobs ``ks`` of one device, one list per threshold (see the module notes).
+
+    Just the durations when the overlap gain is 0 (no pair saves time).
+    """
+    durations = [js.duration[k] for k in ks]
+    gain = js.sg.overlap_gain
+    if gain <= 0:
+        return [durations]
+    forward = [js.jobs[k].pass_ == "F" for k in ks]
+    thresholds = sorted({0.0, math.inf, *durations})
+    return [
+        [d - gain * min(d, theta) if f else d - gain * max(0.0, d - theta) for d, f in zip(durations, forward)]
+        for theta in thresholds
+    ]
 
 
 def critical_path_bound(js: JobSet) -> float:
@@ -68,31 +133,24 @@ def jackson_bound(heads: list[float], durations: list[float], tails: list[float]
     return best
 
 
-def device_bound(js: JobSet, device: int, allow_pairs: bool = False) -> float:
-    """Jackson's bound for one device (with pair savings folded into the work when allowed)."""
+def device_bound(js: JobSet, device: int) -> float:
+    """Jackson's bound for one device, with each job's pair share when pairs could save time."""
     ks = js.on_device[device]
     if not ks:
         return 0.0
     heads = [js.head[k] for k in ks]
     tails = [js.tail[k] for k in ks]
-    durations = [js.duration[k] for k in ks]
-    gain = js.sg.overlap_gain
-    if allow_pairs and gain > 0:
-        # pairs may overlap work: only unavoidable idle + work - the largest saving is safe
-        forward = sum(d for k, d in zip(ks, durations) if js.jobs[k].pass_ == "F")
-        backward = sum(d for k, d in zip(ks, durations) if js.jobs[k].pass_ in ("I", "B"))
-        saving = gain * min(forward, backward)
-        return min(heads) + sum(durations) - saving + min(tails)
-    return jackson_bound(heads, durations, tails)
+    return max(jackson_bound(heads, durations, tails) for durations in pair_shares(js, ks))
 
 
 def warmup_bound(js: JobSet, device: int, budget: float | None) -> float:
     """Idle forced by memory before the first backward of ``device``, plus its work and least tail.
 
     Before ``h``, the earliest head of any backward on the device, only
-    forwards can run; their activations sum to at most ``budget``, so at most
-    a fractional knapsack of them (by duration per byte) fits. The device is
-    idle for the rest of ``[min forward head, h)``.
+    forwards can run, one at a time (a pair needs a backward); their
+    activations sum to at most ``budget``, so at most a fractional knapsack of
+    them (by duration per byte) fits. The device is idle for the rest of
+    ``[min forward head, h)``; the work counts each job's pair share.
     """
     ks = js.on_device[device]
     if budget is None or not ks:
@@ -115,21 +173,18 @@ def warmup_bound(js: JobSet, device: int, budget: float | None) -> float:
             work += js.duration[k] * max(room, 0.0) / js.mem[k]
             break
     idle = max(0.0, (h - start) - work)
-    total = sum(js.duration[k] for k in ks)
-    if js.sg.overlap_gain > 0:  # pairs could hide part of the work; stay safe
-        return 0.0
+    total = max(sum(durations) for durations in pair_shares(js, ks))
     return start + idle + total + min(js.tail[k] for k in ks)
 
 
-def lower_bound(
-    js: JobSet, budgets: Mapping[int, float] | None = None, allow_pairs: bool = False
-) -> float:
-    """The best of the combinatorial bounds above (a proven makespan lower bound)."""
-    best = critical_path_bound(js)
-    for d in js.on_device:
-        best = max(best, device_bound(js, d, allow_pairs))
+def lower_bound(js: JobSet, budgets: Mapping[int, float] | None = None) -> float:
+    """The best of the bounds above on the makespan of any schedule of ``js``'s StageGraph (proven)."""
+    rel = bound_jobs(js)
+    best = critical_path_bound(rel)
+    for d in rel.on_device:
+        best = max(best, device_bound(rel, d))
         if budgets is not None:
-            best = max(best, warmup_bound(js, d, budgets.get(d)))
+            best = max(best, warmup_bound(rel, d, budgets.get(d)))
     return best
 
 
@@ -141,33 +196,45 @@ def span_lower_bound(js: JobSet) -> float:
     later than that F), and its *relative tail* the longest path from its end
     to the end of a W or B on ``d``. Every device ``e`` runs its jobs one at a
     time, so Jackson's bound over the jobs of ``e`` that have both (with those
-    heads and tails) bounds the span of ``d``. With ``e = d`` that is ``d``'s
+    heads and tails, and pair shares) bounds the span of ``d``. With ``e = d`` that is ``d``'s
     own work; with ``e`` the last stage of a chain it is the path to the last
     stage, all of that stage's F and I, and the way back: on Zero Bubble's
     p = 8, m = 24 setting, 7(F + c) + 24(F + I) + 7(I + c) + W = 1152.60 ms
-    for device 0, a bubble rate of at least 0.04331.
+    for device 0, a bubble rate of at least 0.04331. Computed on the bound job
+    set, so it holds for fused backwards and pairs too (a schedule's span
+    there is no longer).
     """
+    js = bound_jobs(js)
     best = 0.0
-    n = len(js)
+    shares = {e: pair_shares(js, ks) for e, ks in js.on_device.items()}
     for d, ks in js.on_device.items():
-        mine = set(ks)
-        head = [float("-inf")] * n
-        for k in js.topo:
-            if k in mine and js.jobs[k].pass_ == "F":
-                head[k] = 0.0
-            for i, delay in js.preds[k]:
-                if head[i] > float("-inf"):
-                    head[k] = max(head[k], head[i] + js.duration[i] + delay)
-        tail = [float("-inf")] * n
-        for k in reversed(js.topo):
-            if k in mine and js.jobs[k].pass_ in ("W", "B"):
-                tail[k] = 0.0
-            for s, delay in js.succs[k]:
-                if tail[s] > float("-inf"):
-                    tail[k] = max(tail[k], delay + js.duration[s] + tail[s])
-        for other in js.on_device.values():
-            inside = [k for k in other if head[k] > float("-inf") and tail[k] > float("-inf")]
-            if inside:
-                best = max(best, jackson_bound([head[k] for k in inside], [js.duration[k] for k in inside],
-                                               [tail[k] for k in inside]))
+        head, tail = _relative_paths(js, set(ks))
+        for e, other in js.on_device.items():
+            inside = [i for i, k in enumerate(other) if head[k] > -math.inf and tail[k] > -math.inf]
+            if not inside:
+                continue
+            heads = [head[other[i]] for i in inside]
+            tails = [tail[other[i]] for i in inside]
+            for durations in shares[e]:
+                best = max(best, jackson_bound(heads, [durations[i] for i in inside], tails))
     return best
+
+
+def _relative_paths(js: JobSet, mine: set[int]) -> tuple[list[float], list[float]]:
+    """Longest paths from the start of any F in ``mine`` to each job, and from each job's end to a W/B in ``mine``."""
+    n = len(js)
+    head = [-math.inf] * n
+    for k in js.topo:
+        if k in mine and js.jobs[k].pass_ == "F":
+            head[k] = 0.0
+        for i, delay in js.preds[k]:
+            if head[i] > -math.inf:
+                head[k] = max(head[k], head[i] + js.duration[i] + delay)
+    tail = [-math.inf] * n
+    for k in reversed(js.topo):
+        if k in mine and js.jobs[k].pass_ in ("W", "B"):
+            tail[k] = 0.0
+        for s, delay in js.succs[k]:
+            if tail[s] > -math.inf:
+                tail[k] = max(tail[k], delay + js.duration[s] + tail[s])
+    return head, tail

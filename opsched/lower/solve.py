@@ -166,7 +166,8 @@ def solve(
     check_memory_limit(sg, microbatches, memory_limit)
     js = JobSet(sg, microbatches, split_backward)
     budgets = activation_budgets(sg, memory_limit)
-    bound = combinatorial_bound(js, budgets, allow_pairs) if objective == Objective.MAKESPAN else span_lower_bound(js)
+    # proven for every schedule of sg (pairs, fused or split backwards), not only those this solve can make
+    bound = combinatorial_bound(js, budgets) if objective == Objective.MAKESPAN else span_lower_bound(js)
     run = _Search(js, budgets, objective, solver, threads, t0, t0 + float(time_limit), bound)
 
     name, start, candidates, run.timed_out = _best_start(
@@ -198,7 +199,7 @@ def _check_arguments(solver: str, time_limit: float, slot: float | None) -> None
 def _solve_whole_mip(run: _Search) -> None:
     """Phase 4: the whole time-indexed MIP, warm-started, when it is small enough; may raise the bound."""
     js, best = run.js, run.best
-    slot_is_exact = _divides(run.slot, js.sg)  # then the MIP bound holds in continuous time
+    bound_holds = _divides(run.slot, js.sg) and _mip_covers_every_schedule(js, run.objective)
     sp = slot_problem(js, run.slot, run.budgets)
     starts = slotted_starts(js, best.order, run.slot)
     horizon = max(s + sp.p[k] for k, s in starts.items())
@@ -222,7 +223,7 @@ def _solve_whole_mip(run: _Search) -> None:
         cand = evaluate(js, starts_to_order(js, out.starts), run.objective)
         if better(cand, best) and order_fits(js.sg, cand.order, run.budgets):
             run.best = cand
-    if slot_is_exact:
+    if bound_holds:
         proven = out.objective if out.status == Status.OPTIMAL else out.bound
         if proven is not None and out.status in (Status.OPTIMAL, Status.FEASIBLE, Status.NO_SOLUTION):
             # slotted objectives are whole slots; a flow tie-breaker adds less than one slot
@@ -271,6 +272,21 @@ def _result(
         candidates=candidates,
         search_solves=run.solves,
     )
+
+
+def _mip_covers_every_schedule(js: JobSet, objective: Objective) -> bool:
+    """Whether the slotted MIP's problem holds every schedule any method could make, so its bound is one.
+
+    The MIP schedules ``js``'s jobs one at a time. That misses schedules with
+    overlapped pairs (a positive overlap gain), split schedules when ``js`` is
+    fused (deferring W can only help), fused ones when a measured B is shorter
+    than I + W, and, for the span objective, schedules longer than the MIP's
+    horizon (a shorter span may need a longer makespan). Then only the
+    combinatorial bounds count.
+    """
+    sg = js.sg
+    short_b = any(st.duration("B") < st.duration("I") + st.duration("W") for st in sg.stages)
+    return objective == Objective.MAKESPAN and js.split_backward and sg.overlap_gain == 0 and not short_b
 
 
 def _divides(slot: float, sg) -> bool:
