@@ -14,11 +14,13 @@ not the solve at hand uses them. Two relaxations make that so:
 * **pair shares** (:func:`pair_shares`): an overlapped pair of an F lasting
   ``f`` and a backward pass (I, W or B) lasting ``x`` takes
   ``f + x - gain * min(f, x)``, at least ``max(f, x)`` (gain <= 1). For any
-  threshold ``theta``, giving the F ``f - gain * min(f, theta)`` and the
-  backward ``x - gain * max(0, x - theta)`` never exceeds that, so a pair
-  can be laid out as its two jobs one after the other, each within the
-  pair's time, with these shorter durations. The device bounds take the best
-  threshold among ``0``, ``inf`` and the device's durations.
+  threshold ``theta``, the F's share of the saving is ``min(f, theta)`` and
+  a backward's ``max(0, c - theta)`` with ``c`` its whole length (I' + W',
+  taken by I' first; W' alone takes ``max(0, W' - theta)``), since
+  ``min(f, x) <= min(f, theta) + max(0, x - theta)``. Each job shortened by
+  the gain times its share, a pair can be laid out as its jobs one after the
+  other within the pair's time. The device bounds take the best threshold
+  among ``0``, ``inf`` and the device's lengths.
 
 The bounds, on the bound job set:
 
@@ -55,7 +57,7 @@ import math
 from typing import Mapping
 
 from opsched.lower.jobs import JobSet
-from opsched.schedule import StageGraph
+from opsched.schedule import Job, StageGraph
 
 
 def relaxed_stage_graph(sg: StageGraph) -> StageGraph:
@@ -89,12 +91,36 @@ def pair_shares(js: JobSet, ks: list[int]) -> list[list[float]]:
     gain = js.sg.overlap_gain
     if gain <= 0:
         return [durations]
-    forward = [js.jobs[k].pass_ == "F" for k in ks]
-    thresholds = sorted({0.0, math.inf, *durations})
-    return [
-        [d - gain * min(d, theta) if f else d - gain * max(0.0, d - theta) for d, f in zip(durations, forward)]
-        for theta in thresholds
-    ]
+    whole = [_backward_length(js, k) for k in ks]
+    thresholds = sorted({0.0, math.inf, *durations, *(c for c in whole if c is not None)})
+    return [[d - gain * _saving(js.jobs[k].pass_, d, c, theta) for k, d, c in zip(ks, durations, whole)]
+            for theta in thresholds]
+
+
+def _backward_length(js: JobSet, k: int) -> float | None:
+    """I + W of the job's (stage, microbatch) for an I, B for a B, None for an F or a W."""
+    job = js.jobs[k]
+    if job.pass_ == "B":
+        return js.duration[k]
+    if job.pass_ == "I":
+        w = js.index.get(Job(job.stage, job.microbatch, "W"))
+        return js.duration[k] + (js.duration[w] if w is not None else 0.0)
+    return None
+
+
+def _saving(pass_: str, duration: float, whole: float | None, theta: float) -> float:
+    """The share of a pair's saving (over the gain) a job takes at threshold ``theta``.
+
+    An F takes ``min(f, theta)``. A backward run fused (B of length ``c``) or
+    split (I then W, ``c = I + W``) takes ``max(0, c - theta)`` in all, the I
+    first: then an F with either half, or with the whole B, saves no more
+    than its two shares (``min(f, x) <= min(f, theta) + max(0, x - theta)``).
+    """
+    if pass_ == "F":
+        return min(duration, theta)
+    if pass_ == "W":
+        return max(0.0, duration - theta)
+    return min(duration, max(0.0, whole - theta))
 
 
 def critical_path_bound(js: JobSet) -> float:

@@ -9,7 +9,8 @@ Pipeline of the solve (each step is anytime; the best order so far is kept):
    :func:`opsched.baselines.baseline_orders`) and several list-scheduler
    variants, those that fit in memory; the best is the warm start;
 4. when the whole time-indexed MIP is small enough, solve it warm-started
-   (its bound is proven when the slot divides every time exactly);
+   (its bound counts when the slot divides every time exactly and its problem
+   holds every schedule of the graph, see ``_mip_covers_every_schedule``);
 5. large-neighbourhood search over time windows until the lower bound, its
    budget of sub-MIPs, or no window helps (the time limit is a safety cap);
 6. the final order re-timed in continuous time by the simulator.
@@ -75,6 +76,9 @@ class LowerResult:
     candidates: dict[str, float] = field(default_factory=dict)
     #: neighbourhood sub-MIPs solved (at most ``search_budget``)
     search_solves: int = 0
+    #: what was minimised, and its value for ``schedule`` (``lower_bound`` and ``gap`` refer to it)
+    objective: Objective = Objective.MAKESPAN
+    value: float = 0.0
 
     @property
     def makespan(self) -> float:
@@ -92,8 +96,10 @@ class _Search:
     threads: int
     started: float  # time.monotonic() at the start
     deadline: float  # the safety cap on the clock
-    bound: float
+    bound: float  # holds for every schedule of the graph (what is reported)
     best: Incumbent | None = None  # None while the best order has overlapped pairs (not searched)
+    #: holds for the orders this search can reach (its job set, no pairs): may be above ``bound``
+    search_bound: float = -math.inf
     timed_out: bool = False
     slot: float | None = None
     solves: int = 0
@@ -106,6 +112,10 @@ class _Search:
 
     def proven(self) -> bool:
         return self.best is not None and _proven(self.best.value, self.bound)
+
+    def searched_out(self) -> bool:
+        """Whether no order this search can reach beats the best: proven, or at the search's own bound."""
+        return self.proven() or (self.best is not None and _proven(self.best.value, self.search_bound))
 
 
 def solve(
@@ -179,10 +189,10 @@ def solve(
     else:
         run.best = evaluate(js, job_order(start), objective)
         run.report(run.best.value, f"warm start {name}")
-        if not run.proven():
+        if not run.searched_out():
             run.slot = slot or auto_slot(sg, run.best.makespan)
             _solve_whole_mip(run)
-        if not run.proven():
+        if not run.searched_out():
             _neighbourhood_search(run, search_budget)
         final_order = {d: list(jobs) for d, jobs in run.best.order.items()}
     return _result(run, sg, memory_limit, final_order, name, candidates, time_limit)
@@ -197,9 +207,14 @@ def _check_arguments(solver: str, time_limit: float, slot: float | None) -> None
 
 
 def _solve_whole_mip(run: _Search) -> None:
-    """Phase 4: the whole time-indexed MIP, warm-started, when it is small enough; may raise the bound."""
+    """Phase 4: the whole time-indexed MIP, warm-started, when it is small enough; may raise the bounds.
+
+    With an exact slot its bound holds for the orders the search can reach
+    (``search_bound``: the search stops there), and when its problem holds
+    every schedule of the graph it is also reported (``bound``).
+    """
     js, best = run.js, run.best
-    bound_holds = _divides(run.slot, js.sg) and _mip_covers_every_schedule(js, run.objective)
+    exact = _divides(run.slot, js.sg)
     sp = slot_problem(js, run.slot, run.budgets)
     starts = slotted_starts(js, best.order, run.slot)
     horizon = max(s + sp.p[k] for k, s in starts.items())
@@ -223,11 +238,12 @@ def _solve_whole_mip(run: _Search) -> None:
         cand = evaluate(js, starts_to_order(js, out.starts), run.objective)
         if better(cand, best) and order_fits(js.sg, cand.order, run.budgets):
             run.best = cand
-    if bound_holds:
-        proven = out.objective if out.status == Status.OPTIMAL else out.bound
-        if proven is not None and out.status in (Status.OPTIMAL, Status.FEASIBLE, Status.NO_SOLUTION):
-            # slotted objectives are whole slots; a flow tie-breaker adds less than one slot
-            whole = math.ceil(proven - 1e-6) if run.objective == Objective.MAKESPAN else math.floor(proven + 1e-6)
+    proven = out.objective if out.status == Status.OPTIMAL else out.bound
+    if exact and proven is not None and out.status in (Status.OPTIMAL, Status.FEASIBLE, Status.NO_SOLUTION):
+        # slotted objectives are whole slots; a flow tie-breaker adds less than one slot
+        whole = math.ceil(proven - 1e-6) if run.objective == Objective.MAKESPAN else math.floor(proven + 1e-6)
+        run.search_bound = max(run.search_bound, whole * run.slot)
+        if _mip_covers_every_schedule(js, run.objective):
             run.bound = max(run.bound, whole * run.slot)
     run.report(run.best.value, f"full MIP ({out.variables} variables, {out.status})")
 
@@ -237,7 +253,7 @@ def _neighbourhood_search(run: _Search, search_budget: int | None) -> None:
     search = SearchLog()
     run.best = large_neighbourhood_search(
         run.js, run.best, run.slot, run.budgets, deadline=run.deadline, solver=run.solver, threads=run.threads,
-        target=run.bound, log=search, objective=run.objective, max_solves=search_budget,
+        target=max(run.bound, run.search_bound), log=search, objective=run.objective, max_solves=search_budget,
         on_improve=lambda inc: run.report(inc.value, "neighbourhood search"),
     )
     run.timed_out = run.timed_out or search.timed_out
@@ -271,6 +287,8 @@ def _result(
         slot=run.slot,
         candidates=candidates,
         search_solves=run.solves,
+        objective=run.objective,
+        value=value,
     )
 
 
