@@ -76,19 +76,31 @@ def bound_jobs(js: JobSet) -> JobSet:
 
     ``js`` itself when it is already that (split backwards, no B shorter than I + W).
     """
-    short = any("B" in st.time and st.duration("B") < st.duration("I") + st.duration("W") for st in js.sg.stages)
-    if js.split_backward and not short:
+    if js.split_backward and not _short_fused_backward(js.sg):
         return js
     return JobSet(relaxed_stage_graph(js.sg), js.microbatches, split_backward=True)
 
 
-def pair_shares(js: JobSet, ks: list[int]) -> list[list[float]]:
+def own_orders_hold_every_schedule(js: JobSet) -> bool:
+    """Whether every schedule of the graph maps to an order of ``js``'s own jobs without pairs.
+
+    True for split jobs, no overlap gain and no measured B shorter than I + W:
+    then a bound on those orders (the MIP's) bounds every schedule.
+    """
+    return js.split_backward and js.sg.overlap_gain == 0 and not _short_fused_backward(js.sg)
+
+
+def _short_fused_backward(sg: StageGraph) -> bool:
+    return any(st.duration("B") < st.duration("I") + st.duration("W") for st in sg.stages)
+
+
+def pair_shares(js: JobSet, ks: list[int], pairs: bool = True) -> list[list[float]]:
     """Durations of the jobs ``ks`` of one device, one list per threshold (see the module notes).
 
-    Just the durations when the overlap gain is 0 (no pair saves time).
+    Just the durations when the overlap gain is 0 or without ``pairs`` (no pair saves time).
     """
     durations = [js.duration[k] for k in ks]
-    gain = js.sg.overlap_gain
+    gain = js.sg.overlap_gain if pairs else 0.0
     if gain <= 0:
         return [durations]
     whole = [_backward_length(js, k) for k in ks]
@@ -159,17 +171,17 @@ def jackson_bound(heads: list[float], durations: list[float], tails: list[float]
     return best
 
 
-def device_bound(js: JobSet, device: int) -> float:
+def device_bound(js: JobSet, device: int, pairs: bool = True) -> float:
     """Jackson's bound for one device, with each job's pair share when pairs could save time."""
     ks = js.on_device[device]
     if not ks:
         return 0.0
     heads = [js.head[k] for k in ks]
     tails = [js.tail[k] for k in ks]
-    return max(jackson_bound(heads, durations, tails) for durations in pair_shares(js, ks))
+    return max(jackson_bound(heads, durations, tails) for durations in pair_shares(js, ks, pairs))
 
 
-def warmup_bound(js: JobSet, device: int, budget: float | None) -> float:
+def warmup_bound(js: JobSet, device: int, budget: float | None, pairs: bool = True) -> float:
     """Idle forced by memory before the first backward of ``device``, plus its work and least tail.
 
     Before ``h``, the earliest head of any backward on the device, only
@@ -199,22 +211,27 @@ def warmup_bound(js: JobSet, device: int, budget: float | None) -> float:
             work += js.duration[k] * max(room, 0.0) / js.mem[k]
             break
     idle = max(0.0, (h - start) - work)
-    total = max(sum(durations) for durations in pair_shares(js, ks))
+    total = max(sum(durations) for durations in pair_shares(js, ks, pairs))
     return start + idle + total + min(js.tail[k] for k in ks)
 
 
-def lower_bound(js: JobSet, budgets: Mapping[int, float] | None = None) -> float:
-    """The best of the bounds above on the makespan of any schedule of ``js``'s StageGraph (proven)."""
-    rel = bound_jobs(js)
+def lower_bound(js: JobSet, budgets: Mapping[int, float] | None = None, own_orders: bool = False) -> float:
+    """The best of the bounds above on the makespan of any schedule of ``js``'s StageGraph (proven).
+
+    With ``own_orders``, only on orders of ``js``'s own jobs without pairs
+    (what the MIP search reaches): a search may stop there, but that bound
+    is not one to report.
+    """
+    rel = js if own_orders else bound_jobs(js)
     best = critical_path_bound(rel)
     for d in rel.on_device:
-        best = max(best, device_bound(rel, d))
+        best = max(best, device_bound(rel, d, not own_orders))
         if budgets is not None:
-            best = max(best, warmup_bound(rel, d, budgets.get(d)))
+            best = max(best, warmup_bound(rel, d, budgets.get(d), not own_orders))
     return best
 
 
-def span_lower_bound(js: JobSet) -> float:
+def span_lower_bound(js: JobSet, own_orders: bool = False) -> float:
     """A bound on the Zero Bubble paper's cost: the longest device span, first F to last W or B.
 
     For device ``d``, a job's *relative head* is the longest dependency path
@@ -228,11 +245,11 @@ def span_lower_bound(js: JobSet) -> float:
     p = 8, m = 24 setting, 7(F + c) + 24(F + I) + 7(I + c) + W = 1152.60 ms
     for device 0, a bubble rate of at least 0.04331. Computed on the bound job
     set, so it holds for fused backwards and pairs too (a schedule's span
-    there is no longer).
+    there is no longer). ``own_orders`` as for :func:`lower_bound`.
     """
-    js = bound_jobs(js)
+    js = js if own_orders else bound_jobs(js)
     best = 0.0
-    shares = {e: pair_shares(js, ks) for e, ks in js.on_device.items()}
+    shares = {e: pair_shares(js, ks, not own_orders) for e, ks in js.on_device.items()}
     for d, ks in js.on_device.items():
         head, tail = _relative_paths(js, set(ks))
         for e, other in js.on_device.items():

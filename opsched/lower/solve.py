@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from opsched.errors import Deadlock, OpschedError
 from opsched.lower.bounds import lower_bound as combinatorial_bound
-from opsched.lower.bounds import span_lower_bound
+from opsched.lower.bounds import own_orders_hold_every_schedule, span_lower_bound
 from opsched.lower.jobs import JobSet, activation_budgets, check_memory_limit, order_fits
 from opsched.lower.listsched import default_variants, job_order, list_schedule
 from opsched.lower.lns import (
@@ -179,6 +179,7 @@ def solve(
     # proven for every schedule of sg (pairs, fused or split backwards), not only those this solve can make
     bound = combinatorial_bound(js, budgets) if objective == Objective.MAKESPAN else span_lower_bound(js)
     run = _Search(js, budgets, objective, solver, threads, t0, t0 + float(time_limit), bound)
+    run.search_bound = _search_bound(js, budgets, objective, bound)
 
     name, start, candidates, run.timed_out = _best_start(
         js, budgets, allow_pairs, warm_orders, objective, stop_at=run.deadline
@@ -196,6 +197,19 @@ def solve(
             _neighbourhood_search(run, search_budget)
         final_order = {d: list(jobs) for d, jobs in run.best.order.items()}
     return _result(run, sg, memory_limit, final_order, name, candidates, time_limit)
+
+
+def _search_bound(js: JobSet, budgets, objective: Objective, bound: float) -> float:
+    """A bound on the orders the MIP search reaches (``js``'s own jobs, no pairs), where the search may stop.
+
+    ``bound`` itself when every schedule is such an order; else the same
+    combinatorial bounds on ``js`` as it is, without pair shares.
+    """
+    if own_orders_hold_every_schedule(js):
+        return bound
+    if objective == Objective.MAKESPAN:
+        return combinatorial_bound(js, budgets, own_orders=True)
+    return span_lower_bound(js, own_orders=True)
 
 
 def _check_arguments(solver: str, time_limit: float, slot: float | None) -> None:
@@ -302,9 +316,7 @@ def _mip_covers_every_schedule(js: JobSet, objective: Objective) -> bool:
     horizon (a shorter span may need a longer makespan). Then only the
     combinatorial bounds count.
     """
-    sg = js.sg
-    short_b = any(st.duration("B") < st.duration("I") + st.duration("W") for st in sg.stages)
-    return objective == Objective.MAKESPAN and js.split_backward and sg.overlap_gain == 0 and not short_b
+    return objective == Objective.MAKESPAN and own_orders_hold_every_schedule(js)
 
 
 def _divides(slot: float, sg) -> bool:
