@@ -157,16 +157,37 @@ def test_bad_flags_give_one_line_and_exit_2(tmp_path, capsys, argv, message):
     assert not out.exists()
 
 
-def test_mip_hook_adds_a_row_with_bound_and_gap(tmp_path, capsys, monkeypatch):
-    calls = []
-
-    def fake_solve(sg, microbatches, memory_limit=None, time_limit=30, solver="cbc", warm_orders=None):
-        calls.append((len(sg.stages), microbatches, memory_limit, time_limit, solver, sorted(warm_orders)))
+def _fake_solve(calls: list):
+    def fake_solve(sg, microbatches, memory_limit=None, time_limit=30, solver="cbc", warm_orders=None,
+                   objective="makespan"):
+        calls.append((len(sg.stages), microbatches, memory_limit, time_limit, solver, sorted(warm_orders), objective))
         schedule = run_baseline("zb-h1", sg, microbatches)
         schedule.name = "mip"
-        return SimpleNamespace(schedule=schedule, lower_bound=20.0, gap=0.1, solver=solver, solve_seconds=0.5)
+        value = metrics(schedule).makespan if objective == "makespan" else 24.0
+        return SimpleNamespace(schedule=schedule, lower_bound=20.0, gap=0.1, solver=solver, solve_seconds=0.5,
+                               objective=objective, value=value, status="feasible")
 
-    monkeypatch.setattr(lower, "solve", fake_solve)
+    return fake_solve
+
+
+@pytest.fixture
+def in_process(monkeypatch):
+    """run_isolated as a direct call (the fake solve's calls stay visible); records each call's timeout."""
+    from opsched import isolate
+
+    timeouts = []
+
+    def direct(fn, *args, timeout, **kwargs):
+        timeouts.append(timeout)
+        return fn(*args, **kwargs)
+
+    monkeypatch.setattr(isolate, "run_isolated", direct)
+    return timeouts
+
+
+def test_mip_hook_adds_a_row_with_bound_and_gap(tmp_path, capsys, monkeypatch, in_process):
+    calls = []
+    monkeypatch.setattr(lower, "solve", _fake_solve(calls))
     out = tmp_path / "cmp"
     code, stdout, err = run_cli(
         capsys, "--stages", "4", "--microbatches", "8", "--methods", "1f1b,mip", "--time-limit", "5",
@@ -176,7 +197,9 @@ def test_mip_hook_adds_a_row_with_bound_and_gap(tmp_path, capsys, monkeypatch):
     rows = {r["method"]: r for r in json.loads(stdout)}
     assert rows["mip"]["lower_bound"] == 20.0 and rows["mip"]["gap"] == 0.1 and rows["mip"]["solver"] == "highs"
     # the baselines' orders on the chain as given are the MIP's warm starts
-    assert calls == [(4, 8, None, 5.0, "highs", sorted(baseline_orders(chain_stage_graph(4), 8)))]
+    assert calls == [(4, 8, None, 5.0, "highs", sorted(baseline_orders(chain_stage_graph(4), 8)), "makespan")]
+    assert in_process == [3 * 5.0 + 60]  # a hung solver is stopped after 3 x the time limit + 60 s
+    assert rows["mip"]["objective"] == "makespan" and rows["mip"]["status"] == "feasible"
     code, table_out, _ = run_cli(capsys, "--stages", "4", "--microbatches", "8", "--methods", "mip", "--quiet")
     assert code == 0
     assert table_out.splitlines()[2].endswith("as given (4 stages); lower bound 20, gap 10.0%, cbc 0.5 s")
@@ -219,3 +242,84 @@ def test_plan_on_device_groups_gets_baselines_on_the_groups(tmp_path, capsys):
     assert first.devices == (2, 3)  # the chain starts on the group that ran the plan's first stage
     direct = run_baseline("1f1b", chain_stage_graph(2, f=1, b=2, w=1, comm=0.5), 4)
     assert metrics(placed).makespan == pytest.approx(metrics(direct).makespan)
+
+
+def test_objective_reaches_the_mip_and_its_row(tmp_path, capsys, monkeypatch, in_process):
+    calls = []
+    monkeypatch.setattr(lower, "solve", _fake_solve(calls))
+    out = tmp_path / "cmp"
+    rows = run_json(capsys, "--stages", "4", "--microbatches", "8", "--methods", "mip", "--objective", "zb-span",
+                    "-o", str(out))
+    assert [c[-1] for c in calls] == ["zb-span"]
+    mip = rows["mip"]
+    assert mip["objective"] == "zb-span" and mip["objective_value"] == 24.0 and mip["lower_bound"] == 20.0
+    # in plan.json, lower_bound and gap stay on the makespan: the span's figures have their own names
+    _, doc = read_plan(out / "mip" / "plan.json")
+    assert "lower_bound" not in doc["metrics"]
+    assert doc["metrics"]["objective"] == "zb-span" and doc["metrics"]["objective_lower_bound"] == 20.0
+    code, table_out, _ = run_cli(capsys, "--stages", "4", "--microbatches", "8", "--methods", "mip",
+                                 "--objective", "zb-span", "--quiet")
+    assert code == 0
+    assert table_out.splitlines()[2].endswith("as given (4 stages); zb-span 24, lower bound 20, gap 10.0%, cbc 0.5 s")
+    code, _, err = run_cli(capsys, "--stages", "4", "--microbatches", "8", "--objective", "throughput")
+    assert code == 2 and "--objective" in err
+
+
+def test_zb_span_objective_end_to_end(capsys, monkeypatch):
+    """The real solver on a small chain: the span's bound is below its value, and both are spans."""
+    from opsched.lower.solve import solve as real_solve
+    monkeypatch.setattr(lower, "solve", real_solve)
+    rows = run_json(capsys, "--stages", "3", "--microbatches", "4", "--memory-limit", "3", "--methods", "mip",
+                    "--objective", "zb-span", "--time-limit", "10", "--quiet")
+    mip = rows["mip"]
+    assert mip["objective"] == "zb-span" and mip["lower_bound"] <= mip["objective_value"] + 1e-9
+    assert mip["objective_value"] <= mip["makespan"] + 1e-9
+    assert mip["gap"] == pytest.approx((mip["objective_value"] - mip["lower_bound"]) / mip["objective_value"])
+
+
+def _crash(*args, **kwargs):
+    """What CBC does under load: glibc's heap check message on the file descriptor, then a hang."""
+    import os
+    import time
+
+    os.write(2, b"double free or corruption (out)\n")
+    time.sleep(60)
+
+
+def _hang(*args, **kwargs):
+    import time
+
+    time.sleep(30)
+
+
+def test_a_solver_crash_costs_the_mip_row_not_the_command(capsys, monkeypatch):
+    """A native abort in the isolated solve: the row says so, the baselines stay, exit 0 (no 60 s wait)."""
+    monkeypatch.setattr(lower, "solve", _crash)
+    code, out, err = run_cli(capsys, "--stages", "4", "--microbatches", "8", "--methods", "1f1b,mip", "--json",
+                             "--quiet")
+    assert code == 0, err
+    rows = {r["method"]: r for r in json.loads(out)}
+    assert rows["1f1b"]["makespan"] > 0
+    assert rows["mip"]["makespan"] is None and rows["mip"]["error"] == "mip: the solver crashed (native abort)"
+
+
+def test_a_hung_solver_is_stopped_after_its_timeout(capsys, monkeypatch):
+    monkeypatch.setattr(lower, "solve", _hang)
+    monkeypatch.setattr(compare_cmd, "solve_timeout", lambda limit: 0.5)
+    code, out, _ = run_cli(capsys, "--stages", "2", "--microbatches", "2", "--methods", "1f1b,mip")
+    assert code == 0 and "refused: mip: the solver did not return within" in out
+
+
+def test_a_bug_in_the_isolated_solve_fails_compare_with_its_traceback(capsys, monkeypatch):
+    def bug(*args, **kwargs):
+        return {}["a bug in solve"]
+
+    monkeypatch.setattr(lower, "solve", bug)
+    with pytest.raises(KeyError) as exc:
+        main(["compare", "--stages", "2", "--microbatches", "2", "--methods", "1f1b,mip", "--quiet"])
+    assert "a bug in solve" in str(exc.value.__cause__)
+    # and a crash while finding --memory-limit mip is a one-line error
+    monkeypatch.setattr(lower, "solve", _crash)
+    code, _, err = run_cli(capsys, "--stages", "2", "--microbatches", "2", "--methods", "1f1b",
+                           "--memory-limit", "mip")
+    assert code == 2 and err.count("\n") == 1 and "--memory-limit mip: the solver was lost" in err

@@ -35,7 +35,8 @@ from opsched.commands.args import (
     stage_count,
 )
 from opsched.errors import OpschedError, Unsupported
-from opsched.solver import SOLVERS, require
+from opsched.isolate import SolverCrash
+from opsched.solver import SOLVERS, Objective, require
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run_.add_argument("--time-limit", type=non_negative_float, default="120", metavar="S",
                       help="safety cap on the MIP in seconds (default 120); work budgets decide the result, "
                            "so it is deterministic unless this cap binds (then its status says so)")
+    run_.add_argument("--objective", default="makespan", choices=[o.value for o in Objective],
+                      help="what mip minimises: makespan (default) or zb-span, Zero Bubble's cost (the longest device "
+                           "span from its first F to its last W or B); its lower bound and gap refer to it")
     run_.add_argument("--solver", default="cbc", choices=SOLVERS, help="MIP solver (default cbc; highs needs pip install highsbox)")
     run_.add_argument("--schedule", action="append", default=[], metavar="FILE.csv",
                       help="also time a hand-written schedule in PyTorch's pipelining CSV format, one row per "
@@ -157,18 +161,21 @@ def run_method(name: str, sg, microbatches: int, limit: float | None, args):
     from opsched.schedule import validate
 
     if name == "mip":
-        # the hand-written orders that apply to the stage graph as given start the MIP
-        result = lower.solve(
-            sg,
-            microbatches,
-            memory_limit=limit,
-            time_limit=args.time_limit,
-            solver=args.solver,
-            warm_orders=baseline_orders(sg, microbatches),
+        from opsched import isolate
+
+        # in a child process, as the planner does: a native abort or hang costs this row (SolverCrash), not
+        # the command; the hand-written orders that apply to the stage graph as given start the MIP
+        result = isolate.run_isolated(
+            lower.solve, sg, microbatches, memory_limit=limit, time_limit=args.time_limit, solver=args.solver,
+            warm_orders=baseline_orders(sg, microbatches), objective=args.objective,
+            timeout=solve_timeout(args.time_limit),
         )
         extra = {
+            "objective": str(result.objective),
+            "objective_value": result.value,
             "lower_bound": result.lower_bound,
             "gap": result.gap,
+            "status": str(result.status),
             "solver": result.solver,
             "solve_seconds": result.solve_seconds,
         }
@@ -189,6 +196,15 @@ def run_method(name: str, sg, microbatches: int, limit: float | None, args):
     return schedule, extra
 
 
+def solve_timeout(time_limit: float) -> float:
+    """Seconds after which an isolated MIP solve counts as hung and is stopped: 3 x its safety cap + 60 s.
+
+    >>> solve_timeout(120)
+    420.0
+    """
+    return 3.0 * float(time_limit) + 60.0
+
+
 def resolve_limit(text: str | None, sg, microbatches: int, args) -> tuple[float | None, str | None]:
     """(limit, method it came from) for --memory-limit: a number, or a method's peak memory per device."""
     from opsched.baselines import NAMES
@@ -200,6 +216,8 @@ def resolve_limit(text: str | None, sg, microbatches: int, args) -> tuple[float 
     if name in NAMES or name == "mip":
         try:
             schedule, _ = run_method(name, sg, microbatches, None, args)
+        except SolverCrash as exc:
+            raise OpschedError(f"--memory-limit {name}: the solver was lost ({exc}); give a number instead") from None
         except OpschedError as exc:
             raise OpschedError(f"--memory-limit {name}: {name} cannot run on this pipeline ({exc})") from None
         return max(metrics(schedule).peak_memory_bytes), name
@@ -258,6 +276,9 @@ def compare(sg, microbatches: int, names: list[str], limit: float | None, args) 
         except OpschedError as exc:  # e.g. an order that deadlocks or breaks the memory limit
             rows.append(refused_row(name, f"{name}: {exc}"))
             continue
+        except SolverCrash as exc:  # a native abort, death or hang of the isolated solver costs this row
+            rows.append(refused_row(name, f"{name}: {exc}"))
+            continue
         schedule.memory_limit = limit
         schedules[name] = schedule
         rows.append(row_of(name, schedule, extra))
@@ -306,14 +327,23 @@ def idle_text(idle: list[float]) -> str:
 
 
 def solver_note(row: dict) -> str:
-    """'; lower bound 27, gap 0%, cbc 0.1 s' for a MIP row, else ''."""
+    """'; lower bound 27, gap 0%, cbc 0.1 s' for a MIP row, else ''.
+
+    With another objective than the makespan, its value comes first, and the
+    bound and gap are on it:
+
+    >>> solver_note({"objective": "zb-span", "objective_value": 30, "lower_bound": 27, "gap": 0.1})
+    '; zb-span 30, lower bound 27, gap 10.0%'
+    """
     if row.get("lower_bound") is None:
         return ""
+    objective = row.get("objective", "makespan")
+    value_text = "" if objective == "makespan" else f"; {objective} {_g(row['objective_value'])},"
     gap = row.get("gap")
     gap_text = "" if gap is None else f", gap {100 * gap:.1f}%"
     secs = row.get("solve_seconds")
     time_text = "" if secs is None else f", {row.get('solver', '')} {secs:.1f} s"
-    return f"; lower bound {_g(row['lower_bound'])}{gap_text}{time_text}"
+    return f"{value_text or ';'} lower bound {_g(row['lower_bound'])}{gap_text}{time_text}"
 
 
 def table(rows: list[dict], header: str) -> str:
@@ -346,6 +376,20 @@ def table(rows: list[dict], header: str) -> str:
     return "\n".join([header, line(cols)] + [line(b) for b in body])
 
 
+def plan_figures(row: dict) -> dict:
+    """A MIP row's solver figures for plan.json's metrics; there ``lower_bound`` and ``gap`` are on the makespan.
+
+    >>> plan_figures({"objective": "zb-span", "objective_value": 30, "lower_bound": 27, "gap": 0.1, "solver": "cbc"})
+    {'solver': 'cbc', 'objective': 'zb-span', 'objective_value': 30, 'objective_lower_bound': 27, 'objective_gap': 0.1}
+    """
+    figures = {k: row[k] for k in ("lower_bound", "gap", "solver", "solve_seconds") if k in row}
+    if row.get("objective", "makespan") != "makespan":  # the bound is on that objective, not on the makespan
+        figures = {k: v for k, v in figures.items() if k not in ("lower_bound", "gap")}
+        figures.update(objective=row["objective"], objective_value=row["objective_value"],
+                       objective_lower_bound=row["lower_bound"], objective_gap=row["gap"])
+    return figures
+
+
 def write_outputs(out_dir: Path, rows: list[dict], schedules: dict) -> None:
     """DIR/<method>/plan.json and Gantt files for every method that ran, and DIR/compare.json."""
     from opsched.export.gantt import can_draw_images, write_gantt
@@ -354,12 +398,11 @@ def write_outputs(out_dir: Path, rows: list[dict], schedules: dict) -> None:
 
     # SVG/PNG need matplotlib (the pictures extra); the trace and HTML do not
     files = [f for f in GANTT_FILES if can_draw_images() or not f.endswith((".svg", ".png"))]
-    solver_fields = ("lower_bound", "gap", "solver", "solve_seconds")
     by_name = {r["method"]: r for r in rows}
     for name, schedule in schedules.items():
         folder = out_dir / name
         # a MIP's bound and gap join the plan's metrics
-        figures = {k: by_name[name][k] for k in solver_fields if k in by_name[name]}
+        figures = plan_figures(by_name[name])
         write_plan(folder / "plan.json", schedule, extra={"method": name, "metrics": figures})
         for file in files:
             write_gantt(schedule, folder / file)
