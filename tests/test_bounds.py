@@ -280,11 +280,12 @@ def test_every_bound_is_below_what_every_method_achieves(inst):
 
 
 @pytest.mark.slow
-@settings(max_examples=1000, derandomize=True, deadline=None, database=None,
+@settings(max_examples=300, derandomize=True, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(instances(max_stages=6, max_microbatches=4))
 def test_every_bound_is_below_what_every_method_achieves_at_scale(inst):
-    check_bounds(inst, cap=5000, solve_it=True)
+    """Larger graphs, bigger exhaustive searches, and solve's reported bounds on every instance (about 5 min)."""
+    check_bounds(inst, cap=2000, solve_it=True)
 
 
 def test_overlap_bound_sits_below_dualpipev():
