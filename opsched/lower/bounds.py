@@ -42,8 +42,8 @@ The bounds, on the bound job set:
 >>> lower_bound(JobSet(chain_stage_graph(2, f=1, b=2, w=1), 4))
 13.0
 
-With a perfect overlap gain, F and I may hide each other (I + W = 2 per
-microbatch and device is what no pair can save):
+With a perfect overlap gain an F may hide entirely inside a backward pass,
+so the bound drops, whether or not the solve at hand makes pairs:
 
 >>> lower_bound(JobSet(chain_stage_graph(2, f=1, b=2, w=1, overlap_gain=1.0), 4))
 11.0
