@@ -124,6 +124,11 @@ class LowerJob:
     schedule: Schedule | None = None
     outcome: LowerOutcome | None = None
 
+    @property
+    def start(self) -> Schedule | None:
+        """The schedule its first lower solve starts from: the best baseline's, for the contiguous split."""
+        return self.split.schedule if self.split is not None else None
+
 
 @dataclass
 class Option:
@@ -346,7 +351,7 @@ def _schedule_job(job: LowerJob, microbatches: int, limit: float, budget: float,
     search = 10 if warm is None else None
     try:
         schedule, outcome = run_isolated(lower_schedule, job.stage_graph, microbatches, limit, budget, solver,
-                                         warm or (job.split and job.split.schedule), search,
+                                         warm or job.start, search,
                                          timeout=clock.timeout(budget))
     except (SolverCrash, MemoryTooSmall) as exc:
         if job.schedule is None:
