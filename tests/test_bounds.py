@@ -22,11 +22,12 @@ import itertools
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from opsched.baselines import NAMES, baseline_orders, run_baseline
 from opsched.errors import Deadlock, OpschedError
+from opsched.isolate import SolverCrash, run_isolated
 from opsched.lower import solve
 from opsched.lower.bounds import lower_bound, span_lower_bound
 from opsched.lower.jobs import JobSet, activation_budgets, minimum_memory_limit, order_fits
@@ -259,11 +260,23 @@ def check_bounds(inst: Instance, cap: int, solve_it: bool) -> None:
         assert lower_bound(js, budgets) <= least_makespan + TOL, (split, achieved)
         assert span_lower_bound(js) <= least_span + TOL, (split, achieved)
     if solve_it:  # what solve reports, which may include the whole MIP's bound
-        r = solve(sg, m, memory_limit=inst.limit, search_budget=0, time_limit=2)
-        assert r.lower_bound <= least_makespan + TOL, (r.lower_bound, achieved)
-        r = solve(sg, m, memory_limit=inst.limit, split_backward=False, objective="zb-span", search_budget=0,
-                  time_limit=2)
-        assert r.lower_bound <= least_span + TOL, (r.lower_bound, achieved)
+        r = _solve_isolated(sg, m, memory_limit=inst.limit, search_budget=0, time_limit=2)
+        assert r is None or r.lower_bound <= least_makespan + TOL, (r.lower_bound, achieved)
+        r = _solve_isolated(sg, m, memory_limit=inst.limit, split_backward=False, objective="zb-span",
+                            search_budget=0, time_limit=2)
+        assert r is None or r.lower_bound <= least_span + TOL, (r.lower_bound, achieved)
+
+
+def _solve_isolated(sg: StageGraph, m: int, **options):
+    """``solve`` in a watched child: CBC can abort or hang under load, which must cost one check, not the run.
+
+    None when the native solver crashed or hung (a solver fault, not a bound to check).
+    """
+    try:
+        return run_isolated(solve, sg, m, timeout=60, **options)
+    except SolverCrash as crash:
+        note(f"solver crash skipped: {crash}")
+        return None
 
 
 def _mip_bound_case(inst: Instance) -> bool:
