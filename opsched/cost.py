@@ -7,6 +7,8 @@ One module, one set of formulas (written out in ``docs/cost-model.md``):
   gradient) costs the forward again only for blocks with parameters
   (a weight matmul ``Y = X·A`` has backward ``dX = dY·Aᵀ`` (I) and
   ``dA = Xᵀ·dY`` (W), each as many FLOPs as the forward);
+* **tensor-parallel collectives** (Megatron): an all-reduce of each
+  row-parallel layer's output in F and in I (:func:`tensor_parallel_bytes`);
 * **parallel modes** on a group of ``k`` devices: tensor parallel degree
   ``tp``, data-parallel replicas ``dp`` (``tp × dp = k``), or expert parallel
   ``ep = k`` for blocks holding several experts;
@@ -129,6 +131,24 @@ def modes_for(block: Block, group_size: int) -> list[Mode]:
     return modes
 
 
+def tensor_parallel_bytes(block: Block, token_bytes: float | None = None) -> float:
+    """Bytes the block's tensor-parallel all-reduces move per microbatch (in F, and again in I).
+
+    The outputs of its row-parallel layers (:attr:`opsched.graph.OpNode.tp_comm_bytes`:
+    attention's output projection, the MLP's down projection, the embedding);
+    an expert block without one (its output is merged by routing, not by a
+    residual Add) reduces the tokens it receives, ``token_bytes``.
+
+    >>> tensor_parallel_bytes(Block(0, "layer", (), (), param_count=9, tp_comm_bytes=2 * 33.5e6)) / 1e6
+    67.0
+    >>> tensor_parallel_bytes(Block(0, "experts.3", (), ("l0/experts.3/w2",), param_count=9), token_bytes=8e6)
+    8000000.0
+    """
+    if block.tp_comm_bytes > 0:
+        return block.tp_comm_bytes
+    return float(token_bytes or 0.0) if expert_count(block) > 0 else 0.0
+
+
 def roofline_time(flops: float, io_bytes: float, cluster: Cluster, dtype: str) -> float:
     """The slower of compute and memory traffic on one device."""
     return max(flops / cluster.flops_per_second(dtype), io_bytes / cluster.memory_bandwidth)
@@ -190,9 +210,9 @@ def block_cost(
     f = i = compute
     w = compute if has_weights else 0.0
     if mode.tp > 1 and has_weights:
-        # one all-reduce of the block's output in F and one of its input gradient in I
+        # Megatron's scheme: an all-reduce after each row-parallel layer in F, and the same in I
         bw, lat = cluster.link(devices[: mode.tp], devices[: mode.tp])
-        comm = allreduce_time(block.output_bytes / mode.dp, mode.tp, bw, lat)
+        comm = allreduce_time(tensor_parallel_bytes(block, token_bytes) / mode.dp, mode.tp, bw, lat)
         f += comm
         i += comm
     sync = 0.0

@@ -42,6 +42,9 @@ class OpNode:
     param_bytes: float = 0.0  # bytes of those parameters in their stored dtype
     output_bytes: float = 0.0  # bytes of the tensors this op writes
     io_bytes: float = 0.0  # bytes read + written (memory traffic, for the roofline)
+    #: bytes a tensor-parallel all-reduce moves after this op: its output when it is a row-parallel
+    #: linear layer (a weight matmul that feeds the residual stream), else 0 (see onnx_import)
+    tp_comm_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -57,10 +60,11 @@ class Block:
     param_bytes: float = 0.0
     output_bytes: float = 0.0
     io_bytes: float = 0.0
+    tp_comm_bytes: float = 0.0
     op_types: dict[str, int] = field(default_factory=dict, compare=False)
 
 
-COST_FIELDS = ("flops", "param_count", "param_bytes", "output_bytes", "io_bytes")
+COST_FIELDS = ("flops", "param_count", "param_bytes", "output_bytes", "io_bytes", "tp_comm_bytes")
 
 
 def common_scope(scopes) -> tuple[str, ...]:

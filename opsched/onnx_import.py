@@ -52,6 +52,15 @@ What the importer does, in order:
    tensors it reads plus writes. An edge ``u -> v`` carries the bytes of the
    tensors v reads from u (0 when v only reads their shape: ``Shape``, ``Size``).
 
+   ``tp_comm_bytes`` marks where Megatron's tensor parallelism all-reduces:
+   a weight matmul (MatMul / Gemm reading a parameter) whose output reaches
+   an ``Add`` of two activations (the residual stream), through at most a
+   bias ``Add`` and shape-only ops, is a row-parallel linear layer (attention's
+   output projection, the MLP's down projection), and so is an embedding
+   lookup (a Gather from a weight, split over the vocabulary); its output
+   bytes are what the all-reduce moves (Shoeybi et al. 2019, section 3: two all-reduces of
+   b x s x h per layer in the forward, two in the backward).
+
 6. **Parameters**. Candidate weight tensors are floating-point initializers
    (with or without their external data present: the shape is in the
    TensorProto) and graph inputs that are weights. Which graph inputs are
@@ -863,6 +872,11 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
     unknown: dict[str, int] = {}  # op type -> count of nodes op_flops cannot cost
     uncosted: list[str] = []  # keys of costed op types whose shapes are unknown
     tensor_bytes: dict[str, float] = {}
+    readers: dict[str, list] = {}  # tensor -> the nodes reading it
+    for n in g_onnx.node:
+        for x in n.input:
+            if x:
+                readers.setdefault(x, []).append(n)
     for i in order:
         n = g_onnx.node[i]
         flops = _node_flops(n, shapes)
@@ -875,8 +889,12 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
         param_count, param_bytes = weights.read_by(n)
         out_bytes = sum(bytes_of[o] for o in n.output if o)
         in_bytes = sum(bytes_of[x] for x in n.input if x)
+        # a vocabulary-parallel embedding (a Gather from a weight) all-reduces its output too
+        row_parallel = param_count > 0 and (n.op_type == "Gather" or n.op_type in ("MatMul", "Gemm") and _feeds_residual(
+            n.output[0], readers, const_tensors))
         op = OpNode(keys[i], n.op_type, node_scope(n), flops=float(flops), param_count=int(param_count),
-                    param_bytes=float(param_bytes), output_bytes=float(out_bytes), io_bytes=float(in_bytes + out_bytes))
+                    param_bytes=float(param_bytes), output_bytes=float(out_bytes), io_bytes=float(in_bytes + out_bytes),
+                    tp_comm_bytes=float(out_bytes) if row_parallel else 0.0)
         add_op(g, op)
         is_const = all((not x) or x in const_tensors for x in n.input)
         g.nodes[keys[i]]["const"] = is_const
@@ -888,6 +906,31 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
     warnings.extend(_cost_warnings(unknown, uncosted))
     g.graph["tensor_bytes"] = tensor_bytes
     return g
+
+
+#: ops that only reshape or pass a tensor on, between a linear layer and the residual Add
+_PASS_THROUGH = frozenset({"Reshape", "Identity", "Dropout", "Cast", "Squeeze", "Unsqueeze", "Flatten"})
+
+
+def _feeds_residual(tensor: str, readers: dict[str, list], const_tensors: set[str], depth: int = 3) -> bool:
+    """Whether ``tensor`` reaches an Add of two activations, through bias Adds and shape-only ops.
+
+    A bias Add (one constant input) and pass-through ops are followed up to
+    ``depth`` steps; an Add whose other input is computed is the residual.
+    """
+    if depth == 0:
+        return False
+    for n in readers.get(tensor, ()):
+        if n.op_type == "Add":
+            other = [x for x in n.input if x != tensor]
+            if other and all(x not in const_tensors for x in other):
+                return True
+            if _feeds_residual(n.output[0], readers, const_tensors, depth - 1):
+                return True
+        elif n.op_type in _PASS_THROUGH and n.output and _feeds_residual(n.output[0], readers, const_tensors,
+                                                                          depth - 1):
+            return True
+    return False
 
 
 def _node_keys(nodes) -> list[str]:

@@ -1,5 +1,7 @@
 """Cost model against hand computation (issue 5 item 2)."""
 
+from pathlib import Path
+
 import pytest
 
 from conftest import SLOW_LINK_CLUSTER
@@ -23,8 +25,9 @@ C = cluster_from_dict(SPEC)
 T = Training(microbatches=4)
 
 
-def block(flops=50e12, io=0.0, params=1_000_000, out=1e9, ops=()):
-    return Block(0, "b", ("layers.0",), tuple(ops), flops=flops, param_count=params, output_bytes=out, io_bytes=io)
+def block(flops=50e12, io=0.0, params=1_000_000, out=1e9, ops=(), tp_bytes=1e9):
+    return Block(0, "b", ("layers.0",), tuple(ops), flops=flops, param_count=params, output_bytes=out, io_bytes=io,
+                 tp_comm_bytes=tp_bytes)
 
 
 def test_roofline_takes_the_slower_of_compute_and_memory():
@@ -47,14 +50,26 @@ def test_block_without_weights_has_no_w():
 
 
 def test_tensor_parallel_adds_one_all_reduce_per_f_and_i():
-    c = block_cost(block(), Mode(tp=4), (0, 1, 2, 3), C, T)
+    # the all-reduce moves the row-parallel outputs (1e9 B), not every tensor the block writes (5e9 B)
+    c = block_cost(block(out=5e9), Mode(tp=4), (0, 1, 2, 3), C, T)
     # compute 1/4 s; ring all-reduce of 1e9 B on 4 ranks intra-node: 2*3*1e-6 + 2*3/4*1e9/100e9 = 0.015006
     comm = 6e-6 + 1.5 * 1e9 / 100e9
     assert c.F == pytest.approx(0.25 + comm)
     assert c.I == pytest.approx(0.25 + comm)
     assert c.W == pytest.approx(0.25)
     assert c.param_bytes == pytest.approx(4e6)
-    assert c.act_bytes == pytest.approx(0.25e9)
+    assert c.act_bytes == pytest.approx(5e9 / 4)
+
+
+def test_llama_layer_all_reduces_two_residual_sized_tensors():
+    """Megatron's figure: per layer, two all-reduces of b x s x h in F (here b=1, s=4096, h=4096, bf16)."""
+    from opsched.coarsen import coarsen
+    from opsched.onnx_import import import_onnx
+
+    bg = coarsen(import_onnx(Path(__file__).resolve().parents[1] / "models" / "llama_7b.onnx"))
+    layer = next(bg.nodes[b]["block"] for b in bg if bg.nodes[b]["block"].name == "model/layers.3")
+    assert layer.tp_comm_bytes == 2 * 1 * 4096 * 4096 * 2
+    assert layer.output_bytes > 10 * layer.tp_comm_bytes  # what the all-reduce used to be sized by
 
 
 def test_data_parallel_syncs_gradients_once_per_step():
