@@ -35,6 +35,7 @@ from opsched.errors import OpschedError
 COMMANDS = {
     "inspect": "summarise an ONNX model: operators, parameters, FLOPs, branches, blocks",
     "plan": "plan a model on a cluster: device groups, parallel modes and a pipeline schedule",
+    "evaluate": "predict the step time, MFU and memory of a given tp/pp/vpp/ep/dp layout",
     "compare": "time hand-written pipeline schedules (and the MIP) on one pipeline",
     "gantt": "draw a plan.json as a Gantt timeline (.svg, .png, .html or Perfetto .json)",
     "export": "write a plan as a schedule file for torch.distributed.pipelining",

@@ -1,0 +1,111 @@
+"""Predict the training step of the layout you run today, with opsched's cost model.
+
+Imports the ONNX model (shapes only) at --micro-batch-size sequences of
+--seq-len tokens, splits its layers evenly into pp x vpp pipeline chunks,
+costs every block under the layout (tensor parallel, expert parallel folded
+over data parallel, ZeRO, recomputation) and times one step with the named
+pipeline schedule: the same cost model and simulator `opsched plan` uses,
+so a plan and your layout compare like with like.
+
+The layout is comma-separated KEY=VALUE, Megatron's names:
+  tp  tensor-parallel size          pp   pipeline-parallel size
+  vpp virtual pipeline chunks       ep   expert-parallel size (folded over dp)
+  cp  context-parallel size (only 1 is modelled yet)
+  dp  data-parallel size (default: devices / (tp x pp x cp))
+  sp  sequence parallel, 0 or 1     zero 0-3 (1 = Megatron's distributed optimizer, 3 = FSDP full shard)
+  recompute none | selective | full
+Microbatches per pipeline = global batch / (dp x micro-batch size).
+
+Prints the step time, tokens/s per device, MFU (model FLOPs = 3 x the
+forward FLOPs, no recompute: PaLM's 6ND + attention), peak memory per device
+and whether it fits, and where the time goes. With --json, one object with
+step_time (s), tokens_per_second_per_device, mfu, peak_memory_bytes, fits,
+breakdown (s), layout, schedule and microbatches.
+
+examples:
+  opsched evaluate models/mixtral_8x7b.onnx --devices 64 --layout tp=1,pp=4,vpp=8,ep=8,zero=1 --seq-len 4096 --global-batch 256
+  opsched evaluate models/llama_7b.onnx --devices 8 --layout tp=1,pp=1,zero=3,recompute=full --seq-len 4096 --global-batch 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+from opsched.commands.args import byte_size, device_count, positive_int
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from opsched.baselines import NAMES
+
+    parser.add_argument("model", metavar="MODEL.onnx", help="an ONNX file (weights need not be present)")
+    parser.add_argument("--devices", type=device_count, metavar="N", help="number of devices (default: the cluster file's)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--cluster", metavar="FILE", help="cluster description, .json or .toml (see docs/cost-model.md)")
+    source.add_argument("--preset", metavar="NAME", help="named cluster: h100-sxm (default), a100-80g, h200")
+    parser.add_argument("--layout", required=True, metavar="KEY=VALUE,...",
+                        help='e.g. "tp=1,pp=4,vpp=8,ep=8,zero=1,recompute=selective,sp=1" (keys above)')
+    parser.add_argument("--seq-len", type=positive_int, metavar="S",
+                        help="tokens per sequence (the model's seq dimension; default: the file's)")
+    parser.add_argument("--global-batch", type=positive_int, required=True, metavar="G", help="sequences per step")
+    parser.add_argument("--micro-batch-size", type=positive_int, default="1", metavar="B",
+                        help="sequences per microbatch (default 1)")
+    parser.add_argument("--schedule", choices=NAMES, metavar="NAME",
+                        help=f"pipeline schedule, one of {', '.join(NAMES)} (default: interleaved-1f1b when vpp > 1, else 1f1b)")
+    parser.add_argument("--memory-limit", type=byte_size, metavar="BYTES",
+                        help="per device with a unit, e.g. 80GiB (default: the cluster's memory)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout (fields above)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from opsched.cluster import Training, resolve_cluster
+    from opsched.coarsen import coarsen
+    from opsched.errors import OpschedError
+    from opsched.evaluate import ParallelLayout, evaluate_layout
+    from opsched.onnx_import import import_onnx
+
+    cluster = resolve_cluster(args.devices, args.cluster, args.preset)
+    # a malformed layout, or one that does not match the devices, fails before the import
+    layout = ParallelLayout.parse(args.layout)
+    dp = layout.resolved(cluster.devices).dp
+    if args.global_batch % (dp * args.micro_batch_size):
+        raise OpschedError(f"--global-batch {args.global_batch} is not a multiple of dp x --micro-batch-size = "
+                           f"{dp} x {args.micro_batch_size}; each replica takes whole microbatches")
+    dims = {"batch": args.micro_batch_size}
+    if args.seq_len:
+        dims["seq"] = args.seq_len
+    og = import_onnx(args.model, dims=dims, strict_dims=True)
+    used = dict(og.graph.get("dims", {}))
+    if "batch" not in used:
+        raise OpschedError(f"{args.model} has no symbolic batch dimension; evaluate needs one to size a microbatch")
+    tokens_per_sequence = int(used.get("seq", 1))
+    training = Training(microbatches=1, microbatch_size=args.micro_batch_size)
+    bg = coarsen(og)
+    log.info("import: %s: %d operators, %d blocks, dims %s", args.model, og.number_of_nodes(), bg.number_of_nodes(), used)
+    result = evaluate_layout(bg, cluster, training, layout, global_batch=args.global_batch,
+                             micro_batch_size=args.micro_batch_size, tokens_per_sequence=tokens_per_sequence,
+                             schedule=args.schedule, memory_limit=args.memory_limit)
+    if args.json:
+        print(json.dumps({"model": args.model, "cluster": cluster.name, "devices": cluster.devices,
+                          "seq_len": tokens_per_sequence, **result.to_dict()}, indent=2))
+        return 0
+    print(summary_text(args.model, cluster, result))
+    return 0
+
+
+def summary_text(model: str, cluster, result) -> str:
+    fit = "fits" if result.fits else "DOES NOT FIT"
+    lines = [
+        f"{model} on {cluster.devices} x {cluster.name}, layout {result.layout}, schedule {result.schedule_name}, "
+        f"{result.microbatches} microbatches per pipeline, global batch {result.global_batch}",
+        f"  step time {result.step_time:.4g} s, {result.tokens_per_second_per_device:,.0f} tokens/s per device, "
+        f"MFU {100 * result.mfu:.1f} %",
+        f"  peak memory {result.peak_memory_bytes / 2**30:.1f} GiB per device of {result.memory_limit / 2**30:.1f} GiB: {fit}",
+        "  where the time goes:",
+    ]
+    for key, seconds in result.breakdown.items():
+        lines.append(f"    {key.replace('_', ' ')}: {seconds:.4g} s")
+    return "\n".join(lines)

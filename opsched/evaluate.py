@@ -1,0 +1,428 @@
+"""Predict the step time of a layout a user runs today (Megatron-style tp / pp / vpp / ep / dp).
+
+``opsched evaluate`` answers "what does opsched think of the configuration I
+run?" with the same cost model (:mod:`opsched.cost`), simulator and
+hand-written schedules (:mod:`opsched.baselines`) the planner uses, so a
+plan and a user's layout are compared like with like.
+
+A layout is Megatron's: ``tp`` tensor-parallel ranks innermost, then ``dp``
+data-parallel replicas, ``pp`` pipeline ranks outermost (device
+``r·N/pp + j·tp + t`` is tensor rank t of replica j on pipeline rank r).
+The model's layers are split evenly into ``pp × vpp`` chunks; chunk c runs
+on pipeline rank ``c mod pp`` (interleaved when ``vpp > 1``); blocks before
+the first layer (embedding) join the first chunk, blocks after the last
+(final norm, head) the last. Expert parallelism is folded over the data
+parallel replicas: ``ep`` replicas of a pipeline rank share its experts,
+each holding ``experts / ep`` of every MoE layer and exchanging routed
+tokens by all-to-all. The rules and their sources are in
+``docs/cost-model.md`` (section "Evaluating a layout").
+
+>>> ParallelLayout.parse("tp=2,pp=4,vpp=2,zero=1,recompute=full")
+ParallelLayout(tp=2, pp=4, vpp=2, ep=1, cp=1, dp=0, sp=False, zero=1, recompute='full')
+>>> ParallelLayout.parse("tp=2,pp=4").resolved(16).dp
+2
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import networkx as nx
+
+from opsched.baselines import run_baseline
+from opsched.cluster import Cluster, Training
+from opsched.cost import Mode, alltoall_time, allreduce_time, block_cost, expert_count
+from opsched.errors import OpschedError, Unsupported
+from opsched.graph import Block
+from opsched.schedule import Edge, Schedule, Stage, StageGraph, metrics
+from opsched.upper.stages import LAYER_COMPONENT, layer_path
+
+RECOMPUTE = ("none", "selective", "full")
+
+#: bytes an Adam step reads and writes per parameter it updates: fp32 master weight, two moments
+#: (read + write, 3 x 8), the bf16 gradient read and the bf16 weight written (2 + 2)
+OPTIMIZER_TRAFFIC_BYTES = 28.0
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """A Megatron-style layout: degrees, ZeRO level and recomputation. ``dp = 0`` means derived from the rest.
+
+    ``zero``: 0 none; 1 optimizer states sharded over the data-parallel
+    replicas (Megatron's distributed optimizer); 2 gradients too; 3
+    parameters too (FSDP's full shard). ``recompute``: ``full`` keeps only
+    each layer's input and runs the forward again in the backward;
+    ``selective`` is costed as ``none`` (recomputing attention's core is
+    cheap and its memory saving is not modelled: conservative on memory).
+    """
+
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    ep: int = 1
+    cp: int = 1
+    dp: int = 0
+    sp: bool = False
+    zero: int = 0
+    recompute: str = "none"
+
+    @classmethod
+    def parse(cls, text: str) -> "ParallelLayout":
+        """Read ``"tp=1,pp=4,vpp=8,ep=8,zero=1,recompute=selective,sp=1"`` (any order, each key once)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        values: dict[str, object] = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            key, sep, value = item.partition("=")
+            key = key.strip()
+            if not sep or key not in known:
+                raise OpschedError(f"layout item {item!r} is not KEY=VALUE with KEY one of {', '.join(sorted(known))}")
+            if key in values:
+                raise OpschedError(f"layout sets {key} twice")
+            if key == "recompute":
+                if value not in RECOMPUTE:
+                    raise OpschedError(f"layout recompute={value!r}: choose one of {', '.join(RECOMPUTE)}")
+                values[key] = value
+                continue
+            try:
+                number = int(value)
+            except ValueError:
+                raise OpschedError(f"layout {key}={value!r}: expected a whole number") from None
+            if key == "sp":
+                if number not in (0, 1):
+                    raise OpschedError(f"layout sp={value}: 0 or 1")
+                values[key] = bool(number)
+            elif key == "zero":
+                if number not in (0, 1, 2, 3):
+                    raise OpschedError(f"layout zero={value}: 0, 1, 2 or 3")
+                values[key] = number
+            else:
+                if number < (0 if key == "dp" else 1):
+                    raise OpschedError(f"layout {key}={value}: must be at least 1")
+                values[key] = number
+        return cls(**values)  # type: ignore[arg-type]
+
+    def resolved(self, devices: int) -> "ParallelLayout":
+        """The layout with ``dp`` derived (``devices / (tp·pp·cp)``) and the degrees checked against the devices.
+
+        Needs no model, so the command checks it before the import; :meth:`check_model` does the rest.
+        """
+        if self.cp > 1:
+            raise OpschedError("context parallelism (cp > 1) is not modelled yet; evaluate the layout with cp=1")
+        per_replica = self.tp * self.pp * self.cp
+        dp = self.dp or devices // per_replica
+        if per_replica * dp != devices:
+            raise OpschedError(f"tp x pp x cp x dp = {self.tp} x {self.pp} x {self.cp} x {dp} = {per_replica * dp}, "
+                               f"not the {devices} devices; change a degree or --devices")
+        if self.vpp > 1 and self.pp < 2:
+            raise OpschedError("vpp > 1 needs pp >= 2")
+        if self.ep > 1 and dp % self.ep:
+            raise OpschedError(f"ep={self.ep} must divide dp={dp}: expert parallelism is folded over the "
+                               "data-parallel replicas")
+        return dataclasses.replace(self, dp=dp)
+
+    def check_model(self, layers: int, experts: int) -> None:
+        """Refuse a layout the model cannot take: ep that does not divide its experts, chunks of partial layers."""
+        if self.ep > 1:
+            if experts == 0:
+                raise OpschedError(f"ep={self.ep} but the model has no experts; use ep=1")
+            if experts % self.ep:
+                raise OpschedError(f"ep={self.ep} does not divide the {experts} experts of an MoE layer")
+        if layers % (self.pp * self.vpp):
+            raise OpschedError(f"pp x vpp = {self.pp} x {self.vpp} does not divide the {layers} layers; "
+                               "Megatron needs whole layers per chunk")
+
+    def __str__(self) -> str:
+        text = f"tp{self.tp} pp{self.pp}" + (f" vpp{self.vpp}" if self.vpp > 1 else "") + \
+            (f" ep{self.ep}" if self.ep > 1 else "") + f" dp{self.dp}"
+        return text + (" sp" if self.sp else "") + (f" zero{self.zero}" if self.zero else "") + \
+            (f" recompute={self.recompute}" if self.recompute != "none" else "")
+
+
+@dataclass
+class Evaluation:
+    """The predicted step of one layout (``opsched evaluate``); times in seconds, memory in bytes per device."""
+
+    layout: ParallelLayout
+    schedule_name: str
+    microbatches: int  # per pipeline, per step
+    global_batch: int  # sequences per step
+    tokens_per_step: int
+    step_time: float
+    tokens_per_second_per_device: float
+    mfu: float
+    model_flops_per_step: float
+    peak_memory_bytes: float
+    memory_limit: float
+    breakdown: dict[str, float]
+    schedule: Schedule
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_memory_bytes <= self.memory_limit
+
+    def to_dict(self) -> dict:
+        return {
+            "layout": dataclasses.asdict(self.layout),
+            "schedule": self.schedule_name,
+            "microbatches": self.microbatches,
+            "global_batch": self.global_batch,
+            "tokens_per_step": self.tokens_per_step,
+            "step_time": self.step_time,
+            "tokens_per_second_per_device": self.tokens_per_second_per_device,
+            "mfu": self.mfu,
+            "model_flops_per_step": self.model_flops_per_step,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "memory_limit_bytes": self.memory_limit,
+            "fits": self.fits,
+            "breakdown": self.breakdown,
+        }
+
+
+def model_layers(bg: nx.DiGraph) -> list[str]:
+    """The numbered layers of a BlockGraph in model order (``model.layers.0``, ...), from the block names.
+
+    >>> bg = nx.DiGraph(kind="BlockGraph")
+    >>> for i, name in enumerate(["embed", "model/layers.0/attn", "model/layers.0/mlp", "model/layers.1", "head"]):
+    ...     bg.add_node(i, block=Block(i, name, (), ()))
+    >>> nx.add_path(bg, range(5))
+    >>> model_layers(bg)
+    ['model.layers.0', 'model.layers.1']
+    """
+    seen: dict[str, None] = {}
+    for b in nx.lexicographical_topological_sort(bg):
+        path = layer_path(bg.nodes[b]["block"].name)
+        if LAYER_COMPONENT.match(".".join(path.split(".")[-2:])):
+            seen.setdefault(path, None)
+    return list(seen)
+
+
+def layer_chunks(bg: nx.DiGraph, chunks: int) -> list[list[int]]:
+    """Blocks of each of ``chunks`` chunks: the layers split evenly in model order, the rest at either end.
+
+    Blocks outside every numbered layer join the first chunk when they come
+    before the first layer in topological order, else the last chunk.
+    """
+    layers = model_layers(bg)
+    if not layers or len(layers) % chunks:
+        raise OpschedError(f"{len(layers)} layers do not split into {chunks} equal chunks")
+    per = len(layers) // chunks
+    chunk_of_layer = {name: k // per for k, name in enumerate(layers)}
+    out: list[list[int]] = [[] for _ in range(chunks)]
+    started = False
+    for b in nx.lexicographical_topological_sort(bg):
+        path = layer_path(bg.nodes[b]["block"].name)
+        if path in chunk_of_layer:
+            started = True
+            out[chunk_of_layer[path]].append(b)
+        else:
+            out[chunks - 1 if started else 0].append(b)
+    return out
+
+
+def model_experts(bg: nx.DiGraph) -> int:
+    """Experts of one MoE layer (the most any layer has), 0 for a dense model."""
+    per_layer: dict[str, int] = {}
+    for b in bg:
+        block: Block = bg.nodes[b]["block"]
+        if expert_count(block) > 0:
+            layer = layer_path(block.name)
+            per_layer[layer] = per_layer.get(layer, 0) + expert_count(block)
+    return max(per_layer.values(), default=0)
+
+
+def _rank_devices(layout: ParallelLayout, devices: int, rank: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(tensor group, expert group, data-parallel group) of pipeline rank ``rank``'s first replica."""
+    base = rank * (devices // layout.pp)
+    tensor = tuple(range(base, base + layout.tp))
+    expert = tuple(base + j * layout.tp for j in range(layout.ep))
+    data = tuple(base + j * layout.tp for j in range(layout.dp))
+    return tensor, expert, data
+
+
+def evaluate_layout(
+    bg: nx.DiGraph,
+    cluster: Cluster,
+    training: Training,
+    layout: ParallelLayout,
+    *,
+    global_batch: int,
+    micro_batch_size: int,
+    tokens_per_sequence: int,
+    schedule: str | None = None,
+    memory_limit: float | None = None,
+) -> Evaluation:
+    """Predict the training step of ``layout`` (see the module docstring).
+
+    ``bg``'s costs are for one microbatch of ``micro_batch_size`` sequences
+    (the import's dims). Microbatches per pipeline = global batch / (dp x
+    micro-batch size). ``schedule`` is a baseline name (default:
+    ``interleaved-1f1b`` when vpp > 1, else ``1f1b``).
+    """
+    layout = layout.resolved(cluster.devices)
+    layout.check_model(len(model_layers(bg)), model_experts(bg))
+    if global_batch % (layout.dp * micro_batch_size):
+        raise OpschedError(f"global batch {global_batch} is not a multiple of dp x micro-batch size = "
+                           f"{layout.dp} x {micro_batch_size}")
+    M = global_batch // (layout.dp * micro_batch_size)
+    name = schedule or ("interleaved-1f1b" if layout.vpp > 1 else "1f1b")
+    limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
+    chunks = layer_chunks(bg, layout.pp * layout.vpp)
+    stages, sync, optimizer, stage_params = [], [0.0] * layout.pp, [0.0] * layout.pp, [0.0] * layout.pp
+    for c, members in enumerate(chunks):
+        rank = c % layout.pp
+        cost = _chunk_cost(bg, members, layout, cluster, training, rank)
+        stages.append(Stage(id=c, devices=(rank,), time={"F": cost.F, "I": cost.I, "W": cost.W},
+                            param_bytes=cost.param_bytes, act_bytes=cost.act_bytes, act_w_bytes=cost.act_w_bytes,
+                            name=f"chunk{c}"))
+        sync[rank] += cost.grad_sync
+        optimizer[rank] += cost.optimizer
+        stage_params[rank] += cost.param_bytes
+    edges = [Edge(c, c + 1, time=_boundary_time(bg, chunks, c, layout, cluster), bytes=_boundary_bytes(bg, chunks, c))
+             for c in range(len(chunks) - 1)]
+    sg = StageGraph(stages, edges, num_devices=layout.pp)
+    try:
+        sched = run_baseline(name, sg, M)
+    except Unsupported as exc:
+        raise OpschedError(f"schedule {name} cannot run this layout: {exc}") from None
+    if len(sched.stage_graph.stages) != len(stages):
+        raise OpschedError(f"schedule {name} regroups the {len(stages)} chunks; pick a schedule for pp={layout.pp}, "
+                           f"vpp={layout.vpp} (1f1b for vpp=1, interleaved-1f1b for vpp>1)")
+    m = metrics(sched)
+    # Gradient reduction overlaps the last microbatch's backward (Megatron's --overlap-grad-reduce): buckets
+    # are reduced as that backward makes them; only what is left when it ends is exposed.
+    ends = _last_backward(sched, layout.pp)
+    exposed = [max(0.0, sync[r] - ends[r][1]) for r in range(layout.pp)]
+    finish = max(ends[r][0] + exposed[r] for r in range(layout.pp))
+    pipeline_end = max(m.makespan, finish)
+    step = pipeline_end + max(optimizer)
+    tokens = global_batch * tokens_per_sequence
+    model_flops = _model_flops(bg, training, global_batch, micro_batch_size)
+    compute = max(m.busy) if m.busy else 0.0
+    breakdown = {
+        "compute_and_exposed_parallel_comm": compute,
+        "pipeline_bubbles": m.makespan - compute,
+        "exposed_gradient_sync": pipeline_end - m.makespan,
+        "optimizer_step": max(optimizer),
+    }
+    return Evaluation(
+        layout=layout, schedule_name=name, microbatches=M, global_batch=global_batch, tokens_per_step=tokens,
+        step_time=step, tokens_per_second_per_device=tokens / step / cluster.devices,
+        mfu=model_flops / step / (cluster.devices * cluster.peak_flops[training.dtype]),
+        model_flops_per_step=model_flops,
+        peak_memory_bytes=max(m.peak_memory_bytes, default=0.0), memory_limit=limit,
+        breakdown=breakdown, schedule=sched,
+    )
+
+
+@dataclass
+class _ChunkCost:
+    F: float = 0.0
+    I: float = 0.0  # noqa: E741 (the pass is called I)
+    W: float = 0.0
+    param_bytes: float = 0.0
+    act_bytes: float = 0.0
+    act_w_bytes: float = 0.0
+    grad_sync: float = 0.0
+    optimizer: float = 0.0
+
+
+def _chunk_cost(bg: nx.DiGraph, members: list[int], layout: ParallelLayout, cluster: Cluster, training: Training,
+                rank: int) -> _ChunkCost:
+    """One device's share of a chunk: pass times per microbatch, memory, gradient sync and optimizer step."""
+    tensor, expert, data = _rank_devices(layout, cluster.devices, rank)
+    out = _ChunkCost()
+    per_param = {"weight": training.param_bytes, "grad": training.grad_bytes, "optimizer": training.optimizer_bytes}
+    first_inputs = 0.0
+    for b in members:
+        block: Block = bg.nodes[b]["block"]
+        tokens = max((d.get("bytes", 0.0) for _, _, d in bg.in_edges(b, data=True)), default=0.0)
+        c = block_cost(block, Mode(tp=layout.tp), tensor, cluster, training, token_bytes=tokens)
+        params = block.param_count / layout.tp
+        replicas = layout.dp  # the replicas holding the same parameters: what ZeRO shards over
+        f, i = c.F, c.I
+        if expert_count(block) > 0 and layout.ep > 1:
+            # folded over the data-parallel replicas: each holds 1/ep of the experts and swaps routed tokens
+            bw, lat = cluster.link(expert, expert)
+            a2a = 2 * alltoall_time(tokens / layout.tp, layout.ep, bw, lat)  # dispatch and combine
+            f += a2a
+            i += a2a
+            params /= layout.ep
+            replicas = layout.dp // layout.ep
+        if layout.recompute == "full" and block.param_count >= 0:
+            i += c.F  # the forward again before the input gradient
+        held = {k: params * v for k, v in per_param.items()}
+        for level, part in ((1, "optimizer"), (2, "grad"), (3, "weight")):
+            if layout.zero >= level:
+                held[part] /= replicas
+        out.F += f
+        out.I += i
+        out.W += c.W
+        out.param_bytes += sum(held.values())
+        out.act_bytes += c.act_bytes
+        out.act_w_bytes += c.act_w_bytes
+        if replicas > 1 and block.param_count > 0:
+            group = data[:: max(1, layout.dp // replicas)][:replicas] if replicas < layout.dp else data
+            bw, lat = cluster.link(group, group)
+            # all-reduce, or reduce-scatter + all-gather with ZeRO: the same ring volume
+            out.grad_sync += allreduce_time(params * training.grad_bytes, replicas, bw, lat)
+        updated = params / (replicas if layout.zero >= 1 else 1)
+        out.optimizer += updated * OPTIMIZER_TRAFFIC_BYTES / cluster.memory_bandwidth
+        if not first_inputs:
+            first_inputs = tokens
+    if layout.recompute == "full":
+        # only the chunk's input is kept per microbatch (each layer's input, at most; the first as a floor)
+        kept = min(out.act_bytes, max(first_inputs, 0.0) / layout.tp * max(1, _layers_in(bg, members)))
+        out.act_w_bytes = min(out.act_w_bytes, kept)
+        out.act_bytes = kept
+    if layout.zero >= 3:
+        # the parameters are gathered before use in F and again in I (FSDP): two all-gathers per pass pair
+        bw, lat = cluster.link(data, data)
+        gather = allreduce_time(out.param_bytes, layout.dp, bw, lat) / 2
+        out.F += gather
+        out.I += gather
+    return out
+
+
+def _layers_in(bg: nx.DiGraph, members: list[int]) -> int:
+    return len({layer_path(bg.nodes[b]["block"].name) for b in members})
+
+
+def _boundary_bytes(bg: nx.DiGraph, chunks: list[list[int]], c: int) -> float:
+    before = {b for chunk in chunks[: c + 1] for b in chunk}
+    return float(sum(d.get("bytes", 0.0) for u, v, d in bg.edges(data=True) if u in before and v not in before))
+
+
+def _boundary_time(bg: nx.DiGraph, chunks: list[list[int]], c: int, layout: ParallelLayout, cluster: Cluster) -> float:
+    """The activation sent from chunk c to c+1 (a point-to-point transfer between pipeline ranks; each tensor rank sends its 1/tp)."""
+    a, b = c % layout.pp, (c + 1) % layout.pp
+    src, _, _ = _rank_devices(layout, cluster.devices, a)
+    dst, _, _ = _rank_devices(layout, cluster.devices, b)
+    if src == dst:
+        return 0.0
+    bw, lat = cluster.link(src, dst)
+    return lat + _boundary_bytes(bg, chunks, c) / layout.tp / bw
+
+
+def _last_backward(sched: Schedule, ranks: int) -> list[tuple[float, float]]:
+    """Per pipeline rank: (end of its last backward job, time its last microbatch's backwards took)."""
+    out = []
+    last_mb = sched.microbatches - 1
+    for r in range(ranks):
+        backs = [e for e in sched.events if r in sched.stage_graph.stage(e.stage).devices and e.pass_ != "F"]
+        end = max((e.end for e in backs), default=0.0)
+        window = sum(e.end - e.start for e in backs if e.microbatch == last_mb)
+        out.append((end, window))
+    return out
+
+
+def _model_flops(bg: nx.DiGraph, training: Training, global_batch: int, micro_batch_size: int) -> float:
+    """Model FLOPs of one step: 3 x the forward FLOPs the import counted (F + I + W), no recompute.
+
+    For a transformer this is PaLM's 6·N·D + attention (Chowdhery et al. 2022,
+    appendix B): the import counts 2 FLOPs per multiply-add of every matmul,
+    attention's included, and routed experts at their routed share.
+    """
+    forward = sum(bg.nodes[b]["block"].flops for b in bg)
+    return 3.0 * forward * global_batch / micro_batch_size

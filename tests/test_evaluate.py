@@ -1,0 +1,129 @@
+"""opsched evaluate: a given Megatron-style layout costed by the one cost model and simulator (issue 12 item 1)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from opsched.cli import main
+from opsched.cluster import Training, preset
+from opsched.coarsen import coarsen
+from opsched.errors import OpschedError
+from opsched.evaluate import ParallelLayout, evaluate_layout, layer_chunks, model_experts, model_layers
+from opsched.onnx_import import import_onnx
+from opsched.schedule import device_param_bytes
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return coarsen(import_onnx(MODELS / "llama_7b.onnx"))
+
+
+@pytest.fixture(scope="module")
+def mixtral():
+    return coarsen(import_onnx(MODELS / "mixtral_8x7b.onnx"))
+
+
+def run(bg, devices, layout, global_batch=64, **kw):
+    return evaluate_layout(bg, preset("h100-sxm", devices), Training(), ParallelLayout.parse(layout),
+                           global_batch=global_batch, micro_batch_size=1, tokens_per_sequence=4096, **kw)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("tp=2,foo=1", "not KEY=VALUE"),
+    ("tp=0", "at least 1"),
+    ("tp=2,tp=4", "twice"),
+    ("recompute=some", "choose one of none, selective, full"),
+    ("zero=4", "0, 1, 2 or 3"),
+    ("tp=x", "whole number"),
+])
+def test_malformed_layouts_are_refused(text, message):
+    with pytest.raises(OpschedError, match=message):
+        ParallelLayout.parse(text)
+
+
+@pytest.mark.parametrize("text, devices, message", [
+    ("tp=3", 8, "not the 8 devices"),
+    ("tp=2,pp=2,dp=4", 8, "= 16, not the 8 devices"),
+    ("pp=1,vpp=2", 8, "vpp > 1 needs pp >= 2"),
+    ("ep=3", 8, "must divide dp=8"),
+    ("cp=2", 8, "not modelled yet"),
+])
+def test_layouts_that_do_not_match_the_devices_are_refused(text, devices, message):
+    with pytest.raises(OpschedError, match=message):
+        ParallelLayout.parse(text).resolved(devices)
+
+
+def test_layouts_the_model_cannot_take_are_refused(llama, mixtral):
+    with pytest.raises(OpschedError, match="no experts"):
+        run(llama, 8, "ep=2")
+    with pytest.raises(OpschedError, match="does not divide the 8 experts"):
+        run(mixtral, 48, "pp=4,ep=3,dp=12", global_batch=48)
+    with pytest.raises(OpschedError, match="does not divide the 32 layers"):
+        run(llama, 8, "pp=2,vpp=3")
+
+
+def test_layers_split_evenly_with_embedding_first_and_head_last(llama):
+    assert len(model_layers(llama)) == 32 and model_experts(llama) == 0
+    chunks = layer_chunks(llama, 8)
+    names = [[llama.nodes[b]["block"].name for b in c] for c in chunks]
+    assert all(sum("layers." in n for n in c) == 4 for c in names)
+    ops_of = [[op for b in c for op in llama.nodes[b]["block"].ops] for c in chunks]
+    assert any("embed_tokens" in op for op in ops_of[0]) and any("lm_head" in op for op in ops_of[-1])
+    assert sum(len(c) for c in chunks) == llama.number_of_nodes()
+
+
+def test_mixtral_has_eight_experts_per_layer(mixtral):
+    assert model_experts(mixtral) == 8 and len(model_layers(mixtral)) == 32
+
+
+def test_each_setting_moves_time_and_memory_the_right_way(llama):
+    base = run(llama, 8, "tp=1,pp=2")
+    zero1 = run(llama, 8, "tp=1,pp=2,zero=1")
+    zero3 = run(llama, 8, "tp=1,pp=2,zero=3")
+    full = run(llama, 8, "tp=1,pp=2,recompute=full")
+    tp2 = run(llama, 8, "tp=2,pp=2")
+    # ZeRO shards optimizer state (then gradients, weights) over the 4 replicas: less memory each time
+    assert base.peak_memory_bytes > zero1.peak_memory_bytes > zero3.peak_memory_bytes
+    assert zero3.step_time > zero1.step_time  # FSDP gathers the weights in every pass
+    # full recomputation keeps only layer inputs and runs the forward again
+    assert full.peak_memory_bytes < base.peak_memory_bytes and full.step_time > base.step_time
+    assert full.mfu < base.mfu  # model FLOPs leave the recomputed forward out
+    # tensor parallelism adds its all-reduces: the same work on 2 devices takes more than half the time
+    assert tp2.breakdown["compute_and_exposed_parallel_comm"] > 0.5 * 2 * base.breakdown["compute_and_exposed_parallel_comm"] / 2
+    for e in (base, zero1, zero3, full, tp2):
+        assert 0 < e.mfu < preset("h100-sxm").efficiency  # nothing beats the cost model's own compute rate
+        assert e.step_time == pytest.approx(sum(e.breakdown.values()), rel=1e-9)
+
+
+def test_expert_parallel_shards_the_experts_and_pays_all_to_alls(mixtral):
+    no_ep = run(mixtral, 64, "pp=4,vpp=8,zero=1", global_batch=256)
+    ep8 = run(mixtral, 64, "pp=4,vpp=8,ep=8,zero=1", global_batch=256)
+    params = [max(device_param_bytes(e.schedule.stage_graph)) for e in (no_ep, ep8)]
+    assert params[1] < 0.3 * params[0]  # 45 of Mixtral's 47 B parameters are experts, 1/8 of them held
+    busy = "compute_and_exposed_parallel_comm"
+    assert ep8.breakdown[busy] > no_ep.breakdown[busy]  # the token all-to-alls
+    # but each expert's gradients are reduced over 2 replicas, not 16: far less sync left exposed
+    assert ep8.breakdown["exposed_gradient_sync"] < no_ep.breakdown["exposed_gradient_sync"]
+    assert ep8.microbatches == 256 // 16 and ep8.fits
+
+
+def test_command_prints_json_and_refuses_bad_input_before_the_import(tmp_path, capsys):
+    code = main(["evaluate", str(MODELS / "llama_7b.onnx"), "--devices", "8", "--layout", "tp=2,pp=2,zero=1",
+                 "--seq-len", "2048", "--global-batch", "32", "--json", "-q"])
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    for key in ("step_time", "tokens_per_second_per_device", "mfu", "peak_memory_bytes", "fits", "breakdown"):
+        assert key in doc
+    assert doc["seq_len"] == 2048 and doc["microbatches"] == 16 and doc["layout"]["dp"] == 2
+    # a layout that does not match the devices is found before the (missing) model is read
+    assert main(["evaluate", str(tmp_path / "missing.onnx"), "--devices", "8", "--layout", "tp=3",
+                 "--global-batch", "8"]) == 2
+    assert "not the 8 devices" in capsys.readouterr().err
+    assert main(["evaluate", str(tmp_path / "missing.onnx"), "--devices", "8", "--layout", "tp=2",
+                 "--global-batch", "6"]) == 2
+    assert "not a multiple of dp x --micro-batch-size = 4 x 1" in capsys.readouterr().err
