@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 
 from conftest import REPO, make_moe_model, moe_param_count, real_export, save
 from opsched.errors import OpschedError
-from opsched.graph import totals
+from opsched.graph import ops, totals
 from opsched.onnx_import import import_onnx, node_scope, parse_dims
 
 
@@ -461,3 +461,17 @@ def test_matmul_batched_over_the_expert_axis_splits_per_expert(tmp_path):
         assert [o.scope for o in copies] == [(f"experts.{i}",) for i in range(e)]
         assert {o.flops for o in copies} == {flops} and {o.param_count for o in copies} == {params}
     assert totals(g)["param_count"] == h * e + 2 * e * h * f
+
+
+def test_row_parallel_layers_are_marked_for_tensor_parallel_all_reduces():
+    """Megatron's all-reduce points: attention's output projection, the MLP's down projection, the embedding.
+
+    CLIP's linear layers have biases: a q/k/v or fc1 projection feeds a bias Add and then no residual,
+    so it is not marked; out_proj and fc2 reach the residual through their bias Add.
+    """
+    from collections import Counter
+
+    g = import_onnx(REPO / "models" / "clip_vit_l14.onnx")
+    marked = Counter(op.name.split("/")[-2] for op in ops(g) if op.tp_comm_bytes > 0)
+    assert marked == {"out_proj": 36, "fc2": 36, "token_embedding": 1}  # 24 vision + 12 text layers
+    assert all(op.tp_comm_bytes == op.output_bytes for op in ops(g) if op.tp_comm_bytes > 0)
