@@ -25,7 +25,8 @@ def two_tower_graph():
     g = nx.DiGraph(kind="BlockGraph")
     spec = [("in", 0.2e12), ("a1", 2e12), ("a2", 2e12), ("b1", 2e12), ("b2", 2e12), ("join", 0.2e12)]
     for i, (name, flops) in enumerate(spec):
-        g.add_node(i, block=Block(i, name, (name,), (name,), flops=flops, param_count=10**7, output_bytes=1e7))
+        g.add_node(i, block=Block(i, name, (name,), (name,), flops=flops, param_count=10**7, output_bytes=1e7,
+                                  tp_comm_bytes=1e7))
     g.add_edges_from([(0, 1), (1, 2), (0, 3), (3, 4), (2, 5), (4, 5)], bytes=1e6)
     return g
 
