@@ -30,8 +30,8 @@ Conventions shared by all models (see ``models/README.md``):
   data-dependent dim: the importer resolves it by balanced routing,
   ``capacity_factor * batch * seq * top_k / experts``, so ``--dim`` values and
   ``--capacity-factor`` determine expert FLOPs.
-- positional encodings without parameters (RoPE) and T5's relative position
-  bias (384 parameters per stack) are left out: they change FLOPs by well under
+- positional encodings without parameters (RoPE, MPT's ALiBi) and T5's relative
+  position bias (384 parameters per stack) are left out: they change FLOPs by well under
   0.1 % and are not what a pipeline planner decides about.
 
 Output is deterministic: the same script writes the same bytes.
@@ -156,11 +156,12 @@ def rms_norm(b: GraphBuilder, scope: str, x: str, dim: int, eps: float = 1e-5) -
     return b.node(scope, "RMSNormalization", [x, scale], axis=-1, epsilon=eps)
 
 
-def layer_norm(b: GraphBuilder, scope: str, x: str, dim: int, eps: float = 1e-5) -> str:
-    """LayerNorm over the last axis with scale and bias (CLIP)."""
-    scale = b.weight(scope, "weight", [dim])
-    bias = b.weight(scope, "bias", [dim])
-    return b.node(scope, "LayerNormalization", [x, scale, bias], axis=-1, epsilon=eps)
+def layer_norm(b: GraphBuilder, scope: str, x: str, dim: int, eps: float = 1e-5, bias: bool = True) -> str:
+    """LayerNorm over the last axis with a learned scale and (unless ``bias=False``, as in MPT) bias (CLIP)."""
+    inputs = [x, b.weight(scope, "weight", [dim])]
+    if bias:
+        inputs.append(b.weight(scope, "bias", [dim]))
+    return b.node(scope, "LayerNormalization", inputs, axis=-1, epsilon=eps)
 
 
 def embedding(b: GraphBuilder, scope: str, ids: str, vocab: int, dim: int) -> str:
@@ -435,6 +436,37 @@ def build_llama_7b() -> onnx.ModelProto:
     return b.model({"batch": 1, "seq": 4096}, build_llama_7b.__doc__)
 
 
+def build_mpt_7b() -> onnx.ModelProto:
+    """MPT-7B: 32 layers, d=4096, 32 heads of 128 (no GQA) with one fused Wqkv projection, ALiBi,
+    GELU FFN 16384 (not gated), LayerNorm without bias, no linear biases, vocab 50432, output
+    projection tied to the token embedding (6.65 B)."""
+    # mosaicml/mpt-7b config.json: d_model 4096, n_heads 32, n_layers 32, expansion_ratio 4,
+    # vocab_size 50432, no_bias true (drops every bias, LayerNorm's included), attn_config.alibi
+    # true (which turns learned_pos_emb off), norm_type low_precision_layernorm; the logits
+    # reuse wte. ALiBi adds a fixed per-head bias to the attention scores: no parameters and
+    # one add per score, left out like RoPE. Names follow transformers' MptForCausalLM.
+    b = GraphBuilder("mpt_7b")
+    dim, heads, ff, vocab = 4096, 32, 16384, 50432
+    ids = b.data("input_ids", ["batch", "seq"], I64)
+    wte = b.weight("transformer/wte", "weight", [vocab, dim])
+    h = b.node("transformer/wte", "Gather", [wte, ids], axis=0)
+    for i in range(32):
+        scope = f"transformer/blocks.{i}"
+        x = layer_norm(b, f"{scope}/norm_1", h, dim, bias=False)
+        qkv = linear(b, f"{scope}/attn/Wqkv", x, dim, 3 * dim)
+        q, k, v = b.node(f"{scope}/attn", "Split", [qkv, b.const(f"{scope}/attn", [dim] * 3)], n_outputs=3, axis=-1)
+        a = b.node(f"{scope}/attn", "Attention", [q, k, v], q_num_heads=heads, kv_num_heads=heads, is_causal=1)
+        h = b.node(scope, "Add", [h, linear(b, f"{scope}/attn/out_proj", a, dim, dim)])
+        x = layer_norm(b, f"{scope}/norm_2", h, dim, bias=False)
+        up = b.node(f"{scope}/ffn", "Gelu", [linear(b, f"{scope}/ffn/up_proj", x, dim, ff)])
+        h = b.node(scope, "Add", [h, linear(b, f"{scope}/ffn/down_proj", up, ff, dim)])
+    h = layer_norm(b, "transformer/norm_f", h, dim, bias=False)
+    w_t = b.node("lm_head", "Transpose", [wte], perm=[1, 0])  # tied: logits = h @ wte^T
+    logits = b.node("lm_head", "MatMul", [h, w_t])
+    b.output(logits, "logits", ["batch", "seq", vocab])
+    return b.model({"batch": 1, "seq": 4096}, build_mpt_7b.__doc__)
+
+
 def build_mixtral_8x7b() -> onnx.ModelProto:
     """Mixtral-8x7B: 32 layers, d=4096, GQA 32/8 heads, 8 SwiGLU experts (FFN 14336) top-2, vocab 32000 (46.7 B)."""
     b = GraphBuilder("mixtral_8x7b")
@@ -702,6 +734,7 @@ MODELS = {
     "clip_vit_l14": build_clip_vit_l14,
     "llava_7b": build_llava_7b,
     "llama_7b": build_llama_7b,
+    "mpt_7b": build_mpt_7b,
     "llama3_405b": build_llama3_405b,
     "deepseek_v3": build_deepseek_v3,
 }

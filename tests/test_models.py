@@ -15,7 +15,7 @@ from opsched import onnx_import
 from opsched.graph import ops, totals
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
-NAMES = ["mixtral_8x7b", "deepseek_moe", "switch_moe", "clip_vit_l14", "llava_7b", "llama_7b", "llama3_405b"]
+NAMES = ["mixtral_8x7b", "deepseek_moe", "switch_moe", "clip_vit_l14", "llava_7b", "llama_7b", "mpt_7b", "llama3_405b"]
 MOE = {"mixtral_8x7b": (8, 2), "deepseek_moe": (64, 6), "switch_moe": (8, 1)}  # experts, top_k
 
 # Published parameter counts of the reference checkpoints, and how far ours may be.
@@ -23,6 +23,7 @@ PUBLISHED = {
     "mixtral_8x7b": (46.7e9, 0.005),
     "deepseek_moe": (16.4e9, 0.005),
     "llama_7b": (6_738_415_616, 0.0),  # Llama-2-7B, exact
+    "mpt_7b": (6_649_286_656, 0.0),  # MPT-7B, exact (see mpt_7b_params; MosaicML's headline is 6.7 B)
     "clip_vit_l14": (427_616_513, 0.0),  # openai/clip-vit-large-patch14, exact
     # LLaVA-1.5-7B holds 7,063,427,072; we leave out the vision layer and norm it never runs
     "llava_7b": (7_063_427_072 - 12_596_224 - 2_048, 0.0),
@@ -153,7 +154,7 @@ def test_metadata_declares_dims_data_inputs_and_scopes(models, name):
     names = [n.name for n in model.graph.node]
     assert len(set(names)) == len(names)
     assert all(re.fullmatch(r"(/[\w.]+)+", n) for n in names)
-    assert sum("/layers." in n or "/block." in n for n in names) > len(names) // 2
+    assert sum("/layers." in n or "/block." in n or "/blocks." in n for n in names) > len(names) // 2
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -161,6 +162,34 @@ def test_parameter_counts_match_the_reference_models(models, name):
     expected, tolerance = PUBLISHED[name]
     got = count_params(models[name])
     assert abs(got - expected) <= tolerance * expected, f"{name}: {got:,} vs {expected:,.0f}"
+
+
+def mpt_7b_params() -> int:
+    """MPT-7B from mosaicml/mpt-7b config.json, independently of the generator.
+
+    Per block: fused Wqkv (d x 3d) and out_proj (d x d), FFN up (d x 4d) and down (4d x d),
+    two LayerNorms with a scale only (``no_bias`` drops every bias); ALiBi, so no position
+    embedding; the output projection reuses wte (tied), so the vocabulary counts once.
+    32 x (4 d^2 + 8 d^2 + 2 d) + 50432 d + d = 6,442,713,088 + 206,569,472 + 4,096.
+    """
+    dim, layers, vocab = 4096, 32, 50432
+    block = 3 * dim * dim + dim * dim + 2 * dim * 4 * dim + 2 * dim
+    return layers * block + vocab * dim + dim
+
+
+def test_mpt_7b_has_the_published_size_and_shapes(models):
+    assert mpt_7b_params() == 6_649_286_656
+    assert abs(mpt_7b_params() - 6.7e9) <= 0.01 * 6.7e9  # MosaicML's headline "6.7B"
+    model = models["mpt_7b"]
+    assert count_params(model) == mpt_7b_params()
+    shapes = weights(model)
+    assert shapes["transformer.blocks.0.attn.Wqkv.weight"] == [4096, 3 * 4096]  # no GQA
+    assert shapes["transformer.blocks.31.ffn.up_proj.weight"] == [4096, 16384]
+    assert shapes["transformer.wte.weight"] == [50432, 4096]
+    assert not any(n.endswith(".bias") for n in shapes) and "lm_head.weight" not in shapes
+    kinds = [n.op_type for n in model.graph.node]
+    assert kinds.count("Gelu") == 32 and kinds.count("Sigmoid") == 0  # plain GELU, not gated
+    assert all(len(n.input) == 2 for n in model.graph.node if n.op_type == "LayerNormalization")
 
 
 def test_mixtral_has_46_7_billion_parameters(models):
@@ -261,11 +290,11 @@ def test_importer_counts_the_same_parameters(models, name):
     if not tied and not scalars:
         assert got == own
     else:
-        # Only switch_moe (one embedding tied to encoder, decoder and lm_head) and
-        # clip_vit_l14 (the scalar logit_scale) get here. opsched.onnx_import
-        # documents counting a weight once per reader and scalars as constants;
-        # accept that rule or a plain count, nothing else.
-        assert set(tied) <= {"shared.weight"} and set(scalars) <= {"logit_scale"}
+        # Only switch_moe (one embedding tied to encoder, decoder and lm_head), mpt_7b
+        # (wte tied to the output projection) and clip_vit_l14 (the scalar logit_scale)
+        # get here. opsched.onnx_import documents counting a weight once per reader and
+        # scalars as constants; accept that rule or a plain count, nothing else.
+        assert set(tied) <= {"shared.weight", "transformer.wte.weight"} and set(scalars) <= {"logit_scale"}
         per_reader = own + sum((r - 1) * math.prod(shapes[w]) for w, r in tied.items())
         per_reader -= sum(math.prod(shapes[w]) for w in scalars)
         assert got in (own, per_reader), f"{name}: importer {got:,}, own count {own:,}"
