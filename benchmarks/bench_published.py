@@ -45,27 +45,32 @@ class Run:
     unit: str  # "TFLOP/s/GPU" or "tokens/s/GPU"
     source: str
     note: str = ""
+    dtype: str = "bf16"
 
     def command(self) -> list[str]:
         return ["opsched", "evaluate", f"models/{self.model}", "--devices", str(self.devices), "--preset", self.preset,
                 "--layout", self.layout, "--seq-len", str(self.seq_len), "--global-batch", str(self.global_batch),
-                "--micro-batch-size", str(self.micro_batch_size), "--json", "-q"]
+                "--micro-batch-size", str(self.micro_batch_size), "--dtype", self.dtype, "--json", "-q"]
 
 
 RUNS = [
     Run("Mixtral-8x7B, Megatron-Core MoE", "mixtral_8x7b.onnx", 64, "h100-sxm", "tp=1,pp=4,vpp=8,ep=8,zero=1",
         4096, 256, 1, 468.0, "TFLOP/s/GPU",
-        "NVIDIA/Megatron-LM, megatron/core/transformer/moe/README.md, performance section",
-        "micro-batch size 1 assumed; distributed optimizer as zero=1"),
-    Run("MPT-7B, llm-foundry, 8 x H100", "llama_7b.onnx", 8, "h100-sxm", "tp=1,pp=1,zero=3,recompute=full",
-        4096, 256, 8, 8611.0, "tokens/s/GPU",
-        "mosaicml/llm-foundry, scripts/train/benchmarking/README.md, H100 80GB BF16 table",
-        "Llama-7B stands in for MPT-7B (6.7 B parameters both; SwiGLU vs GELU MLP); FSDP full shard as zero=3, "
-        "activation checkpointing as recompute=full"),
-    Run("MPT-7B, llm-foundry, 8 x A100-80GB", "llama_7b.onnx", 8, "a100-80g", "tp=1,pp=1,zero=3,recompute=full",
-        4096, 256, 8, 3684.0, "tokens/s/GPU",
-        "mosaicml/llm-foundry, scripts/train/benchmarking/README.md, A100 80GB BF16 table",
+        "NVIDIA/Megatron-LM @ c230e0d7, megatron/core/transformer/moe/README.md lines 3 and 358-373",
+        "micro-batch 1 (Megatron-MoE-ModelZoo runtime.conf); distributed optimizer as zero=1"),
+    Run("MPT-7B, llm-foundry, 8 x H100", "mpt_7b.onnx", 8, "h100-sxm", "tp=1,pp=1,zero=3,recompute=full",
+        4096, 256, 16, 8611.0, "tokens/s/GPU",
+        "mosaicml/llm-foundry @ 8c8dd48f, scripts/train/benchmarking/README.md line 117",
+        "micro-batch 16, 2 accumulation steps (sweep.sh); FSDP full shard as zero=3, activation checkpointing as "
+        "recompute=full"),
+    Run("MPT-7B, llm-foundry, 8 x A100-80GB", "mpt_7b.onnx", 8, "a100-80g", "tp=1,pp=1,zero=3,recompute=full",
+        4096, 256, 16, 3684.0, "tokens/s/GPU",
+        "mosaicml/llm-foundry @ 8c8dd48f, scripts/train/benchmarking/README.md line 183",
         "as the H100 row"),
+    Run("Llama2-7B, NeMo 24.07, 8 x H100, FP8", "llama_7b.onnx", 8, "h100-sxm", "tp=1,pp=1,zero=1",
+        4096, 128, 1, 780.0, "TFLOP/s/GPU",
+        "NVIDIA/NeMo @ 8e3d65dc, docs/source/performance/performance_summary.md line 18",
+        "DP8; the page gives no optimizer or recompute settings: NeMo's default distributed optimizer (zero=1), no recompute", dtype="fp8"),
 ]
 
 

@@ -55,6 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sequences per microbatch (default 1)")
     parser.add_argument("--schedule", choices=NAMES, metavar="NAME",
                         help=f"pipeline schedule, one of {', '.join(NAMES)} (default: interleaved-1f1b when vpp > 1, else 1f1b)")
+    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp8", "fp16", "fp32"),
+                        help="compute dtype: the peak FLOP/s the cost model and MFU use (default bf16)")
     parser.add_argument("--memory-limit", type=byte_size, metavar="BYTES",
                         help="per device with a unit, e.g. 80GiB (default: the cluster's memory)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout (fields above)")
@@ -82,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     if "batch" not in used:
         raise OpschedError(f"{args.model} has no symbolic batch dimension; evaluate needs one to size a microbatch")
     tokens_per_sequence = int(used.get("seq", 1))
-    training = Training(microbatches=1, microbatch_size=args.micro_batch_size)
+    training = Training(microbatches=1, microbatch_size=args.micro_batch_size, dtype=args.dtype)
     bg = coarsen(og)
     log.info("import: %s: %d operators, %d blocks, dims %s", args.model, og.number_of_nodes(), bg.number_of_nodes(), used)
     result = evaluate_layout(bg, cluster, training, layout, global_batch=args.global_batch,
