@@ -104,8 +104,13 @@ class Training:
     param_bytes: float = ADAM_MIXED_PRECISION_BYTES["param"]
     grad_bytes: float = ADAM_MIXED_PRECISION_BYTES["grad"]
     optimizer_bytes: float = ADAM_MIXED_PRECISION_BYTES["optimizer"]
+    #: ZeRO level over data-parallel replicas (0: none; 1: optimizer states sharded, Megatron's
+    #: distributed optimizer; 2: gradients too; 3: weights too), see ``cost.held_param_bytes``
+    zero: int = 0
 
     def __post_init__(self) -> None:
+        if self.zero not in (0, 1, 2, 3):
+            raise OpschedError(f"ZeRO level must be 0, 1, 2 or 3, got {self.zero!r}")
         if not isinstance(self.microbatches, int) or self.microbatches < 1:
             raise OpschedError(f"microbatches must be a positive integer, got {self.microbatches!r}; pass --microbatches M with M >= 1")
         if not isinstance(self.microbatch_size, int) or self.microbatch_size < 1:

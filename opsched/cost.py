@@ -149,6 +149,29 @@ def tensor_parallel_bytes(block: Block, token_bytes: float | None = None) -> flo
     return float(token_bytes or 0.0) if expert_count(block) > 0 else 0.0
 
 
+def held_param_bytes(params: float, replicas: int, training: Training, zero: int = 0) -> float:
+    """Memory for ``params`` parameters on one device of ``replicas`` holding the same ones, under ZeRO level ``zero``.
+
+    Weight + gradient + optimizer state per parameter (``training``'s bytes);
+    ZeRO (Rajbhandari et al. 2020) shards the optimizer states over the
+    replicas from level 1 (Megatron's distributed optimizer), the gradients
+    from level 2 and the weights at level 3 (FSDP's full shard).
+
+    >>> t = Training()   # 2 + 2 + 12 bytes per parameter
+    >>> held_param_bytes(1e9, 8, t) / 1e9, held_param_bytes(1e9, 8, t, zero=1) / 1e9
+    (16.0, 5.5)
+    >>> held_param_bytes(1e9, 8, t, zero=3) / 1e9
+    2.0
+    """
+    if zero not in (0, 1, 2, 3):
+        raise OpschedError(f"ZeRO level must be 0, 1, 2 or 3, got {zero}")
+    shard = max(1, replicas)
+    optimizer = training.optimizer_bytes / (shard if zero >= 1 else 1)
+    grad = training.grad_bytes / (shard if zero >= 2 else 1)
+    weight = training.param_bytes / (shard if zero >= 3 else 1)
+    return params * (weight + grad + optimizer)
+
+
 def roofline_time(flops: float, io_bytes: float, cluster: Cluster, dtype: str) -> float:
     """The slower of compute and memory traffic on one device."""
     return max(flops / cluster.flops_per_second(dtype), io_bytes / cluster.memory_bandwidth)
@@ -216,7 +239,7 @@ def block_cost(
         f += comm
         i += comm
     sync = 0.0
-    params_per_device = block.param_count / mode.tp
+    param_bytes = held_param_bytes(block.param_count / mode.tp, mode.dp, training, training.zero)
     if mode.ep > 1:
         # dispatch and combine: two all-to-alls of the tokens in F, two in I
         bw, lat = cluster.link(devices, devices)
@@ -226,7 +249,9 @@ def block_cost(
         i += comm
         sharded = block.param_count if expert_params is None else min(float(expert_params), block.param_count)
         replicated = block.param_count - sharded
-        params_per_device = sharded / mode.ep + replicated
+        # each expert lives on one device; the rest is replicated over the ep devices
+        param_bytes = (held_param_bytes(sharded / mode.ep, 1, training, training.zero)
+                       + held_param_bytes(replicated, mode.ep, training, training.zero))
         sync = allreduce_time(replicated * training.grad_bytes, mode.ep, bw, lat)
     if mode.dp > 1 and has_weights:
         replicas = devices[:: mode.tp]
@@ -237,7 +262,7 @@ def block_cost(
         F=f,
         I=i,
         W=w,
-        param_bytes=params_per_device * training.bytes_per_param,
+        param_bytes=param_bytes,
         act_bytes=act,
         # the weight gradient needs the inputs of the weight matmuls: about half the saved tensors
         act_w_bytes=act / 2 if has_weights else 0.0,

@@ -33,7 +33,7 @@ import networkx as nx
 
 from opsched.baselines import run_baseline
 from opsched.cluster import Cluster, Training
-from opsched.cost import Mode, alltoall_time, allreduce_time, block_cost, expert_count
+from opsched.cost import Mode, alltoall_time, allreduce_time, block_cost, expert_count, held_param_bytes
 from opsched.errors import OpschedError, Unsupported
 from opsched.graph import Block
 from opsched.schedule import Edge, Schedule, Stage, StageGraph, metrics
@@ -333,7 +333,6 @@ def _chunk_cost(bg: nx.DiGraph, members: list[int], layout: ParallelLayout, clus
     """One device's share of a chunk: pass times per microbatch, memory, gradient sync and optimizer step."""
     tensor, expert, data = _rank_devices(layout, cluster.devices, rank)
     out = _ChunkCost()
-    per_param = {"weight": training.param_bytes, "grad": training.grad_bytes, "optimizer": training.optimizer_bytes}
     first_inputs = 0.0
     for b in members:
         block: Block = bg.nodes[b]["block"]
@@ -352,14 +351,10 @@ def _chunk_cost(bg: nx.DiGraph, members: list[int], layout: ParallelLayout, clus
             replicas = layout.dp // layout.ep
         if layout.recompute == "full" and block.param_count >= 0:
             i += c.F  # the forward again before the input gradient
-        held = {k: params * v for k, v in per_param.items()}
-        for level, part in ((1, "optimizer"), (2, "grad"), (3, "weight")):
-            if layout.zero >= level:
-                held[part] /= replicas
         out.F += f
         out.I += i
         out.W += c.W
-        out.param_bytes += sum(held.values())
+        out.param_bytes += held_param_bytes(params, replicas, training, layout.zero)
         out.act_bytes += c.act_bytes
         out.act_w_bytes += c.act_w_bytes
         if replicas > 1 and block.param_count > 0:

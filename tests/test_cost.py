@@ -16,6 +16,7 @@ from opsched.cost import (
     roofline_time,
     transfer_time,
 )
+from opsched.errors import OpschedError
 from opsched.graph import Block
 
 # round numbers so every figure below is easy to check by hand (efficiency 0.5
@@ -131,3 +132,19 @@ def test_expert_parallel_replicates_the_non_expert_part():
     assert c.grad_sync == pytest.approx(6e-6 + 1.5 * 400_000 * 2 / 100e9)
     # all-to-alls move the given tokens, not the block's output bytes
     assert c.F == pytest.approx(0.25 + 2 * (3e-6 + 0.75 * 1e8 / 100e9))
+
+
+def test_zero_shards_what_data_parallel_replicas_hold():
+    """ZeRO-1 (distributed optimizer) keeps 1/dp of the 12 optimizer bytes; ZeRO-3 shards all 16."""
+    from dataclasses import replace
+
+    plain = block_cost(block(), Mode(dp=4), (0, 1, 2, 3), C, T)
+    zero1 = block_cost(block(), Mode(dp=4), (0, 1, 2, 3), C, replace(T, zero=1))
+    zero3 = block_cost(block(), Mode(dp=4), (0, 1, 2, 3), C, replace(T, zero=3))
+    assert plain.param_bytes == 16e6
+    assert zero1.param_bytes == pytest.approx(1e6 * (2 + 2 + 12 / 4))
+    assert zero3.param_bytes == pytest.approx(16e6 / 4)
+    # a single replica has nothing to shard over
+    assert block_cost(block(), Mode(tp=4), (0, 1, 2, 3), C, replace(T, zero=3)).param_bytes == pytest.approx(4e6)
+    with pytest.raises(OpschedError, match="ZeRO level"):
+        Training(zero=5)
