@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -59,6 +59,12 @@ class Cluster:
     intra_node_latency: float  # seconds per message
     inter_node_bandwidth: float  # bytes/s, one direction, per device across nodes
     inter_node_latency: float
+    #: achievable fraction of peak for matrix multiplies, per dtype (missing dtype: ``efficiency``)
+    matmul_efficiency: Mapping[str, float] = field(default_factory=dict)
+    #: achievable fraction of the BF16 peak for fused attention (None: ``efficiency``)
+    attention_efficiency: float | None = None
+    #: achievable fraction of ``memory_bandwidth`` for memory-bound operators
+    memory_efficiency: float = 1.0
 
     @property
     def nodes(self) -> int:
@@ -74,6 +80,16 @@ class Cluster:
             known = ", ".join(sorted(self.peak_flops))
             raise OpschedError(f"cluster {self.name!r} has no peak FLOP/s for dtype {dtype!r}; known: {known}")
         return float(self.peak_flops[dtype]) * self.efficiency
+
+    def matmul_flops_per_second(self, dtype: str) -> float:
+        """Achievable FLOP/s of one device's matrix multiplies in ``dtype``."""
+        return self.flops_per_second(dtype) / self.efficiency * self.matmul_efficiency.get(dtype, self.efficiency)
+
+    def attention_flops_per_second(self, dtype: str) -> float:
+        """Achievable FLOP/s of fused attention: FP8 recipes keep attention in BF16 (Transformer Engine's default)."""
+        compute = "bf16" if dtype == "fp8" and "bf16" in self.peak_flops else dtype
+        fraction = self.efficiency if self.attention_efficiency is None else self.attention_efficiency
+        return self.flops_per_second(compute) / self.efficiency * fraction
 
     def link(self, devices_a: tuple[int, ...], devices_b: tuple[int, ...]) -> tuple[float, float]:
         """(bandwidth, latency) of the slowest link between two device sets.
@@ -134,12 +150,26 @@ class Training:
 # HBM capacity and bandwidth, NVLink bandwidth per direction (half the
 # bidirectional figure), one 400 Gb/s (H100/H200) or 200 Gb/s (A100) NIC per GPU.
 # Latencies are typical small-message figures. Efficiency 0.5 is a common MFU
-# for large-model training.
+# for large-model training; it applies to FLOPs of no known kind.
+# Efficiencies by kind of operator (docs/cost-model.md, "Efficiency by operator kind"):
+# * matmul, BF16/FP16: maximum achievable matmul FLOPS over shapes, stas00/ml-engineering
+#   compute/accelerator/README.md: A100 SXM 267.9 of 312 (0.859), H100 SXM 792.1 of 989 (0.801);
+#   the H200 has the H100's compute die, so it takes the H100's figure;
+# * matmul, FP8 on H100/H200: 0.6 (cuBLASLt reaches about 0.81 at 8192^3 but a training step's FP8
+#   matmuls go through per-tensor scaling casts: PyTorch's _scaled_mm measured 1,170 of 1,979, 0.59);
+# * attention: FlashAttention-2 reaches 50-73 % of the A100's peak forward and up to 63 % in the
+#   backward (Dao 2023): 0.63, the backward's (2.5 x the forward's FLOPs); FlashAttention-3 reaches
+#   75 % forward on the H100 in BF16 with a backward about 1.5-1.75 x FlashAttention-2's (Shah et
+#   al. 2024): 0.55 weighted over forward and backward;
+# * memory-bound operators: 0.9 of HBM bandwidth (sustained STREAM-style copies).
 PRESETS: dict[str, dict[str, Any]] = {
     "h100-sxm": {
         "devices_per_node": 8,
         "peak_flops": {"fp8": 1979e12, "bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
         "efficiency": 0.5,
+        "matmul_efficiency": {"bf16": 0.801, "fp16": 0.801, "fp8": 0.6},
+        "attention_efficiency": 0.55,
+        "memory_efficiency": 0.9,
         "memory_bytes": 80e9,
         "memory_bandwidth": 3.35e12,
         "intra_node_bandwidth": 450e9,
@@ -151,6 +181,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "devices_per_node": 8,
         "peak_flops": {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
         "efficiency": 0.5,
+        "matmul_efficiency": {"bf16": 0.859, "fp16": 0.859},
+        "attention_efficiency": 0.63,
+        "memory_efficiency": 0.9,
         "memory_bytes": 80e9,
         "memory_bandwidth": 2.039e12,
         "intra_node_bandwidth": 300e9,
@@ -162,6 +195,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "devices_per_node": 8,
         "peak_flops": {"fp8": 1979e12, "bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
         "efficiency": 0.5,
+        "matmul_efficiency": {"bf16": 0.801, "fp16": 0.801, "fp8": 0.6},
+        "attention_efficiency": 0.55,
+        "memory_efficiency": 0.9,
         "memory_bytes": 141e9,
         "memory_bandwidth": 4.8e12,
         "intra_node_bandwidth": 450e9,
@@ -235,9 +271,28 @@ def cluster_from_dict(spec: Mapping[str, Any], source: str = "cluster", name: st
     for dtype, value in peaks.items():
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
             raise OpschedError(f"{source}: peak_flops[{dtype!r}] must be a positive number, got {value!r}")
+    _check_kind_efficiencies(spec, source)
     values = {k: spec[k] for k in spec if k != "name"}
+    values["matmul_efficiency"] = {str(k): float(v) for k, v in spec.get("matmul_efficiency", {}).items()}
     values["peak_flops"] = {str(k): float(v) for k, v in peaks.items()}
     return Cluster(name=str(name or spec.get("name") or base or "custom"), **values)
+
+
+def _check_kind_efficiencies(spec: Mapping[str, Any], source: str) -> None:
+    """The optional efficiencies by operator kind: fractions in (0, 1]."""
+    def fraction(name: str, value: Any) -> None:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 1:
+            raise OpschedError(f"{source}: {name} is a fraction in (0, 1], got {value!r}")
+
+    matmul = spec.get("matmul_efficiency", {})
+    if not isinstance(matmul, Mapping):
+        raise OpschedError(f"{source}: field 'matmul_efficiency' must map dtypes to fractions, e.g. {{\"bf16\": 0.8}}")
+    for dtype, value in matmul.items():
+        fraction(f"matmul_efficiency[{dtype!r}]", value)
+    if spec.get("attention_efficiency") is not None:
+        fraction("field 'attention_efficiency'", spec["attention_efficiency"])
+    if "memory_efficiency" in spec:
+        fraction("field 'memory_efficiency'", spec["memory_efficiency"])
 
 
 def load_cluster(path: str | Path, devices: int | None = None) -> Cluster:

@@ -131,6 +131,33 @@ def modes_for(block: Block, group_size: int) -> list[Mode]:
     return modes
 
 
+def compute_time(block: Block, share: int, cluster: Cluster, dtype: str) -> float:
+    """One device's time for ``1/share`` of a block's operators: a roofline per kind of operator, summed.
+
+    Matrix multiplies run at the cluster's matmul efficiency, fused attention
+    at its attention efficiency, and the rest (norms, activations, residual
+    adds, ...) at the general efficiency; each kind takes the slower of its
+    FLOPs and its memory traffic (at ``memory_efficiency`` of the bandwidth),
+    and the kinds run one after another. A block whose operators carry no kind
+    (a hand-made Block) is one roofline at the general efficiency.
+
+    >>> from opsched.cluster import preset
+    >>> c = preset("h100-sxm")
+    >>> b = Block(0, "mlp", (), (), flops=2 * 792.1e12, matmul_flops=792.1e12)
+    >>> round(compute_time(b, 1, c, "bf16"), 3)   # 1 s of matmul at 0.801 of 989e12, 792.1e12 FLOPs at 0.5
+    2.602
+    """
+    bandwidth = cluster.memory_bandwidth * cluster.memory_efficiency
+    rest_flops = max(0.0, block.flops - block.matmul_flops - block.attention_flops)
+    rest_io = max(0.0, block.io_bytes - block.matmul_io_bytes - block.attention_io_bytes)
+    return (
+        max(block.matmul_flops / share / cluster.matmul_flops_per_second(dtype), block.matmul_io_bytes / share / bandwidth)
+        + max(block.attention_flops / share / cluster.attention_flops_per_second(dtype),
+              block.attention_io_bytes / share / bandwidth)
+        + max(rest_flops / share / cluster.flops_per_second(dtype), rest_io / share / bandwidth)
+    )
+
+
 def tensor_parallel_bytes(block: Block, token_bytes: float | None = None) -> float:
     """Bytes the block's tensor-parallel all-reduces move per microbatch (in F, and again in I).
 
@@ -228,7 +255,7 @@ def block_cost(
     if mode.size != len(devices):
         raise OpschedError(f"mode {mode} needs {mode.size} devices, the group has {len(devices)}")
     share = mode.size  # every mode splits a microbatch's compute over the whole group
-    compute = roofline_time(block.flops / share, block.io_bytes / share, cluster, training.dtype)
+    compute = compute_time(block, share, cluster, training.dtype)
     has_weights = block.param_count > 0
     f = i = compute
     w = compute if has_weights else 0.0

@@ -45,6 +45,12 @@ class OpNode:
     #: bytes a tensor-parallel all-reduce moves after this op: its output when it is a row-parallel
     #: linear layer (a weight matmul that feeds the residual stream), else 0 (see onnx_import)
     tp_comm_bytes: float = 0.0
+    #: of ``flops`` / ``io_bytes``: what matrix multiplies (tensor cores) and fused attention do;
+    #: the rest is vector work, memory-bound in practice (see cost.compute_time)
+    matmul_flops: float = 0.0
+    matmul_io_bytes: float = 0.0
+    attention_flops: float = 0.0
+    attention_io_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -61,10 +67,15 @@ class Block:
     output_bytes: float = 0.0
     io_bytes: float = 0.0
     tp_comm_bytes: float = 0.0
+    matmul_flops: float = 0.0
+    matmul_io_bytes: float = 0.0
+    attention_flops: float = 0.0
+    attention_io_bytes: float = 0.0
     op_types: dict[str, int] = field(default_factory=dict, compare=False)
 
 
-COST_FIELDS = ("flops", "param_count", "param_bytes", "output_bytes", "io_bytes", "tp_comm_bytes")
+COST_FIELDS = ("flops", "param_count", "param_bytes", "output_bytes", "io_bytes", "tp_comm_bytes", "matmul_flops",
+               "matmul_io_bytes", "attention_flops", "attention_io_bytes")
 
 
 def common_scope(scopes) -> tuple[str, ...]:

@@ -52,6 +52,10 @@ What the importer does, in order:
    tensors it reads plus writes. An edge ``u -> v`` carries the bytes of the
    tensors v reads from u (0 when v only reads their shape: ``Shape``, ``Size``).
 
+   Each op's FLOPs and bytes are also filed by kind: ``matmul_*`` for matrix
+   multiplies and convolutions (``MATMUL_OPS``), ``attention_*`` for a fused
+   ``Attention`` op; the cost model gives each kind its own efficiency.
+
    ``tp_comm_bytes`` marks where Megatron's tensor parallelism all-reduces:
    a weight matmul (MatMul / Gemm reading a parameter) whose output reaches
    an ``Add`` of two activations (the residual stream), through at most a
@@ -848,6 +852,10 @@ def _exporter(model) -> str:
     return "helper"
 
 
+#: ops that run as matrix multiplies on tensor cores (their FLOPs and bytes are costed apart, cost.compute_time)
+MATMUL_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "MatMulInteger", "FusedMatMul",
+                        "ConvInteger"})
+
 # Op types op_flops knows how to cost: None for one of these means its shapes are unknown.
 _COSTED_OPS = (ELEMENTWISE_OPS | frozenset(PER_ELEMENT) | REDUCE_OPS | REDUCE2_OPS | POOL_OPS | GLOBAL_POOL_OPS
                | {"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "Attention", "MatMulInteger", "FusedMatMul",
@@ -892,9 +900,14 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
         # a vocabulary-parallel embedding (a Gather from a weight) all-reduces its output too
         row_parallel = param_count > 0 and (n.op_type == "Gather" or n.op_type in ("MatMul", "Gemm") and _feeds_residual(
             n.output[0], readers, const_tensors))
+        kind = {"matmul": n.op_type in MATMUL_OPS, "attention": n.op_type == "Attention"}
         op = OpNode(keys[i], n.op_type, node_scope(n), flops=float(flops), param_count=int(param_count),
                     param_bytes=float(param_bytes), output_bytes=float(out_bytes), io_bytes=float(in_bytes + out_bytes),
-                    tp_comm_bytes=float(out_bytes) if row_parallel else 0.0)
+                    tp_comm_bytes=float(out_bytes) if row_parallel else 0.0,
+                    matmul_flops=float(flops) if kind["matmul"] else 0.0,
+                    matmul_io_bytes=float(in_bytes + out_bytes) if kind["matmul"] else 0.0,
+                    attention_flops=float(flops) if kind["attention"] else 0.0,
+                    attention_io_bytes=float(in_bytes + out_bytes) if kind["attention"] else 0.0)
         add_op(g, op)
         is_const = all((not x) or x in const_tensors for x in n.input)
         g.nodes[keys[i]]["const"] = is_const

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 import onnx
 
-from opsched.graph import OpNode, add_op, common_scope
+from opsched.graph import COST_FIELDS, OpNode, add_op, common_scope
 
 # Ops through which a weight stays the same weight, leading axis included.
 _SAME_AXES = frozenset({"Identity", "Transpose", "Cast"})
@@ -246,10 +246,8 @@ def _fold_reads(g, reads, members) -> set[str]:
             continue
         w = readers.pop()
         a, b = g.nodes[r]["op"], g.nodes[w]["op"]
-        g.nodes[w]["op"] = OpNode(b.name, b.op_type, b.scope, flops=a.flops + b.flops,
-                                  param_count=a.param_count + b.param_count, param_bytes=a.param_bytes + b.param_bytes,
-                                  output_bytes=a.output_bytes + b.output_bytes, io_bytes=a.io_bytes + b.io_bytes,
-                                  tp_comm_bytes=a.tp_comm_bytes + b.tp_comm_bytes)
+        g.nodes[w]["op"] = OpNode(b.name, b.op_type, b.scope,
+                                  **{f: getattr(a, f) + getattr(b, f) for f in COST_FIELDS})
         g.nodes[w]["const"] = g.nodes[w].get("const", False) and g.nodes[r].get("const", False)
         for u, _, data in list(g.in_edges(r, data=True)):
             if g.has_edge(u, w):
@@ -270,10 +268,9 @@ def _split_node(g, key, names, fam: Family, common: tuple[str, ...]) -> None:
     base, extra = divmod(op.param_count, fam.experts)
     for e, name in enumerate(names):
         scope = _expert_scope(op.scope, common, e)
-        add_op(g, OpNode(name, op.op_type, scope, flops=op.flops * fam.per_expert,
-                         param_count=base + (extra if e == 0 else 0), param_bytes=op.param_bytes / fam.experts,
-                         output_bytes=op.output_bytes * fam.per_expert, io_bytes=op.io_bytes * fam.per_expert,
-                         tp_comm_bytes=op.tp_comm_bytes * fam.per_expert))
+        scaled = {f: getattr(op, f) * fam.per_expert for f in COST_FIELDS if f not in ("param_count", "param_bytes")}
+        add_op(g, OpNode(name, op.op_type, scope, param_count=base + (extra if e == 0 else 0),
+                         param_bytes=op.param_bytes / fam.experts, **scaled))
         g.nodes[name]["const"] = const
 
 
