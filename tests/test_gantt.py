@@ -1,6 +1,9 @@
 """Gantt outputs: trace JSON fields, SVG well-formed XML, HTML self-contained, PNG size; the CLI."""
 
 import json
+import re
+import shutil
+import subprocess
 import struct
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
@@ -120,7 +123,8 @@ def test_html_is_self_contained_and_well_formed(tmp_path):
     assert parser.stack == []
     assert "http://" not in text and "https://" not in text
     tags = [t for t, _ in parser.tags]
-    assert "svg" in tags and tags.count("rect") == len(gantt_bars(s)) + 1  # + the pair's second half
+    bars = [a for t, a in parser.tags if t == "rect" and a.get("class") == "bar"]
+    assert "svg" in tags and len(bars) == len(gantt_bars(s)) + 1  # + the pair's second half
     assert not any(t in ("link", "img", "iframe") for t in tags)
     assert not any(t == "script" and "src" in a for t, a in parser.tags)
     assert any("stage 2 (head), microbatch 1, forward F" in t for t in parser.titles)
@@ -195,3 +199,89 @@ def test_empty_schedule_and_odd_titles_draw(tmp_path, suffix):
         ET.parse(out)
     if suffix == "html":
         assert "cost $5 and $6 &lt;b&gt;" in out.read_text()
+
+
+# --------------------------------------------------------------------------- units, labels and zoom (issue 15 item 3)
+
+
+def sixteen_microbatches(job_seconds: float = 0.00786):
+    """One stage on one device, 16 microbatches of F then B: bars about as narrow as the quick start's."""
+    sg = chain_stage_graph(1, f=job_seconds, b=2 * job_seconds, w=job_seconds)
+    order = {0: [Job(0, m, "F") for m in range(16)] + [Job(0, m, "B") for m in range(16)]}
+    return Schedule(sg, 16, simulate(sg, order, 16), name="sixteen")
+
+
+def test_every_format_says_its_time_unit_and_both_figures_of_the_title(tmp_path):
+    s = sixteen_microbatches()
+    html = write_gantt(s, tmp_path / "g.html", step_time=0.3929).read_text()
+    assert "step time 392.9 ms, makespan 377.3 ms" in html  # 16 x (7.86 + 15.72) ms
+    assert ">time (ms)</text>" in html
+    assert "microbatch 15, forward F: 117.9 ms to 125.8 ms (7.86 ms)" in html
+    trace = json.loads(write_gantt(s, tmp_path / "t.json", step_time=0.3929).read_text())
+    assert "step time 392.9 ms" in trace["traceEvents"][0]["args"]["name"]
+    svg = write_gantt(s, tmp_path / "g.svg", step_time=0.3929).read_text()
+    assert "step time 392.9 ms" in svg and "time (ms)" in svg
+    shown = re.sub(r"<script.*?</script>", "", html, flags=re.S)  # the data and code, not what a reader sees
+    assert not re.search(r"\de[+-]\d", shown + svg), "a number in exponent notation"
+
+
+def test_cli_gantt_titles_a_plans_step_time(tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    write_plan(plan, sixteen_microbatches(), extra={"step_time": 0.4})
+    out = tmp_path / "g.html"
+    assert main(["gantt", str(plan), "-o", str(out)]) == 0
+    assert "step time 400 ms, makespan 377.3 ms" in out.read_text()
+
+
+def test_two_digit_microbatches_are_labelled_on_narrow_bars(tmp_path, monkeypatch):
+    # the quick start's chart lost 10-15: an F bar of 7.86 ms in a 0.75 s chart is about 13 px wide
+    f = 0.00786
+    sg = chain_stage_graph(1, f=f, b=5 * f, w=f)  # 16 x (F + 5F) = 96 F-widths in the chart
+    order = {0: [Job(0, m, "F") for m in range(16)] + [Job(0, m, "B") for m in range(16)]}
+    s = Schedule(sg, 16, simulate(sg, order, 16), name="narrow")
+    html = write_gantt(s, tmp_path / "g.html").read_text()
+    forward = re.findall(r'<title>[^<]*forward F[^<]*</title></rect><text ([^>]*)>(\d+)</text>', html)
+    assert len(forward) == 16
+    assert {int(text) for attrs, text in forward if "hidden" not in attrs} == set(range(16))
+
+    import matplotlib.axes
+
+    drawn = []
+    real_text = matplotlib.axes.Axes.text
+    monkeypatch.setattr(matplotlib.axes.Axes, "text",
+                        lambda ax, x, y, t, **kw: drawn.append((x, t)) or real_text(ax, x, y, t, **kw))
+    write_image(s, tmp_path / "g.png")
+    assert {int(t) for x, t in drawn if t.isdigit() and x < 16 * f} == set(range(16))
+
+
+def test_html_zooms_and_pans_without_network(tmp_path):
+    html = write_gantt(small_schedule(), tmp_path / "g.html").read_text()
+    assert "addEventListener('wheel'" in html and "pointermove" in html and "dblclick" in html
+    assert 'id="zoom-in"' in html and 'id="zoom-reset"' in html and 'clip-path="url(#plot-area)"' in html
+    assert not re.search(r"<script[^>]*\ssrc=", html) and not re.search(r"https?://", html)
+    # every bar says where it lies in time, which the zoom redraws from
+    assert html.count('data-t0="') == html.count('class="bar"')
+
+
+NODE = shutil.which("node")
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not installed")
+def test_the_page_script_parses_and_follows_the_python_rules(tmp_path):
+    from opsched.export.gantt_bars import label_font
+    from opsched.export.gantt_html import CHART_MATH_JS, LABEL_FONTS_PX, _SCRIPT, nice_ticks
+
+    script = tmp_path / "page.js"
+    script.write_text(CHART_MATH_JS + _SCRIPT)
+    assert subprocess.run([NODE, "--check", str(script)], capture_output=True).returncode == 0
+    ends = [69, 0.7379, 737.9, 3.0, 12345.0, 1e-3]
+    widths = [5.0, 11.0, 11.6, 13.7, 20.0, 40.0]
+    probe = tmp_path / "probe.js"
+    probe.write_text(CHART_MATH_JS + "console.log(JSON.stringify({ticks: %s.map(function (e) { return niceTicks(0, e, 10).ticks; }),"
+                     " fonts: %s.map(function (w) { return [1, 2, 3].map(function (c) { return labelFont(c, w, 24); }); })}));"
+                     % (json.dumps(ends), json.dumps(widths)))
+    got = json.loads(subprocess.run([NODE, str(probe)], capture_output=True, text=True, check=True).stdout)
+    for end, ticks in zip(ends, got["ticks"]):
+        assert ticks == pytest.approx(nice_ticks(end)), end
+    for w, fonts in zip(widths, got["fonts"]):
+        assert fonts == [label_font("9" * c, w, 24, LABEL_FONTS_PX) or 0 for c in (1, 2, 3)], w
