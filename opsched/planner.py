@@ -189,10 +189,10 @@ def plan_block_graph(
     all_layouts = layouts(cluster)
     target = target_blocks or max(24, 3 * max(lay.slots for lay in all_layouts))
     small, members = reduce_block_graph(bg, target)
-    log.info("upper: %s to try (%s; `opsched plan --help` explains the notation); the model's %d blocks "
-             "merged into %d for the placement MIP; %s",
-             plural(len(all_layouts), "layout"), ", ".join(map(str, all_layouts)), bg.number_of_nodes(),
-             small.number_of_nodes(), clock.left_text())
+    merged = (f"the model's {bg.number_of_nodes()} blocks merged into {small.number_of_nodes()}"
+              if small.number_of_nodes() < bg.number_of_nodes() else f"the model's {bg.number_of_nodes()} blocks")
+    log.info("upper: %s to try (%s; `opsched plan --help` explains the notation); %s for the placement MIP; %s",
+             plural(len(all_layouts), "layout"), ", ".join(map(str, all_layouts)), merged, clock.left_text())
     problems = {str(lay): upper_problem(small, lay, cluster, training, limit) for lay in all_layouts}
     solutions, candidates = _solve_layouts(problems, clock, solver)
     t_upper = time.perf_counter()

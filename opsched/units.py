@@ -22,6 +22,8 @@ its largest value) so its rows compare digit by digit.
 ('23.5 GiB', '4.77 MiB', '0 B')
 >>> plural(1, "stage"), plural(8, "stage"), plural(2, "sample", "samples")
 ('1 stage', '8 stages', '2 samples')
+>>> si_text(46.7e9), si_text(2.4e12, "FLOP")
+('46.7 G', '2.4 TFLOP')
 """
 
 from __future__ import annotations
@@ -148,6 +150,22 @@ def column_size_unit(values) -> Unit:
     'MiB'
     """
     return size_unit(max((abs(v) for v in values if v is not None), default=0.0))
+
+
+#: decimal prefixes of counts and FLOPs, largest first
+SI_PREFIXES = (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3))
+
+
+def si_text(x: float, unit: str = "") -> str:
+    """A count (parameters, FLOPs) with a decimal prefix and 3 significant digits, e.g. ``46.7 G``.
+
+    >>> si_text(999), si_text(1000, "FLOP"), si_text(0)
+    ('999', '1 kFLOP', '0')
+    """
+    for prefix, size in SI_PREFIXES:
+        if abs(float(f"{x / size:.3g}")) >= 1:
+            return f"{plain(x / size, 3)} {prefix}{unit}"
+    return f"{plain(x, 3)} {unit}".rstrip()
 
 
 def plural(count: int, noun: str, nouns: str | None = None) -> str:

@@ -297,6 +297,37 @@ def test_plan_json_summary_and_refused_baselines_with_reasons(tmp_path, capsys):
     report = (out / "report.md").read_text()
     assert "Baselines refused" in report
     assert f"- dualpipe: {summary['refused_baselines']['dualpipe']}" in report
+    # the expert loops' balanced routing is an assumption the plan rests on: said on stderr, in report.md and plan.json
+    routing = [w for w in summary["warnings"] if w.startswith("MoE routing")]
+    assert len(routing) == 1 and "balanced routing" in routing[0] and "capacity-factor" in routing[0]
+    assert doc["warnings"] == summary["warnings"]
+    assert "## Assumptions and warnings" in report and f"- {routing[0]}" in report
+    assert "assumes MoE routing" in captured.err
+
+
+def test_a_mask_is_a_warning_in_the_plan_and_never_called_moe_routing(tmp_path, capsys):
+    """LLaVA merges image features by a NonZero mask: plan says so in report.md and plan.json, not as routing."""
+    from conftest import real_export
+
+    out = tmp_path / "out"
+    code = main(["plan", str(real_export("llava_mask.legacy.onnx")), "--cluster", str(_cluster_file(tmp_path, 2)),
+                 "--microbatches", "2", "--time-limit", "3", "-o", str(out), "--quiet"])
+    captured = capsys.readouterr()
+    assert code == 0
+    _schedule, doc = read_plan(out / "plan.json")
+    assert schema_errors(doc) == []
+    report = (out / "report.md").read_text()
+    (mask,) = doc["warnings"]
+    assert mask.startswith("NonZero '/NonZero'") and "mask, not expert routing" in mask
+    assert f"- {mask}" in report and mask in captured.err  # on stderr even with --quiet
+    for text in (report, json.dumps(doc), captured.out, captured.err):
+        assert "moe routing" not in text.lower()
+
+
+def _cluster_file(tmp_path, devices: int) -> Path:
+    path = tmp_path / f"cluster{devices}.json"
+    path.write_text(json.dumps(dict(SPEC, devices=devices)))
+    return path
 
 
 def test_no_fit_hint_never_asks_for_more_memory_than_the_device_has():

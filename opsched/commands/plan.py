@@ -6,10 +6,11 @@ schedules the best few with the lower MIP, and compares the plan with every
 hand-written schedule on the best contiguous layer split of the same model
 at the same memory. Writes, into OUTDIR:
 
-  plan.json    the plan (validated before writing), with `baselines` and `candidates`
+  plan.json    the plan (validated before writing), with `baselines`, `candidates` and `warnings`
   trace.json   Perfetto / chrome://tracing timeline
   gantt.svg    Gantt picture;  gantt.html  the same, interactive
-  report.md    the plan against every baseline: step time, throughput, bubbles, memory, solve time
+  report.md    the plan against every baseline: step time, throughput, bubbles, memory, solve time;
+               what the import assumed about the model; how to read it all
 
 The cluster is a preset (--preset; `--devices N` alone uses h100-sxm) or a
 JSON/TOML file (--cluster). Memory per device defaults to the cluster's.
@@ -25,8 +26,10 @@ cluster, devices, microbatches, microbatch_size, source and layout (the chosen
 plan), stages, step_time (s), throughput (samples/s), bubble_ratio,
 peak_memory_bytes (per device), lower_bound (s) and gap of the lower MIP
 (null for a baseline), best_baseline (method, layout, step_time, speedup;
-null when none fits), refused_baselines (method -> reason) and files (the
-paths written). Progress stays on stderr.
+null when none fits), refused_baselines (method -> reason), warnings (what
+the import assumed about the model, e.g. balanced MoE routing, and any
+other import warning; also in report.md and plan.json) and files (the paths
+written). Progress stays on stderr.
 
 examples:
   opsched plan models/mixtral_8x7b.onnx --devices 16 -o out/
@@ -98,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     from opsched.coarsen import coarsen
     from opsched.errors import OpschedError
     from opsched.fileio import check_output_dir
-    from opsched.onnx_import import import_onnx
+    from opsched.onnx_import import import_onnx, routing_assumptions
     from opsched.planner import plan_block_graph
     from opsched.solver import require
     from opsched.units import bytes_text, plural
@@ -121,8 +124,17 @@ def run(args: argparse.Namespace) -> int:
                      strict_dims=True)
     used_dims = dict(og.graph.get("dims", {}))
     training = Training(microbatches=args.microbatches, microbatch_size=int(used_dims.get("batch", 1)))
-    log.info("import: %s: %s; symbolic dims %s", args.model, plural(og.number_of_nodes(), "operator"),
-             ", ".join(f"{k}={v}" for k, v in used_dims.items()) or "none")
+    dims_text = ", ".join(f"{k}={v}" for k, v in used_dims.items())
+    log.info("import: %s: %s; %s", args.model, plural(og.number_of_nodes(), "operator"),
+             f"symbolic dims {dims_text}" if dims_text else "no symbolic dims")
+    # what the import assumed (MoE routing) or could not know (masks, unknown ops) goes into report.md and
+    # plan.json too, not only onto stderr, so a reader of the plan sees what it rests on
+    assumed = routing_assumptions(og)
+    warnings = assumed + list(og.graph.get("warnings") or [])
+    for sentence in assumed:
+        log.warning("import: assumes %s", sentence)
+    for sentence in og.graph.get("warnings") or []:
+        log.warning("import: warning: %s", sentence)
     bg = coarsen(og)
     log.info("coarsen: the operators merged into %s (the units the planner places)",
              plural(bg.number_of_nodes(), "block"))
@@ -134,18 +146,18 @@ def run(args: argparse.Namespace) -> int:
                               deadline=deadline)
     log.info("validate: %s on %s", result.source, result.layout)
     samples = training.microbatches * training.microbatch_size
-    extra = plan_extra(args.model, cluster, training, result)
-    names = write_outputs(out, result, extra, report_text(args.model, cluster, training, limit, result))
+    extra = plan_extra(args.model, cluster, training, result, warnings)
+    names = write_outputs(out, result, extra, report_text(args.model, cluster, training, limit, result, warnings))
     log.info("export: %s in %s", ", ".join(names), out)
     if args.json:
-        print(json.dumps(summary_dict(args.model, cluster, training, result, out, names), indent=2))
+        print(json.dumps(summary_dict(args.model, cluster, training, result, out, names, warnings), indent=2))
     else:
-        print(summary_text(args.model, cluster, training, result, samples, out, names))
+        print(summary_text(args.model, cluster, training, result, samples, out, names, warnings))
     return 0
 
 
-def plan_extra(model: str, cluster, training, result) -> dict:
-    """The fields plan.json holds beyond the schedule contract."""
+def plan_extra(model: str, cluster, training, result, warnings: list[str] | None = None) -> dict:
+    """The fields plan.json holds beyond the schedule contract (``warnings``: the import's assumptions and warnings)."""
     samples = training.microbatches * training.microbatch_size
     return {
         "model": str(model),
@@ -166,6 +178,7 @@ def plan_extra(model: str, cluster, training, result) -> dict:
         "baselines": [b.to_dict(samples) for b in result.baselines],
         "refused_baselines": [{"method": k, "reason": v} for k, v in result.refused_baselines.items()],
         "candidates": [c.to_dict() for c in result.candidates],
+        "warnings": list(warnings or []),
         "metrics": dict(result.solver_metrics),
     }
 
@@ -338,7 +351,8 @@ def stages_table(result) -> list[str]:
     return lines
 
 
-def summary_text(model: str, cluster, training, result, samples: int, out: Path, names: list[str]) -> str:
+def summary_text(model: str, cluster, training, result, samples: int, out: Path, names: list[str],
+                 warnings: list[str] | None = None) -> str:
     """The one-screen summary printed at the end; its step time is the one the Gantt titles show."""
     from opsched.schedule import metrics
     from opsched.units import bytes_text, plain, plural, seconds_text
@@ -364,11 +378,15 @@ def summary_text(model: str, cluster, training, result, samples: int, out: Path,
         )
     if result.refused_baselines:
         lines.append(f"  refused     {', '.join(result.refused_baselines)} (reasons in report.md)")
+    if warnings:
+        lines.append(f"  assumes     {plural(len(warnings), 'assumption or warning', 'assumptions and warnings')} "
+                     "about the model (in report.md and plan.json)")
     lines.append(f"  files       {out}/{', '.join(names)}")
     return "\n".join(lines)
 
 
-def summary_dict(model: str, cluster, training, result, out: Path, names: list[str]) -> dict:
+def summary_dict(model: str, cluster, training, result, out: Path, names: list[str],
+                 warnings: list[str] | None = None) -> dict:
     """What ``--json`` prints: the summary's figures with plan.json's names and units (seconds, bytes)."""
     from opsched.schedule import metrics
 
@@ -397,5 +415,6 @@ def summary_dict(model: str, cluster, training, result, out: Path, names: list[s
             "speedup": best.step_time / result.step_time if result.step_time > 0 else None,
         },
         "refused_baselines": dict(result.refused_baselines),
+        "warnings": list(warnings or []),
         "files": [str(out / name) for name in names],
     }
