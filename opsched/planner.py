@@ -35,7 +35,7 @@ from opsched.isolate import SolverCrash, run_isolated
 from opsched.lower import minimum_memory_limit, solve
 from opsched.schedule import Order, Schedule, StageGraph, metrics, order_from_schedule, validate
 from opsched.solver import Status, require
-from opsched.units import bytes_text, plural, seconds_text
+from opsched.units import bytes_text, plain, plural, seconds_text
 from opsched.upper.layouts import describe_layout, layouts
 from opsched.upper.mip import (
     UpperProblem,
@@ -444,10 +444,10 @@ def _job_name(cand: Candidate) -> str:
 def _gap_words(gap: float) -> str:
     """A lower solve's gap as a progress line says it.
 
-    >>> _gap_words(0.0), _gap_words(0.0123)
-    ('proven optimal', 'within 1.2 % of the proven lower bound')
+    >>> _gap_words(0.0), _gap_words(0.0123), _gap_words(0.0000412)
+    ('proven optimal', 'within 1.2 % of the proven lower bound', 'within 0.0041 % of the proven lower bound')
     """
-    return "proven optimal" if gap <= 1e-6 else f"within {100 * gap:.1f} % of the proven lower bound"
+    return "proven optimal" if gap <= 1e-6 else f"within {plain(100 * gap, 2)} % of the proven lower bound"
 
 
 def lower_schedule(

@@ -379,8 +379,8 @@ def summary_text(model: str, cluster, training, result, samples: int, out: Path,
     if result.refused_baselines:
         lines.append(f"  refused     {', '.join(result.refused_baselines)} (reasons in report.md)")
     if warnings:
-        lines.append(f"  assumes     {plural(len(warnings), 'assumption or warning', 'assumptions and warnings')} "
-                     "about the model (in report.md and plan.json)")
+        lines.append(f"  import      {plural(len(warnings), 'note')} on what the plan assumes about the model "
+                     "(in report.md and plan.json)")
     lines.append(f"  files       {out}/{', '.join(names)}")
     return "\n".join(lines)
 
