@@ -285,3 +285,103 @@ def test_the_page_script_parses_and_follows_the_python_rules(tmp_path):
         assert ticks == pytest.approx(nice_ticks(end)), end
     for w, fonts in zip(widths, got["fonts"]):
         assert fonts == [label_font("9" * c, w, 24, LABEL_FONTS_PX) or 0 for c in (1, 2, 3)], w
+
+
+# a few DOM stand-ins, just enough for the page script: it runs under node against the chart's own numbers
+FAKE_DOM_JS = """
+function El(attrs) {
+  this.attrs = attrs || {}; this.dataset = {}; this.handlers = {}; this.children = []; this.textContent = '';
+  var own = this;
+  this.classList = {set: {}, add: function (c) { own.classList.set[c] = 1; }, remove: function (c) { delete own.classList.set[c]; },
+                    toggle: function (c, on) { if (on) { own.classList.set[c] = 1; } else { delete own.classList.set[c]; } }};
+}
+El.prototype.setAttribute = function (k, v) { this.attrs[k] = String(v); };
+El.prototype.getAttribute = function (k) { return this.attrs[k]; };
+El.prototype.addEventListener = function (type, f) { this.handlers[type] = f; };
+El.prototype.appendChild = function (c) { this.children.push(c); this.firstChild = this.children[0]; };
+El.prototype.removeChild = function (c) { this.children.shift(); this.firstChild = this.children[0]; };
+El.prototype.fire = function (type, event) { this.handlers[type](Object.assign({preventDefault: function () {}}, event || {})); };
+var byId = {}, jobs = [], documentHandlers = {};
+var svg = byId.chart = new El();
+svg.namespaceURI = 'svg';
+svg.width = {baseVal: {value: CHART.left + CHART.width + 20}};
+svg.getBoundingClientRect = function () { return {left: 0, width: CHART.left + CHART.width + 20}; };
+svg.setPointerCapture = function () {};
+Object.assign(svg.dataset, {left: CHART.left, width: CHART.width, top: 20, bottom: 200, end: CHART.end, unitSize: CHART.unit});
+byId.ticks = new El();
+byId['zoom-window'] = new El(); byId['zoom-window'].dataset.unit = 'ms';
+['zoom-in', 'zoom-out', 'zoom-reset'].forEach(function (id) { byId[id] = new El(); });
+CHART.jobs.forEach(function (j) {
+  var g = new El({'data-mb': String(j.mb)}), rect = new El({height: String(j.h)}), text = new El();
+  Object.assign(g.dataset, {t0: j.t0, t1: j.t1, mb: j.mb});
+  text.textContent = String(j.mb);
+  g.querySelector = function (sel) { return sel === 'rect' ? rect : text; };
+  g.rect = rect; g.text = text; jobs.push(g);
+});
+svg.querySelectorAll = function () { return jobs; };
+var document = {
+  getElementById: function (id) { return byId[id]; },
+  querySelectorAll: function (sel) { return sel === '.job' ? jobs : jobs.filter(function (g) { return g.classList.set.dim; }); },
+  createElementNS: function () { return new El(); },
+  addEventListener: function (type, f) { documentHandlers[type] = f; }
+};
+function snapshot() {
+  return {bars: jobs.map(function (g) { return [+g.rect.attrs.x, +g.rect.attrs.width, g.text.attrs.visibility]; }),
+          ticks: byId.ticks.children.filter(function (c) { return c.textContent; }).map(function (c) { return c.textContent; }),
+          shown: byId['zoom-window'].textContent};
+}
+"""
+
+DRIVE_JS = """
+var seen = {};
+byId['zoom-reset'].fire('click'); seen.start = snapshot();
+byId['zoom-in'].fire('click'); byId['zoom-in'].fire('click'); seen.zoomed = snapshot();
+byId['zoom-reset'].fire('click');
+svg.fire('wheel', {deltaY: -500, deltaX: 0, clientX: CHART.left + CHART.width / 4}); seen.wheel = snapshot();
+svg.fire('pointerdown', {clientX: 600, pointerId: 1}); svg.fire('pointermove', {clientX: 500}); svg.fire('pointerup', {});
+seen.panned = snapshot();
+documentHandlers.keydown({key: '0', target: {tagName: 'BODY'}, preventDefault: function () {}}); seen.reset = snapshot();
+svg.fire('wheel', {deltaY: -1000, deltaX: 0, clientX: CHART.left}); seen.early = snapshot();
+console.log(JSON.stringify(seen));
+"""
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not installed")
+def test_the_page_zooms_pans_and_relabels(tmp_path):
+    """The page's script, run against stand-ins for the DOM: zoom, wheel, drag and reset move the bars and ticks."""
+    from opsched.export.gantt_html import CHART_MATH_JS, CHART_WIDTH, LEFT, _SCRIPT
+
+    f = 0.00786
+    sg = chain_stage_graph(1, f=f, b=12 * f, w=f)  # F bars of 1200 px / 208 = 5.8 px: too narrow for a digit
+    order = {0: [Job(0, m, "F") for m in range(16)] + [Job(0, m, "B") for m in range(16)]}
+    s = Schedule(sg, 16, simulate(sg, order, 16))
+    bars = gantt_bars(s)
+    end = max(b.end for b in bars)
+    chart = {"left": LEFT, "width": CHART_WIDTH, "end": end, "unit": 1e-3,
+             "jobs": [{"t0": b.start, "t1": b.end, "mb": b.events[0].microbatch, "h": 24} for b in bars]}
+    probe = tmp_path / "drive.js"
+    probe.write_text(f"var CHART = {json.dumps(chart)};\n" + FAKE_DOM_JS + CHART_MATH_JS + _SCRIPT + DRIVE_JS)
+    seen = json.loads(subprocess.run([NODE, str(probe)], capture_output=True, text=True, check=True).stdout)
+    scale = CHART_WIDTH / end
+    first = seen["start"]["bars"][0]
+    assert first[0] == pytest.approx(LEFT, abs=0.01) and first[1] == pytest.approx(f * scale, abs=0.01)
+    assert seen["start"]["shown"] == "the whole step" and 6 <= len(seen["start"]["ticks"]) <= 11
+    # zoomed 4x about the centre: every bar 4x as wide, the ticks finer, the window named in ms
+    assert seen["zoomed"]["bars"][0][1] == pytest.approx(4 * f * scale, abs=0.02)
+    assert seen["zoomed"]["ticks"] != seen["start"]["ticks"] and seen["zoomed"]["shown"].startswith("showing ")
+    assert seen["zoomed"]["shown"].endswith(" ms")
+    # labels too wide for a bar are hidden, and shown once zooming makes room
+    assert seen["start"]["bars"][0][2] == "hidden" and seen["start"]["bars"][20][2] == "visible"  # an F bar, a B bar
+    early = seen["early"]["bars"][:16]  # the F bars, zoomed about 7x at the start of the step
+    assert all(b[2] == "visible" and b[1] > 5 * f * CHART_WIDTH / end for b in early)
+    # the wheel zooms about the pointer: the time under it stays where it was
+    pointer_t = end / 4
+    wheel = seen["wheel"]["bars"]
+    under = next(i for i, b in enumerate(bars) if b.start <= pointer_t <= b.end)
+    x_before = LEFT + bars[under].start * scale
+    assert wheel[under][1] > 2 * (bars[under].end - bars[under].start) * scale  # zoomed in
+    assert (LEFT + CHART_WIDTH / 4 - wheel[under][0]) / wheel[under][1] == pytest.approx(
+        (LEFT + CHART_WIDTH / 4 - x_before) / ((bars[under].end - bars[under].start) * scale), rel=1e-3)  # x to 0.01 px
+    # a drag 100 px to the left moves every bar 100 px left
+    assert [b[0] for b in seen["panned"]["bars"]] == pytest.approx([b[0] - 100 for b in wheel], abs=0.02)
+    assert seen["reset"] == seen["start"]
