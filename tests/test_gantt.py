@@ -233,10 +233,11 @@ def test_cli_gantt_titles_a_plans_step_time(tmp_path, capsys):
     assert "step time 400 ms, makespan 377.3 ms" in out.read_text()
 
 
-def test_two_digit_microbatches_are_labelled_on_narrow_bars(tmp_path, monkeypatch):
-    # the quick start's chart lost 10-15: an F bar of 7.86 ms in a 0.75 s chart is about 13 px wide
+@pytest.mark.parametrize("b_over_f", [5.0, 5.5])
+def test_two_digit_microbatches_are_labelled_on_narrow_bars(b_over_f, tmp_path, monkeypatch):
+    # the quick start's chart lost 10-15: its bars are 7.1-7.9 ms in a 0.74 s chart, 11.5-13 px of the page's 1200
     f = 0.00786
-    sg = chain_stage_graph(1, f=f, b=5 * f, w=f)  # 16 x (F + 5F) = 96 F-widths in the chart
+    sg = chain_stage_graph(1, f=f, b=b_over_f * f, w=f)  # 16 x (F + B): 96 or 104 F-widths in the chart
     order = {0: [Job(0, m, "F") for m in range(16)] + [Job(0, m, "B") for m in range(16)]}
     s = Schedule(sg, 16, simulate(sg, order, 16), name="narrow")
     html = write_gantt(s, tmp_path / "g.html").read_text()

@@ -43,8 +43,8 @@ from opsched.units import Unit, bytes_text, column_size_unit, plain
 CHART_WIDTH = 1200  # pixels of the time axis
 ROW = 30
 LEFT, TOP = 80, 20
-#: label font sizes in pixels, largest first (the second fits two-digit microbatches on narrow bars)
-LABEL_FONTS_PX = (10.0, 8.0)
+#: label font sizes in pixels, largest first (the smaller ones fit two-digit microbatches on narrow bars)
+LABEL_FONTS_PX = (10.0, 8.0, 7.0)
 #: ticks the axis aims at, at any zoom
 TICKS = 10
 
