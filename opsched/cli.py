@@ -1,7 +1,9 @@
 """The ``opsched`` command.
 
 Each subcommand lives in ``opsched/commands/<name>.py`` and exposes two
-functions: ``add_arguments(parser)`` and ``run(args) -> int``. Modules are
+functions: ``add_arguments(parser)`` and ``run(args) -> int``; its docstring
+is the ``--help`` description and an optional ``EPILOG`` string follows the
+options. Modules are
 imported only when their subcommand runs, so ``opsched --help`` stays fast and
 a missing optional dependency only affects the command that needs it.
 
@@ -82,6 +84,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             name,
             help=help_text,
             description=(module.__doc__ or help_text).strip(),
+            epilog=getattr(module, "EPILOG", None),  # a command's longer reference, after its options
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         module.add_arguments(p)

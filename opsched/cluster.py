@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from opsched.errors import OpschedError
+from opsched.units import plain
 
 #: preset used when only ``--devices N`` is given
 DEFAULT_PRESET = "h100-sxm"
@@ -379,17 +380,19 @@ def memory_hint(smallest: float, cluster: Cluster) -> str:
     >>> memory_hint(60 * 2**30, preset("h100-sxm", 8))
     'pass --memory-limit 60GiB'
     >>> memory_hint(74.3 * 2**30, preset("h100-sxm", 8))
-    'leave out --memory-limit: the 80 GB of an h100-sxm device is enough'
+    'leave out --memory-limit: the 80 GB of one h100-sxm device is enough'
     >>> memory_hint(94 * 2**30, preset("h100-sxm", 8))
-    'more than the 80 GB of an h100-sxm device: use more devices (e.g. --devices 16) or --preset h200 (141 GB per device)'
+    'more than the 80 GB of one h100-sxm device: use more devices (e.g. --devices 16) or --preset h200 (141 GB per device)'
     """
     own = cluster.memory_bytes
+    # a device's own memory in decimal GB, as its vendor names it (an H100 is "80 GB"); never in exponent notation
+    gb = lambda x: plain(x / 1e9, 3)  # noqa: E731
     if smallest <= own:
         rounded = math.ceil(smallest / 2**30)
         if rounded * 2**30 <= own:
             return f"pass --memory-limit {rounded}GiB"
-        return f"leave out --memory-limit: the {own / 1e9:.3g} GB of an {cluster.name} device is enough"
+        return f"leave out --memory-limit: the {gb(own)} GB of one {cluster.name} device is enough"
     larger = sorted((spec["memory_bytes"], name) for name, spec in PRESETS.items() if spec["memory_bytes"] >= smallest)
-    preset_text = f" or --preset {larger[0][1]} ({larger[0][0] / 1e9:.3g} GB per device)" if larger else ""
-    return (f"more than the {own / 1e9:.3g} GB of an {cluster.name} device: use more devices "
+    preset_text = f" or --preset {larger[0][1]} ({gb(larger[0][0])} GB per device)" if larger else ""
+    return (f"more than the {gb(own)} GB of one {cluster.name} device: use more devices "
             f"(e.g. --devices {2 * cluster.devices}){preset_text}")

@@ -19,9 +19,10 @@ from opsched.baselines import NAMES, run_baseline
 from opsched.baselines import method as baseline_module
 from opsched.baselines.placement import onto_groups
 from opsched.cluster import Cluster, Training
-from opsched.errors import Unsupported
+from opsched.errors import OverMemory, Unsupported
 from opsched.schedule import Edge, Schedule, Stage, StageGraph, metrics
 from opsched.upper.layouts import Layout, layouts
+from opsched.units import bytes_text, seconds_text
 from opsched.upper.mip import UpperProblem, contiguous_start, uniform_start, upper_problem
 
 log = logging.getLogger(__name__)
@@ -194,7 +195,8 @@ def contiguous_baselines(
         try:
             sched = run_baseline(method, chain.stage_graph, M, memory_limit=memory_limit)
         except Unsupported as exc:
-            reasons[method].setdefault(G, str(exc))
+            # a memory refusal counts in bytes here, so it is worded with their units
+            reasons[method].setdefault(G, exc.worded(bytes_text) if isinstance(exc, OverMemory) else str(exc))
             continue
         seconds = time.perf_counter() - t0
         m = metrics(sched)
@@ -215,7 +217,8 @@ def contiguous_baselines(
             best[method] = cand
     rows = sorted(best.values(), key=lambda b: (b.step_time, b.method))
     for b in rows:
-        log.info("baseline: %s on %s: step %.4g s, bubbles %.3f", b.method, b.layout, b.step_time, b.bubble_ratio)
+        log.info("baseline: %s on %s: step time %s, bubble ratio %.3f",
+                 b.method, b.layout, seconds_text(b.step_time), b.bubble_ratio)
     refused = {name: refusal_reason(reasons[name], cluster.devices) for name in NAMES if name not in best}
     for name, reason in refused.items():
         log.info("baseline: %s refused: %s", name, reason)

@@ -18,6 +18,29 @@ class Unsupported(OpschedError):
     """A method's preconditions do not hold for this input (e.g. DualPipe with odd PP)."""
 
 
+class OverMemory(Unsupported):
+    """A method's schedule needs more memory per device than the limit.
+
+    ``peak`` and ``limit`` are in the caller's units (bytes in a plan, the
+    units of A in a synthetic ``compare``), so the message is worded by the
+    one who knows them (:meth:`worded`); ``str()`` writes plain numbers.
+
+    >>> OverMemory("gpipe", 3.0, 2.0).worded(lambda x: f"{x:g} GiB")
+    'gpipe needs 3 GiB per device, over the memory limit 2 GiB'
+    """
+
+    def __init__(self, method: str, peak: float, limit: float):
+        super().__init__(method, peak, limit)  # every field in args, so it survives pickling from a child process
+        self.method, self.peak, self.limit = method, peak, limit
+
+    def worded(self, amount) -> str:
+        """The message with each memory figure written by ``amount`` (a float -> str function)."""
+        return f"{self.method} needs {amount(self.peak)} per device, over the memory limit {amount(self.limit)}"
+
+    def __str__(self) -> str:
+        return self.worded(lambda x: f"{x:g}")
+
+
 class Deadlock(OpschedError):
     """An order cannot run to the end: every device waits for another (a user's order is wrong;
     inside the planner, a candidate order is skipped)."""

@@ -25,8 +25,9 @@ What the importer does, in order:
    where ``num_experts`` (the routed axis) and ``tokens`` (the other elements)
    come from the input of the nearest upstream ``TopK`` (the router) and
    ``top_k`` is its ``K``. Shape inference then runs again so the expert
-   branches get static shapes. A ``NonZero`` with no router upstream is
-   assumed all-nonzero (a warning says so). Capacity-style routing
+   branches get static shapes. A ``NonZero`` with no router upstream is a
+   mask, not routing (LLaVA merges its image features into the text that
+   way): it is assumed all-nonzero, the most it can cost, and a warning says so. Capacity-style routing
    (``TopK`` over tokens) is static already and needs no assumption.
 5. **Costs** per node (forward, one microbatch; a multiply-add is 2 FLOPs):
 
@@ -104,8 +105,9 @@ dropped). Scopes are tuples of module names: ``("model", "layers.3", "mlp",
 Graph attributes of the result: ``name``, ``kind="OpGraph"``, ``dims`` (the
 resolved dims), ``warnings`` (list of str), ``exporter`` ("dynamo", "legacy"
 or "helper"), ``capacity_factor``, ``data_inputs``, ``tensor_bytes`` (tensor
-name -> bytes, for every tensor on an edge), ``moe_routing`` (NonZero node ->
-assumed count). Node attribute ``const`` is True for nodes computed from
+name -> bytes, for every tensor on an edge), ``moe_routing`` (NonZero node
+below a router -> its balanced-routing count), ``nonzero_masks`` (any other
+NonZero node -> its element count, assumed all nonzero). Node attribute ``const`` is True for nodes computed from
 constants and weights only (no data input reaches them).
 """
 
@@ -125,6 +127,7 @@ from onnx import TensorProto, numpy_helper
 from opsched.errors import OpschedError
 from opsched.graph import OpNode, add_op, new_op_graph
 from opsched.stacked_experts import find_families, router_sizes, split_families, stacked_weights
+from opsched.units import plural
 
 DEFAULT_DIMS_KEY = "opsched.default_dims"
 DATA_INPUTS_KEY = "opsched.data_inputs"
@@ -481,8 +484,14 @@ def _attr(node, name, default=None):
 # --------------------------------------------------------------------------- MoE routing
 
 
-def _pin_nonzero(model, shapes, capacity_factor, warnings, routing) -> bool:
-    """Give each NonZero with an unknown count a static output shape (balanced routing). True if any changed."""
+def _pin_nonzero(model, shapes, capacity_factor, warnings, routing, masks) -> bool:
+    """Give each NonZero with an unknown count a static output shape. True if any changed.
+
+    One below a router TopK is expert routing, sized by balanced routing and
+    recorded in ``routing``; any other (a mask, such as LLaVA's image-token
+    merge) is taken as all nonzero, recorded in ``masks`` with a warning, and
+    never called routing.
+    """
     g = model.graph
     producer = {o: n for n in g.node for o in n.output if o}
     small = None
@@ -498,12 +507,19 @@ def _pin_nonzero(model, shapes, capacity_factor, warnings, routing) -> bool:
             continue  # its input is not known yet: a later pass
         if small is None:
             small = _small_int_values(model)
+        key = n.name or n.output[0]
         count = _routed_count(n, producer, shapes, small, capacity_factor)
         if count is None:
             count = max(1, _numel(in_shape))
-            warnings.append(f"NonZero '{n.name}': no router TopK upstream; assumed all {count} elements nonzero")
-        count = min(max(1, count), max(1, _numel(in_shape)))
-        routing[n.name or n.output[0]] = count
+            masks[key] = count
+            warnings.append(
+                f"NonZero '{key}' has a data-dependent count and no MoE router (TopK) above it, so it is a mask, "
+                f"not expert routing (e.g. LLaVA's merge of image features into the text); assumed all {count:,} "
+                "elements nonzero, the most it can cost"
+            )
+        else:
+            count = min(max(1, count), max(1, _numel(in_shape)))
+            routing[key] = count
         pins[n.output[0]] = [len(in_shape), count]
     if not pins:
         return False
@@ -795,18 +811,56 @@ def import_onnx(path, dims: dict[str, int] | None = None, capacity_factor: float
     _substitute_dims(model, resolved)
     model = _infer(model)
     routing: dict[str, int] = {}
+    masks: dict[str, int] = {}
     shapes = _shape_table(model)
     for _ in range(8):  # NonZero pins may unlock further NonZeros downstream
-        if not _pin_nonzero(model, shapes, capacity_factor, warnings, routing):
+        if not _pin_nonzero(model, shapes, capacity_factor, warnings, routing, masks):
             break
         model = _infer(model)
         shapes = _shape_table(model)
     meta = _metadata(model)
     data_meta = [s.strip() for s in meta[DATA_INPUTS_KEY].split(",") if s.strip()] if DATA_INPUTS_KEY in meta else None
     weight_inputs = _weight_inputs(model, shapes, data_meta)
-    g = _build_graph(model, path, order, shapes, resolved, weight_inputs, warnings, capacity_factor, routing)
+    g = _build_graph(model, path, order, shapes, resolved, weight_inputs, warnings, capacity_factor, routing, masks)
     _split_stacked_experts(g, model, order, shapes, weight_inputs, capacity_factor)
     return g
+
+
+def routing_assumptions(g: nx.DiGraph) -> list[str]:
+    """The MoE routing the import assumed, a sentence each (none for a model without data-dependent routing).
+
+    ``inspect`` prints these and ``plan`` carries them into report.md and
+    plan.json's ``warnings``, next to the import's own ``warnings``
+    (:func:`import_warnings`). A NonZero that is not below a router is never
+    counted here: it is a mask, and its warning says so.
+
+    >>> from opsched.graph import new_op_graph
+    >>> routing_assumptions(new_op_graph(moe_routing={"a": 3, "b": 3}, capacity_factor=1.25))
+    ['MoE routing: 2 data-dependent expert selections (NonZero below a router TopK) sized by balanced routing: each expert gets ceil(1.25 x tokens x top_k / experts) tokens (--capacity-factor 1.25); uneven real routing makes the busiest expert slower than planned']
+    """
+    cf = g.graph.get("capacity_factor", 1.0)
+    out = []
+    routed = g.graph.get("moe_routing") or {}
+    if routed:
+        out.append(
+            f"MoE routing: {plural(len(routed), 'data-dependent expert selection')} (NonZero below a router TopK) "
+            f"sized by balanced routing: each expert gets ceil({cf:g} x tokens x top_k / experts) tokens "
+            f"(--capacity-factor {cf:g}); uneven real routing makes the busiest expert slower than planned"
+        )
+    stacked = g.graph.get("stacked_experts") or {}
+    if stacked:
+        counts = "/".join(str(c) for c in sorted({f["experts"] for f in stacked.values()}))
+        out.append(
+            f"MoE routing: {plural(len(stacked), 'layer')} of stacked [experts, ...] weights split into {counts} "
+            f"experts each, each expert's rows by balanced routing (--capacity-factor {cf:g}); uneven real routing "
+            "makes the busiest expert slower than planned"
+        )
+    return out
+
+
+def import_warnings(g: nx.DiGraph) -> list[str]:
+    """Every assumption and warning of the import, a sentence each: the MoE routing assumed, then the warnings."""
+    return routing_assumptions(g) + list(g.graph.get("warnings") or [])
 
 
 def _split_stacked_experts(g, model, order, shapes, weight_inputs, capacity_factor) -> None:
@@ -862,7 +916,7 @@ _COSTED_OPS = (ELEMENTWISE_OPS | frozenset(PER_ELEMENT) | REDUCE_OPS | REDUCE2_O
                   "ConvInteger"})
 
 
-def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capacity_factor, routing):
+def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capacity_factor, routing, masks):
     """One OpNode per ONNX node, in topological ``order``, and one edge per tensor read from another node."""
     g_onnx = model.graph
     init_names = {t.name for t in g_onnx.initializer}
@@ -871,7 +925,7 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
     name = g_onnx.name or os.path.splitext(os.path.basename(path))[0]
     g = new_op_graph(name, dims=dict(dims), warnings=warnings, exporter=_exporter(model),
                      capacity_factor=capacity_factor, data_inputs=data_inputs, source=os.path.basename(path),
-                     moe_routing=routing)
+                     moe_routing=routing, nonzero_masks=masks)
     keys = _node_keys(g_onnx.node)
     weights = _ParamCounter(g_onnx, weight_inputs, shapes)
     bytes_of = _BytesOf(shapes)

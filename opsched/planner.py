@@ -35,7 +35,8 @@ from opsched.isolate import SolverCrash, run_isolated
 from opsched.lower import minimum_memory_limit, solve
 from opsched.schedule import Order, Schedule, StageGraph, metrics, order_from_schedule, validate
 from opsched.solver import Status, require
-from opsched.upper.layouts import layouts
+from opsched.units import bytes_text, plain, plural, seconds_text
+from opsched.upper.layouts import describe_layout, layouts
 from opsched.upper.mip import (
     UpperProblem,
     UpperSolution,
@@ -188,8 +189,10 @@ def plan_block_graph(
     all_layouts = layouts(cluster)
     target = target_blocks or max(24, 3 * max(lay.slots for lay in all_layouts))
     small, members = reduce_block_graph(bg, target)
-    log.info("upper: %d blocks reduced to %d for the MIP; %d layouts",
-             bg.number_of_nodes(), small.number_of_nodes(), len(all_layouts))
+    merged = (f"the model's {bg.number_of_nodes()} blocks merged into {small.number_of_nodes()}"
+              if small.number_of_nodes() < bg.number_of_nodes() else f"the model's {bg.number_of_nodes()} blocks")
+    log.info("upper: %s to try (%s; `opsched plan --help` explains the notation); %s for the placement MIP; %s",
+             plural(len(all_layouts), "layout"), ", ".join(map(str, all_layouts)), merged, clock.left_text())
     problems = {str(lay): upper_problem(small, lay, cluster, training, limit) for lay in all_layouts}
     solutions, candidates = _solve_layouts(problems, clock, solver)
     t_upper = time.perf_counter()
@@ -198,8 +201,8 @@ def plan_block_graph(
     if not solutions and not baselines:
         smallest = _smallest_memory(problems, solver)
         raise OpschedError(
-            f"no layout fits in {limit / 2**30:.1f} GiB per device; the smallest memory that works is about "
-            f"{smallest / 2**30:.1f} GiB ({memory_hint(smallest, cluster)})"
+            f"no layout fits in {bytes_text(limit)} per device; the smallest memory that works is about "
+            f"{bytes_text(smallest)} ({memory_hint(smallest, cluster)})"
         )
     jobs, unscheduled = _lower_jobs(solutions, problems, best_split)
     _schedule_jobs(jobs, training.microbatches, limit, clock, solver, keep)
@@ -207,8 +210,8 @@ def plan_block_graph(
     if not options:
         smallest = min((minimum_memory_limit(j.stage_graph, training.microbatches) for j in jobs), default=math.inf)
         raise OpschedError(
-            f"no candidate could be scheduled within {limit / 2**30:.1f} GiB per device; the smallest memory that works "
-            f"is about {smallest / 2**30:.1f} GiB ({memory_hint(smallest, cluster)})"
+            f"no candidate could be scheduled within {bytes_text(limit)} per device; the smallest memory that works "
+            f"is about {bytes_text(smallest)} ({memory_hint(smallest, cluster)})"
         )
     best = min(options, key=lambda o: o.step_time)
     validate(best.schedule)
@@ -245,6 +248,10 @@ class Clock:
     def left(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
 
+    def left_text(self) -> str:
+        """How much of the time limit is left, as the progress lines end."""
+        return f"{self.left():.0f} s of the time limit left"
+
     def share(self, fraction: float) -> float:
         """The deadline of a step that may use ``fraction`` of the time left."""
         return time.monotonic() + fraction * self.left()
@@ -276,16 +283,68 @@ def _solve_layouts(problems: dict[str, UpperProblem], clock: Clock, solver: str)
             found = run_isolated(_upper_for_layout, p, part, solver, timeout=clock.timeout(part))
         except SolverCrash as exc:
             candidates.append(Candidate("upper", name, f"upper failed: {exc}"))
-            log.info("upper: layout %s: %s (%.0f s left)", name, exc, clock.left())
+            log.info("upper: layout %s (%s): %s; %s", name, describe_layout(name), exc, clock.left_text())
             continue
         if found is None:
             candidates.append(Candidate("upper", name, "no fit"))
+            log.info("upper: layout %s (%s): no placement fits in the memory limit; %s",
+                     name, describe_layout(name), clock.left_text())
             continue
         start_estimate, sol = found
-        log.info("upper: layout %s: estimate %.4g s -> %.4g s (%s, %.1f s; %.0f s left)",
-                 name, start_estimate, sol.objective, sol.status_text, sol.solve_seconds, clock.left())
+        log.info("upper: layout %s (%s): %s; %s", name, describe_layout(name), upper_outcome(start_estimate, sol),
+                 clock.left_text())
         solutions.append(sol)
     return solutions, candidates
+
+
+#: layouts of more than this many stages get the placement MIP's window search, blocks moving this many stages a round
+WINDOW_ABOVE_SLOTS = 4
+UPPER_WINDOW = 2
+
+#: what the words of the progress lines and of report.md's candidates table mean (`plan --help` and report.md show it)
+GLOSSARY = f"""\
+Words of the progress lines and the report:
+  estimate / estimated step time  the placement MIP's step time from the cost model, before
+                        the microbatches are scheduled (the lower level's schedule decides)
+  contiguous start      the best contiguous split of the layout, where the placement MIP starts
+  window search         on layouts of more than {WINDOW_ABOVE_SLOTS} stages the placement MIP moves blocks at most
+                        {UPPER_WINDOW} stages from where they are, round after round (a neighbourhood search):
+                        as good as its start or better, not proven the best over all placements
+  optimal, feasible     the MIP proved its result the best, or its work budget ran out first
+  time limit reached    the step's share of --time-limit ran out first; a faster or less loaded
+                        machine may find a better result
+  estimated only        not scheduled: its estimate is over {round(100 * (LOWER_WITHIN - 1))} % above the best layout's,
+                        or {LOWER_AT_MOST} layouts with better estimates were scheduled
+  skipped, not scheduled  the time limit was spent before this step's turn
+  no fit                no placement on this layout fits in the memory limit
+  source                upper: the placement MIP's stages; contiguous: the best baseline's split,
+                        rescheduled by the lower MIP; baseline NAME: that schedule as it is
+  makespan              one step's pipeline, from the first job's start to the last job's end
+  step time             makespan + the gradient all-reduce done once per step
+  bubble ratio          the share of device time left idle within the makespan
+  lower bound, gap      a proven floor under the makespan, and (makespan - bound) / makespan
+"""
+
+
+def upper_outcome(start_estimate: float, sol: UpperSolution) -> str:
+    """What one layout's placement MIP found, as a progress line says it.
+
+    >>> from opsched.upper.layouts import Layout
+    >>> sol = UpperSolution(Layout(8, 2), {}, {"step_time": 0.7796}, Status.TIME_LIMIT, 0.0, 1.04, windowed=True)
+    >>> upper_outcome(0.7796, sol)
+    'estimated step time 779.6 ms, the same as its contiguous start; window search (blocks moved at most 2 stages a round) in 1.04 s, not proven optimal: its share of the time limit ran out first'
+    >>> upper_outcome(0.9, UpperSolution(Layout(8, 2), {}, {"step_time": 0.8}, Status.OPTIMAL, 0.8, 0.2))
+    'estimated step time 800 ms, down from 900 ms for its contiguous start; MIP in 200 ms, proven optimal'
+    """
+    if sol.objective < start_estimate * (1 - 1e-6):
+        change = f"down from {seconds_text(start_estimate)} for its contiguous start"
+    else:
+        change = "the same as its contiguous start"
+    how = f"window search (blocks moved at most {UPPER_WINDOW} stages a round)" if sol.windowed else "MIP"
+    return (f"estimated step time {seconds_text(sol.objective)}, {change}; "
+            f"{how} in {seconds_text(sol.solve_seconds)}, {sol.status.meaning}")
+
+
 
 
 def _upper_for_layout(p: UpperProblem, time_limit: float, solver: str) -> tuple[float, UpperSolution] | None:
@@ -294,7 +353,7 @@ def _upper_for_layout(p: UpperProblem, time_limit: float, solver: str) -> tuple[
     start = contiguous_start(p, solver=solver)
     if start is None:
         return None
-    window = 2 if p.layout.slots > 4 else None
+    window = UPPER_WINDOW if p.layout.slots > WINDOW_ABOVE_SLOTS else None
     left = max(0.05, time_limit - (time.monotonic() - began))  # the start's own solve counts against the limit
     return estimate(p, start)["step_time"], solve_upper(p, time_limit=left, solver=solver, start=start, window=window)
 
@@ -354,9 +413,12 @@ def _schedule_job(job: LowerJob, microbatches: int, limit: float, budget: float,
                                          warm or job.start, search,
                                          timeout=clock.timeout(budget))
     except (SolverCrash, MemoryTooSmall) as exc:
+        reason = str(exc)
+        if isinstance(exc, MemoryTooSmall):  # its own message counts in plain numbers; these are bytes
+            reason = f"every schedule of these stages needs at least {bytes_text(exc.minimum)} per device"
         if job.schedule is None:
-            cand.status = f"lower failed: {exc}"
-        log.info("lower: %s %s: %s (%.0f s left)", cand.source, cand.layout, exc, clock.left())
+            cand.status = f"lower failed: {reason}"
+        log.info("lower: %s: %s; %s", _job_name(cand), reason, clock.left_text())
         return
     m = metrics(schedule)
     step = m.makespan + job.grad_sync
@@ -367,8 +429,25 @@ def _schedule_job(job: LowerJob, microbatches: int, limit: float, budget: float,
     cand.bubble_ratio, cand.peak_memory_bytes = m.bubble_ratio, max(m.peak_memory_bytes, default=0.0)
     cand.lower_bound, cand.gap = outcome.lower_bound, outcome.gap
     cand.solve_seconds = (cand.solve_seconds or 0.0) + outcome.solve_seconds
-    log.info("lower: %s %s: makespan %.4g s, step %.4g s, bubbles %.3f, gap %.3f (%.0f s left)",
-             cand.source, cand.layout, m.makespan, step, m.bubble_ratio, outcome.gap, clock.left())
+    log.info("lower: %s: step time %s (makespan %s + gradient sync %s), bubble ratio %.3f, %s; %s",
+             _job_name(cand), seconds_text(step), seconds_text(m.makespan), seconds_text(job.grad_sync),
+             m.bubble_ratio, _gap_words(outcome.gap), clock.left_text())
+
+
+def _job_name(cand: Candidate) -> str:
+    """Which candidate a lower progress line is about."""
+    if cand.source == "contiguous":
+        return f"the best baseline's split {cand.layout}"
+    return f"layout {cand.layout} as the placement MIP placed it"
+
+
+def _gap_words(gap: float) -> str:
+    """A lower solve's gap as a progress line says it.
+
+    >>> _gap_words(0.0), _gap_words(0.0123), _gap_words(0.0000412)
+    ('proven optimal', 'within 1.2 % of the proven lower bound', 'within 0.0041 % of the proven lower bound')
+    """
+    return "proven optimal" if gap <= 1e-6 else f"within {plain(100 * gap, 2)} % of the proven lower bound"
 
 
 def lower_schedule(

@@ -52,6 +52,15 @@ class Status(str, enum.Enum):
     def __str__(self) -> str:
         return self.value
 
+    @property
+    def meaning(self) -> str:
+        """What the status tells a reader of a progress line, in a few words.
+
+        >>> Status.TIME_LIMIT.meaning
+        'not proven optimal: its share of the time limit ran out first'
+        """
+        return _MEANINGS[self]
+
     @classmethod
     def of_mip(cls, status: mip.OptimizationStatus) -> "Status":
         """The status of a python-mip ``optimize`` result (the clock is judged by the caller).
@@ -69,6 +78,16 @@ class Status(str, enum.Enum):
             S.INFEASIBLE: cls.INFEASIBLE,
             S.INT_INFEASIBLE: cls.INFEASIBLE,
         }.get(status, cls.ERROR)
+
+
+_MEANINGS = {
+    Status.OPTIMAL: "proven optimal",
+    Status.FEASIBLE: "not proven optimal: its work budget ran out first",
+    Status.TIME_LIMIT: "not proven optimal: its share of the time limit ran out first",
+    Status.NO_SOLUTION: "nothing found within the work budget",
+    Status.INFEASIBLE: "no solution exists",
+    Status.ERROR: "the solver reported an error",
+}
 
 
 class Objective(str, enum.Enum):

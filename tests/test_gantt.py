@@ -1,6 +1,9 @@
 """Gantt outputs: trace JSON fields, SVG well-formed XML, HTML self-contained, PNG size; the CLI."""
 
 import json
+import re
+import shutil
+import subprocess
 import struct
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
@@ -120,7 +123,8 @@ def test_html_is_self_contained_and_well_formed(tmp_path):
     assert parser.stack == []
     assert "http://" not in text and "https://" not in text
     tags = [t for t, _ in parser.tags]
-    assert "svg" in tags and tags.count("rect") == len(gantt_bars(s)) + 1  # + the pair's second half
+    bars = [a for t, a in parser.tags if t == "rect" and a.get("class") == "bar"]
+    assert "svg" in tags and len(bars) == len(gantt_bars(s)) + 1  # + the pair's second half
     assert not any(t in ("link", "img", "iframe") for t in tags)
     assert not any(t == "script" and "src" in a for t, a in parser.tags)
     assert any("stage 2 (head), microbatch 1, forward F" in t for t in parser.titles)
@@ -195,3 +199,190 @@ def test_empty_schedule_and_odd_titles_draw(tmp_path, suffix):
         ET.parse(out)
     if suffix == "html":
         assert "cost $5 and $6 &lt;b&gt;" in out.read_text()
+
+
+# --------------------------------------------------------------------------- units, labels and zoom (issue 15 item 3)
+
+
+def sixteen_microbatches(job_seconds: float = 0.00786):
+    """One stage on one device, 16 microbatches of F then B: bars about as narrow as the quick start's."""
+    sg = chain_stage_graph(1, f=job_seconds, b=2 * job_seconds, w=job_seconds)
+    order = {0: [Job(0, m, "F") for m in range(16)] + [Job(0, m, "B") for m in range(16)]}
+    return Schedule(sg, 16, simulate(sg, order, 16), name="sixteen")
+
+
+def test_every_format_says_its_time_unit_and_both_figures_of_the_title(tmp_path):
+    s = sixteen_microbatches()
+    html = write_gantt(s, tmp_path / "g.html", step_time=0.3929).read_text()
+    assert "step time 392.9 ms, makespan 377.3 ms" in html  # 16 x (7.86 + 15.72) ms
+    assert ">time (ms)</text>" in html
+    assert "microbatch 15, forward F: 117.9 ms to 125.8 ms (7.86 ms)" in html
+    trace = json.loads(write_gantt(s, tmp_path / "t.json", step_time=0.3929).read_text())
+    assert "step time 392.9 ms" in trace["traceEvents"][0]["args"]["name"]
+    svg = write_gantt(s, tmp_path / "g.svg", step_time=0.3929).read_text()
+    assert "step time 392.9 ms" in svg and "time (ms)" in svg
+    shown = re.sub(r"<script.*?</script>", "", html, flags=re.S)  # the data and code, not what a reader sees
+    assert not re.search(r"\de[+-]\d", shown + svg), "a number in exponent notation"
+
+
+def test_cli_gantt_titles_a_plans_step_time(tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    write_plan(plan, sixteen_microbatches(), extra={"step_time": 0.4})
+    out = tmp_path / "g.html"
+    assert main(["gantt", str(plan), "-o", str(out)]) == 0
+    assert "step time 400 ms, makespan 377.3 ms" in out.read_text()
+
+
+@pytest.mark.parametrize("b_over_f", [5.0, 5.5])
+def test_two_digit_microbatches_are_labelled_on_narrow_bars(b_over_f, tmp_path, monkeypatch):
+    # the quick start's chart lost 10-15: its bars are 7.1-7.9 ms in a 0.74 s chart, 11.5-13 px of the page's 1200
+    f = 0.00786
+    sg = chain_stage_graph(1, f=f, b=b_over_f * f, w=f)  # 16 x (F + B): 96 or 104 F-widths in the chart
+    order = {0: [Job(0, m, "F") for m in range(16)] + [Job(0, m, "B") for m in range(16)]}
+    s = Schedule(sg, 16, simulate(sg, order, 16), name="narrow")
+    html = write_gantt(s, tmp_path / "g.html").read_text()
+    forward = re.findall(r'<title>[^<]*forward F[^<]*</title></rect><text ([^>]*)>(\d+)</text>', html)
+    assert len(forward) == 16
+    assert {int(text) for attrs, text in forward if "hidden" not in attrs} == set(range(16))
+
+    import matplotlib.axes
+
+    drawn = []
+    real_text = matplotlib.axes.Axes.text
+    monkeypatch.setattr(matplotlib.axes.Axes, "text",
+                        lambda ax, x, y, t, **kw: drawn.append((x, t)) or real_text(ax, x, y, t, **kw))
+    write_image(s, tmp_path / "g.png")
+    assert {int(t) for x, t in drawn if t.isdigit() and x < 16 * f} == set(range(16))
+
+
+def test_html_zooms_and_pans_without_network(tmp_path):
+    html = write_gantt(small_schedule(), tmp_path / "g.html").read_text()
+    assert "addEventListener('wheel'" in html and "pointermove" in html and "dblclick" in html
+    assert 'id="zoom-in"' in html and 'id="zoom-reset"' in html and 'clip-path="url(#plot-area)"' in html
+    assert not re.search(r"<script[^>]*\ssrc=", html) and not re.search(r"https?://", html)
+    # every bar says where it lies in time, which the zoom redraws from
+    assert html.count('data-t0="') == html.count('class="bar"')
+
+
+NODE = shutil.which("node")
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not installed")
+def test_the_page_script_parses_and_follows_the_python_rules(tmp_path):
+    from opsched.export.gantt_bars import label_font
+    from opsched.export.gantt_html import CHART_MATH_JS, LABEL_FONTS_PX, _SCRIPT, nice_ticks
+
+    script = tmp_path / "page.js"
+    script.write_text(CHART_MATH_JS + _SCRIPT)
+    assert subprocess.run([NODE, "--check", str(script)], capture_output=True).returncode == 0
+    ends = [69, 0.7379, 737.9, 3.0, 12345.0, 1e-3]
+    widths = [5.0, 11.0, 11.6, 13.7, 20.0, 40.0]
+    probe = tmp_path / "probe.js"
+    probe.write_text(CHART_MATH_JS + "console.log(JSON.stringify({ticks: %s.map(function (e) { return niceTicks(0, e, 10).ticks; }),"
+                     " fonts: %s.map(function (w) { return [1, 2, 3].map(function (c) { return labelFont(c, w, 24); }); })}));"
+                     % (json.dumps(ends), json.dumps(widths)))
+    got = json.loads(subprocess.run([NODE, str(probe)], capture_output=True, text=True, check=True).stdout)
+    for end, ticks in zip(ends, got["ticks"]):
+        assert ticks == pytest.approx(nice_ticks(end)), end
+    for w, fonts in zip(widths, got["fonts"]):
+        assert fonts == [label_font("9" * c, w, 24, LABEL_FONTS_PX) or 0 for c in (1, 2, 3)], w
+
+
+# a few DOM stand-ins, just enough for the page script: it runs under node against the chart's own numbers
+FAKE_DOM_JS = """
+function El(attrs) {
+  this.attrs = attrs || {}; this.dataset = {}; this.handlers = {}; this.children = []; this.textContent = '';
+  var own = this;
+  this.classList = {set: {}, add: function (c) { own.classList.set[c] = 1; }, remove: function (c) { delete own.classList.set[c]; },
+                    toggle: function (c, on) { if (on) { own.classList.set[c] = 1; } else { delete own.classList.set[c]; } }};
+}
+El.prototype.setAttribute = function (k, v) { this.attrs[k] = String(v); };
+El.prototype.getAttribute = function (k) { return this.attrs[k]; };
+El.prototype.addEventListener = function (type, f) { this.handlers[type] = f; };
+El.prototype.appendChild = function (c) { this.children.push(c); this.firstChild = this.children[0]; };
+El.prototype.removeChild = function (c) { this.children.shift(); this.firstChild = this.children[0]; };
+El.prototype.fire = function (type, event) { this.handlers[type](Object.assign({preventDefault: function () {}}, event || {})); };
+var byId = {}, jobs = [], documentHandlers = {};
+var svg = byId.chart = new El();
+svg.namespaceURI = 'svg';
+svg.width = {baseVal: {value: CHART.left + CHART.width + 20}};
+svg.getBoundingClientRect = function () { return {left: 0, width: CHART.left + CHART.width + 20}; };
+svg.setPointerCapture = function () {};
+Object.assign(svg.dataset, {left: CHART.left, width: CHART.width, top: 20, bottom: 200, end: CHART.end, unitSize: CHART.unit});
+byId.ticks = new El();
+byId['zoom-window'] = new El(); byId['zoom-window'].dataset.unit = 'ms';
+['zoom-in', 'zoom-out', 'zoom-reset'].forEach(function (id) { byId[id] = new El(); });
+CHART.jobs.forEach(function (j) {
+  var g = new El({'data-mb': String(j.mb)}), rect = new El({height: String(j.h)}), text = new El();
+  Object.assign(g.dataset, {t0: j.t0, t1: j.t1, mb: j.mb});
+  text.textContent = String(j.mb);
+  g.querySelector = function (sel) { return sel === 'rect' ? rect : text; };
+  g.rect = rect; g.text = text; jobs.push(g);
+});
+svg.querySelectorAll = function () { return jobs; };
+var document = {
+  getElementById: function (id) { return byId[id]; },
+  querySelectorAll: function (sel) { return sel === '.job' ? jobs : jobs.filter(function (g) { return g.classList.set.dim; }); },
+  createElementNS: function () { return new El(); },
+  addEventListener: function (type, f) { documentHandlers[type] = f; }
+};
+function snapshot() {
+  return {bars: jobs.map(function (g) { return [+g.rect.attrs.x, +g.rect.attrs.width, g.text.attrs.visibility]; }),
+          ticks: byId.ticks.children.filter(function (c) { return c.textContent; }).map(function (c) { return c.textContent; }),
+          shown: byId['zoom-window'].textContent};
+}
+"""
+
+DRIVE_JS = """
+var seen = {};
+byId['zoom-reset'].fire('click'); seen.start = snapshot();
+byId['zoom-in'].fire('click'); byId['zoom-in'].fire('click'); seen.zoomed = snapshot();
+byId['zoom-reset'].fire('click');
+svg.fire('wheel', {deltaY: -500, deltaX: 0, clientX: CHART.left + CHART.width / 4}); seen.wheel = snapshot();
+svg.fire('pointerdown', {clientX: 600, pointerId: 1}); svg.fire('pointermove', {clientX: 500}); svg.fire('pointerup', {});
+seen.panned = snapshot();
+documentHandlers.keydown({key: '0', target: {tagName: 'BODY'}, preventDefault: function () {}}); seen.reset = snapshot();
+svg.fire('wheel', {deltaY: -1000, deltaX: 0, clientX: CHART.left}); seen.early = snapshot();
+console.log(JSON.stringify(seen));
+"""
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not installed")
+def test_the_page_zooms_pans_and_relabels(tmp_path):
+    """The page's script, run against stand-ins for the DOM: zoom, wheel, drag and reset move the bars and ticks."""
+    from opsched.export.gantt_html import CHART_MATH_JS, CHART_WIDTH, LEFT, _SCRIPT
+
+    f = 0.00786
+    sg = chain_stage_graph(1, f=f, b=12 * f, w=f)  # F bars of 1200 px / 208 = 5.8 px: too narrow for a digit
+    order = {0: [Job(0, m, "F") for m in range(16)] + [Job(0, m, "B") for m in range(16)]}
+    s = Schedule(sg, 16, simulate(sg, order, 16))
+    bars = gantt_bars(s)
+    end = max(b.end for b in bars)
+    chart = {"left": LEFT, "width": CHART_WIDTH, "end": end, "unit": 1e-3,
+             "jobs": [{"t0": b.start, "t1": b.end, "mb": b.events[0].microbatch, "h": 24} for b in bars]}
+    probe = tmp_path / "drive.js"
+    probe.write_text(f"var CHART = {json.dumps(chart)};\n" + FAKE_DOM_JS + CHART_MATH_JS + _SCRIPT + DRIVE_JS)
+    seen = json.loads(subprocess.run([NODE, str(probe)], capture_output=True, text=True, check=True).stdout)
+    scale = CHART_WIDTH / end
+    first = seen["start"]["bars"][0]
+    assert first[0] == pytest.approx(LEFT, abs=0.01) and first[1] == pytest.approx(f * scale, abs=0.01)
+    assert seen["start"]["shown"] == "the whole step" and 6 <= len(seen["start"]["ticks"]) <= 11
+    # zoomed 4x about the centre: every bar 4x as wide, the ticks finer, the window named in ms
+    assert seen["zoomed"]["bars"][0][1] == pytest.approx(4 * f * scale, abs=0.02)
+    assert seen["zoomed"]["ticks"] != seen["start"]["ticks"] and seen["zoomed"]["shown"].startswith("showing ")
+    assert seen["zoomed"]["shown"].endswith(" ms")
+    # labels too wide for a bar are hidden, and shown once zooming makes room
+    assert seen["start"]["bars"][0][2] == "hidden" and seen["start"]["bars"][20][2] == "visible"  # an F bar, a B bar
+    early = seen["early"]["bars"][:16]  # the F bars, zoomed about 7x at the start of the step
+    assert all(b[2] == "visible" and b[1] > 5 * f * CHART_WIDTH / end for b in early)
+    # the wheel zooms about the pointer: the time under it stays where it was
+    pointer_t = end / 4
+    wheel = seen["wheel"]["bars"]
+    under = next(i for i, b in enumerate(bars) if b.start <= pointer_t <= b.end)
+    x_before = LEFT + bars[under].start * scale
+    assert wheel[under][1] > 2 * (bars[under].end - bars[under].start) * scale  # zoomed in
+    assert (LEFT + CHART_WIDTH / 4 - wheel[under][0]) / wheel[under][1] == pytest.approx(
+        (LEFT + CHART_WIDTH / 4 - x_before) / ((bars[under].end - bars[under].start) * scale), rel=1e-3)  # x to 0.01 px
+    # a drag 100 px to the left moves every bar 100 px left
+    assert [b[0] for b in seen["panned"]["bars"]] == pytest.approx([b[0] - 100 for b in wheel], abs=0.02)
+    assert seen["reset"] == seen["start"]

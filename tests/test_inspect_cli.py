@@ -124,9 +124,27 @@ def test_batched_experts_are_shown(capsys):
     assert code == 0 and err == ""
     assert "47,524" in out  # every expert's weights (see test_onnx_import)
     assert "at most 4 blocks in parallel" in out
-    assert "experts      2 layers of stacked [experts, ...] weights split into 4 experts each" in out
+    assert "assumes      MoE routing: 2 layers of stacked [experts, ...] weights split into 4 experts each" in out
     code, out, _ = run_cli(capsys, real_export("qwen2_moe_batched_experts.dynamo.onnx"), "--json",
                            "--capacity-factor", "1.25")
     s = json.loads(out)
     assert {f["experts"] for f in s["stacked_experts"].values()} == {4}
     assert {f["rows_per_expert"] for f in s["stacked_experts"].values()} == {10}  # ceil(1.25 * 16 * 2 / 4)
+
+
+def test_a_mask_is_a_warning_not_moe_routing(capsys):
+    """The LLaVA-style image-token mask (a NonZero with no router) is never reported as MoE routing."""
+    code, out, err = run_cli(capsys, real_export("llava_mask.legacy.onnx"))
+    assert code == 0
+    assert "moe routing" not in out.lower() and "assumes" not in out
+    assert "warning      NonZero '/NonZero' has a data-dependent count and no MoE router" in out
+    code, out, _ = run_cli(capsys, real_export("llava_mask.legacy.onnx"), "--json")
+    s = json.loads(out)
+    assert s["moe_nonzero_resolved"] == 0 and s["nonzero_masks"] == 1 and s["assumptions"] == []
+
+
+def test_moe_routing_is_an_assumption(tmp_path, capsys):
+    path = save(make_moe_model("legacy", layers=2, experts=4, default_dims="batch=2,seq=8"), tmp_path / "m.onnx")
+    code, out, _ = run_cli(capsys, path)
+    assert code == 0
+    assert "assumes      MoE routing: 8 data-dependent expert selections (NonZero below a router TopK)" in out

@@ -167,6 +167,31 @@ def test_nonzero_moe_loop_uses_balanced_routing(tmp_path, cf):
     assert all(o.flops == 2 * n * hidden * ffn for o in w1)
 
 
+def test_a_nonzero_mask_is_not_moe_routing():
+    """LLaVA's image-token merge (masked_scatter: Equal -> NonZero -> ScatterND) is a mask, taken as all nonzero."""
+    from opsched.onnx_import import import_warnings, routing_assumptions
+
+    g = import_onnx(real_export("llava_mask.legacy.onnx"))
+    assert g.graph["moe_routing"] == {} and routing_assumptions(g) == []
+    assert g.graph["nonzero_masks"] == {"/NonZero": 1 * 10 * 32}  # every element of the [1, 10, 32] mask
+    (warning,) = import_warnings(g)
+    assert "mask, not expert routing" in warning and "assumed all 320 elements nonzero" in warning
+    # the parameters are LLaVA's modules at toy size: every weight found, the mask costs nothing to the count
+    torch_params = (12 * 16 + 16) + 2 * (2 * 16 + 16 * 32 + 32 + 32 * 16 + 16) + (16 * 32 + 32) + (32 * 32 + 32) \
+        + 64 * 32 + 2 * (2 * 32 + 32 * 64 + 64 + 64 * 32 + 32) + (32 * 64 + 64)
+    assert totals(g)["param_count"] == torch_params
+
+
+def test_routed_nonzero_is_moe_routing_and_said_so(tmp_path):
+    from opsched.onnx_import import import_warnings
+
+    path = save(make_moe_model("legacy", experts=4, top_k=2), tmp_path / "m.onnx")
+    g = import_onnx(path, dims={"batch": 2, "seq": 12}, capacity_factor=1.25)
+    assert g.graph["nonzero_masks"] == {} and len(g.graph["moe_routing"]) == 8
+    (routing,) = import_warnings(g)
+    assert routing.startswith("MoE routing: 8 data-dependent expert selections") and "1.25" in routing
+
+
 def test_symbolic_dims_defaults_override_and_errors(tmp_path):
     path = save(make_moe_model("legacy", default_dims="batch=1,seq=8"), tmp_path / "m.onnx")
     g = import_onnx(path)
@@ -264,7 +289,8 @@ def test_real_export_pairs_agree(stem):
 
 
 def test_real_exports_all_import():
-    for name in ("clip.dynamo.onnx", "clip.legacy.onnx", "llava.legacy.onnx", "moe_capacity.dynamo.onnx",
+    for name in ("clip.dynamo.onnx", "clip.legacy.onnx", "llava.legacy.onnx", "llava_mask.legacy.onnx",
+                 "moe_capacity.dynamo.onnx",
                  "moe_capacity.legacy.onnx", "deepseek_lm_2L_sh1_r4.dynamo.onnx",
                  "deepseek_lm_2L_sh1_r4.legacy.onnx"):
         g = import_onnx(real_export(name))

@@ -1,6 +1,7 @@
 """The planner and `opsched plan` (issue 5 items 4-5)."""
 
 import json
+import re
 from pathlib import Path
 
 import networkx as nx
@@ -71,6 +72,51 @@ def test_plan_cli_writes_every_file_and_a_valid_plan(tmp_path, capsys):
     summary = capsys.readouterr().out
     assert "step time" in summary and "vs best baseline" in summary
     assert_every_stage_says_what_it_holds(schedule, doc, report, MODELS / "clip_vit_l14.onnx")
+    assert_reads_in_units(report, summary)
+    # the charts head with the summary's step time, next to the makespan
+    step_line = next(line for line in summary.splitlines() if "step time" in line)
+    step_text = re.search(r"step time\s+(\S+ \S+)", step_line).group(1)
+    for chart in ("gantt.html", "gantt.svg"):
+        assert f"step time {step_text}, makespan " in (out / chart).read_text(), chart
+
+
+#: a number in exponent notation, as ``2.52613e+10``
+EXPONENT = re.compile(r"\d[eE][+-]?\d")
+
+
+def assert_reads_in_units(report: str, summary: str) -> None:
+    """No figure in exponent notation, units on every time and memory column, counts in good grammar."""
+    for text in (report, summary):
+        assert not EXPONENT.search(text), EXPONENT.search(text)
+        assert not re.search(r"\b1 (stages|devices|microbatches|blocks)\b", text)
+        assert not re.search(r"\b0\.0 GiB", text)
+    assert re.search(r"\| step time \((µs|ms|s)\) \|", report) and re.search(r"peak memory \((B|KiB|MiB|GiB|TiB)\)", report)
+    assert re.search(r"step time\s+[\d.,]+ (µs|ms|s) ", summary)
+    assert "How to read a layout" in report and "window search" in report  # the notation and the words, explained
+
+
+def test_report_words_memory_refusals_in_units():
+    """A baseline refused for memory says how much it needs in MiB/GiB, not 3.43e+08."""
+    from opsched.commands.plan import report_text, summary_text
+
+    cluster, training = cluster_from_dict(SPEC), Training(microbatches=8)
+    result = plan_block_graph(two_tower_graph(), cluster, training, memory_limit=3e8, time_limit=10)
+    assert "gpipe" in result.refused_baselines
+    report = report_text("towers.onnx", cluster, training, 3e8, result)
+    summary = summary_text("towers.onnx", cluster, training, result, 8, Path("out"), ["plan.json"])
+    assert "- gpipe: at 2 groups: gpipe needs 343 MiB per device, over the memory limit 286 MiB" in report
+    assert "- memory limit: 286 MiB per device" in report
+    assert_reads_in_units(report, summary)
+
+
+def test_plan_help_explains_the_layout_notation_and_the_words(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["plan", "--help"])
+    assert stop.value.code == 0
+    text = capsys.readouterr().out
+    for term in ("How to read a layout", "GxK v v=2", "interleaved v=2", "contiguous, MODE", "dpN", "+ep",
+                 "window search", "time limit reached", "estimated only", "bubble ratio", "gap"):
+        assert term in text, term
 
 
 def assert_every_stage_says_what_it_holds(schedule, doc, report, model):
@@ -252,6 +298,37 @@ def test_plan_json_summary_and_refused_baselines_with_reasons(tmp_path, capsys):
     report = (out / "report.md").read_text()
     assert "Baselines refused" in report
     assert f"- dualpipe: {summary['refused_baselines']['dualpipe']}" in report
+    # the expert loops' balanced routing is an assumption the plan rests on: said on stderr, in report.md and plan.json
+    routing = [w for w in summary["warnings"] if w.startswith("MoE routing")]
+    assert len(routing) == 1 and "balanced routing" in routing[0] and "capacity-factor" in routing[0]
+    assert doc["warnings"] == summary["warnings"]
+    assert "## Assumptions and warnings" in report and f"- {routing[0]}" in report
+    assert "assumes MoE routing" in captured.err
+
+
+def test_a_mask_is_a_warning_in_the_plan_and_never_called_moe_routing(tmp_path, capsys):
+    """LLaVA merges image features by a NonZero mask: plan says so in report.md and plan.json, not as routing."""
+    from conftest import real_export
+
+    out = tmp_path / "out"
+    code = main(["plan", str(real_export("llava_mask.legacy.onnx")), "--cluster", str(_cluster_file(tmp_path, 2)),
+                 "--microbatches", "2", "--time-limit", "3", "-o", str(out), "--quiet"])
+    captured = capsys.readouterr()
+    assert code == 0
+    _schedule, doc = read_plan(out / "plan.json")
+    assert schema_errors(doc) == []
+    report = (out / "report.md").read_text()
+    (mask,) = doc["warnings"]
+    assert mask.startswith("NonZero '/NonZero'") and "mask, not expert routing" in mask
+    assert f"- {mask}" in report and mask in captured.err  # on stderr even with --quiet
+    for text in (report, json.dumps(doc), captured.out, captured.err):
+        assert "moe routing" not in text.lower()
+
+
+def _cluster_file(tmp_path, devices: int) -> Path:
+    path = tmp_path / f"cluster{devices}.json"
+    path.write_text(json.dumps(dict(SPEC, devices=devices)))
+    return path
 
 
 def test_no_fit_hint_never_asks_for_more_memory_than_the_device_has():

@@ -247,3 +247,12 @@ def test_refused_baselines_follow_the_schema():
     assert schema_errors(doc) == []
     doc["refused_baselines"] = [{"method": "dualpipe"}]
     assert schema_errors(doc) and schema_errors(doc)[0].startswith("$.refused_baselines[0]")
+
+
+def test_warnings_follow_the_schema():
+    doc = plan_dict(dual_direction_schedule())
+    doc["warnings"] = ["MoE routing: 2 data-dependent expert selections sized by balanced routing"]
+    assert schema_errors(doc) == []
+    for bad in ("one string, not a list", [""], [3]):
+        doc["warnings"] = bad
+        assert schema_errors(doc) and schema_errors(doc)[0].startswith("$.warnings"), bad

@@ -30,7 +30,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from opsched.baselines import dualpipe, dualpipev, gpipe, interleaved, one_f_one_b, zb_h1, zb_h2, zb_v
-from opsched.errors import Unsupported
+from opsched.errors import OverMemory, Unsupported
 from opsched.schedule import Order, Schedule, StageGraph, simulate
 
 #: method name -> module, in the order tables list them
@@ -140,5 +140,5 @@ def run_baseline(
 
         peak = max(metrics(schedule).peak_memory_bytes, default=0.0)
         if peak > memory_limit * (1 + 1e-9):
-            raise Unsupported(f"{name} needs {peak:g} per device, over the memory limit {memory_limit:g}")
+            raise OverMemory(name, peak, memory_limit)
     return schedule

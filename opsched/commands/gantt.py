@@ -29,13 +29,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "-o", "--output", action="append", required=True, metavar="OUT",
         help="output file: .svg, .png, .html or .json (Perfetto); repeat for several; never the plan itself",
     )
-    parser.add_argument("--title", help="title shown instead of the method name (makespan and bubble ratio follow)")
+    parser.add_argument("--title", help="title shown instead of the method name (step time, makespan and bubble ratio follow)")
     parser.add_argument("--no-validate", action="store_true", help="draw the plan even if it breaks a validity rule")
 
 
 def run(args: argparse.Namespace) -> int:
     from opsched.export.gantt import write_gantt
-    from opsched.export.plan_json import read_plan_schedule
+    from opsched.export.plan_json import plan_step_time, read_plan
     from opsched.fileio import check_not_input, check_output_file
     from opsched.schedule import ScheduleError, validate
 
@@ -45,13 +45,13 @@ def run(args: argparse.Namespace) -> int:
             raise OpschedError(f"cannot tell the Gantt format of {out!r}: use a .svg, .png, .html or .json file name")
         check_not_input(out, [args.plan], "-o")
         check_output_file(out, "-o", example="gantt" + Path(out).suffix)
-    schedule = read_plan_schedule(args.plan)
+    schedule, doc = read_plan(args.plan)
     if not args.no_validate:
         try:
             validate(schedule)
         except ScheduleError as exc:
             raise OpschedError(f"{args.plan} is not a valid plan: {exc} (use --no-validate to draw it anyway)") from None
     for out in args.output:
-        write_gantt(schedule, out, title=args.title)
+        write_gantt(schedule, out, title=args.title, step_time=plan_step_time(doc))
         log.info("wrote %s", out)
     return 0

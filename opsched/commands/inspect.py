@@ -7,15 +7,18 @@ without their external data, or typed graph inputs) and shape inference.
 Symbolic dims (batch, sequence...) are set with --dim NAME=VALUE; a model may
 carry defaults in its metadata (opsched.default_dims), which --dim overrides.
 
-MoE routing assumption: an expert loop exported with NonZero has
-data-dependent token counts. opsched assumes balanced routing: each expert
+MoE routing assumption: an expert loop exported with NonZero below a router
+(TopK) has data-dependent token counts. opsched assumes balanced routing: each expert
 gets ceil(capacity_factor * tokens * top_k / num_experts) tokens, with
 num_experts, tokens and top_k read from the router's TopK
 (--capacity-factor, default 1.0). Experts stored as one stacked
 [experts, ...] weight (read by Gather/GatherND of expert indices, or a
 batched MatMul over the expert axis) are split into one copy per expert,
 each with its weights and ceil(capacity_factor * rows / num_experts) of the
-rows.
+rows. A NonZero with no router above it is a mask, not routing (LLaVA merges
+its image features into the text that way): it is assumed all nonzero, and a
+warning says so. `opsched plan` carries these assumptions and warnings into
+report.md and plan.json.
 
 Parallel branches: the most blocks at one level of the block graph (blocks on
 one level have no path between them, e.g. the experts of a layer).
@@ -52,7 +55,7 @@ def summarise(path: str, dims: dict[str, int] | None = None, capacity_factor: fl
     """The inspect summary of one model as a plain dict (what ``--json`` prints)."""
     from opsched.coarsen import coarsen, parallel_branches
     from opsched.graph import totals
-    from opsched.onnx_import import import_onnx
+    from opsched.onnx_import import import_onnx, routing_assumptions
 
     g = import_onnx(path, dims=dims, capacity_factor=capacity_factor)
     bg = coarsen(g, depth=depth, target_blocks=blocks)
@@ -80,42 +83,32 @@ def summarise(path: str, dims: dict[str, int] | None = None, capacity_factor: fl
         "blocks_target_met": bg.graph["target_met"],
         "max_parallel_branches": parallel_branches(bg),
         "moe_nonzero_resolved": len(g.graph.get("moe_routing", {})),
+        "nonzero_masks": len(g.graph.get("nonzero_masks", {})),
         "stacked_experts": g.graph.get("stacked_experts", {}),
         "data_inputs": g.graph["data_inputs"],
+        "assumptions": routing_assumptions(g),
         "warnings": list(g.graph["warnings"]),
     }
 
 
-def _human(x: float, unit: str = "") -> str:
-    for scale, suffix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= scale:
-            return f"{x / scale:.3g} {suffix}{unit}"
-    return f"{x:.3g} {unit}".rstrip()
-
-
 def format_summary(s: dict) -> str:
     """The readable text form of :func:`summarise`'s dict."""
+    from opsched.units import bytes_text, plural, si_text
+
     dims = ", ".join(f"{k}={v}" for k, v in s["dims"].items()) or "none"
     lines = [
         f"model        {s['model']} ({s['exporter']} export, graph '{s['name']}')",
         f"dims         {dims}",
-        f"operators    {s['nodes']} nodes, {s['edges']} edges",
-        f"parameters   {s['params']:,} ({_human(s['params'])}, {_human(s['param_bytes'], 'B')})",
-        f"forward      {_human(s['flops'], 'FLOP')} per microbatch at these dims",
-        f"activations  {_human(s['activation_bytes'], 'B')} written by the forward pass",
-        f"branches     at most {s['max_parallel_branches']} blocks in parallel",
-        f"blocks       {s['blocks']} after coarsening, {s['block_edges']} edges"
+        f"operators    {plural(s['nodes'], 'node')}, {plural(s['edges'], 'edge')}",
+        f"parameters   {s['params']:,} ({si_text(s['params'])}, {bytes_text(s['param_bytes'])})",
+        f"forward      {si_text(s['flops'], 'FLOP')} per microbatch at these dims",
+        f"activations  {bytes_text(s['activation_bytes'])} written by the forward pass",
+        f"branches     at most {plural(s['max_parallel_branches'], 'block')} in parallel",
+        f"blocks       {s['blocks']} after coarsening, {plural(s['block_edges'], 'edge')}"
         + ("" if s["blocks_target_met"] else " (no more merges keep branches apart: target not reached)"),
     ]
-    if s["moe_nonzero_resolved"]:
-        lines.append(f"moe routing  {s['moe_nonzero_resolved']} data-dependent expert selections sized by "
-                     f"balanced routing, capacity factor {s['capacity_factor']:g}")
-    stacked = s.get("stacked_experts") or {}
-    if stacked:
-        counts = sorted({f["experts"] for f in stacked.values()})
-        lines.append(f"experts      {len(stacked)} layers of stacked [experts, ...] weights split into "
-                     f"{'/'.join(map(str, counts))} experts each, each expert's rows by balanced routing, "
-                     f"capacity factor {s['capacity_factor']:g}")
+    for sentence in s.get("assumptions", []):
+        lines.append(f"assumes      {sentence}")
     lines.append("op types     " + ", ".join(f"{k} {v}" for k, v in list(s["op_types"].items())[:12])
                  + (" ..." if len(s["op_types"]) > 12 else ""))
     top = list(s["flops_by_op_type"].items())[:6]

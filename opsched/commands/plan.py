@@ -6,10 +6,11 @@ schedules the best few with the lower MIP, and compares the plan with every
 hand-written schedule on the best contiguous layer split of the same model
 at the same memory. Writes, into OUTDIR:
 
-  plan.json    the plan (validated before writing), with `baselines` and `candidates`
+  plan.json    the plan (validated before writing), with `baselines`, `candidates` and `warnings`
   trace.json   Perfetto / chrome://tracing timeline
   gantt.svg    Gantt picture;  gantt.html  the same, interactive
-  report.md    the plan against every baseline: step time, throughput, bubbles, memory, solve time
+  report.md    the plan against every baseline: step time, throughput, bubbles, memory, solve time;
+               what the import assumed about the model; how to read it all
 
 The cluster is a preset (--preset; `--devices N` alone uses h100-sxm) or a
 JSON/TOML file (--cluster). Memory per device defaults to the cluster's.
@@ -25,8 +26,10 @@ cluster, devices, microbatches, microbatch_size, source and layout (the chosen
 plan), stages, step_time (s), throughput (samples/s), bubble_ratio,
 peak_memory_bytes (per device), lower_bound (s) and gap of the lower MIP
 (null for a baseline), best_baseline (method, layout, step_time, speedup;
-null when none fits), refused_baselines (method -> reason) and files (the
-paths written). Progress stays on stderr.
+null when none fits), refused_baselines (method -> reason), warnings (what
+the import assumed about the model, e.g. balanced MoE routing, and any
+other import warning; also in report.md and plan.json) and files (the paths
+written). Progress stays on stderr.
 
 examples:
   opsched plan models/mixtral_8x7b.onnx --devices 16 -o out/
@@ -53,7 +56,12 @@ from opsched.commands.args import (
     microbatch_count,
     positive_float,
 )
+from opsched.planner import GLOSSARY
 from opsched.solver import SOLVERS
+from opsched.upper.layouts import NOTATION
+
+#: after the options in `opsched plan --help`: how to read the layouts and words the output uses
+EPILOG = NOTATION + "\n" + GLOSSARY
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +101,10 @@ def run(args: argparse.Namespace) -> int:
     from opsched.coarsen import coarsen
     from opsched.errors import OpschedError
     from opsched.fileio import check_output_dir
-    from opsched.onnx_import import import_onnx
+    from opsched.onnx_import import import_onnx, routing_assumptions
     from opsched.planner import plan_block_graph
     from opsched.solver import require
+    from opsched.units import bytes_text, plural
     from opsched.upper.layouts import layouts
 
     # the time limit is the whole command's: the import counts, and a part is kept for writing the files
@@ -115,28 +124,40 @@ def run(args: argparse.Namespace) -> int:
                      strict_dims=True)
     used_dims = dict(og.graph.get("dims", {}))
     training = Training(microbatches=args.microbatches, microbatch_size=int(used_dims.get("batch", 1)))
-    log.info("import: %s: %d operators, dims %s", args.model, og.number_of_nodes(), used_dims or "none")
+    dims_text = ", ".join(f"{k}={v}" for k, v in used_dims.items())
+    log.info("import: %s: %s; %s", args.model, plural(og.number_of_nodes(), "operator"),
+             f"symbolic dims {dims_text}" if dims_text else "no symbolic dims")
+    # what the import assumed (MoE routing) or could not know (masks, unknown ops) goes into report.md and
+    # plan.json too, not only onto stderr, so a reader of the plan sees what it rests on
+    assumed = routing_assumptions(og)
+    warnings = assumed + list(og.graph.get("warnings") or [])
+    for sentence in assumed:
+        log.warning("import: assumes %s", sentence)
+    for sentence in og.graph.get("warnings") or []:
+        log.warning("import: warning: %s", sentence)
     bg = coarsen(og)
-    log.info("coarsen: %d blocks", bg.number_of_nodes())
-    log.info("cluster: %s, %d devices (%d per node), memory limit %.1f GiB per device, %d microbatches",
-             cluster.name, cluster.devices, cluster.devices_per_node, limit / 2**30, args.microbatches)
+    log.info("coarsen: the operators merged into %s (the units the planner places)",
+             plural(bg.number_of_nodes(), "block"))
+    log.info("cluster: %s, %s (%d per node), memory limit %s per device, %s per step",
+             cluster.name, plural(cluster.devices, "device"), cluster.devices_per_node, bytes_text(limit),
+             plural(args.microbatches, "microbatch", "microbatches"))
     # the planner logs its own progress (opsched.planner)
     result = plan_block_graph(bg, cluster, training, memory_limit=limit, time_limit=args.time_limit, solver=args.solver,
                               deadline=deadline)
     log.info("validate: %s on %s", result.source, result.layout)
     samples = training.microbatches * training.microbatch_size
-    extra = plan_extra(args.model, cluster, training, result)
-    names = write_outputs(out, result, extra, report_text(args.model, cluster, training, limit, result))
+    extra = plan_extra(args.model, cluster, training, result, warnings)
+    names = write_outputs(out, result, extra, report_text(args.model, cluster, training, limit, result, warnings))
     log.info("export: %s in %s", ", ".join(names), out)
     if args.json:
-        print(json.dumps(summary_dict(args.model, cluster, training, result, out, names), indent=2))
+        print(json.dumps(summary_dict(args.model, cluster, training, result, out, names, warnings), indent=2))
     else:
-        print(summary_text(args.model, cluster, training, result, samples, out, names))
+        print(summary_text(args.model, cluster, training, result, samples, out, names, warnings))
     return 0
 
 
-def plan_extra(model: str, cluster, training, result) -> dict:
-    """The fields plan.json holds beyond the schedule contract."""
+def plan_extra(model: str, cluster, training, result, warnings: list[str] | None = None) -> dict:
+    """The fields plan.json holds beyond the schedule contract (``warnings``: the import's assumptions and warnings)."""
     samples = training.microbatches * training.microbatch_size
     return {
         "model": str(model),
@@ -157,6 +178,7 @@ def plan_extra(model: str, cluster, training, result) -> dict:
         "baselines": [b.to_dict(samples) for b in result.baselines],
         "refused_baselines": [{"method": k, "reason": v} for k, v in result.refused_baselines.items()],
         "candidates": [c.to_dict() for c in result.candidates],
+        "warnings": list(warnings or []),
         "metrics": dict(result.solver_metrics),
     }
 
@@ -187,15 +209,16 @@ def write_outputs(out: Path, result, extra: dict, report: str) -> list[str]:
     done = False
     try:
         title = f"opsched plan ({result.source}, {result.layout})"
+        step = result.step_time  # the summary's headline figure; the charts show it next to the makespan
         write_plan(tmp / "plan.json", result.schedule, extra=extra)
-        write_trace(result.schedule, tmp / "trace.json", title=title)
+        write_trace(result.schedule, tmp / "trace.json", title=title, step_time=step)
         names = output_files()
         if "gantt.svg" in names:
-            write_image(result.schedule, tmp / "gantt.svg", title=title)
+            write_image(result.schedule, tmp / "gantt.svg", title=title, step_time=step)
         else:
             log.warning("export: gantt.svg skipped (needs matplotlib: pip install 'opsched[pictures]'); "
                         "gantt.html has the picture")
-        write_html(result.schedule, tmp / "gantt.html", title=title)
+        write_html(result.schedule, tmp / "gantt.html", title=title, step_time=step)
         write_text(tmp / "report.md", report)
         with signals_held():  # a stop request waits for the renames: the set is complete or absent
             for name in names:
@@ -209,39 +232,63 @@ def write_outputs(out: Path, result, extra: dict, report: str) -> list[str]:
     return names
 
 
-def _gib(x) -> str:
-    return "-" if x is None else f"{x / 2**30:.1f}"
+def report_text(model: str, cluster, training, limit: float, result, warnings: list[str] | None = None) -> str:
+    """report.md: the plan against every baseline, every candidate tried, the stages, and how to read it all.
 
-
-def report_text(model: str, cluster, training, limit: float, result) -> str:
-    """report.md: the plan against every baseline, then every candidate tried."""
+    Times and memory sizes carry units chosen per magnitude (one unit per
+    table column), all through :mod:`opsched.units`.
+    """
     from opsched.schedule import metrics
+    from opsched.units import bytes_text, column_size_unit, column_time_unit, plain, plural, seconds_text
+    from opsched.upper.layouts import describe_layout
 
     samples = training.microbatches * training.microbatch_size
     m = metrics(result.schedule)
     solve = result.solver_metrics.get("solve_seconds")
+    stages = len(result.schedule.stage_graph.stages)
     lines = [
         f"# opsched plan: {Path(model).name}",
         "",
-        f"- cluster: {cluster.name}, {cluster.devices} devices, {cluster.devices_per_node} per node",
-        f"- memory limit: {limit / 2**30:.1f} GiB per device (parameters + gradients + optimizer state + activations)",
-        f"- microbatches: {training.microbatches} of {training.microbatch_size} sample(s); dtype {training.dtype}",
-        f"- chosen: {result.source} on layout {result.layout} ({len(result.schedule.stage_graph.stages)} stages)",
-        f"- upper MIP placed {result.blocks} blocks; time: upper {result.seconds.get('upper', 0):.1f} s, "
-        f"baselines {result.seconds.get('baselines', 0):.1f} s, lower {result.seconds.get('lower', 0):.1f} s",
+        f"- cluster: {cluster.name}, {plural(cluster.devices, 'device')}, {cluster.devices_per_node} per node",
+        f"- memory limit: {bytes_text(limit)} per device (parameters + gradients + optimizer state + activations)",
+        f"- microbatches: {training.microbatches} of {plural(training.microbatch_size, 'sample')} each; "
+        f"dtype {training.dtype}",
+        f"- chosen: {result.source} on layout {result.layout} ({describe_layout(result.layout)}), "
+        f"{plural(stages, 'pipeline stage')}",
+        f"- step time {seconds_text(result.step_time)} (makespan {seconds_text(m.makespan)} + gradient sync "
+        f"{seconds_text(result.grad_sync)}), throughput {plain(samples / result.step_time)} samples/s",
+        f"- upper MIP placed {plural(result.blocks, 'block')}; time spent: upper {seconds_text(result.seconds.get('upper', 0))}, "
+        f"baselines {seconds_text(result.seconds.get('baselines', 0))}, lower {seconds_text(result.seconds.get('lower', 0))}",
+    ]
+    if warnings:
+        lines += ["", "## Assumptions and warnings", "",
+                  "What the import had to assume about the model; the plan is only as right as these are.", ""]
+        lines += [f"- {w}" for w in warnings]
+    lines += [
+        "",
+        "## Plan and baselines",
         "",
         "Step time = schedule makespan + the once-per-step gradient all-reduce. Baselines run on the best",
         "contiguous layer split of the same model (same cost model, same memory limit); see docs/cost-model.md.",
+        "How to read a layout: at the end of this report.",
         "",
-        "| method | split | step time (s) | throughput (samples/s) | bubble ratio | peak memory (GiB) | solve (s) |",
+    ]
+    time_unit = column_time_unit([result.step_time] + [b.step_time for b in result.baselines])
+    peak = max(m.peak_memory_bytes, default=0.0)
+    size_unit = column_size_unit([peak] + [b.peak_memory_bytes for b in result.baselines])
+    cell = lambda v, unit: "-" if v is None else unit.number(v)  # noqa: E731
+    lines += [
+        f"| method | layout | step time ({time_unit.name}) | throughput (samples/s) | bubble ratio | "
+        f"peak memory ({size_unit.name}) | solve (s) |",
         "|---|---|---|---|---|---|---|",
-        f"| **opsched** ({result.source}) | {result.layout} | {result.step_time:.4g} | {samples / result.step_time:.4g} | "
-        f"{m.bubble_ratio:.3f} | {_gib(max(m.peak_memory_bytes, default=0.0))} | {'-' if solve is None else f'{solve:.1f}'} |",
+        f"| **opsched** ({result.source}) | {result.layout} | {time_unit.number(result.step_time)} | "
+        f"{plain(samples / result.step_time)} | {m.bubble_ratio:.3f} | {size_unit.number(peak)} | "
+        f"{'-' if solve is None else f'{solve:.1f}'} |",
     ]
     for b in result.baselines:
         lines.append(
-            f"| {b.method} | {b.layout} | {b.step_time:.4g} | {samples / b.step_time:.4g} | {b.bubble_ratio:.3f} | "
-            f"{_gib(b.peak_memory_bytes)} | {b.solve_seconds:.2f} |"
+            f"| {b.method} | {b.layout} | {time_unit.number(b.step_time)} | {plain(samples / b.step_time)} | "
+            f"{b.bubble_ratio:.3f} | {cell(b.peak_memory_bytes, size_unit)} | {b.solve_seconds:.2f} |"
         )
     if result.baselines:
         best = result.baselines[0]
@@ -251,35 +298,51 @@ def report_text(model: str, cluster, training, limit: float, result) -> str:
     if result.refused_baselines:
         lines += ["", "Baselines refused on every contiguous split (groups = pipeline depth tried):", ""]
         lines += [f"- {method}: {reason}" for method, reason in result.refused_baselines.items()]
-    lines += [
+    lines += candidates_table(result) + stages_table(result)
+    lines += ["", "## How to read this report", "", "```", NOTATION.rstrip(), "", GLOSSARY.rstrip(), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def candidates_table(result) -> list[str]:
+    """The report's Candidates section: every layout tried and how far each got, times in one unit."""
+    from opsched.units import column_time_unit
+
+    times = [v for c in result.candidates for v in (c.estimate, c.makespan, c.step_time, c.lower_bound)]
+    unit = column_time_unit(times)
+    t = lambda v: "-" if v is None else unit.number(v)  # noqa: E731
+    f = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    lines = [
         "",
         "## Candidates tried",
         "",
-        "| source | layout | status | estimate (s) | upper | makespan (s) | step time (s) | bubbles | lower bound | gap |",
+        f"| source | layout | status | estimate ({unit.name}) | upper | makespan ({unit.name}) | "
+        f"step time ({unit.name}) | bubbles | lower bound ({unit.name}) | gap |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    fmt = lambda v, f=".4g": "-" if v is None else format(v, f)  # noqa: E731
     for c in result.candidates:
         lines.append(
-            f"| {c.source} | {c.layout} | {c.status} | {fmt(c.estimate)} | {c.upper_status or '-'} | {fmt(c.makespan)} | "
-            f"{fmt(c.step_time)} | {fmt(c.bubble_ratio, '.3f')} | {fmt(c.lower_bound)} | {fmt(c.gap, '.3f')} |"
+            f"| {c.source} | {c.layout} | {c.status} | {t(c.estimate)} | {c.upper_status or '-'} | {t(c.makespan)} | "
+            f"{t(c.step_time)} | {f(c.bubble_ratio)} | {t(c.lower_bound)} | {f(c.gap)} |"
         )
-    lines += stages_table(result)
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def stages_table(result) -> list[str]:
     """The report's Stages section: every stage's devices, times, layers and parallel modes, for every plan."""
+    from opsched.units import column_time_unit
+
+    stages = result.schedule.stage_graph.stages
+    unit = column_time_unit([s.time[p] for s in stages for p in ("F", "I", "W")])
     lines = ["", "## Stages", "",
-             "| stage | devices | F / I / W (ms) | layers | parallel modes |", "|---|---|---|---|---|"]
-    for s in result.schedule.stage_graph.stages:
+             f"| stage | devices | F / I / W ({unit.name}) | layers | parallel modes |", "|---|---|---|---|---|"]
+    for s in stages:
         t = s.time
         held = result.stage_contents.get(s.id)
         copy = f" (copy of stage {s.copy_of})" if s.copy_of is not None else ""
         layers = (held.layers if held else "-") + copy
         modes = held.modes_text if held else "-"
         devices = f"{s.devices[0]}" if len(s.devices) == 1 else f"{s.devices[0]}-{s.devices[-1]}"
-        lines.append(f"| {s.id} | {devices} | {t['F'] * 1e3:.2f} / {t['I'] * 1e3:.2f} / {t['W'] * 1e3:.2f} | "
+        lines.append(f"| {s.id} | {devices} | {' / '.join(unit.number(t[p]) for p in ('F', 'I', 'W'))} | "
                      f"{layers} | {modes} |")
     if not result.stage_contents:
         lines += ["", "(this schedule regroups the model's split into its own stages, so which blocks each holds is not tracked)"]
@@ -288,32 +351,42 @@ def stages_table(result) -> list[str]:
     return lines
 
 
-def summary_text(model: str, cluster, training, result, samples: int, out: Path, names: list[str]) -> str:
-    """The one-screen summary printed at the end."""
+def summary_text(model: str, cluster, training, result, samples: int, out: Path, names: list[str],
+                 warnings: list[str] | None = None) -> str:
+    """The one-screen summary printed at the end; its step time is the one the Gantt titles show."""
     from opsched.schedule import metrics
+    from opsched.units import bytes_text, plain, plural, seconds_text
 
     m = metrics(result.schedule)
+    stages = len(result.schedule.stage_graph.stages)
     lines = [
-        f"opsched plan {Path(model).name} on {cluster.devices} x {cluster.name}, {training.microbatches} microbatches",
-        f"  chosen      {result.source} on layout {result.layout}, {len(result.schedule.stage_graph.stages)} stages",
-        f"  step time   {result.step_time:.4g} s   throughput {samples / result.step_time:.4g} samples/s",
-        f"  bubbles     {m.bubble_ratio:.3f}   peak memory {_gib(max(m.peak_memory_bytes, default=0.0))} GiB per device",
+        f"opsched plan {Path(model).name} on {cluster.devices} x {cluster.name}, {plural(training.microbatches, 'microbatch', 'microbatches')}",
+        f"  chosen      {result.source} on layout {result.layout}, {plural(stages, 'stage')}",
+        f"  step time   {seconds_text(result.step_time)} (makespan {seconds_text(m.makespan)} + gradient sync "
+        f"{seconds_text(result.grad_sync)})   throughput {plain(samples / result.step_time)} samples/s",
+        f"  bubbles     {m.bubble_ratio:.3f}   peak memory {bytes_text(max(m.peak_memory_bytes, default=0.0))} per device",
     ]
     gap = result.solver_metrics.get("gap")
     if gap is not None:
-        lines.append(f"  lower MIP   bound {result.solver_metrics.get('lower_bound', 0):.4g} s, gap {gap:.3f}")
+        lines.append(f"  lower MIP   bound {seconds_text(result.solver_metrics.get('lower_bound', 0))} on the makespan, "
+                     f"gap {gap:.3f}")
     if result.baselines:
         best = result.baselines[0]
         lines.append(
-            f"  vs best baseline {best.method} ({best.layout}): {best.step_time:.4g} s -> {best.step_time / result.step_time:.3f}x"
+            f"  vs best baseline {best.method} ({best.layout}): {seconds_text(best.step_time)} -> "
+            f"{best.step_time / result.step_time:.3f}x"
         )
     if result.refused_baselines:
         lines.append(f"  refused     {', '.join(result.refused_baselines)} (reasons in report.md)")
+    if warnings:
+        lines.append(f"  import      {plural(len(warnings), 'note')} on what the plan assumes about the model "
+                     "(in report.md and plan.json)")
     lines.append(f"  files       {out}/{', '.join(names)}")
     return "\n".join(lines)
 
 
-def summary_dict(model: str, cluster, training, result, out: Path, names: list[str]) -> dict:
+def summary_dict(model: str, cluster, training, result, out: Path, names: list[str],
+                 warnings: list[str] | None = None) -> dict:
     """What ``--json`` prints: the summary's figures with plan.json's names and units (seconds, bytes)."""
     from opsched.schedule import metrics
 
@@ -342,5 +415,6 @@ def summary_dict(model: str, cluster, training, result, out: Path, names: list[s
             "speedup": best.step_time / result.step_time if result.step_time > 0 else None,
         },
         "refused_baselines": dict(result.refused_baselines),
+        "warnings": list(warnings or []),
         "files": [str(out / name) for name in names],
     }

@@ -36,15 +36,21 @@ from opsched.schedule import Schedule
 __all__ = ["Bar", "can_draw_images", "gantt_bars", "write_gantt", "write_html", "write_image", "write_trace"]
 
 
-def write_gantt(schedule: Schedule, path: str | os.PathLike, *, title: str | None = None) -> Path:
-    """Write a Gantt timeline in the format named by the suffix of ``path`` (.json, .svg, .png, .html)."""
+def write_gantt(
+    schedule: Schedule, path: str | os.PathLike, *, title: str | None = None, step_time: float | None = None
+) -> Path:
+    """Write a Gantt timeline in the format named by the suffix of ``path`` (.json, .svg, .png, .html).
+
+    ``step_time`` (seconds: the makespan plus the once-per-step gradient
+    sync, plan.json's ``step_time``) joins the makespan in the title when given.
+    """
     suffix = Path(path).suffix.lower()
     if suffix == ".json":
-        return write_trace(schedule, path, title=title)
+        return write_trace(schedule, path, title=title, step_time=step_time)
     if suffix in (".svg", ".png"):
-        return write_image(schedule, path, title=title)
+        return write_image(schedule, path, title=title, step_time=step_time)
     if suffix in (".html", ".htm"):
-        return write_html(schedule, path, title=title)
+        return write_html(schedule, path, title=title, step_time=step_time)
     raise OpschedError(f"cannot tell the Gantt format of {str(path)!r}: use a .svg, .png, .html or .json (Perfetto) file name")
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from opsched.schedule import PASSES, Event, Metrics, Schedule, metrics
+from opsched.units import Unit, seconds_text, time_unit
 
 #: base colour of each pass (colour-blind-safe palette)
 PASS_COLOURS = {"F": "#3b75af", "I": "#ef8636", "W": "#519e3e", "B": "#c53a32"}
@@ -92,19 +93,66 @@ def bar_colour(pass_: str, chunk: int) -> str:
     return lighten(PASS_COLOURS[pass_], min(0.55, 0.45 * chunk))
 
 
-def title_text(schedule: Schedule, title: str | None = None, m: Metrics | None = None) -> str:
-    """``<title or method> -- makespan X, bubble ratio Y`` (the figure title of every format)."""
+def title_text(
+    schedule: Schedule, title: str | None = None, m: Metrics | None = None, step_time: float | None = None
+) -> str:
+    """The figure title of every format: ``<title or method> — step time X, makespan Y, bubble ratio Z``.
+
+    ``step_time`` (makespan + the gradient sync, what ``opsched plan``'s
+    summary heads with) is shown when known; a schedule alone only knows its makespan.
+
+    >>> from opsched.schedule import chain_stage_graph, simulate, Job
+    >>> sg = chain_stage_graph(1, f=0.004, b=0.008, w=0.004)
+    >>> s = Schedule(sg, 1, simulate(sg, {0: [Job(0, 0, "F"), Job(0, 0, "B")]}, 1), name="demo")
+    >>> title_text(s, step_time=0.0125)
+    'demo — step time 12.5 ms, makespan 12 ms, bubble ratio 0.000'
+    """
     m = m or metrics(schedule)
     head = title or schedule.name or "schedule"
-    return f"{head} — makespan {m.makespan:.4g}, bubble ratio {m.bubble_ratio:.3f}"
+    step = "" if step_time is None else f"step time {seconds_text(step_time)}, "
+    return f"{head} — {step}makespan {seconds_text(m.makespan)}, bubble ratio {m.bubble_ratio:.3f}"
 
 
-def job_description(e: Event, schedule: Schedule) -> str:
-    """A one-line hover text for an event."""
+def chart_time_unit(schedule: Schedule) -> Unit:
+    """The time unit of a chart's axis and hover texts: the one its makespan reads best in."""
+    return time_unit(max((e.end for e in schedule.events), default=0.0))
+
+
+def job_description(e: Event, schedule: Schedule, unit: Unit | None = None) -> str:
+    """A one-line hover text for an event, its times in ``unit`` (default: the chart's, :func:`chart_time_unit`).
+
+    >>> from opsched.schedule import chain_stage_graph, simulate, Job
+    >>> sg = chain_stage_graph(1, f=0.004, b=0.008, w=0.004)
+    >>> s = Schedule(sg, 1, simulate(sg, {0: [Job(0, 0, "F"), Job(0, 0, "B")]}, 1))
+    >>> job_description(s.events[1], s)
+    'stage 0 (stage0), microbatch 0, full backward B: 4 ms to 12 ms (8 ms)'
+    """
+    unit = unit or chart_time_unit(schedule)
     st = schedule.stage_graph.stage(e.stage)
     name = f" ({st.name})" if st.name else ""
     pair = f", overlapped pair {e.pair}" if e.pair is not None else ""
     return (
         f"stage {e.stage}{name}, microbatch {e.microbatch}, {PASS_NAMES[e.pass_]} {e.pass_}: "
-        f"{e.start:.6g} to {e.end:.6g}{pair}"
+        f"{unit.text(e.start)} to {unit.text(e.end)} ({seconds_text(e.end - e.start)}){pair}"
     )
+
+
+#: a digit of a label is about this share of the font size wide (sans-serif digits measure 0.55-0.6 em)
+DIGIT_EM = 0.6
+#: room kept around a label inside its bar, in pixels
+LABEL_PAD_PX = 2.0
+
+
+def label_font(text: str, bar_width_px: float, bar_height_px: float, sizes_px: tuple[float, ...]) -> float | None:
+    """The largest of ``sizes_px`` (largest first) at which ``text`` fits inside a bar, or None when none does.
+
+    Every timeline format labels a bar by this rule, the HTML page's zoom too
+    (its script gets :data:`DIGIT_EM` and :data:`LABEL_PAD_PX` from here).
+
+    >>> label_font("15", 13.7, 20, (10.4, 8.3)), label_font("15", 9, 20, (10.4, 8.3))
+    (8.3, None)
+    """
+    for size in sizes_px:
+        if DIGIT_EM * size * len(text) + LABEL_PAD_PX <= bar_width_px and size <= bar_height_px:
+            return size
+    return None

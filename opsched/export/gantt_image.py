@@ -3,10 +3,12 @@
 One row per device (device 0 on top), one bar per job coloured by pass (F
 blue, I orange, W green, B red; a device's second stage -- a later model
 chunk or DualPipe's reverse direction -- in a lighter shade), the microbatch
-number on bars wide enough to hold it, an overlapped F&B pair as one bar
-split into its two halves (top: first job, bottom: second) with a black
-outline. Time axis below, legend at the bottom, title with the method,
-makespan and bubble ratio. The picture is ``width x height`` inches at
+number on every bar wide enough to hold it (in a smaller font when the
+normal one does not fit), an overlapped F&B pair as one bar split into its
+two halves (top: first job, bottom: second) with a black outline. Time axis
+below in the unit the makespan reads best in (µs, ms or s), legend at the
+bottom, title with the method, step time (when known), makespan and bubble
+ratio. The picture is ``width x height`` inches at
 ``dpi`` (no tight cropping), so a PNG is exactly ``width*dpi x height*dpi`` pixels.
 """
 
@@ -16,7 +18,16 @@ import os
 from pathlib import Path
 
 from opsched.errors import OpschedError
-from opsched.export.gantt_bars import PASS_COLOURS, PASS_NAMES, bar_colour, gantt_bars, lighten, title_text
+from opsched.export.gantt_bars import (
+    PASS_COLOURS,
+    PASS_NAMES,
+    bar_colour,
+    chart_time_unit,
+    gantt_bars,
+    label_font,
+    lighten,
+    title_text,
+)
 from opsched.fileio import atomic_path
 from opsched.schedule import PASSES, Schedule
 
@@ -34,11 +45,15 @@ def write_image(
     path: str | os.PathLike,
     *,
     title: str | None = None,
+    step_time: float | None = None,
     width: float | None = None,
     height: float | None = None,
     dpi: int = 100,
 ) -> Path:
-    """Draw the schedule to ``path`` (format from the suffix: .svg or .png), atomically."""
+    """Draw the schedule to ``path`` (format from the suffix: .svg or .png), atomically.
+
+    ``step_time`` (seconds, makespan + gradient sync) joins the title when given.
+    """
     fmt = Path(path).suffix.lower().lstrip(".")
     if fmt not in ("svg", "png"):
         raise OpschedError(f"write_image draws .svg or .png files, not {str(path)!r}")
@@ -48,6 +63,7 @@ def write_image(
         matplotlib.use("Agg", force=True)
         import matplotlib.pyplot as plt
         from matplotlib.patches import Patch
+        from matplotlib.ticker import FuncFormatter
     except ImportError:  # pragma: no cover - depends on the environment
         raise OpschedError("drawing SVG/PNG needs matplotlib: pip install 'opsched[pictures]'") from None
 
@@ -56,7 +72,7 @@ def write_image(
     with matplotlib.rc_context({"svg.hashsalt": "opsched", "svg.fonttype": "path"}):
         fig = plt.figure(figsize=size, dpi=dpi)
         try:
-            _draw(fig, schedule, title, Patch)
+            _draw(fig, schedule, title, step_time, Patch, FuncFormatter)
             with atomic_path(path) as tmp:
                 meta = {"Date": None} if fmt == "svg" else {"Software": None}
                 fig.savefig(tmp, format=fmt, dpi=dpi, metadata=meta)
@@ -65,7 +81,7 @@ def write_image(
     return Path(path)
 
 
-def _draw(fig, schedule: Schedule, title: str | None, Patch) -> None:
+def _draw(fig, schedule: Schedule, title: str | None, step_time: float | None, Patch, FuncFormatter) -> None:
     sg = schedule.stage_graph
     n = sg.num_devices or 1
     bars = gantt_bars(schedule)
@@ -78,13 +94,19 @@ def _draw(fig, schedule: Schedule, title: str | None, Patch) -> None:
     ax.set_ylim(n - 0.5, -0.5)
     ax.set_yticks(range(n))
     ax.set_yticklabels([f"device {d}" for d in range(n)])
-    ax.set_xlabel("time")
+    unit = chart_time_unit(schedule)
+    ax.set_xlabel(f"time ({unit.name})")
+    # tick labels in the chart's unit; a formatter of its own also keeps matplotlib's "1e-5" offset text away
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: unit.number(x)))
     ax.grid(axis="x", color="#dddddd", linewidth=0.6)
     ax.set_axisbelow(True)
     # a literal "$" would start matplotlib's math mode
-    ax.set_title(title_text(schedule, title).replace("$", r"\$"), fontsize=11)
-    px_per_unit = (1 - left - right) * width_in * fig.dpi / makespan
-    font = 7.5 if n <= 16 else 6
+    ax.set_title(title_text(schedule, title, step_time=step_time).replace("$", r"\$"), fontsize=11)
+    px_per_second = (1 - left - right) * width_in * fig.dpi / makespan
+    row_px = (1 - top - bottom) * height_in * fig.dpi / n
+    # label fonts in points, largest first: the smaller one labels bars too narrow for the first (two-digit microbatches)
+    fonts_pt = (7.5, 6.0) if n <= 16 else (6.0, 5.0)
+    pt_to_px = fig.dpi / 72
     h = 0.8
     # one broken_barh call per (row slot, colour, outline): thousands of bars draw in one go
     groups: dict[tuple, list[tuple[float, float]]] = {}
@@ -96,11 +118,12 @@ def _draw(fig, schedule: Schedule, title: str | None, Patch) -> None:
             key = (y0, part, bar_colour(e.pass_, b.chunks[k]), b.is_pair)
             groups.setdefault(key, []).append((b.start, b.end - b.start))
             text = str(e.microbatch)
-            # label only when the bar is wide enough for the digits (about 5.5 px each at 7.5 pt)
-            if (b.end - b.start) * px_per_unit >= 5.5 * len(text) + 3 and part * ROW_INCHES * fig.dpi >= 8:
+            size_px = label_font(text, (b.end - b.start) * px_per_second, part * row_px,
+                                 tuple(pt * pt_to_px for pt in fonts_pt))
+            if size_px is not None:
                 ax.text(
                     (b.start + b.end) / 2, y0 + part / 2, text, ha="center", va="center",
-                    fontsize=font if not b.is_pair else font - 1, color="white" if b.chunks[k] == 0 else "black",
+                    fontsize=size_px / pt_to_px, color="white" if b.chunks[k] == 0 else "black",
                 )
     for (y0, part, colour, is_pair), spans in sorted(groups.items()):
         ax.broken_barh(

@@ -25,13 +25,15 @@ _US = {"s": 1e6, "ms": 1e3, "us": 1.0}
 _PID = 1
 
 
-def trace_dict(schedule: Schedule, *, title: str | None = None, time_unit: str = "s") -> dict:
+def trace_dict(
+    schedule: Schedule, *, title: str | None = None, time_unit: str = "s", step_time: float | None = None
+) -> dict:
     """The trace document: ``{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}``."""
     sg = schedule.stage_graph
     scale = _US[time_unit]
     m = metrics(schedule)
     events: list[dict] = [
-        {"ph": "M", "pid": _PID, "tid": 0, "name": "process_name", "args": {"name": title_text(schedule, title, m)}}
+        {"ph": "M", "pid": _PID, "tid": 0, "name": "process_name", "args": {"name": title_text(schedule, title, m, step_time)}}
     ]
     for d in range(sg.num_devices or 0):
         events.append({"ph": "M", "pid": _PID, "tid": d, "name": "thread_name", "args": {"name": f"device {d}"}})
@@ -68,6 +70,8 @@ def trace_dict(schedule: Schedule, *, title: str | None = None, time_unit: str =
     }
 
 
-def write_trace(schedule: Schedule, path: str | os.PathLike, *, title: str | None = None) -> Path:
-    """Write the trace JSON atomically (see the module docstring)."""
-    return write_text(path, json.dumps(trace_dict(schedule, title=title), allow_nan=False) + "\n")
+def write_trace(
+    schedule: Schedule, path: str | os.PathLike, *, title: str | None = None, step_time: float | None = None
+) -> Path:
+    """Write the trace JSON atomically (see the module docstring); ``step_time`` joins the title when given."""
+    return write_text(path, json.dumps(trace_dict(schedule, title=title, step_time=step_time), allow_nan=False) + "\n")

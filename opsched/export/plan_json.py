@@ -167,6 +167,18 @@ def read_plan_schedule(path: str | os.PathLike) -> Schedule:
     return schedule
 
 
+def plan_step_time(doc: dict) -> float | None:
+    """The step time (makespan + gradient sync, seconds) an ``opsched plan`` file records, or None without one.
+
+    >>> plan_step_time({"step_time": 0.75}), plan_step_time({}), plan_step_time({"step_time": "fast"})
+    (0.75, None, None)
+    """
+    value = doc.get("step_time")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
 def schedule_from_dict(doc: Any) -> tuple[Schedule, dict]:
     """Build the :class:`Schedule` of a plan document; returns ``(schedule, doc)``.
 

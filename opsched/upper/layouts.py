@@ -22,6 +22,7 @@ same time.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from opsched.cluster import Cluster
@@ -109,3 +110,78 @@ def layouts(cluster: Cluster, max_virtual: int = 2) -> list[Layout]:
     if not out:
         raise OpschedError(f"{n} devices cannot be cut into equal groups that fit nodes of {per_node}")
     return out
+
+
+# --------------------------------------------------------------------------- the notation, in words
+
+#: how to read a layout's name; `opsched plan --help`, report.md and the README show this text
+NOTATION = """\
+How to read a layout (the devices cut into groups, the model into pipeline stages):
+  GxK                   G groups of K devices; group g runs pipeline stage g (a chain of G stages)
+  GxK v v=2             2 stages per group placed in a V: stages 0..G-1 go down the groups and
+                        G..2G-1 come back up, so group 0 holds the first and the last stage
+                        (the shape of Zero Bubble V and DualPipeV)
+  GxK interleaved v=2   2 stages per group, round robin: group g holds stages g and G+g
+                        (Megatron's interleaved 1F1B)
+  GxK contiguous, MODE  a baseline's split: the layers cut in model order into consecutive
+                        stages on G groups of K devices, every layer in the same parallel MODE
+Parallel modes of a block inside its group of K devices (joined by "." when combined):
+  dpN     N data-parallel replicas, each on 1/N of the microbatch; gradients all-reduced once a step
+  tpN     tensor parallel: weights and compute split over N devices, activations all-reduced
+  epN     expert parallel: the layer's experts spread over N devices, tokens sent all-to-all
+  MODE+ep the expert layers expert-parallel, every other layer in MODE (e.g. dp4+ep)
+  single  one device runs the block
+  per-block modes  each block in the mode the placement MIP chose for it
+"""
+
+_LAYOUT = re.compile(r"^(\d+)x(\d+)(?: (v|interleaved) v=(\d+))?(?: contiguous, (.+))?$")
+_DEGREE = re.compile(r"^(dp|tp|ep)(\d+)$")
+_DEGREE_WORDS = {"dp": "{n} data-parallel replicas", "tp": "tensor parallel over {n}", "ep": "expert parallel over {n}"}
+
+
+def mode_words(mode: str) -> str:
+    """A parallel mode or configuration name (``dp4``, ``tp2.dp2``, ``dp4+ep``, ``single``) in words.
+
+    >>> mode_words("tp2.dp2"), mode_words("dp4+ep"), mode_words("single")
+    ('tensor parallel over 2 x 2 data-parallel replicas', '4 data-parallel replicas, experts expert-parallel', 'one device')
+    >>> mode_words("per-block modes")
+    'the mode the placement MIP chose for each block'
+    """
+    if mode == "per-block modes":
+        return "the mode the placement MIP chose for each block"
+    base, _, ep = mode.partition("+")
+    if base == "single":
+        words = "one device"
+    else:
+        parts = [_DEGREE.match(p) for p in base.split(".")]
+        if not all(parts):
+            return mode  # a name this notation does not cover reads as itself
+        words = " x ".join(_DEGREE_WORDS[m.group(1)].format(n=m.group(2)) for m in parts)
+    return words + (", experts expert-parallel" if ep == "ep" else "")
+
+
+def describe_layout(text: str) -> str:
+    """A layout's name (:meth:`Layout.__str__`, or a baseline's ``GxK contiguous, MODE``) in words (see :data:`NOTATION`).
+
+    >>> describe_layout("2x8")
+    '2 groups of 8 devices, 1 pipeline stage each'
+    >>> describe_layout("4x4 v v=2")
+    '4 groups of 4 devices, 2 pipeline stages each in a V'
+    >>> describe_layout("1x16 interleaved v=2")
+    '1 group of 16 devices, 2 pipeline stages each, interleaved'
+    >>> describe_layout("4x4 contiguous, dp4+ep")
+    '4 groups of 4 devices, consecutive layers per stage, every layer in 4 data-parallel replicas, experts expert-parallel'
+    >>> describe_layout("something else")
+    'something else'
+    """
+    found = _LAYOUT.match(text.strip())
+    if not found:
+        return text
+    groups, size, placement, virtual, mode = found.groups()
+    words = f"{groups} group{'' if groups == '1' else 's'} of {size} device{'' if size == '1' else 's'}"
+    if mode is not None:
+        return f"{words}, consecutive layers per stage, every layer in {mode_words(mode)}"
+    if placement is None:
+        return f"{words}, 1 pipeline stage each"
+    shape = " in a V" if placement == "v" else ", interleaved"
+    return f"{words}, {virtual} pipeline stages each{shape}"

@@ -40,6 +40,7 @@ from opsched.cluster import Cluster, Training
 from opsched.cost import BlockCost, Mode, block_cost, modes_for
 from opsched.errors import OpschedError
 from opsched.solver import Status, new_model
+from opsched.units import bytes_text
 from opsched.upper.layouts import Layout
 
 #: block id -> (slot, mode)
@@ -535,8 +536,8 @@ def solve_upper(
     seconds = time.perf_counter() - t0
     if found is None:
         raise OpschedError(
-            f"no placement on layout {p.layout} fits in {p.memory_limit / 2**30:.1f} GiB per device; "
-            f"the smallest that fits is about {minimum_memory(p, solver=solver) / 2**30:.1f} GiB"
+            f"no placement on layout {p.layout} fits in {bytes_text(p.memory_limit)} per device; "
+            f"the smallest that fits is about {bytes_text(minimum_memory(p, solver=solver))}"
         )
     return UpperSolution(p.layout, found, estimate(p, found), status, bound, seconds, windowed)
 
