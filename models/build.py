@@ -12,11 +12,13 @@ Conventions shared by all models (see ``models/README.md``):
 
 - opset 23 (``Attention`` with ``q_num_heads``/``kv_num_heads`` for GQA,
   ``RMSNormalization``, ``LayerNormalization``, ``Gelu``); activations and
-  weights in bfloat16, routers in float32 (``TopK`` has no bfloat16 kernel in
-  opset 23, and routers run in float32 in the reference implementations).
+  weights in bfloat16 (float16 for the SC'21 GPTs, which were trained in fp16),
+  routers in float32 (``TopK`` has no bfloat16 kernel in opset 23, and routers
+  run in float32 in the reference implementations).
 - node names follow the legacy PyTorch exporter, ``/model/layers.3/self_attn/q_proj/MatMul``,
   so the module scope of a node is its name without the last part; weight inputs
-  are named like the Hugging Face parameters, ``model.layers.3.self_attn.q_proj.weight``.
+  are named like the Hugging Face parameters, ``model.layers.3.self_attn.q_proj.weight``
+  (Megatron's state dict for the SC'21 GPTs, ``language_model.encoder.layers.3.mlp.dense_h_to_4h.weight``).
 - symbolic dims ``batch`` and ``seq`` (Switch adds ``dec_seq``) on the data inputs,
   with defaults in ``metadata_props["opsched.default_dims"]`` (``batch=1,seq=4096``)
   and the names of the data inputs in ``metadata_props["opsched.data_inputs"]``;
@@ -50,6 +52,7 @@ from onnx import TensorProto, helper
 
 OPSET = 23
 BF16 = TensorProto.BFLOAT16
+F16 = TensorProto.FLOAT16
 F32 = TensorProto.FLOAT
 I64 = TensorProto.INT64
 
@@ -436,6 +439,22 @@ def build_llama_7b() -> onnx.ModelProto:
     return b.model({"batch": 1, "seq": 4096}, build_llama_7b.__doc__)
 
 
+def build_llama3_8b() -> onnx.ModelProto:
+    """Llama-3.1-8B: 32 layers, d=4096, GQA 32/8 heads of 128, SwiGLU FFN 14336, vocab 128256,
+    untied embeddings (8.03 B)."""
+    # meta-llama/Llama-3.1-8B config.json: hidden_size 4096, intermediate_size 14336,
+    # num_hidden_layers 32, num_attention_heads 32, num_key_value_heads 8, vocab_size 128256,
+    # tie_word_embeddings false, rms_norm_eps 1e-05; 8,030,261,248 parameters.
+    b = GraphBuilder("llama3_8b")
+    dim, vocab = 4096, 128256
+    ids = b.data("input_ids", ["batch", "seq"], I64)
+    h = embedding(b, "model/embed_tokens", ids, vocab, dim)
+    logits = decoder_lm(b, "model", h, layers=32, dim=dim, heads=32, kv_heads=8, vocab=vocab,
+                        mlp_fn=dense_mlp(dim, 14336))
+    b.output(logits, "logits", ["batch", "seq", vocab])
+    return b.model({"batch": 1, "seq": 8192}, build_llama3_8b.__doc__)
+
+
 def build_mpt_7b() -> onnx.ModelProto:
     """MPT-7B: 32 layers, d=4096, 32 heads of 128 (no GQA) with one fused Wqkv projection, ALiBi,
     GELU FFN 16384 (not gated), LayerNorm without bias, no linear biases, vocab 50432, output
@@ -465,6 +484,70 @@ def build_mpt_7b() -> onnx.ModelProto:
     logits = b.node("lm_head", "MatMul", [h, w_t])
     b.output(logits, "logits", ["batch", "seq", vocab])
     return b.model({"batch": 1, "seq": 4096}, build_mpt_7b.__doc__)
+
+
+# Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
+# Megatron-LM" (SC'21), Table 1: GPT models as Megatron-LM defines them, sized by
+# examples/sc21/run_table_1.sh (layers, hidden, heads) and the README beside it (vocab 51200,
+# sequence 2048). Megatron's GPTModel of that time (megatron/model/{gpt_model,language_model,
+# transformer}.py): word plus learned position embeddings (max_position_embeddings = 2048);
+# pre-LayerNorm layers (LayerNorm with bias, eps 1e-5) with a fused query_key_value projection
+# and a dense output projection, an MLP dense_h_to_4h -> GeLU -> dense_4h_to_h (ffn_hidden_size
+# 4h), every linear with a bias; final_layernorm; logits = h @ word_embeddings^T (tied, no
+# bias). The fused bias-GeLU kernel uses the tanh approximation. Dropout has no parameters and
+# is left out. The runs were --fp16, so these graphs are float16 (same bytes as bfloat16).
+# Names follow Megatron's state dict, language_model.encoder.layers.3.mlp.dense_h_to_4h.weight,
+# with linear weights [in, out] as in the other models.
+
+
+def megatron_gpt(name: str, layers: int, dim: int, heads: int, doc: str, vocab: int = 51200,
+                 max_positions: int = 2048, seq: int = 2048) -> onnx.ModelProto:
+    """A Megatron-LM GPT (see the note above) of ``layers`` layers, hidden ``dim``, ``heads`` heads, FFN 4 x dim."""
+    b = GraphBuilder(name, dtype=F16)
+    ids = b.data("input_ids", ["batch", "seq"], I64)
+    positions = b.data("position_ids", ["batch", "seq"], I64)  # built by the data loader, as in Megatron
+    emb = "language_model/embedding"
+    words = b.weight(f"{emb}/word_embeddings", "weight", [vocab, dim])
+    h = b.node(f"{emb}/word_embeddings", "Gather", [words, ids], axis=0)
+    h = b.node(emb, "Add", [h, embedding(b, f"{emb}/position_embeddings", positions, max_positions, dim)])
+    for i in range(layers):
+        scope = f"language_model/encoder/layers.{i}"
+        attn = f"{scope}/self_attention"
+        x = layer_norm(b, f"{scope}/input_layernorm", h, dim)
+        qkv = linear(b, f"{attn}/query_key_value", x, dim, 3 * dim, bias=True)
+        q, k, v = b.node(attn, "Split", [qkv, b.const(attn, [dim] * 3)], n_outputs=3, axis=-1)
+        a = b.node(attn, "Attention", [q, k, v], q_num_heads=heads, kv_num_heads=heads, is_causal=1)
+        h = b.node(scope, "Add", [h, linear(b, f"{attn}/dense", a, dim, dim, bias=True)])
+        x = layer_norm(b, f"{scope}/post_attention_layernorm", h, dim)
+        up = linear(b, f"{scope}/mlp/dense_h_to_4h", x, dim, 4 * dim, bias=True)
+        up = b.node(f"{scope}/mlp", "Gelu", [up], approximate="tanh")
+        h = b.node(scope, "Add", [h, linear(b, f"{scope}/mlp/dense_4h_to_h", up, 4 * dim, dim, bias=True)])
+    h = layer_norm(b, "language_model/encoder/final_layernorm", h, dim)
+    w_t = b.node("lm_head", "Transpose", [words], perm=[1, 0])  # tied: logits = h @ word_embeddings^T
+    logits = b.node("lm_head", "MatMul", [h, w_t])
+    b.output(logits, "logits", ["batch", "seq", vocab])
+    return b.model({"batch": 1, "seq": seq}, doc)
+
+
+def build_gpt_1_7b() -> onnx.ModelProto:
+    """GPT 1.7B of SC'21 Table 1 (Megatron-LM): 24 layers, h=2304, 24 heads, GeLU FFN 4h, learned positions
+    (2048), vocab 51200, LayerNorm and linear biases, tied output embedding (1.65 B)."""
+    return megatron_gpt("gpt_1_7b", 24, 2304, 24, build_gpt_1_7b.__doc__)
+
+
+def build_gpt_3_6b() -> onnx.ModelProto:
+    """GPT 3.6B of SC'21 Table 1 (Megatron-LM): 30 layers, h=3072, 32 heads, otherwise as gpt_1_7b (3.56 B)."""
+    return megatron_gpt("gpt_3_6b", 30, 3072, 32, build_gpt_3_6b.__doc__)
+
+
+def build_gpt_7_5b() -> onnx.ModelProto:
+    """GPT 7.5B of SC'21 Table 1 (Megatron-LM): 36 layers, h=4096, 32 heads, otherwise as gpt_1_7b (7.47 B)."""
+    return megatron_gpt("gpt_7_5b", 36, 4096, 32, build_gpt_7_5b.__doc__)
+
+
+def build_gpt_18_4b() -> onnx.ModelProto:
+    """GPT 18.4B of SC'21 Table 1 (Megatron-LM): 40 layers, h=6144, 48 heads, otherwise as gpt_1_7b (18.45 B)."""
+    return megatron_gpt("gpt_18_4b", 40, 6144, 48, build_gpt_18_4b.__doc__)
 
 
 def build_mixtral_8x7b() -> onnx.ModelProto:
@@ -735,6 +818,11 @@ MODELS = {
     "llava_7b": build_llava_7b,
     "llama_7b": build_llama_7b,
     "mpt_7b": build_mpt_7b,
+    "gpt_1_7b": build_gpt_1_7b,
+    "gpt_3_6b": build_gpt_3_6b,
+    "gpt_7_5b": build_gpt_7_5b,
+    "gpt_18_4b": build_gpt_18_4b,
+    "llama3_8b": build_llama3_8b,
     "llama3_405b": build_llama3_405b,
     "deepseek_v3": build_deepseek_v3,
 }

@@ -15,8 +15,32 @@ from opsched import onnx_import
 from opsched.graph import ops, totals
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
-NAMES = ["mixtral_8x7b", "deepseek_moe", "switch_moe", "clip_vit_l14", "llava_7b", "llama_7b", "mpt_7b", "llama3_405b"]
+NAMES = ["mixtral_8x7b", "deepseek_moe", "switch_moe", "clip_vit_l14", "llava_7b", "llama_7b", "mpt_7b",
+         "gpt_1_7b", "gpt_3_6b", "gpt_7_5b", "gpt_18_4b", "llama3_8b", "llama3_405b"]
 MOE = {"mixtral_8x7b": (8, 2), "deepseek_moe": (64, 6), "switch_moe": (8, 1)}  # experts, top_k
+
+# The GPTs of Narayanan et al. SC'21, Table 1: (layers, hidden, heads) from Megatron-LM's
+# examples/sc21/run_table_1.sh, and the size the paper prints for each, in billions.
+SC21_GPT = {
+    "gpt_1_7b": (24, 2304, 24, 1.7),
+    "gpt_3_6b": (30, 3072, 32, 3.6),
+    "gpt_7_5b": (36, 4096, 32, 7.5),
+    "gpt_18_4b": (40, 6144, 48, 18.4),
+}
+
+
+def megatron_gpt_params(layers: int, h: int, vocab: int = 51200, positions: int = 2048) -> int:
+    """A Megatron-LM GPT, worked out from the architecture, independently of the generator.
+
+    Per layer: input_layernorm (2h), query_key_value (h x 3h + 3h), dense (h x h + h),
+    post_attention_layernorm (2h), dense_h_to_4h (h x 4h + 4h), dense_4h_to_h (4h x h + h):
+    12 h^2 + 13 h. Word embeddings V h and learned position embeddings s h (s = 2048), the
+    output projection tied to the word embeddings (counted once), final_layernorm 2h.
+    """
+    layer = 2 * h + (3 * h * h + 3 * h) + (h * h + h) + 2 * h + (4 * h * h + 4 * h) + (4 * h * h + h)
+    assert layer == 12 * h * h + 13 * h
+    return layers * layer + vocab * h + positions * h + 2 * h
+
 
 # Published parameter counts of the reference checkpoints, and how far ours may be.
 PUBLISHED = {
@@ -29,6 +53,9 @@ PUBLISHED = {
     "llava_7b": (7_063_427_072 - 12_596_224 - 2_048, 0.0),
     "switch_moe": (619e6, 0.005),  # switch-base-8 (relative position bias left out)
     "llama3_405b": (405_853_388_800, 0.0),  # Llama-3.1-405B, exact (see llama3_405b_params)
+    "llama3_8b": (8_030_261_248, 0.0),  # Llama-3.1-8B, exact (see llama3_8b_params)
+    # the SC'21 GPTs: exactly the architecture's count (the paper's rounded sizes: see test_sc21_gpt_sizes)
+    **{name: (megatron_gpt_params(layers, h), 0.0) for name, (layers, h, _, _) in SC21_GPT.items()},
 }
 
 
@@ -192,6 +219,69 @@ def test_mpt_7b_has_the_published_size_and_shapes(models):
     assert all(len(n.input) == 2 for n in model.graph.node if n.op_type == "LayerNormalization")
 
 
+def test_sc21_gpt_sizes_against_the_paper():
+    """The paper's Eq. 2, P = 12 l h^2 (1 + 13/(12 h) + (V + s)/(12 l h)), is this count without the
+    final LayerNorm; each count rounds to the size Table 1 prints (one decimal, in billions).
+
+    1.7 B is the one row more than 2 % off: 24 layers of h=2304 make 1.652 B, printed as 1.7 (-2.8 %);
+    the others are within 2 % (3.562 B -1.1 %, 7.468 B -0.4 %, 18.450 B +0.3 %).
+    """
+    for name, (layers, h, _, paper) in SC21_GPT.items():
+        count = megatron_gpt_params(layers, h)
+        eq2 = 12 * layers * h * h + 13 * layers * h + (51200 + 2048) * h
+        assert count == eq2 + 2 * h
+        assert math.isclose(eq2, 12 * layers * h**2 * (1 + 13 / (12 * h) + (51200 + 2048) / (12 * layers * h)))
+        assert round(count / 1e9, 1) == paper, name
+        assert abs(count - paper * 1e9) <= (0.03 if name == "gpt_1_7b" else 0.02) * paper * 1e9, name
+
+
+@pytest.mark.parametrize("name", sorted(SC21_GPT))
+def test_sc21_gpt_has_megatrons_shapes(models, name):
+    layers, h, heads, _ = SC21_GPT[name]
+    model = models[name]
+    assert count_params(model) == megatron_gpt_params(layers, h)
+    shapes = weights(model)
+    last = f"language_model.encoder.layers.{layers - 1}"
+    assert shapes[f"{last}.self_attention.query_key_value.weight"] == [h, 3 * h]
+    assert shapes[f"{last}.self_attention.query_key_value.bias"] == [3 * h]
+    assert shapes[f"{last}.mlp.dense_h_to_4h.weight"] == [h, 4 * h]
+    assert shapes[f"{last}.mlp.dense_4h_to_h.bias"] == [h]
+    assert shapes[f"{last}.post_attention_layernorm.bias"] == [h]
+    assert shapes["language_model.embedding.word_embeddings.weight"] == [51200, h]
+    assert shapes["language_model.embedding.position_embeddings.weight"] == [2048, h]
+    assert f"language_model.encoder.layers.{layers}.mlp.dense_h_to_4h.weight" not in shapes
+    assert not any("lm_head" in n or "output_layer" in n for n in shapes)  # tied to the word embeddings
+    assert metadata(model)["opsched.data_inputs"] == "input_ids,position_ids"
+    assert metadata(model)["opsched.default_dims"] == "batch=1,seq=2048"
+    kinds = [n.op_type for n in model.graph.node]
+    assert kinds.count("Gelu") == layers and kinds.count("LayerNormalization") == 2 * layers + 1
+    assert all(n.attribute[0].s == b"tanh" for n in model.graph.node if n.op_type == "Gelu")
+    assert {a.i for n in model.graph.node if n.op_type == "Attention" for a in n.attribute
+            if a.name == "q_num_heads"} == {heads}
+    assert {vi.type.tensor_type.elem_type for vi in model.graph.input if vi.name in shapes} == {onnx.TensorProto.FLOAT16}
+
+
+def llama3_8b_params() -> int:
+    """Llama-3.1-8B (meta-llama/Llama-3.1-8B config.json): as llama3_405b_params, other sizes."""
+    dim, ff, heads, kv_heads, head_dim, layers, vocab = 4096, 14336, 32, 8, 128, 32, 128256
+    attention = 2 * dim * heads * head_dim + 2 * dim * kv_heads * head_dim  # q, o; k, v
+    layer = attention + 3 * dim * ff + 2 * dim
+    return layers * layer + 2 * vocab * dim + dim
+
+
+def test_llama3_8b_has_the_published_size_and_shapes(models):
+    assert llama3_8b_params() == 8_030_261_248
+    model = models["llama3_8b"]
+    assert count_params(model) == llama3_8b_params()
+    shapes = weights(model)
+    assert shapes["model.layers.31.self_attn.q_proj.weight"] == [4096, 4096]
+    assert shapes["model.layers.0.self_attn.v_proj.weight"] == [4096, 1024]  # GQA: 8 kv heads of 128
+    assert shapes["model.layers.0.mlp.down_proj.weight"] == [14336, 4096]
+    assert shapes["lm_head.weight"] == [4096, 128256] and shapes["model.embed_tokens.weight"] == [128256, 4096]
+    assert "model.layers.32.mlp.up_proj.weight" not in shapes
+    assert metadata(model)["opsched.default_dims"] == "batch=1,seq=8192"
+
+
 def test_mixtral_has_46_7_billion_parameters(models):
     got = count_params(models["mixtral_8x7b"])
     assert abs(got - 46.7e9) / 46.7e9 < 0.005
@@ -290,11 +380,12 @@ def test_importer_counts_the_same_parameters(models, name):
     if not tied and not scalars:
         assert got == own
     else:
-        # Only switch_moe (one embedding tied to encoder, decoder and lm_head), mpt_7b
-        # (wte tied to the output projection) and clip_vit_l14 (the scalar logit_scale)
-        # get here. opsched.onnx_import documents counting a weight once per reader and
-        # scalars as constants; accept that rule or a plain count, nothing else.
-        assert set(tied) <= {"shared.weight", "transformer.wte.weight"} and set(scalars) <= {"logit_scale"}
+        # Only switch_moe (one embedding tied to encoder, decoder and lm_head), mpt_7b and
+        # the SC'21 GPTs (the token embedding tied to the output projection) and clip_vit_l14
+        # (the scalar logit_scale) get here. opsched.onnx_import documents counting a weight
+        # once per reader and scalars as constants; accept that rule or a plain count, nothing else.
+        tieable = {"shared.weight", "transformer.wte.weight", "language_model.embedding.word_embeddings.weight"}
+        assert set(tied) <= tieable and set(scalars) <= {"logit_scale"}
         per_reader = own + sum((r - 1) * math.prod(shapes[w]) for w, r in tied.items())
         per_reader -= sum(math.prod(shapes[w]) for w in scalars)
         assert got in (own, per_reader), f"{name}: importer {got:,}, own count {own:,}"
