@@ -82,6 +82,11 @@ class Cluster:
             raise OpschedError(f"cluster {self.name!r} has no peak FLOP/s for dtype {dtype!r}; known: {known}")
         return float(self.peak_flops[dtype]) * self.efficiency
 
+    @property
+    def costs_by_kind(self) -> bool:
+        """Whether the cluster sets an efficiency by kind of operator (else one roofline at ``efficiency``)."""
+        return bool(self.matmul_efficiency) or self.attention_efficiency is not None or self.memory_efficiency != 1.0
+
     def matmul_flops_per_second(self, dtype: str) -> float:
         """Achievable FLOP/s of one device's matrix multiplies in ``dtype``."""
         return self.flops_per_second(dtype) / self.efficiency * self.matmul_efficiency.get(dtype, self.efficiency)
@@ -152,25 +157,15 @@ class Training:
 # bidirectional figure), one 400 Gb/s (H100/H200) or 200 Gb/s (A100) NIC per GPU.
 # Latencies are typical small-message figures. Efficiency 0.5 is a common MFU
 # for large-model training; it applies to FLOPs of no known kind.
-# Efficiencies by kind of operator (docs/cost-model.md, "Efficiency by operator kind"):
-# * matmul, BF16/FP16: maximum achievable matmul FLOPS over shapes, stas00/ml-engineering
-#   compute/accelerator/README.md: A100 SXM 267.9 of 312 (0.859), H100 SXM 792.1 of 989 (0.801);
-#   the H200 has the H100's compute die, so it takes the H100's figure;
-# * matmul, FP8 on H100/H200: 0.6 (cuBLASLt reaches about 0.81 at 8192^3 but a training step's FP8
-#   matmuls go through per-tensor scaling casts: PyTorch's _scaled_mm measured 1,170 of 1,979, 0.59);
-# * attention: FlashAttention-2 reaches 50-73 % of the A100's peak forward and up to 63 % in the
-#   backward (Dao 2023): 0.63, the backward's (2.5 x the forward's FLOPs); FlashAttention-3 reaches
-#   75 % forward on the H100 in BF16 with a backward about 1.5-1.75 x FlashAttention-2's (Shah et
-#   al. 2024): 0.55 weighted over forward and backward;
-# * memory-bound operators: 0.9 of HBM bandwidth (sustained STREAM-style copies).
+# Efficiencies by kind of operator (matmul_efficiency, attention_efficiency, memory_efficiency) are
+# optional fields of a cluster file; the presets leave them out: the single efficiency predicts
+# published runs better than kernel ceilings do (docs/BENCHMARKS.md, "Against published runs";
+# benchmarks/clusters/ holds the ceilings, with their sources).
 PRESETS: dict[str, dict[str, Any]] = {
     "h100-sxm": {
         "devices_per_node": 8,
         "peak_flops": {"fp8": 1979e12, "bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
         "efficiency": 0.5,
-        "matmul_efficiency": {"bf16": 0.801, "fp16": 0.801, "fp8": 0.6},
-        "attention_efficiency": 0.55,
-        "memory_efficiency": 0.9,
         "memory_bytes": 80e9,
         "memory_bandwidth": 3.35e12,
         "intra_node_bandwidth": 450e9,
@@ -182,9 +177,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "devices_per_node": 8,
         "peak_flops": {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
         "efficiency": 0.5,
-        "matmul_efficiency": {"bf16": 0.859, "fp16": 0.859},
-        "attention_efficiency": 0.63,
-        "memory_efficiency": 0.9,
         "memory_bytes": 80e9,
         "memory_bandwidth": 2.039e12,
         "intra_node_bandwidth": 300e9,
@@ -196,9 +188,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "devices_per_node": 8,
         "peak_flops": {"fp8": 1979e12, "bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
         "efficiency": 0.5,
-        "matmul_efficiency": {"bf16": 0.801, "fp16": 0.801, "fp8": 0.6},
-        "attention_efficiency": 0.55,
-        "memory_efficiency": 0.9,
         "memory_bytes": 141e9,
         "memory_bandwidth": 4.8e12,
         "intra_node_bandwidth": 450e9,

@@ -138,15 +138,18 @@ def compute_time(block: Block, share: int, cluster: Cluster, dtype: str) -> floa
     at its attention efficiency, and the rest (norms, activations, residual
     adds, ...) at the general efficiency; each kind takes the slower of its
     FLOPs and its memory traffic (at ``memory_efficiency`` of the bandwidth),
-    and the kinds run one after another. A block whose operators carry no kind
-    (a hand-made Block) is one roofline at the general efficiency.
+    and the kinds run one after another. A cluster without efficiencies by
+    kind (the presets) costs the block as one roofline at its efficiency, and
+    so does a block whose operators carry no kind (a hand-made Block).
 
-    >>> from opsched.cluster import preset
-    >>> c = preset("h100-sxm")
+    >>> from opsched.cluster import cluster_from_dict
+    >>> c = cluster_from_dict({"preset": "h100-sxm", "devices": 8, "matmul_efficiency": {"bf16": 0.801}})
     >>> b = Block(0, "mlp", (), (), flops=2 * 792.1e12, matmul_flops=792.1e12)
     >>> round(compute_time(b, 1, c, "bf16"), 3)   # 1 s of matmul at 0.801 of 989e12, 792.1e12 FLOPs at 0.5
     2.602
     """
+    if not cluster.costs_by_kind:
+        return roofline_time(block.flops / share, block.io_bytes / share, cluster, dtype)
     bandwidth = cluster.memory_bandwidth * cluster.memory_efficiency
     rest_flops = max(0.0, block.flops - block.matmul_flops - block.attention_flops)
     rest_io = max(0.0, block.io_bytes - block.matmul_io_bytes - block.attention_io_bytes)

@@ -148,3 +148,34 @@ def test_zero_shards_what_data_parallel_replicas_hold():
     assert block_cost(block(), Mode(tp=4), (0, 1, 2, 3), C, replace(T, zero=3)).param_bytes == pytest.approx(4e6)
     with pytest.raises(OpschedError, match="ZeRO level"):
         Training(zero=5)
+
+
+def test_operator_kinds_take_their_own_efficiency():
+    """A cluster file's matmul / attention / memory efficiencies cost each kind apart; without them, one roofline."""
+    from opsched.cluster import preset
+    from opsched.cost import compute_time
+
+    kinds = cluster_from_dict({"preset": "h100-sxm", "devices": 8, "matmul_efficiency": {"bf16": 0.8},
+                               "attention_efficiency": 0.6, "memory_efficiency": 0.9})
+    b = Block(0, "layer", (), (), flops=10e12, matmul_flops=8e12, attention_flops=1e12, io_bytes=90e9,
+              matmul_io_bytes=30e9, attention_io_bytes=0.0)
+    peak = 989e12
+    # matmuls compute-bound, attention compute-bound, the rest (1e12 FLOPs, 60e9 B) memory-bound at 0.9 x 3.35e12 B/s
+    expected = 8e12 / (0.8 * peak) + 1e12 / (0.6 * peak) + 60e9 / (0.9 * 3.35e12)
+    assert compute_time(b, 1, kinds, "bf16") == pytest.approx(expected)
+    assert compute_time(b, 2, kinds, "bf16") == pytest.approx(expected / 2)
+    # FP8 keeps attention in BF16: only the matmuls change rate
+    assert compute_time(b, 1, kinds, "fp8") > 8e12 / (0.5 * 1979e12) + 1e12 / (0.6 * peak)
+    # the presets: one roofline at 0.5 over all FLOPs and bytes
+    assert compute_time(b, 1, preset("h100-sxm"), "bf16") == pytest.approx(max(10e12 / (0.5 * peak), 90e9 / 3.35e12))
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("matmul_efficiency", {"bf16": 1.5}, r"matmul_efficiency\['bf16'\] is a fraction"),
+    ("matmul_efficiency", 0.8, "must map dtypes"),
+    ("attention_efficiency", 0, "attention_efficiency' is a fraction"),
+    ("memory_efficiency", -1, "memory_efficiency' is a fraction"),
+])
+def test_kind_efficiencies_are_checked(field, value, message):
+    with pytest.raises(OpschedError, match=message):
+        cluster_from_dict({"preset": "h100-sxm", "devices": 8, field: value})

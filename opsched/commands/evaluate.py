@@ -99,15 +99,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def summary_text(model: str, cluster, result) -> str:
+    from opsched.units import bytes_text, plural, seconds_text
+
     fit = "fits" if result.fits else "DOES NOT FIT"
     lines = [
         f"{model} on {cluster.devices} x {cluster.name}, layout {result.layout}, schedule {result.schedule_name}, "
-        f"{result.microbatches} microbatches per pipeline, global batch {result.global_batch}",
-        f"  step time {result.step_time:.4g} s, {result.tokens_per_second_per_device:,.0f} tokens/s per device, "
+        f"{plural(result.microbatches, 'microbatch', 'microbatches')} per pipeline, global batch {result.global_batch}",
+        f"  step time {seconds_text(result.step_time)}, {result.tokens_per_second_per_device:,.0f} tokens/s per device, "
         f"MFU {100 * result.mfu:.1f} %",
-        f"  peak memory {result.peak_memory_bytes / 2**30:.1f} GiB per device of {result.memory_limit / 2**30:.1f} GiB: {fit}",
+        f"  peak memory {bytes_text(result.peak_memory_bytes)} per device of {bytes_text(result.memory_limit)}: {fit}",
         "  where the time goes:",
     ]
     for key, seconds in result.breakdown.items():
-        lines.append(f"    {key.replace('_', ' ')}: {seconds:.4g} s")
+        lines.append(f"    {key.replace('_', ' ')}: {seconds_text(seconds)}")
     return "\n".join(lines)
