@@ -339,3 +339,15 @@ def test_no_fit_hint_never_asks_for_more_memory_than_the_device_has():
     assert "--memory-limit" not in memory_hint(94 * 2**30, h100) and "--preset h200" in memory_hint(94 * 2**30, h100)
     assert "--preset" not in memory_hint(200e9, h100) and "--devices 16" in memory_hint(200e9, h100)
     assert memory_hint(40 * 2**30, h100) == "pass --memory-limit 40GiB"
+
+
+@pytest.mark.parametrize("export", ["llava.legacy.onnx", "clip.legacy.onnx"])
+def test_tiny_real_exports_leave_no_device_idle(export, tmp_path):
+    """Issue 15 item 10: tiny multimodal exports on 8 devices used to leave 7 (LLaVA) or 2 (CLIP) devices idle."""
+    from conftest import real_export
+
+    out = tmp_path / "out"
+    assert main(["plan", str(real_export(export)), "--devices", "8", "--time-limit", "8", "-o", str(out), "--quiet"]) == 0
+    schedule, _ = read_plan(out / "plan.json")
+    busy = {d for e in schedule.events for d in schedule.stage_graph.stage(e.stage).devices}
+    assert busy == set(range(8))
