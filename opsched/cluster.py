@@ -129,8 +129,12 @@ class Training:
     #: ZeRO level over data-parallel replicas (0: none; 1: optimizer states sharded, Megatron's
     #: distributed optimizer; 2: gradients too; 3: weights too), see ``cost.held_param_bytes``
     zero: int = 0
+    #: activation recomputation: "none", or "full" (each block keeps its input and runs its forward again)
+    recompute: str = "none"
 
     def __post_init__(self) -> None:
+        if self.recompute not in ("none", "full"):
+            raise OpschedError(f"recompute must be 'none' or 'full', got {self.recompute!r}")
         if self.zero not in (0, 1, 2, 3):
             raise OpschedError(f"ZeRO level must be 0, 1, 2 or 3, got {self.zero!r}")
         if not isinstance(self.microbatches, int) or self.microbatches < 1:
@@ -368,6 +372,8 @@ def memory_hint(smallest: float, cluster: Cluster) -> str:
 
     >>> memory_hint(60 * 2**30, preset("h100-sxm", 8))
     'pass --memory-limit 60GiB'
+    >>> memory_hint(1.75 * 2**20, preset("h100-sxm", 8))
+    'pass --memory-limit 2MiB'
     >>> memory_hint(74.3 * 2**30, preset("h100-sxm", 8))
     'leave out --memory-limit: the 80 GB of one h100-sxm device is enough'
     >>> memory_hint(94 * 2**30, preset("h100-sxm", 8))
@@ -377,9 +383,10 @@ def memory_hint(smallest: float, cluster: Cluster) -> str:
     # a device's own memory in decimal GB, as its vendor names it (an H100 is "80 GB"); never in exponent notation
     gb = lambda x: plain(x / 1e9, 3)  # noqa: E731
     if smallest <= own:
-        rounded = math.ceil(smallest / 2**30)
-        if rounded * 2**30 <= own:
-            return f"pass --memory-limit {rounded}GiB"
+        unit, size = ("GiB", 2**30) if smallest >= 2**30 else ("MiB", 2**20)
+        rounded = math.ceil(smallest / size)
+        if rounded * size <= own:
+            return f"pass --memory-limit {rounded}{unit}"
         return f"leave out --memory-limit: the {gb(own)} GB of one {cluster.name} device is enough"
     larger = sorted((spec["memory_bytes"], name) for name, spec in PRESETS.items() if spec["memory_bytes"] >= smallest)
     preset_text = f" or --preset {larger[0][1]} ({gb(larger[0][0])} GB per device)" if larger else ""

@@ -9,6 +9,8 @@ One module, one set of formulas (written out in ``docs/cost-model.md``):
   ``dA = Xᵀ·dY`` (W), each as many FLOPs as the forward);
 * **tensor-parallel collectives** (Megatron): an all-reduce of each
   row-parallel layer's output in F and in I (:func:`tensor_parallel_bytes`);
+* **recomputation** (``Training.recompute = "full"``): the block keeps only
+  its input per microbatch and runs its forward again before I;
 * **parallel modes** on a group of ``k`` devices: tensor parallel degree
   ``tp``, data-parallel replicas ``dp`` (``tp × dp = k``), or expert parallel
   ``ep = k`` for blocks holding several experts;
@@ -288,16 +290,14 @@ def block_cost(
         bw, lat = cluster.link(replicas, replicas)
         sync = allreduce_time(block.param_count / mode.tp * training.grad_bytes, mode.dp, bw, lat)
     act = block.output_bytes / share
-    return BlockCost(
-        F=f,
-        I=i,
-        W=w,
-        param_bytes=param_bytes,
-        act_bytes=act,
-        # the weight gradient needs the inputs of the weight matmuls: about half the saved tensors
-        act_w_bytes=act / 2 if has_weights else 0.0,
-        grad_sync=sync,
-    )
+    # the weight gradient needs the inputs of the weight matmuls: about half the saved tensors
+    act_w = act / 2 if has_weights else 0.0
+    if training.recompute == "full":
+        # Megatron's full recomputation: keep only the block's input, run its forward again before I
+        i += f
+        kept = (block.output_bytes if token_bytes is None else token_bytes) / share
+        act, act_w = min(act, kept), min(act_w, kept)
+    return BlockCost(F=f, I=i, W=w, param_bytes=param_bytes, act_bytes=act, act_w_bytes=act_w, grad_sync=sync)
 
 
 def transfer_time(nbytes: float, cluster: Cluster, src: tuple[int, ...], dst: tuple[int, ...]) -> float:

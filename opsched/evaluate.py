@@ -332,8 +332,10 @@ def _chunk_cost(bg: nx.DiGraph, members: list[int], layout: ParallelLayout, clus
                 rank: int) -> _ChunkCost:
     """One device's share of a chunk: pass times per microbatch, memory, gradient sync and optimizer step."""
     tensor, expert, data = _rank_devices(layout, cluster.devices, rank)
+    # selective recomputation is costed as none (module docstring)
+    training = dataclasses.replace(training, recompute="full" if layout.recompute == "full" else "none")
     out = _ChunkCost()
-    first_inputs = 0.0
+    weights = 0.0  # bytes of this device's share of the chunk's weights, unsharded
     for b in members:
         block: Block = bg.nodes[b]["block"]
         tokens = max((d.get("bytes", 0.0) for _, _, d in bg.in_edges(b, data=True)), default=0.0)
@@ -346,15 +348,14 @@ def _chunk_cost(bg: nx.DiGraph, members: list[int], layout: ParallelLayout, clus
             bw, lat = cluster.link(expert, expert)
             a2a = 2 * alltoall_time(tokens / layout.tp, layout.ep, bw, lat)  # dispatch and combine
             f += a2a
-            i += a2a
+            i += a2a * (2 if training.recompute == "full" else 1)  # a recomputed forward swaps them again
             params /= layout.ep
             replicas = layout.dp // layout.ep
-        if layout.recompute == "full" and block.param_count >= 0:
-            i += c.F  # the forward again before the input gradient
         out.F += f
         out.I += i
         out.W += c.W
         out.param_bytes += held_param_bytes(params, replicas, training, layout.zero)
+        weights += params * training.param_bytes
         out.act_bytes += c.act_bytes
         out.act_w_bytes += c.act_w_bytes
         if replicas > 1 and block.param_count > 0:
@@ -364,24 +365,13 @@ def _chunk_cost(bg: nx.DiGraph, members: list[int], layout: ParallelLayout, clus
             out.grad_sync += allreduce_time(params * training.grad_bytes, replicas, bw, lat)
         updated = params / (replicas if layout.zero >= 1 else 1)
         out.optimizer += updated * OPTIMIZER_TRAFFIC_BYTES / cluster.memory_bandwidth
-        if not first_inputs:
-            first_inputs = tokens
-    if layout.recompute == "full":
-        # only the chunk's input is kept per microbatch (each layer's input, at most; the first as a floor)
-        kept = min(out.act_bytes, max(first_inputs, 0.0) / layout.tp * max(1, _layers_in(bg, members)))
-        out.act_w_bytes = min(out.act_w_bytes, kept)
-        out.act_bytes = kept
     if layout.zero >= 3:
-        # the parameters are gathered before use in F and again in I (FSDP): two all-gathers per pass pair
+        # FSDP gathers the weights before use in F and again in I; an all-gather is half a ring all-reduce
         bw, lat = cluster.link(data, data)
-        gather = allreduce_time(out.param_bytes, layout.dp, bw, lat) / 2
+        gather = allreduce_time(weights, layout.dp, bw, lat) / 2
         out.F += gather
         out.I += gather
     return out
-
-
-def _layers_in(bg: nx.DiGraph, members: list[int]) -> int:
-    return len({layer_path(bg.nodes[b]["block"].name) for b in members})
 
 
 def _boundary_bytes(bg: nx.DiGraph, chunks: list[list[int]], c: int) -> float:

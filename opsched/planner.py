@@ -200,18 +200,18 @@ def plan_block_graph(
     t_base = time.perf_counter()
     if not solutions and not baselines:
         smallest = _smallest_memory(problems, solver)
-        raise OpschedError(
+        raise MemoryTooSmall(
             f"no layout fits in {bytes_text(limit)} per device; the smallest memory that works is about "
-            f"{bytes_text(smallest)} ({memory_hint(smallest, cluster)})"
+            f"{bytes_text(smallest)} ({memory_hint(smallest, cluster)})", smallest
         )
     jobs, unscheduled = _lower_jobs(solutions, problems, best_split)
     _schedule_jobs(jobs, training.microbatches, limit, clock, solver, keep)
     options = [_job_option(j) for j in jobs if j.schedule is not None] + [_baseline_option(b) for b in baselines]
     if not options:
         smallest = min((minimum_memory_limit(j.stage_graph, training.microbatches) for j in jobs), default=math.inf)
-        raise OpschedError(
+        raise MemoryTooSmall(
             f"no candidate could be scheduled within {bytes_text(limit)} per device; the smallest memory that works "
-            f"is about {bytes_text(smallest)} ({memory_hint(smallest, cluster)})"
+            f"is about {bytes_text(smallest)} ({memory_hint(smallest, cluster)})", smallest
         )
     best = min(options, key=lambda o: o.step_time)
     validate(best.schedule)

@@ -179,3 +179,15 @@ def test_operator_kinds_take_their_own_efficiency():
 def test_kind_efficiencies_are_checked(field, value, message):
     with pytest.raises(OpschedError, match=message):
         cluster_from_dict({"preset": "h100-sxm", "devices": 8, field: value})
+
+
+def test_full_recomputation_keeps_the_input_and_runs_the_forward_again():
+    from dataclasses import replace
+
+    plain = block_cost(block(out=5e9), Mode(tp=4), (0, 1, 2, 3), C, T, token_bytes=4e8)
+    full = block_cost(block(out=5e9), Mode(tp=4), (0, 1, 2, 3), C, replace(T, recompute="full"), token_bytes=4e8)
+    assert full.F == plain.F and full.W == plain.W
+    assert full.I == pytest.approx(plain.I + plain.F)  # the forward, its all-reduce included, before the input gradient
+    assert full.act_bytes == pytest.approx(4e8 / 4) and full.act_bytes < plain.act_bytes  # the input, split 4 ways
+    with pytest.raises(OpschedError, match="recompute must be"):
+        Training(recompute="selective")

@@ -351,3 +351,36 @@ def test_tiny_real_exports_leave_no_device_idle(export, tmp_path):
     schedule, _ = read_plan(out / "plan.json")
     busy = {d for e in schedule.events for d in schedule.stage_graph.stage(e.stage).devices}
     assert busy == set(range(8))
+
+
+def test_recompute_auto_plans_with_full_recomputation_only_when_nothing_fits(tmp_path, capsys):
+    """The tiny CLIP needs about 1.75 MiB per device on 2 devices without recomputation and 1.3 MiB with it."""
+    from conftest import real_export
+
+    model = str(real_export("clip.legacy.onnx"))
+    base = ["plan", model, "--devices", "2", "--memory-limit", "1.5MiB", "--time-limit", "6", "--quiet"]
+    assert main([*base, "--recompute", "none", "-o", str(tmp_path / "none")]) == 2
+    assert "smallest memory that works" in capsys.readouterr().err
+    assert main([*base, "-o", str(tmp_path / "auto")]) == 0
+    doc = json.loads((tmp_path / "auto" / "plan.json").read_text())
+    assert doc["recompute"] == "full" and doc["zero"] == 1
+    assert "activation recomputation: full" in (tmp_path / "auto" / "report.md").read_text()
+    # with room to spare, auto plans without it
+    assert main(["plan", model, "--devices", "2", "--time-limit", "6", "--quiet", "-o", str(tmp_path / "roomy")]) == 0
+    assert json.loads((tmp_path / "roomy" / "plan.json").read_text())["recompute"] == "none"
+
+
+def test_zero_one_holds_less_than_zero_zero_per_replica():
+    """--zero 1 (the default) shards optimizer states over data-parallel replicas: a data-parallel plan needs less."""
+    from dataclasses import replace
+
+    from opsched.upper.layouts import Layout
+    from opsched.upper.mip import upper_problem
+
+    g = two_tower_graph()
+    cluster = cluster_from_dict(SPEC)
+    plain = upper_problem(g, Layout(cluster.devices, 1), cluster, Training(microbatches=4))
+    sharded = upper_problem(g, Layout(cluster.devices, 1), cluster, replace(Training(microbatches=4), zero=1))
+    dp = next(m for m in plain.modes[1] if m.dp == cluster.devices)
+    replicas = cluster.devices
+    assert sharded.cost[(1, 0, dp)].param_bytes == pytest.approx(plain.cost[(1, 0, dp)].param_bytes * (4 + 12 / replicas) / 16)

@@ -39,6 +39,7 @@ examples:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import contextlib
 import json
 import logging
@@ -65,6 +66,11 @@ EPILOG = NOTATION + "\n" + GLOSSARY
 
 log = logging.getLogger(__name__)
 
+#: how report.md says what each --zero level shards over data-parallel replicas
+ZERO_WORDS = {0: "held whole by every data-parallel replica (ZeRO 0)",
+              1: "sharded over data-parallel replicas (ZeRO-1, Megatron's distributed optimizer)",
+              2: "sharded over data-parallel replicas, gradients too (ZeRO-2)"}
+
 #: the part of --time-limit kept for validating the plan and writing its files
 EXPORT_SHARE = 0.05
 
@@ -89,6 +95,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="wall-clock budget of the whole command in seconds (default 60): the import, "
                              "the search and writing the files; the best valid plan found by then is written, "
                              "and a candidate the clock cut short says so in report.md")
+    parser.add_argument("--zero", type=int, choices=(0, 1, 2), default=1,
+                        help="ZeRO level over data-parallel replicas: 0 every replica holds its optimizer states; "
+                             "1 (default) they are sharded, as Megatron's distributed optimizer does, for the same "
+                             "gradient traffic; 2 the gradients too")
+    parser.add_argument("--recompute", choices=("none", "full", "auto"), default="auto",
+                        help="activation recomputation: none; full (each block keeps its input and runs its forward "
+                             "again in the backward); auto (default) plans without it and with full recomputation "
+                             "only if nothing fits")
     parser.add_argument("--solver", default="cbc", choices=SOLVERS, help="MIP solver (default cbc; highs needs pip install highsbox)")
     parser.add_argument("-o", "--out", required=True, metavar="OUTDIR",
                         help="directory for the plan files (made if missing; checked before any work)")
@@ -99,12 +113,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from opsched.cluster import Training, resolve_cluster
     from opsched.coarsen import coarsen
-    from opsched.errors import OpschedError
+    from opsched.errors import MemoryTooSmall, OpschedError
     from opsched.fileio import check_output_dir
     from opsched.onnx_import import import_onnx, routing_assumptions
     from opsched.planner import plan_block_graph
     from opsched.solver import require
-    from opsched.units import bytes_text, plural
+    from opsched.units import bytes_text, plural, seconds_text
     from opsched.upper.layouts import layouts
 
     # the time limit is the whole command's: the import counts, and a part is kept for writing the files
@@ -123,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
     og = import_onnx(args.model, dims=merged_dims(args.dim) or None, capacity_factor=args.capacity_factor,
                      strict_dims=True)
     used_dims = dict(og.graph.get("dims", {}))
-    training = Training(microbatches=args.microbatches, microbatch_size=int(used_dims.get("batch", 1)))
+    training = Training(microbatches=args.microbatches, microbatch_size=int(used_dims.get("batch", 1)),
+                        zero=args.zero, recompute="full" if args.recompute == "full" else "none")
     dims_text = ", ".join(f"{k}={v}" for k, v in used_dims.items())
     log.info("import: %s: %s; %s", args.model, plural(og.number_of_nodes(), "operator"),
              f"symbolic dims {dims_text}" if dims_text else "no symbolic dims")
@@ -142,8 +157,17 @@ def run(args: argparse.Namespace) -> int:
              cluster.name, plural(cluster.devices, "device"), cluster.devices_per_node, bytes_text(limit),
              plural(args.microbatches, "microbatch", "microbatches"))
     # the planner logs its own progress (opsched.planner)
-    result = plan_block_graph(bg, cluster, training, memory_limit=limit, time_limit=args.time_limit, solver=args.solver,
-                              deadline=deadline)
+    try:
+        result = plan_block_graph(bg, cluster, training, memory_limit=limit, time_limit=args.time_limit,
+                                  solver=args.solver, deadline=deadline)
+    except MemoryTooSmall:
+        if args.recompute != "auto":
+            raise
+        log.info("plan: nothing fits without recomputation; planning again with full recomputation, %s left",
+                 seconds_text(max(0.0, deadline - time.monotonic())))
+        training = dataclasses.replace(training, recompute="full")
+        result = plan_block_graph(bg, cluster, training, memory_limit=limit, time_limit=args.time_limit,
+                                  solver=args.solver, deadline=max(deadline, time.monotonic() + 1.0))
     log.info("validate: %s on %s", result.source, result.layout)
     samples = training.microbatches * training.microbatch_size
     extra = plan_extra(args.model, cluster, training, result, warnings)
@@ -173,6 +197,8 @@ def plan_extra(model: str, cluster, training, result, warnings: list[str] | None
         "grad_sync_seconds": result.grad_sync,
         "throughput": samples / result.step_time if result.step_time > 0 else 0.0,
         "microbatch_size": training.microbatch_size,
+        "zero": training.zero,
+        "recompute": training.recompute,
         "stage_blocks": {str(k): c.blocks for k, c in result.stage_contents.items()},
         "stage_contents": {str(k): c.to_dict() for k, c in result.stage_contents.items()},
         "baselines": [b.to_dict(samples) for b in result.baselines],
@@ -253,6 +279,7 @@ def report_text(model: str, cluster, training, limit: float, result, warnings: l
         f"- memory limit: {bytes_text(limit)} per device (parameters + gradients + optimizer state + activations)",
         f"- microbatches: {training.microbatches} of {plural(training.microbatch_size, 'sample')} each; "
         f"dtype {training.dtype}",
+        f"- optimizer states: {ZERO_WORDS[training.zero]}; activation recomputation: {training.recompute}",
         f"- chosen: {result.source} on layout {result.layout} ({describe_layout(result.layout)}), "
         f"{plural(stages, 'pipeline stage')}",
         f"- step time {seconds_text(result.step_time)} (makespan {seconds_text(m.makespan)} + gradient sync "
