@@ -131,6 +131,9 @@ class Training:
     zero: int = 0
     #: activation recomputation: "none", or "full" (each block keeps its input and runs its forward again)
     recompute: str = "none"
+    #: data-parallel replicas take whole sequences: a block's dp degree divides ``microbatch_size``
+    #: (False: a dp mode may split a microbatch's one sequence, which is context parallelism, uncosted)
+    whole_sequences: bool = False
 
     def __post_init__(self) -> None:
         if self.recompute not in ("none", "full"):

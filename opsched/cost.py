@@ -113,21 +113,35 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def modes_for(block: Block, group_size: int) -> list[Mode]:
+def modes_for(block: Block, group_size: int, samples: int | None = None) -> list[Mode]:
     """The parallel modes a block may take on a group of ``group_size`` devices.
 
-    Every split ``tp × dp = group_size``; plus ``ep = group_size`` when the
-    block holds at least ``group_size`` experts. Blocks without parameters
-    gain nothing from tensor parallelism, so they only take ``dp = group_size``.
+    Every split ``tp × dp = group_size`` whose data-parallel degree divides
+    ``samples``, the sequences of a microbatch (``None``: any): replicas take
+    whole sequences, never parts of one (that would be context parallelism);
+    plus ``ep = group_size`` when the block holds at least ``group_size``
+    experts (routing spreads tokens, not sequences). Blocks without
+    parameters gain nothing from tensor parallelism's weight split: they take
+    ``dp = group_size`` when the samples allow it, else ``tp = group_size``,
+    the work split along the hidden or sequence axis within a tensor-parallel
+    group (Megatron's sequence parallelism), which costs the same.
 
     >>> [str(m) for m in modes_for(Block(0, "attn", (), (), flops=1.0, param_count=10), 4)]
     ['dp4', 'tp2.dp2', 'tp4']
+    >>> [str(m) for m in modes_for(Block(0, "attn", (), (), flops=1.0, param_count=10), 4, samples=2)]
+    ['tp2.dp2', 'tp4']
+    >>> [str(m) for m in modes_for(Block(0, "norm", (), (), flops=1.0), 4, samples=1)]
+    ['tp4']
     """
     if group_size < 1:
         raise OpschedError(f"group size must be at least 1, got {group_size}")
+
+    def whole(dp: int) -> bool:
+        return samples is None or samples % dp == 0
+
     if block.param_count <= 0:
-        return [Mode(dp=group_size)]
-    modes = [Mode(tp=t, dp=group_size // t) for t in divisors(group_size)]
+        return [Mode(dp=group_size) if whole(group_size) else Mode(tp=group_size)]
+    modes = [Mode(tp=t, dp=group_size // t) for t in divisors(group_size) if whole(group_size // t)]
     if group_size > 1 and expert_count(block) >= group_size:
         modes.append(Mode(ep=group_size))
     return modes

@@ -169,6 +169,12 @@ def _run_bad(args, tmp_path, capsys):
         (["--devices", "8", "--microbatches", "-3"], "microbatches"),
         (["--devices", "8", "--preset", "tpu-v9"], "unknown preset"),
         (["--devices", "8", "--memory-limit", "lots"], "memory size"),
+        (["--devices", "8", "--global-batch", "24"], "--global-batch 24 is not a multiple of 16 microbatches"),
+        (["--devices", "8", "--global-batch", "64", "--micro-batch-size", "3"], "not a multiple of --micro-batch-size 3"),
+        (["--devices", "8", "--global-batch", "64", "--micro-batch-size", "4", "--microbatches", "8"],
+         "--microbatches 8 x --micro-batch-size 4 is not --global-batch 64"),
+        (["--devices", "8", "--seq-len", "1024", "--dim", "seq=2048"], "--seq-len 1024 and --dim seq=2048 disagree"),
+        (["--devices", "8", "--global-batch", "0"], "--global-batch"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path, capsys):
@@ -384,3 +390,44 @@ def test_zero_one_holds_less_than_zero_zero_per_replica():
     dp = next(m for m in plain.modes[1] if m.dp == cluster.devices)
     replicas = cluster.devices
     assert sharded.cost[(1, 0, dp)].param_bytes == pytest.approx(plain.cost[(1, 0, dp)].param_bytes * (4 + 12 / replicas) / 16)
+
+
+def test_a_global_batch_keeps_sequences_whole():
+    """With --global-batch, a block's data-parallel degree divides the microbatch's sequences."""
+    from dataclasses import replace
+
+    from opsched.upper.layouts import Layout
+    from opsched.upper.mip import upper_problem
+
+    g = two_tower_graph()
+    cluster = cluster_from_dict(SPEC)
+    lay = Layout(cluster.devices, 1)
+    loose = upper_problem(g, lay, cluster, Training(microbatches=4))
+    for samples, widest in ((1, 1), (2, 2), (8, cluster.devices)):
+        whole = upper_problem(g, lay, cluster, replace(Training(microbatches=4, microbatch_size=samples),
+                                                       whole_sequences=True))
+        assert max(m.dp for m in whole.modes[1]) == widest
+        assert all(samples % m.dp == 0 for modes in whole.modes.values() for m in modes)
+    assert max(m.dp for m in loose.modes[1]) == cluster.devices  # without: a dp mode may split a sequence
+
+
+def test_plan_says_when_its_data_parallel_modes_split_a_sequence(tmp_path):
+    """Without --global-batch a dpN mode over 1 sequence is context parallelism, uncosted: report.md says so."""
+    from conftest import real_export
+
+    model = str(real_export("clip.legacy.onnx"))
+    assert main(["plan", model, "--devices", "8", "--time-limit", "6", "-o", str(tmp_path / "a"), "--quiet"]) == 0
+    doc = json.loads((tmp_path / "a" / "plan.json").read_text())
+    modes = {m for c in doc["stage_contents"].values() for m in c["modes"]}
+    splits = any(re.search(r"dp(\d+)", m) and int(re.search(r"dp(\d+)", m).group(1)) > doc["microbatch_size"]
+                 for m in modes)
+    assert splits == any("context parallelism" in w for w in doc["warnings"])
+    assert main(["plan", str(MODELS / "clip_vit_l14.onnx"), "--devices", "8", "--time-limit", "6",
+                 "--global-batch", "64", "--quiet", "-o", str(tmp_path / "b")]) == 0
+    doc = json.loads((tmp_path / "b" / "plan.json").read_text())
+    assert doc["microbatches"] * doc["microbatch_size"] == 64
+    assert not any("context parallelism" in w for w in doc["warnings"])
+    for c in doc["stage_contents"].values():
+        for m in c["modes"]:
+            d = re.search(r"dp(\d+)", m)
+            assert d is None or doc["microbatch_size"] % int(d.group(1)) == 0

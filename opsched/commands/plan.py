@@ -43,6 +43,7 @@ import dataclasses
 import contextlib
 import json
 import logging
+import re
 import shutil
 import tempfile
 import time
@@ -56,6 +57,7 @@ from opsched.commands.args import (
     merged_dims,
     microbatch_count,
     positive_float,
+    positive_int,
 )
 from opsched.planner import GLOSSARY
 from opsched.solver import SOLVERS
@@ -82,8 +84,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--cluster", metavar="FILE", help="cluster description, .json or .toml (see docs/cost-model.md)")
     source.add_argument("--preset", metavar="NAME", help="named cluster: h100-sxm (default), a100-80g, h200")
-    parser.add_argument("--microbatches", type=microbatch_count, default="16", metavar="M",
-                        help="microbatches per step, at most 4,096 (default 16)")
+    parser.add_argument("--microbatches", type=microbatch_count, metavar="M",
+                        help="microbatches per step, at most 4,096 (default 16, or global batch / micro-batch size)")
+    parser.add_argument("--global-batch", type=positive_int, metavar="G",
+                        help="sequences per step; data-parallel replicas then take whole sequences of a microbatch "
+                             "(without it, a data-parallel mode may split a microbatch's one sequence, which is "
+                             "context parallelism and its traffic is not costed)")
+    parser.add_argument("--micro-batch-size", type=positive_int, metavar="B",
+                        help="sequences per microbatch (the model's batch dimension; default: global batch / "
+                             "microbatches with --global-batch, else the file's)")
+    parser.add_argument("--seq-len", type=positive_int, metavar="S",
+                        help="tokens per sequence (the model's seq dimension; same as --dim seq=S)")
     parser.add_argument("--dim", type=dimension, action="append", default=[], metavar="NAME=VALUE",
                         help="value of a symbolic dimension, e.g. --dim seq=4096 (repeatable)")
     parser.add_argument("--capacity-factor", type=positive_float, default="1.0", metavar="X",
@@ -133,12 +144,17 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     check_output_dir(out, "-o")  # an unwritable place fails here, not after the search
 
+    dims, microbatches = batch_dims(args)  # a batch that does not divide fails here, before the import
     # no progress line before the import: a refused --dim is then the only line on stderr
-    og = import_onnx(args.model, dims=merged_dims(args.dim) or None, capacity_factor=args.capacity_factor,
+    og = import_onnx(args.model, dims=dims or None, capacity_factor=args.capacity_factor,
                      strict_dims=True)
     used_dims = dict(og.graph.get("dims", {}))
-    training = Training(microbatches=args.microbatches, microbatch_size=int(used_dims.get("batch", 1)),
-                        zero=args.zero, recompute="full" if args.recompute == "full" else "none")
+    if args.global_batch is not None and "batch" not in used_dims:
+        raise OpschedError(f"{args.model} has no symbolic batch dimension, so --global-batch cannot size its "
+                           "microbatches; plan with --microbatches M")
+    training = Training(microbatches=microbatches, microbatch_size=int(used_dims.get("batch", 1)),
+                        zero=args.zero, recompute="full" if args.recompute == "full" else "none",
+                        whole_sequences=args.global_batch is not None)
     dims_text = ", ".join(f"{k}={v}" for k, v in used_dims.items())
     log.info("import: %s: %s; %s", args.model, plural(og.number_of_nodes(), "operator"),
              f"symbolic dims {dims_text}" if dims_text else "no symbolic dims")
@@ -155,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
              plural(bg.number_of_nodes(), "block"))
     log.info("cluster: %s, %s (%d per node), memory limit %s per device, %s per step",
              cluster.name, plural(cluster.devices, "device"), cluster.devices_per_node, bytes_text(limit),
-             plural(args.microbatches, "microbatch", "microbatches"))
+             plural(training.microbatches, "microbatch", "microbatches"))
     # the planner logs its own progress (opsched.planner)
     try:
         result = plan_block_graph(bg, cluster, training, memory_limit=limit, time_limit=args.time_limit,
@@ -169,6 +185,13 @@ def run(args: argparse.Namespace) -> int:
         result = plan_block_graph(bg, cluster, training, memory_limit=limit, time_limit=args.time_limit,
                                   solver=args.solver, deadline=max(deadline, time.monotonic() + 1.0))
     log.info("validate: %s on %s", result.source, result.layout)
+    split = split_sequences(result, training)
+    if split:
+        warnings.append(f"the plan's data-parallel modes {', '.join(split)} split a microbatch of "
+                        f"{plural(training.microbatch_size, 'sequence')}: that is context parallelism, whose traffic "
+                        "is not costed; pass --global-batch G (and --micro-batch-size B) so that replicas take whole "
+                        "sequences")
+        log.warning("plan: %s", warnings[-1])
     samples = training.microbatches * training.microbatch_size
     extra = plan_extra(args.model, cluster, training, result, warnings)
     names = write_outputs(out, result, extra, report_text(args.model, cluster, training, limit, result, warnings))
@@ -178,6 +201,50 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(summary_text(args.model, cluster, training, result, samples, out, names, warnings))
     return 0
+
+
+def split_sequences(result, training) -> list[str]:
+    """The chosen plan's modes whose data-parallel degree exceeds a microbatch's sequences (none with --global-batch).
+
+    Such a mode splits sequences across replicas: context parallelism, which the cost model does not cost.
+    """
+    if training.whole_sequences:
+        return []
+    modes = {m for contents in result.stage_contents.values() for m in contents.modes}
+    return sorted(m for m in modes if (d := re.search(r"dp(\d+)", m)) and int(d.group(1)) > training.microbatch_size)
+
+
+def batch_dims(args: argparse.Namespace) -> tuple[dict[str, int], int]:
+    """The import dims and microbatches per step from --dim, --seq-len, --global-batch, --micro-batch-size, --microbatches.
+
+    With --global-batch G: microbatches M = G / B; B is --micro-batch-size, else G / --microbatches (16).
+    Every mismatch is one line, before the import.
+    """
+    from opsched.errors import OpschedError
+
+    dims = merged_dims(args.dim)
+    for flag, name, value in (("--seq-len", "seq", args.seq_len), ("--micro-batch-size", "batch", args.micro_batch_size)):
+        if value is not None:
+            if name in dims and dims[name] != value:
+                raise OpschedError(f"{flag} {value} and --dim {name}={dims[name]} disagree; give one of them")
+            dims[name] = value
+    if args.global_batch is None:
+        return dims, args.microbatches or 16
+    G = args.global_batch
+    if args.micro_batch_size is None:
+        M = args.microbatches or 16
+        if G % M:
+            raise OpschedError(f"--global-batch {G} is not a multiple of {M} microbatches; "
+                               "pass --micro-batch-size B (or --microbatches M) with B x M = G")
+        dims["batch"] = G // M
+        return dims, M
+    B = args.micro_batch_size
+    if G % B:
+        raise OpschedError(f"--global-batch {G} is not a multiple of --micro-batch-size {B}")
+    if args.microbatches is not None and args.microbatches * B != G:
+        raise OpschedError(f"--microbatches {args.microbatches} x --micro-batch-size {B} is not --global-batch {G}; "
+                           "leave out --microbatches")
+    return dims, G // B
 
 
 def plan_extra(model: str, cluster, training, result, warnings: list[str] | None = None) -> dict:

@@ -122,7 +122,9 @@ def upper_problem(
         raise OpschedError("the block graph has a cycle; coarsening must keep it a DAG")
     blocks = list(nx.lexicographical_topological_sort(bg))
     records = {b: bg.nodes[b]["block"] for b in blocks}
-    modes = {b: modes_for(records[b], layout.group_size) for b in blocks}
+    # with a global batch (opsched plan --global-batch), replicas take whole sequences of a microbatch
+    samples = training.microbatch_size if training.whole_sequences else None
+    modes = {b: modes_for(records[b], layout.group_size, samples) for b in blocks}
     cost = {}
     for g in range(layout.groups):
         devs = layout.devices_of_group(g)
