@@ -24,6 +24,7 @@ from opsched.schedule import Edge, Schedule, Stage, StageGraph, metrics
 from opsched.upper.layouts import Layout, layouts
 from opsched.units import bytes_text, seconds_text
 from opsched.upper.mip import UpperProblem, contiguous_start, uniform_start, upper_problem
+from opsched.upper.stages import StageContents
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ class Baseline:
     solve_seconds: float
     #: stage id -> (block id, mode name) of the blocks it holds (empty when the method regrouped the split)
     stage_blocks: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
+    #: what each stage holds, when it comes from another import of the model (a Megatron-style layout)
+    contents: dict[int, StageContents] | None = None
 
     def to_dict(self, samples_per_step: int) -> dict:
         return {

@@ -157,6 +157,10 @@ class Evaluation:
     memory_limit: float
     breakdown: dict[str, float]
     schedule: Schedule
+    #: the largest rank's whole gradient sync, not overlapped (what the planner adds to a makespan)
+    grad_sync: float = 0.0
+    #: chunk (stage) id -> its blocks, in model order
+    chunks: list[list[int]] = dataclasses.field(default_factory=list)
 
     @property
     def fits(self) -> bool:
@@ -180,6 +184,41 @@ class Evaluation:
         }
 
 
+@dataclass
+class ModelIndex:
+    """What evaluating any layout of one BlockGraph needs from it, computed once (:func:`model_index`)."""
+
+    order: list[int]  # blocks in topological order
+    layer_of: dict[int, str | None]  # block -> its numbered layer's module path (None: outside every layer)
+    layers: list[str]  # numbered layers in model order
+    experts_of: dict[int, int]  # block -> experts it holds
+    experts: int  # experts of one MoE layer (0: dense)
+    tokens_in: dict[int, float]  # block -> its largest input edge (bytes)
+    forward_flops: float
+
+
+def model_index(bg: nx.DiGraph) -> ModelIndex:
+    """The :class:`ModelIndex` of ``bg``."""
+    order = list(nx.lexicographical_topological_sort(bg))
+    layer_of: dict[int, str | None] = {}
+    layers: dict[str, None] = {}
+    per_layer: dict[str, int] = {}
+    experts_of = {}
+    for b in order:
+        block: Block = bg.nodes[b]["block"]
+        path = layer_path(block.name)
+        numbered = bool(LAYER_COMPONENT.match(".".join(path.split(".")[-2:])))
+        layer_of[b] = path if numbered else None
+        if numbered:
+            layers.setdefault(path, None)
+        experts_of[b] = expert_count(block)
+        if experts_of[b]:
+            per_layer[path] = per_layer.get(path, 0) + experts_of[b]
+    tokens_in = {b: max((d.get("bytes", 0.0) for _, _, d in bg.in_edges(b, data=True)), default=0.0) for b in order}
+    return ModelIndex(order, layer_of, list(layers), experts_of, max(per_layer.values(), default=0), tokens_in,
+                      sum(bg.nodes[b]["block"].flops for b in order))
+
+
 def model_layers(bg: nx.DiGraph) -> list[str]:
     """The numbered layers of a BlockGraph in model order (``model.layers.0``, ...), from the block names.
 
@@ -190,30 +229,26 @@ def model_layers(bg: nx.DiGraph) -> list[str]:
     >>> model_layers(bg)
     ['model.layers.0', 'model.layers.1']
     """
-    seen: dict[str, None] = {}
-    for b in nx.lexicographical_topological_sort(bg):
-        path = layer_path(bg.nodes[b]["block"].name)
-        if LAYER_COMPONENT.match(".".join(path.split(".")[-2:])):
-            seen.setdefault(path, None)
-    return list(seen)
+    return model_index(bg).layers
 
 
-def layer_chunks(bg: nx.DiGraph, chunks: int) -> list[list[int]]:
+def layer_chunks(bg: nx.DiGraph, chunks: int, index: ModelIndex | None = None) -> list[list[int]]:
     """Blocks of each of ``chunks`` chunks: the layers split evenly in model order, the rest at either end.
 
     Blocks outside every numbered layer join the first chunk when they come
     before the first layer in topological order, else the last chunk.
     """
-    layers = model_layers(bg)
+    index = index or model_index(bg)
+    layers = index.layers
     if not layers or len(layers) % chunks:
         raise OpschedError(f"{len(layers)} layers do not split into {chunks} equal chunks")
     per = len(layers) // chunks
     chunk_of_layer = {name: k // per for k, name in enumerate(layers)}
     out: list[list[int]] = [[] for _ in range(chunks)]
     started = False
-    for b in nx.lexicographical_topological_sort(bg):
-        path = layer_path(bg.nodes[b]["block"].name)
-        if path in chunk_of_layer:
+    for b in index.order:
+        path = index.layer_of[b]
+        if path is not None:
             started = True
             out[chunk_of_layer[path]].append(b)
         else:
@@ -223,13 +258,7 @@ def layer_chunks(bg: nx.DiGraph, chunks: int) -> list[list[int]]:
 
 def model_experts(bg: nx.DiGraph) -> int:
     """Experts of one MoE layer (the most any layer has), 0 for a dense model."""
-    per_layer: dict[str, int] = {}
-    for b in bg:
-        block: Block = bg.nodes[b]["block"]
-        if expert_count(block) > 0:
-            layer = layer_path(block.name)
-            per_layer[layer] = per_layer.get(layer, 0) + expert_count(block)
-    return max(per_layer.values(), default=0)
+    return model_index(bg).experts
 
 
 def _rank_devices(layout: ParallelLayout, devices: int, rank: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
@@ -252,34 +281,46 @@ def evaluate_layout(
     tokens_per_sequence: int,
     schedule: str | None = None,
     memory_limit: float | None = None,
-) -> Evaluation:
+    index: ModelIndex | None = None,
+    above: float | None = None,
+) -> Evaluation | None:
     """Predict the training step of ``layout`` (see the module docstring).
 
     ``bg``'s costs are for one microbatch of ``micro_batch_size`` sequences
     (the import's dims). Microbatches per pipeline = global batch / (dp x
     micro-batch size). ``schedule`` is a baseline name (default:
-    ``interleaved-1f1b`` when vpp > 1, else ``1f1b``).
+    ``interleaved-1f1b`` when vpp > 1, else ``1f1b``). ``index``: ``bg``'s
+    :func:`model_index`, when the caller evaluates many layouts. With
+    ``above``, returns None without simulating when the busiest rank's work
+    alone (M x its F + I + W, plus the optimizer step) is not below it.
     """
+    index = index or model_index(bg)
     layout = layout.resolved(cluster.devices)
-    layout.check_model(len(model_layers(bg)), model_experts(bg))
+    layout.check_model(len(index.layers), index.experts)
     if global_batch % (layout.dp * micro_batch_size):
         raise OpschedError(f"global batch {global_batch} is not a multiple of dp x micro-batch size = "
                            f"{layout.dp} x {micro_batch_size}")
     M = global_batch // (layout.dp * micro_batch_size)
     name = schedule or ("interleaved-1f1b" if layout.vpp > 1 else "1f1b")
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
-    chunks = layer_chunks(bg, layout.pp * layout.vpp)
+    chunks = layer_chunks(bg, layout.pp * layout.vpp, index)
     stages, sync, optimizer, stage_params = [], [0.0] * layout.pp, [0.0] * layout.pp, [0.0] * layout.pp
     for c, members in enumerate(chunks):
         rank = c % layout.pp
-        cost = _chunk_cost(bg, members, layout, cluster, training, rank)
+        cost = _chunk_cost(bg, index, members, layout, cluster, training, rank)
         stages.append(Stage(id=c, devices=(rank,), time={"F": cost.F, "I": cost.I, "W": cost.W},
                             param_bytes=cost.param_bytes, act_bytes=cost.act_bytes, act_w_bytes=cost.act_w_bytes,
                             name=f"chunk{c}"))
         sync[rank] += cost.grad_sync
         optimizer[rank] += cost.optimizer
         stage_params[rank] += cost.param_bytes
-    edges = [Edge(c, c + 1, time=_boundary_time(bg, chunks, c, layout, cluster), bytes=_boundary_bytes(bg, chunks, c))
+    if above is not None:
+        work = [M * sum(s.duration("F") + s.duration("I") + s.duration("W") for s in stages if s.devices == (r,))
+                for r in range(layout.pp)]
+        if max(work) + max(optimizer) >= above:
+            return None  # no schedule of this layout beats ``above``
+    crossing = _boundary_bytes(bg, chunks)
+    edges = [Edge(c, c + 1, time=_boundary_time(crossing[c], c, layout, cluster), bytes=crossing[c])
              for c in range(len(chunks) - 1)]
     sg = StageGraph(stages, edges, num_devices=layout.pp)
     try:
@@ -298,7 +339,7 @@ def evaluate_layout(
     pipeline_end = max(m.makespan, finish)
     step = pipeline_end + max(optimizer)
     tokens = global_batch * tokens_per_sequence
-    model_flops = _model_flops(bg, training, global_batch, micro_batch_size)
+    model_flops = 3.0 * index.forward_flops * global_batch / micro_batch_size
     compute = max(m.busy) if m.busy else 0.0
     breakdown = {
         "compute_and_exposed_parallel_comm": compute,
@@ -312,7 +353,7 @@ def evaluate_layout(
         mfu=model_flops / step / (cluster.devices * cluster.peak_flops[training.dtype]),
         model_flops_per_step=model_flops,
         peak_memory_bytes=max(m.peak_memory_bytes, default=0.0), memory_limit=limit,
-        breakdown=breakdown, schedule=sched,
+        breakdown=breakdown, schedule=sched, grad_sync=max(sync), chunks=chunks,
     )
 
 
@@ -328,8 +369,8 @@ class _ChunkCost:
     optimizer: float = 0.0
 
 
-def _chunk_cost(bg: nx.DiGraph, members: list[int], layout: ParallelLayout, cluster: Cluster, training: Training,
-                rank: int) -> _ChunkCost:
+def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: ParallelLayout, cluster: Cluster,
+                training: Training, rank: int) -> _ChunkCost:
     """One device's share of a chunk: pass times per microbatch, memory, gradient sync and optimizer step."""
     tensor, expert, data = _rank_devices(layout, cluster.devices, rank)
     # selective recomputation is costed as none (module docstring)
@@ -338,12 +379,12 @@ def _chunk_cost(bg: nx.DiGraph, members: list[int], layout: ParallelLayout, clus
     weights = 0.0  # bytes of this device's share of the chunk's weights, unsharded
     for b in members:
         block: Block = bg.nodes[b]["block"]
-        tokens = max((d.get("bytes", 0.0) for _, _, d in bg.in_edges(b, data=True)), default=0.0)
+        tokens = index.tokens_in[b]
         c = block_cost(block, Mode(tp=layout.tp), tensor, cluster, training, token_bytes=tokens)
         params = block.param_count / layout.tp
         replicas = layout.dp  # the replicas holding the same parameters: what ZeRO shards over
         f, i = c.F, c.I
-        if expert_count(block) > 0 and layout.ep > 1:
+        if index.experts_of[b] > 0 and layout.ep > 1:
             # folded over the data-parallel replicas: each holds 1/ep of the experts and swaps routed tokens
             bw, lat = cluster.link(expert, expert)
             a2a = 2 * alltoall_time(tokens / layout.tp, layout.ep, bw, lat)  # dispatch and combine
@@ -374,12 +415,17 @@ def _chunk_cost(bg: nx.DiGraph, members: list[int], layout: ParallelLayout, clus
     return out
 
 
-def _boundary_bytes(bg: nx.DiGraph, chunks: list[list[int]], c: int) -> float:
-    before = {b for chunk in chunks[: c + 1] for b in chunk}
-    return float(sum(d.get("bytes", 0.0) for u, v, d in bg.edges(data=True) if u in before and v not in before))
+def _boundary_bytes(bg: nx.DiGraph, chunks: list[list[int]]) -> list[float]:
+    """Bytes each chunk boundary c -> c+1 carries: every block edge from chunk <= c to a chunk > c."""
+    chunk_of = {b: c for c, members in enumerate(chunks) for b in members}
+    crossing = [0.0] * max(0, len(chunks) - 1)
+    for u, v, d in bg.edges(data=True):
+        for c in range(chunk_of[u], chunk_of[v]):
+            crossing[c] += d.get("bytes", 0.0)
+    return crossing
 
 
-def _boundary_time(bg: nx.DiGraph, chunks: list[list[int]], c: int, layout: ParallelLayout, cluster: Cluster) -> float:
+def _boundary_time(nbytes: float, c: int, layout: ParallelLayout, cluster: Cluster) -> float:
     """The activation sent from chunk c to c+1 (a point-to-point transfer between pipeline ranks; each tensor rank sends its 1/tp)."""
     a, b = c % layout.pp, (c + 1) % layout.pp
     src, _, _ = _rank_devices(layout, cluster.devices, a)
@@ -387,7 +433,7 @@ def _boundary_time(bg: nx.DiGraph, chunks: list[list[int]], c: int, layout: Para
     if src == dst:
         return 0.0
     bw, lat = cluster.link(src, dst)
-    return lat + _boundary_bytes(bg, chunks, c) / layout.tp / bw
+    return lat + nbytes / layout.tp / bw
 
 
 def _last_backward(sched: Schedule, ranks: int) -> list[tuple[float, float]]:
@@ -402,12 +448,63 @@ def _last_backward(sched: Schedule, ranks: int) -> list[tuple[float, float]]:
     return out
 
 
-def _model_flops(bg: nx.DiGraph, training: Training, global_batch: int, micro_batch_size: int) -> float:
-    """Model FLOPs of one step: 3 x the forward FLOPs the import counted (F + I + W), no recompute.
+#: virtual pipeline degrees the layout search tries (each must divide the layers per pipeline rank)
+SEARCH_VPP = (1, 2, 4, 8)
 
-    For a transformer this is PaLM's 6·N·D + attention (Chowdhery et al. 2022,
-    appendix B): the import counts 2 FLOPs per multiply-add of every matmul,
-    attention's included, and routed experts at their routed share.
+
+def layout_grid(devices: int, devices_per_node: int, layers: int, experts: int, zero: int = 1) -> list[ParallelLayout]:
+    """Megatron-style layouts a user could run on ``devices``: the space :func:`search_layouts` evaluates.
+
+    tp up to a node (tensor groups stay on NVLink), pp dividing the layers,
+    vpp from :data:`SEARCH_VPP` dividing the layers per rank, ep the experts'
+    divisors that divide dp (folded over the replicas), and ZeRO level
+    ``zero`` (default 1, the distributed optimizer: the same gradient traffic
+    as an all-reduce, less memory).
+
+    >>> [str(l) for l in layout_grid(4, 4, layers=2, experts=0)]
+    ['tp1 pp1 dp4 zero1', 'tp1 pp2 dp2 zero1', 'tp2 pp1 dp2 zero1', 'tp2 pp2 dp1 zero1', 'tp4 pp1 dp1 zero1']
     """
-    forward = sum(bg.nodes[b]["block"].flops for b in bg)
-    return 3.0 * forward * global_batch / micro_batch_size
+    grid = []
+    tps = [t for t in range(1, min(devices, devices_per_node) + 1) if devices % t == 0 and devices_per_node % t == 0]
+    for tp in tps:
+        for pp in (p for p in range(1, layers + 1) if layers % p == 0 and devices % (tp * p) == 0):
+            dp = devices // (tp * pp)
+            vpps = [v for v in SEARCH_VPP if pp > 1 and (layers // pp) % v == 0] or [1]
+            eps = [e for e in range(1, experts + 1) if experts % e == 0 and dp % e == 0] if experts else [1]
+            for vpp in vpps:
+                for ep in eps:
+                    grid.append(ParallelLayout(tp=tp, pp=pp, vpp=vpp, ep=ep, dp=dp, zero=zero))
+    return grid
+
+
+def search_layouts(
+    bg: nx.DiGraph, cluster: Cluster, training: Training, *, global_batch: int, tokens_per_sequence: int,
+    memory_limit: float | None = None, recompute: tuple[str, ...] = ("none", "full"), keep: int = 1, zero: int = 1,
+) -> list[Evaluation]:
+    """The ``keep`` fastest layouts of :func:`layout_grid` that fit, evaluated at micro-batch size 1.
+
+    ``bg`` is the model imported with one sequence per microbatch. A layout is
+    tried with each ``recompute`` setting in turn and kept with the first that
+    fits; layouts whose replicas do not divide the global batch are skipped.
+    With ``keep=1`` a layout whose busiest rank's work alone is not below the
+    best step so far is not simulated (it cannot win).
+    """
+    index = model_index(bg)
+    found: list[Evaluation] = []
+    for layout in layout_grid(cluster.devices, cluster.devices_per_node, len(index.layers), index.experts, zero):
+        if global_batch % layout.dp:
+            continue
+        for mode in recompute:
+            try:
+                e = evaluate_layout(bg, cluster, training, dataclasses.replace(layout, recompute=mode),
+                                    global_batch=global_batch, micro_batch_size=1,
+                                    tokens_per_sequence=tokens_per_sequence, memory_limit=memory_limit, index=index,
+                                    above=min((f.step_time for f in found), default=None) if keep == 1 else None)
+            except OpschedError:
+                break  # the schedule cannot run this layout (e.g. too few microbatches for interleaving)
+            if e is None:
+                break  # cannot beat the best so far, with more work (recomputation) even less
+            if e.fits:
+                found.append(e)
+                break
+    return sorted(found, key=lambda e: (e.step_time, str(e.layout)))[:keep]

@@ -142,6 +142,7 @@ class Option:
     metrics: dict
     grad_sync: float
     stage_blocks: dict[int, list[tuple[int, str]]]  # stage id -> (block id of the reduced graph, mode name)
+    contents: dict[int, StageContents] | None = None  # what each stage holds, when known directly
 
 
 # --------------------------------------------------------------------------- the search
@@ -163,6 +164,7 @@ def plan_block_graph(
     keep: int = 2,
     target_blocks: int | None = None,
     deadline: float | None = None,
+    layouts_run_today: list[Baseline] | None = None,
 ) -> PlanResult:
     """Plan ``bg`` on ``cluster`` (see the module docstring) within ``time_limit`` seconds of wall clock.
 
@@ -197,6 +199,8 @@ def plan_block_graph(
     solutions, candidates = _solve_layouts(problems, clock, solver)
     t_upper = time.perf_counter()
     baselines, best_split, refused = contiguous_baselines(small, cluster, training, limit)
+    # Megatron-style layouts (opsched.evaluate.search_layouts), offered like the hand-written baselines
+    baselines = sorted(baselines + list(layouts_run_today or []), key=lambda b: (b.step_time, b.method))
     t_base = time.perf_counter()
     if not solutions and not baselines:
         smallest = _smallest_memory(problems, solver)
@@ -222,7 +226,7 @@ def plan_block_graph(
         layout=best.layout,
         step_time=best.step_time,
         grad_sync=best.grad_sync,
-        stage_contents=_stage_contents(best.stage_blocks, members, bg),
+        stage_contents=best.contents or _stage_contents(best.stage_blocks, members, bg),
         candidates=[j.candidate for j in jobs] + candidates + unscheduled,
         baselines=baselines,
         blocks=small.number_of_nodes(),
@@ -498,7 +502,7 @@ def _job_option(job: LowerJob) -> Option:
 def _baseline_option(b: Baseline) -> Option:
     """A baseline itself is a plan the search may return."""
     return Option(b.step_time, f"baseline {b.method}", b.layout, b.schedule,
-                  {"solver": "none", "solve_seconds": b.solve_seconds}, b.grad_sync, b.stage_blocks)
+                  {"solver": "none", "solve_seconds": b.solve_seconds}, b.grad_sync, b.stage_blocks, b.contents)
 
 
 def _stage_contents(

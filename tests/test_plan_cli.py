@@ -431,3 +431,15 @@ def test_plan_says_when_its_data_parallel_modes_split_a_sequence(tmp_path):
         for m in c["modes"]:
             d = re.search(r"dp(\d+)", m)
             assert d is None or doc["microbatch_size"] % int(d.group(1)) == 0
+
+
+def test_with_a_global_batch_the_fastest_megatron_layout_is_a_baseline_the_plan_never_loses_to(tmp_path):
+    """Issue 12: a plan is at least as fast as the best Megatron-style layout (counted the planner's way)."""
+    out = tmp_path / "out"
+    assert main(["plan", str(MODELS / "llama_7b.onnx"), "--devices", "8", "--global-batch", "32", "--seq-len", "1024",
+                 "--time-limit", "10", "-o", str(out), "--quiet"]) == 0
+    doc = json.loads((out / "plan.json").read_text())
+    megatron = [b for b in doc["baselines"] if b["method"].startswith("megatron ")]
+    assert len(megatron) == 1 and "micro-batch 1" in megatron[0]["layout"]
+    assert doc["step_time"] <= megatron[0]["step_time"] * (1 + 1e-9)
+    assert "megatron" in (out / "report.md").read_text()

@@ -172,18 +172,24 @@ def run(args: argparse.Namespace) -> int:
     log.info("cluster: %s, %s (%d per node), memory limit %s per device, %s per step",
              cluster.name, plural(cluster.devices, "device"), cluster.devices_per_node, bytes_text(limit),
              plural(training.microbatches, "microbatch", "microbatches"))
+    # with a global batch, the Megatron-style layouts users run (micro-batch 1, replicas, EP folded over
+    # them, interleaved 1F1B) join the baselines, so a plan is never slower than the best of them
+    today = megatron_layouts(args, dims, cluster, training, limit) if training.whole_sequences else []
     # the planner logs its own progress (opsched.planner)
     try:
         result = plan_block_graph(bg, cluster, training, memory_limit=limit, time_limit=args.time_limit,
-                                  solver=args.solver, deadline=deadline)
+                                  solver=args.solver, deadline=deadline, layouts_run_today=today)
     except MemoryTooSmall:
         if args.recompute != "auto":
             raise
         log.info("plan: nothing fits without recomputation; planning again with full recomputation, %s left",
                  seconds_text(max(0.0, deadline - time.monotonic())))
         training = dataclasses.replace(training, recompute="full")
+        if training.whole_sequences:
+            today = megatron_layouts(args, dims, cluster, training, limit)
         result = plan_block_graph(bg, cluster, training, memory_limit=limit, time_limit=args.time_limit,
-                                  solver=args.solver, deadline=max(deadline, time.monotonic() + 1.0))
+                                  solver=args.solver, deadline=max(deadline, time.monotonic() + 1.0),
+                                  layouts_run_today=today)
     log.info("validate: %s on %s", result.source, result.layout)
     split = split_sequences(result, training)
     if split:
@@ -201,6 +207,54 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(summary_text(args.model, cluster, training, result, samples, out, names, warnings))
     return 0
+
+
+def megatron_layouts(args: argparse.Namespace, dims: dict[str, int], cluster, training, limit: float) -> list:
+    """The fastest Megatron-style layout that fits (:func:`opsched.evaluate.search_layouts`) as a baseline row.
+
+    The model is imported again with one sequence per microbatch (Megatron's
+    micro-batch size 1); its step is counted as the planner counts every
+    candidate's (makespan + the whole gradient sync), so the rows compare like
+    with like. Empty when no such layout fits.
+    """
+    from opsched.coarsen import coarsen
+    from opsched.contiguous import Baseline, on_real_devices
+    from opsched.cost import expert_count
+    from opsched.evaluate import search_layouts
+    from opsched.onnx_import import import_onnx
+    from opsched.schedule import metrics
+    from opsched.upper.layouts import Layout
+    from opsched.units import seconds_text
+    from opsched.upper.stages import stage_contents
+
+    t0 = time.perf_counter()
+    og = import_onnx(args.model, dims={**dims, "batch": 1}, capacity_factor=args.capacity_factor, strict_dims=True)
+    bg = coarsen(og)
+    modes = ("none", "full") if args.recompute == "auto" else (training.recompute,)
+    found = search_layouts(bg, cluster, training, global_batch=args.global_batch,
+                           tokens_per_sequence=int(og.graph.get("dims", {}).get("seq", 1)), memory_limit=limit,
+                           recompute=modes, zero=training.zero)
+    rows = []
+    for e in found:
+        lay = e.layout
+        m = metrics(e.schedule)
+        dense, expert = f"tp{lay.tp}.dp{lay.dp}", f"tp{lay.tp}.ep{lay.ep}.dp{lay.dp // lay.ep}"
+        contents = {
+            c: stage_contents([(bg.nodes[b]["block"].name,
+                                expert if lay.ep > 1 and expert_count(bg.nodes[b]["block"]) else dense)
+                               for b in blocks])
+            for c, blocks in enumerate(e.chunks)
+        }
+        rows.append(Baseline(
+            method=f"megatron {e.schedule_name}", layout=f"{lay}, micro-batch 1",
+            schedule=on_real_devices(e.schedule, Layout(cluster.devices, lay.pp)),
+            makespan=m.makespan, step_time=m.makespan + e.grad_sync, bubble_ratio=m.bubble_ratio,
+            peak_memory_bytes=e.peak_memory_bytes, grad_sync=e.grad_sync, solve_seconds=time.perf_counter() - t0,
+            contents=contents,
+        ))
+        log.info("baseline: the fastest Megatron-style layout that fits, %s with %s: step time %s",
+                 rows[-1].layout, e.schedule_name, seconds_text(rows[-1].step_time))
+    return rows
 
 
 def split_sequences(result, training) -> list[str]:
