@@ -81,7 +81,25 @@ def _priority_key(js: JobSet, k: int, rule: str) -> tuple:
 
 
 class _Memory:
-    """Per-device activation accounting with the oldest-first banker's check."""
+    """Per-device activation accounting with the oldest-first banker's check.
+
+    The check asks, for a forward ``k`` of microbatch ``m`` adding ``a`` on
+    its devices, whether the microbatches in flight could still finish one at
+    a time, oldest first. Microbatch ``i`` of that sequence can finish when
+    what it still needs fits what is free once the ones before it gave back
+    what they hold: its *margin* on device ``d`` is ``budget - held +
+    (held by those before it) - (still needed by it)``. Dispatching ``k``
+    lowers the margins of the microbatches before ``m`` by ``a`` on ``k``'s
+    devices and leaves every other margin as it was (``m``'s own need falls
+    by what it gets). Every margin is within tolerance in every state the
+    scheduler reaches (each forward was checked, and a backward only raises
+    margins), so the check reduces to: the least margin before ``m`` on each
+    of ``k``'s devices is at least ``a``, and, for a new microbatch, its whole
+    need fits what the finished ones left over. The least margins are kept
+    per device and recomputed only when that device's accounting changes, so
+    a check costs O(devices of the job) instead of O(in flight x devices)
+    (the scheduler asks once per candidate forward per step).
+    """
 
     def __init__(self, js: JobSet, budgets: Mapping[int, float] | None):
         self.js = js
@@ -89,9 +107,15 @@ class _Memory:
         self.held = {d: 0.0 for d in js.on_device}
         self.tolerance = {d: EPS * max(1.0, abs(budgets[d])) for d in js.on_device} if budgets is not None else {}
         self.inflight: list[int] = []  # microbatches in admission order
+        self.position: dict[int, int] = {}  # microbatch -> its index in ``inflight``
         self.held_by: dict[int, dict[int, float]] = {}
         self.remaining: dict[int, dict[int, float]] = {}
         self.left: dict[int, int] = {}  # jobs of the microbatch not yet dispatched
+        #: activation still held by finished microbatches (float residue; what a new microbatch cannot use)
+        self.residue = {d: 0.0 for d in js.on_device}
+        #: device -> least margin of the first i microbatches in flight, i = 0..len(inflight) (None: stale)
+        self.least: dict[int, list[float] | None] = {d: None for d in js.on_device}
+        self.new_fits: dict[int, bool] = {}  # microbatch not yet in flight -> its need fits (until residue changes)
         need: dict[int, dict[int, float]] = {}
         count: dict[int, int] = {}
         for k, job in enumerate(js.jobs):
@@ -107,41 +131,70 @@ class _Memory:
         """Whether dispatching job ``k`` keeps the in-flight microbatches finishable."""
         if self.budgets is None or self.js.mem[k] <= 0:
             return True
-        m = self.js.jobs[k].microbatch
-        add = {d: self.js.mem[k] for d in self.js.devices[k]}
-        avail = {d: self.budgets[d] - self.held[d] - add.get(d, 0.0) for d in self.held}
+        js = self.js
+        m = js.jobs[k].microbatch
+        a = js.mem[k]
+        before = self.position.get(m, len(self.inflight)) if m in self.held_by else len(self.inflight)
         tol = self.tolerance
-        sequence = list(self.inflight) + ([] if m in self.held_by else [m])
-        for mb in sequence:
-            rem = self.remaining.get(mb, self.need.get(mb, {}))
-            for d, r in rem.items():
-                r_after = r - add.get(d, 0.0) if mb == m else r
-                if r_after > avail[d] + tol[d]:
-                    return False
-            # once it finishes, the microbatch gives back what it holds (only its devices change)
-            for d, h in self.held_by.get(mb, {}).items():
-                avail[d] += h
-            if mb == m:
-                for d, a in add.items():
-                    avail[d] += a
+        for d in js.devices[k]:
+            if self._least(d)[before] < a - tol[d]:
+                return False
+        if m not in self.held_by:
+            fits = self.new_fits.get(m)
+            if fits is None:
+                budgets, residue = self.budgets, self.residue
+                fits = self.new_fits[m] = all(
+                    r <= budgets[d] - residue[d] + tol[d] for d, r in self.need.get(m, {}).items()
+                )
+            return fits
         return True
+
+    def _least(self, d: int) -> list[float]:
+        """Device ``d``'s least margins of the first i microbatches in flight (recomputed when stale)."""
+        least = self.least[d]
+        if least is None:
+            avail = self.budgets[d] - self.held[d]
+            low = math.inf
+            least = [low]
+            for mb in self.inflight:
+                r = self.remaining[mb].get(d)
+                if r is not None and avail - r < low:
+                    low = avail - r
+                least.append(low)
+                avail += self.held_by[mb].get(d, 0.0)
+            self.least[d] = least
+        return least
 
     def dispatch(self, k: int) -> None:
         js = self.js
         m = js.jobs[k].microbatch
         if m not in self.held_by:
+            self.position[m] = len(self.inflight)
             self.inflight.append(m)
             self.held_by[m] = {}
             self.remaining[m] = dict(self.need.get(m, {}))
             self.left[m] = self.count[m]
+            self.new_fits.pop(m, None)
+            self._stale(self.remaining[m])  # a new entry at the end of every one of its devices' sequences
         for d in js.devices[k]:
             self.held[d] += js.mem[k]
             self.held_by[m][d] = self.held_by[m].get(d, 0.0) + js.mem[k]
             if js.mem[k] > 0:
                 self.remaining[m][d] -= js.mem[k]
+        if js.mem[k] != 0:
+            self._stale(js.devices[k])
         self.left[m] -= 1
         if self.left[m] == 0:
             self.inflight.remove(m)
+            self.position = {mb: i for i, mb in enumerate(self.inflight)}
+            for d, h in self.held_by[m].items():
+                self.residue[d] += h
+            self.new_fits.clear()
+            self._stale(self.least)  # every sequence lost an entry
+
+    def _stale(self, devices) -> None:
+        for d in devices:
+            self.least[d] = None
 
 
 def list_schedule(js: JobSet, budgets: Mapping[int, float] | None, variant: Variant | None = None, **kw) -> Order:
