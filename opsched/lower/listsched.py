@@ -165,17 +165,19 @@ class _Memory:
             self.least[d] = least
         return least
 
-    def dispatch(self, k: int) -> None:
+    def dispatch(self, k: int) -> bool:
+        """Account for job ``k``; returns whether a microbatch entered or left flight (every check changes)."""
         js = self.js
         m = js.jobs[k].microbatch
-        if m not in self.held_by:
+        entered = m not in self.held_by
+        if entered:
             self.position[m] = len(self.inflight)
             self.inflight.append(m)
             self.held_by[m] = {}
             self.remaining[m] = dict(self.need.get(m, {}))
             self.left[m] = self.count[m]
             self.new_fits.pop(m, None)
-            self._stale(self.remaining[m])  # a new entry at the end of every one of its devices' sequences
+            self._stale(self.least)  # every sequence has a new last entry (inf on devices it does not use)
         for d in js.devices[k]:
             self.held[d] += js.mem[k]
             self.held_by[m][d] = self.held_by[m].get(d, 0.0) + js.mem[k]
@@ -191,6 +193,8 @@ class _Memory:
                 self.residue[d] += h
             self.new_fits.clear()
             self._stale(self.least)  # every sequence lost an entry
+            return True
+        return entered
 
     def _stale(self, devices) -> None:
         for d in devices:
@@ -208,7 +212,20 @@ def list_schedule(js: JobSet, budgets: Mapping[int, float] | None, variant: Vari
 
 
 class _ListScheduler:
-    """The state of one :func:`list_schedule` run: what is dispatched, what may start, when devices free up."""
+    """The state of one :func:`list_schedule` run: what is dispatched, what may start, when devices free up.
+
+    Each step dispatches, among the candidates that can start earliest, the
+    one with the least priority key. What a candidate may do depends on its
+    own devices (when they free up, the memory held there, the warm-up cap of
+    its stage, the other candidates there for a held-back W) and on a few
+    global facts that change only when a microbatch enters or leaves flight
+    (the in-flight cap, the banker's order). So the candidates are kept per
+    *component* (devices joined by a job that runs on several of them; one
+    device each on a chain), each with its startable jobs and their earliest
+    start, and a step recomputes only the components it touched (all of them
+    when a microbatch entered or left flight): a step costs about one
+    component's candidates instead of all of them, with the same choices.
+    """
 
     def __init__(self, js: JobSet, budgets: Mapping[int, float] | None, variant: Variant):
         self.js, self.v = js, variant
@@ -219,6 +236,13 @@ class _ListScheduler:
         self.free = {d: 0.0 for d in js.on_device}
         self.memory = _Memory(js, budgets)
         self.order: Order = {d: [] for d in js.on_device}
+        component = _device_components(js)
+        self.comp = [component[devs[0]] for devs in js.devices]  # job -> its component
+        count = max(component.values(), default=-1) + 1
+        self.pending: list[set[int]] = [set() for _ in range(count)]  # candidates per component
+        self.startable: list[dict[int, float]] = [{} for _ in range(count)]  # ... that may start now -> start
+        self.earliest: list[float] = [math.inf] * count  # least start per component
+        self.stale: set[int] = set(range(count))
         # forwards of a stage run in microbatch order: only the next one is a candidate
         self.next_forward: dict[int, list[int]] = {}
         for k, job in enumerate(js.jobs):
@@ -226,10 +250,12 @@ class _ListScheduler:
                 self.next_forward.setdefault(job.stage, []).append(k)
         for ks in self.next_forward.values():
             ks.sort(key=lambda k: js.jobs[k].microbatch, reverse=True)  # pop() gives the smallest
-        self.candidates = {k for k in range(n) if self.missing[k] == 0 and js.jobs[k].pass_ != "F"}
+        for k in range(n):
+            if self.missing[k] == 0 and js.jobs[k].pass_ != "F":
+                self.add(k)
         for ks in self.next_forward.values():
             if ks and self.missing[ks[-1]] == 0:
-                self.candidates.add(ks.pop())
+                self.add(ks.pop())
         self.started_mb: set[int] = set()
         self.depth = _stage_depths(sg)
         self.between: dict[int, int] = {s.id: 0 for s in sg.stages}  # microbatches between F and I per stage
@@ -239,13 +265,23 @@ class _ListScheduler:
         self.last_backward = {k for k, job in enumerate(js.jobs)
                               if job.pass_ in ("I", "B") and job.microbatch == last_mb[job.stage]}
 
+    def add(self, k: int) -> None:
+        self.pending[self.comp[k]].add(k)
+        self.stale.add(self.comp[k])
+
     def run(self) -> Order:
         done = 0
         while done < len(self.js):
-            starts = self.startable()
-            if not starts:  # pragma: no cover - the banker's rule prevents this
+            for c in self.stale:
+                self.refresh(c)
+            self.stale.clear()
+            t = min(self.earliest)
+            if t == math.inf:  # pragma: no cover - the banker's rule prevents this
                 raise RuntimeError("list scheduler stalled; memory budget below one microbatch's requirement")
-            done += self.dispatch_first(starts)
+            limit = t + EPS * max(1.0, abs(t))
+            now = [k for c, low in enumerate(self.earliest) if low <= limit
+                   for k, start in self.startable[c].items() if start <= limit]
+            done += self.dispatch_first(t, now)
         return self.order
 
     def ready(self, k: int) -> float:
@@ -255,11 +291,11 @@ class _ListScheduler:
             r = self.ready_at[k] = max([0.0] + [self.end[i] + delay for i, delay in self.js.preds[k]])
         return r
 
-    def startable(self) -> dict[int, float]:
-        """Candidate job -> its earliest start, for those the variant's caps and memory allow now."""
+    def refresh(self, c: int) -> None:
+        """Component ``c``'s candidates that the variant's caps and memory allow now, with their earliest start."""
         js, v = self.js, self.v
         starts = {}
-        for k in self.candidates:
+        for k in self.pending[c]:
             job = js.jobs[k]
             if job.pass_ == "F":
                 if v.cap is not None and job.microbatch not in self.started_mb and len(self.memory.inflight) >= v.cap:
@@ -272,8 +308,9 @@ class _ListScheduler:
                     continue
             starts[k] = max([self.ready(k)] + [self.free[d] for d in js.devices[k]])
         if v.patient_w or v.guard_last_backward:
-            self._hold_back_w(starts)
-        return starts
+            self._hold_back_w(starts)  # what a W waits for runs on its own devices: inside the component
+        self.startable[c] = starts
+        self.earliest[c] = min(starts.values(), default=math.inf)
 
     def _hold_back_w(self, starts: dict[int, float]) -> None:
         """Drop each W that would still run when a job it must not delay could start on its devices."""
@@ -290,11 +327,12 @@ class _ListScheduler:
             if any(earliest.get(d, math.inf) < ends for d in js.devices[k]):
                 del starts[k]
 
-    def dispatch_first(self, starts: dict[int, float]) -> int:
-        """Dispatch the most urgent job of those that start earliest (with a pair partner if any); jobs dispatched."""
+    def dispatch_first(self, t: float, now: list[int]) -> int:
+        """Dispatch the most urgent of the jobs ``now`` that start earliest, at ``t`` (with a pair partner if any).
+
+        Returns the number of jobs dispatched.
+        """
         js = self.js
-        t = min(starts.values())
-        now = [k for k, s in starts.items() if s <= t + EPS * max(1.0, abs(t))]
         k = min(now, key=lambda j: self.keys[j])
         action: Action = js.jobs[k]
         dur = js.duration[k]
@@ -307,15 +345,18 @@ class _ListScheduler:
                 dur = pair_duration(js.sg, action)
         members = [k] if partner is None else [k, partner]
         for j in members:
-            self.candidates.discard(j)
+            self.pending[self.comp[j]].discard(j)
             if js.jobs[j].pass_ == "F":
                 self.started_mb.add(js.jobs[j].microbatch)
                 self.between[js.jobs[j].stage] += 1
             elif js.jobs[j].pass_ in ("I", "B"):
                 self.between[js.jobs[j].stage] -= 1
+        # its devices' times, memory and stage caps changed: its component is recomputed
+        self.stale.add(self.comp[k])
         # allocate before freeing: the F of a pair runs while the backward still holds its memory
         for j in sorted(members, key=lambda j: -js.mem[j]):
-            self.memory.dispatch(j)
+            if self.memory.dispatch(j):  # a microbatch entered or left flight: every forward's check changes
+                self.stale.update(range(len(self.pending)))
         for j in members:
             self.end[j] = t + dur
         for d in js.devices[k]:
@@ -327,21 +368,43 @@ class _ListScheduler:
 
     def release(self, k: int) -> None:
         """Job ``k`` is dispatched: its successors whose predecessors all are become candidates."""
-        js, missing, candidates = self.js, self.missing, self.candidates
+        js, missing = self.js, self.missing
         for s, _ in js.succs[k]:
             missing[s] -= 1
         job = js.jobs[k]
         if job.pass_ == "F":
             ks = self.next_forward[job.stage]
             if ks and missing[ks[-1]] == 0:
-                candidates.add(ks.pop())
+                self.add(ks.pop())
         for s, _ in js.succs[k]:
             if missing[s] == 0 and js.jobs[s].pass_ != "F":
-                candidates.add(s)
+                self.add(s)
             elif missing[s] == 0 and js.jobs[s].pass_ == "F":
                 ks = self.next_forward[js.jobs[s].stage]
                 if ks and ks[-1] == s:
-                    candidates.add(ks.pop())
+                    self.add(ks.pop())
+
+
+def _device_components(js: JobSet) -> dict[int, int]:
+    """Device -> number of its component: devices are joined when a job runs on several of them.
+
+    >>> from opsched.schedule import chain_stage_graph
+    >>> _device_components(JobSet(chain_stage_graph(2), 1))
+    {0: 0, 1: 1}
+    """
+    parent = {d: d for d in js.on_device}
+
+    def root(d: int) -> int:
+        while parent[d] != d:
+            parent[d] = parent[parent[d]]
+            d = parent[d]
+        return d
+
+    for devs in set(js.devices):
+        for d in devs[1:]:
+            parent[root(d)] = root(devs[0])
+    number: dict[int, int] = {}
+    return {d: number.setdefault(root(d), len(number)) for d in sorted(js.on_device)}
 
 
 def _stage_depths(sg) -> dict[int, int]:
