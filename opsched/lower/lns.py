@@ -160,8 +160,8 @@ def large_neighbourhood_search(
 
     ``budgets`` are the activation budgets per device (``None``: no limit).
     ``max_solves`` caps the number of sub-MIPs and ``max_nodes`` each
-    sub-MIP's branch-and-bound nodes (deterministic budgets). The clock is
-    only a safety net: each sub-MIP also stops after ``max_seconds_per_solve``
+    sub-MIP's branch-and-bound nodes (deterministic budgets). The clock stops
+    work only when these do not: each sub-MIP also stops after ``max_seconds_per_solve``
     (CBC's root can take long on wide windows; the node limit does not bound
     it) and the search stops at ``deadline``; when either binds, the result
     depends on the machine and ``log.timed_out`` says so.
