@@ -115,6 +115,8 @@ class _Memory:
         self.residue = {d: 0.0 for d in js.on_device}
         #: device -> least margin of the first i microbatches in flight, i = 0..len(inflight) (None: stale)
         self.least: dict[int, list[float] | None] = {d: None for d in js.on_device}
+        #: device -> what is free there once every microbatch in flight gave back what it holds (with ``least``)
+        self.avail_end: dict[int, float] = {}
         self.new_fits: dict[int, bool] = {}  # microbatch not yet in flight -> its need fits (until residue changes)
         need: dict[int, dict[int, float]] = {}
         count: dict[int, int] = {}
@@ -163,10 +165,11 @@ class _Memory:
                 least.append(low)
                 avail += self.held_by[mb].get(d, 0.0)
             self.least[d] = least
+            self.avail_end[d] = avail
         return least
 
-    def dispatch(self, k: int) -> bool:
-        """Account for job ``k``; returns whether a microbatch entered or left flight (every check changes)."""
+    def dispatch(self, k: int) -> str:
+        """Account for job ``k``; returns ``"entered"`` or ``"left"`` when its microbatch entered or left flight."""
         js = self.js
         m = js.jobs[k].microbatch
         entered = m not in self.held_by
@@ -177,7 +180,16 @@ class _Memory:
             self.remaining[m] = dict(self.need.get(m, {}))
             self.left[m] = self.count[m]
             self.new_fits.pop(m, None)
-            self._stale(self.least)  # every sequence has a new last entry (inf on devices it does not use)
+            # every sequence gets a last entry: the new microbatch holds nothing yet, so its margin is what the
+            # others leave free less its whole need (the same arithmetic as a recomputation; job k's own
+            # devices are recomputed below anyway)
+            for d, least in self.least.items():
+                if least is not None:
+                    r = self.remaining[m].get(d)
+                    low = least[-1]
+                    if r is not None and self.avail_end[d] - r < low:
+                        low = self.avail_end[d] - r
+                    least.append(low)
         for d in js.devices[k]:
             self.held[d] += js.mem[k]
             self.held_by[m][d] = self.held_by[m].get(d, 0.0) + js.mem[k]
@@ -193,8 +205,8 @@ class _Memory:
                 self.residue[d] += h
             self.new_fits.clear()
             self._stale(self.least)  # every sequence lost an entry
-            return True
-        return entered
+            return "left"
+        return "entered" if entered else ""
 
     def _stale(self, devices) -> None:
         for d in devices:
@@ -236,6 +248,10 @@ class _ListScheduler:
         self.free = {d: 0.0 for d in js.on_device}
         self.memory = _Memory(js, budgets)
         self.order: Order = {d: [] for d in js.on_device}
+        self.forward = [job.pass_ == "F" for job in js.jobs]
+        #: candidate forwards of microbatches not yet started: a microbatch's start changes their checks
+        self.fresh: set[int] = set()
+        self.started_mb: set[int] = set()
         component = _device_components(js)
         self.comp = [component[devs[0]] for devs in js.devices]  # job -> its component
         count = max(component.values(), default=-1) + 1
@@ -256,7 +272,6 @@ class _ListScheduler:
         for ks in self.next_forward.values():
             if ks and self.missing[ks[-1]] == 0:
                 self.add(ks.pop())
-        self.started_mb: set[int] = set()
         self.depth = _stage_depths(sg)
         self.between: dict[int, int] = {s.id: 0 for s in sg.stages}  # microbatches between F and I per stage
         self.keys = [_priority_key(js, k, variant.priority) for k in range(n)]
@@ -268,6 +283,8 @@ class _ListScheduler:
     def add(self, k: int) -> None:
         self.pending[self.comp[k]].add(k)
         self.stale.add(self.comp[k])
+        if self.forward[k] and self.js.jobs[k].microbatch not in self.started_mb:
+            self.fresh.add(k)
 
     def run(self) -> Order:
         done = 0
@@ -294,10 +311,11 @@ class _ListScheduler:
     def refresh(self, c: int) -> None:
         """Component ``c``'s candidates that the variant's caps and memory allow now, with their earliest start."""
         js, v = self.js, self.v
+        free, ready_at, devices, forward = self.free, self.ready_at, js.devices, self.forward
         starts = {}
         for k in self.pending[c]:
-            job = js.jobs[k]
-            if job.pass_ == "F":
+            if forward[k]:
+                job = js.jobs[k]
                 if v.cap is not None and job.microbatch not in self.started_mb and len(self.memory.inflight) >= v.cap:
                     continue
                 if v.stage_cap is not None:
@@ -306,7 +324,15 @@ class _ListScheduler:
                         continue
                 if not self.memory.allows(k):
                     continue
-            starts[k] = max([self.ready(k)] + [self.free[d] for d in js.devices[k]])
+            r = ready_at.get(k)
+            if r is None:
+                r = self.ready(k)
+            devs = devices[k]
+            if len(devs) == 1:
+                f = free[devs[0]]
+                starts[k] = r if r >= f else f
+            else:
+                starts[k] = max([r] + [free[d] for d in devs])
         if v.patient_w or v.guard_last_backward:
             self._hold_back_w(starts)  # what a W waits for runs on its own devices: inside the component
         self.startable[c] = starts
@@ -314,17 +340,24 @@ class _ListScheduler:
 
     def _hold_back_w(self, starts: dict[int, float]) -> None:
         """Drop each W that would still run when a job it must not delay could start on its devices."""
-        js, v = self.js, self.v
+        js, patient, last_backward, devices = self.js, self.v.patient_w, self.last_backward, self.js.devices
         # per device, the earliest start of a job a W must not delay
         earliest: dict[int, float] = {}
+        ws = []
         for o, start in starts.items():
-            if (js.jobs[o].pass_ != "W") if v.patient_w else (o in self.last_backward):
-                for d in js.devices[o]:
+            if js.jobs[o].pass_ == "W":
+                ws.append(o)
+            elif patient or o in last_backward:
+                for d in devices[o]:
                     if start < earliest.get(d, math.inf):
                         earliest[d] = start
-        for k in [k for k in starts if js.jobs[k].pass_ == "W"]:
-            ends = starts[k] + js.duration[k] - EPS
-            if any(earliest.get(d, math.inf) < ends for d in js.devices[k]):
+        if not earliest:
+            return
+        duration, inf = js.duration, math.inf
+        for k in ws:
+            ends = starts[k] + duration[k] - EPS
+            devs = devices[k]
+            if earliest.get(devs[0], inf) < ends or (len(devs) > 1 and any(earliest.get(d, inf) < ends for d in devs)):
                 del starts[k]
 
     def dispatch_first(self, t: float, now: list[int]) -> int:
@@ -346,6 +379,7 @@ class _ListScheduler:
         members = [k] if partner is None else [k, partner]
         for j in members:
             self.pending[self.comp[j]].discard(j)
+            self.fresh.discard(j)
             if js.jobs[j].pass_ == "F":
                 self.started_mb.add(js.jobs[j].microbatch)
                 self.between[js.jobs[j].stage] += 1
@@ -355,8 +389,17 @@ class _ListScheduler:
         self.stale.add(self.comp[k])
         # allocate before freeing: the F of a pair runs while the backward still holds its memory
         for j in sorted(members, key=lambda j: -js.mem[j]):
-            if self.memory.dispatch(j):  # a microbatch entered or left flight: every forward's check changes
+            change = self.memory.dispatch(j)
+            if change == "left":  # the banker's sequence lost a microbatch: every forward's check changes
                 self.stale.update(range(len(self.pending)))
+            elif change == "entered":
+                # it is appended to the sequence, so the checks of forwards in flight stay; those of forwards of
+                # microbatches not started see one more in flight (the cap, the memory of a new microbatch)
+                mb = js.jobs[j].microbatch
+                for f in list(self.fresh):
+                    self.stale.add(self.comp[f])
+                    if js.jobs[f].microbatch == mb:
+                        self.fresh.discard(f)
         for j in members:
             self.end[j] = t + dur
         for d in js.devices[k]:
