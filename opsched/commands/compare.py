@@ -37,7 +37,7 @@ from opsched.commands.args import (
 )
 from opsched.errors import OpschedError, Unsupported
 from opsched.isolate import SolverCrash
-from opsched.solver import SOLVERS, Objective, require
+from opsched.solver import SOLVERS, Objective, Status, require
 
 log = logging.getLogger(__name__)
 
@@ -340,6 +340,13 @@ def solver_note(row: dict) -> str:
 
     >>> solver_note({"objective": "zb-span", "objective_value": 30, "lower_bound": 27, "gap": 0.1})
     '; zb-span 30, lower bound 27, gap 10.0%'
+
+    A solve that a clock stopped, or whose search crashed, says so last (its
+    schedule is the best found by then):
+
+    >>> solver_note({"lower_bound": 27, "gap": 0.1, "solver": "cbc", "solve_seconds": 120.2,
+    ...              "status": "time limit reached"})
+    '; lower bound 27, gap 10.0%, cbc 120.2 s, time limit reached'
     """
     if row.get("lower_bound") is None:
         return ""
@@ -349,7 +356,9 @@ def solver_note(row: dict) -> str:
     gap_text = "" if gap is None else f", gap {100 * gap:.1f}%"
     secs = row.get("solve_seconds")
     time_text = "" if secs is None else f", {row.get('solver', '')} {secs:.1f} s"
-    return f"{value_text or ';'} lower bound {_g(row['lower_bound'])}{gap_text}{time_text}"
+    status = row.get("status")
+    status_text = f", {status}" if status in (str(Status.TIME_LIMIT), str(Status.ERROR)) else ""
+    return f"{value_text or ';'} lower bound {_g(row['lower_bound'])}{gap_text}{time_text}{status_text}"
 
 
 def table(rows: list[dict], header: str) -> str:
