@@ -241,6 +241,9 @@ UPPER_SHARE = 0.4
 QUICK_SHARE = 0.6
 #: a step whose part of the clock is below this many seconds is skipped
 LEAST_PART = 0.25
+#: a lower solve holds its time limit within this factor, plus this many seconds (forking, re-timing)
+LOWER_OVERRUN = 1.1
+LOWER_SLACK = 0.5
 
 
 @dataclass
@@ -268,6 +271,16 @@ class Clock:
     def timeout(self, part: float) -> float:
         """How long an isolated solve given ``part`` seconds may run before it is stopped: a little grace, never past the deadline."""
         return min(1.25 * part + 1.0, self.left())
+
+    def lower_limit(self, part: float) -> float:
+        """The time limit of a lower solve given ``part`` seconds: ``part``, less what keeps its result in time.
+
+        A lower solve holds its limit within :data:`LOWER_OVERRUN` plus
+        :data:`LOWER_SLACK` seconds and then returns its best schedule; given
+        all that is left (the last step), it would be stopped at the deadline
+        as it returns and its schedule lost.
+        """
+        return min(part, (self.left() - LOWER_SLACK) / LOWER_OVERRUN)
 
 
 def _solve_layouts(problems: dict[str, UpperProblem], clock: Clock, solver: str) -> tuple[list[UpperSolution], list[Candidate]]:
@@ -410,10 +423,15 @@ def _schedule_job(job: LowerJob, microbatches: int, limit: float, budget: float,
     """Run the lower MIP on ``job.stage_graph``; keep the result in ``job`` when it is better than what it holds."""
     cand = job.candidate
     # the quick pass gets a small work budget so that it finishes well inside its share of the clock
-    # (budgets in work keep plans deterministic; the clock is only a safety cap)
+    # (budgets in work keep plans deterministic; the time limit stops a solve that would not)
     search = 10 if warm is None else None
+    time_limit = clock.lower_limit(budget)
+    if time_limit < LEAST_PART:
+        if job.schedule is None:
+            cand.status = "not scheduled: the time limit was spent"
+        return
     try:
-        schedule, outcome = run_isolated(lower_schedule, job.stage_graph, microbatches, limit, budget, solver,
+        schedule, outcome = run_isolated(lower_schedule, job.stage_graph, microbatches, limit, time_limit, solver,
                                          warm or job.start, search,
                                          timeout=clock.timeout(budget))
     except (SolverCrash, MemoryTooSmall) as exc:
@@ -461,8 +479,8 @@ def lower_schedule(
     """The lower MIP's schedule of ``sg`` (``opsched.lower.solve``), started from ``warm`` and every baseline that applies.
 
     ``search_budget``: neighbourhood sub-MIPs (``None``: the lower level's
-    default). ``time_limit`` is a safety cap; the outcome's status says when
-    it bound. The lower level's own progress lines are left out (the
+    default). ``time_limit`` is the solve's wall-clock limit; the outcome's
+    status says when it bound. The lower level's own progress lines are left out (the
     planner reports one line per solve).
     """
     kwargs = {} if search_budget is None else {"search_budget": search_budget}

@@ -40,13 +40,15 @@ class Status(str, enum.Enum):
     OPTIMAL = "optimal"
     #: a result within the work budget (nodes, rounds, sub-MIPs), not proven optimal
     FEASIBLE = "feasible"
-    #: the safety clock stopped the work before its budget: the result may depend on the machine
+    #: a clock (the time limit, or a solve's own cap) stopped the work before its budget: the result is the best
+    #: found by then and may depend on the machine
     TIME_LIMIT = "time limit reached"
     #: the budget ran out before the solver found any solution (a warm start, if given, is kept)
     NO_SOLUTION = "no solution"
     #: the model has no solution at all
     INFEASIBLE = "infeasible"
-    #: the backend reported something else (unbounded, error)
+    #: the backend reported something else (unbounded, error), or crashed (a lower solve keeps what its search
+    #: had sent before the crash)
     ERROR = "solver error"
 
     def __str__(self) -> str:

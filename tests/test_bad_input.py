@@ -123,6 +123,7 @@ CASES = {
                                     "expected a whole number"),
     "compare unknown method": (COMPARE + ["--methods", "nope"] + OUT, "unknown method nope"),
     "compare memory unreadable": (COMPARE + ["--memory-limit", "lots"] + OUT, "--memory-limit"),
+    "compare time limit zero": (COMPARE + ["--methods", "mip", "--time-limit", "0"] + OUT, "--time-limit"),
     "compare plan missing": (["compare", "--plan", "{tmp}/nope.json"] + OUT, "no such plan file"),
     "compare out read-only": (COMPARE + ["-o", "{readonly}/opsched-out"], "cannot write there"),
     "compare out under a file": (COMPARE + ["-o", "{file}/out"], "is a file, not a directory"),

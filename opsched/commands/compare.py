@@ -32,11 +32,12 @@ from opsched.commands.args import (
     microbatch_count,
     non_negative_float,
     per_stage,
+    positive_float,
     stage_count,
 )
 from opsched.errors import OpschedError, Unsupported
 from opsched.isolate import SolverCrash
-from opsched.solver import SOLVERS, Objective, require
+from opsched.solver import SOLVERS, Objective, Status, require
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run_.add_argument("--methods", metavar="a,b,...", help="methods to run (default: all baselines and mip)")
     run_.add_argument("--memory-limit", metavar="X",
                       help="per-device memory limit: a number, or a method name meaning that method's peak")
-    run_.add_argument("--time-limit", type=non_negative_float, default="120", metavar="S",
-                      help="safety cap on the MIP in seconds (default 120); work budgets decide the result, "
-                           "so it is deterministic unless this cap binds (then its status says so)")
+    run_.add_argument("--time-limit", type=positive_float, default="120", metavar="S",
+                      help="wall-clock limit of the MIP in seconds (default 120): it returns the best schedule "
+                           "found by then, with status 'time limit reached'; when the limit does not bind, work "
+                           "budgets decide the result, so it is deterministic")
     run_.add_argument("--objective", default="makespan", choices=[o.value for o in Objective],
                       help="what mip minimises: makespan (default) or zb-span, Zero Bubble's cost (the longest device "
                            "span from its first F to its last W or B); its lower bound and gap refer to it")
@@ -163,8 +165,9 @@ def run_method(name: str, sg, microbatches: int, limit: float | None, args):
     if name == "mip":
         from opsched import isolate
 
-        # in a child process, as the planner does: a native abort or hang costs this row (SolverCrash), not
-        # the command; the hand-written orders that apply to the stage graph as given start the MIP
+        # the solve holds --time-limit itself (its search runs in a watched child that it stops at the limit);
+        # this outer child, as the planner's, is the backstop: a native abort or hang anywhere costs this row
+        # (SolverCrash), not the command. The hand-written orders that apply to the graph as given start it.
         result = isolate.run_isolated(
             lower.solve, sg, microbatches, memory_limit=limit, time_limit=args.time_limit, solver=args.solver,
             warm_orders=baseline_orders(sg, microbatches), objective=args.objective,
@@ -197,7 +200,10 @@ def run_method(name: str, sg, microbatches: int, limit: float | None, args):
 
 
 def solve_timeout(time_limit: float) -> float:
-    """Seconds after which an isolated MIP solve counts as hung and is stopped: 3 x its safety cap + 60 s.
+    """Seconds after which an isolated MIP solve counts as hung and is stopped: 3 x its time limit + 60 s.
+
+    The solve holds its own limit (within 10 %); this is only the backstop
+    for a hang outside its watched search.
 
     >>> solve_timeout(120)
     420.0
@@ -334,6 +340,13 @@ def solver_note(row: dict) -> str:
 
     >>> solver_note({"objective": "zb-span", "objective_value": 30, "lower_bound": 27, "gap": 0.1})
     '; zb-span 30, lower bound 27, gap 10.0%'
+
+    A solve that a clock stopped, or whose search crashed, says so last (its
+    schedule is the best found by then):
+
+    >>> solver_note({"lower_bound": 27, "gap": 0.1, "solver": "cbc", "solve_seconds": 120.2,
+    ...              "status": "time limit reached"})
+    '; lower bound 27, gap 10.0%, cbc 120.2 s, time limit reached'
     """
     if row.get("lower_bound") is None:
         return ""
@@ -343,7 +356,9 @@ def solver_note(row: dict) -> str:
     gap_text = "" if gap is None else f", gap {100 * gap:.1f}%"
     secs = row.get("solve_seconds")
     time_text = "" if secs is None else f", {row.get('solver', '')} {secs:.1f} s"
-    return f"{value_text or ';'} lower bound {_g(row['lower_bound'])}{gap_text}{time_text}"
+    status = row.get("status")
+    status_text = f", {status}" if status in (str(Status.TIME_LIMIT), str(Status.ERROR)) else ""
+    return f"{value_text or ';'} lower bound {_g(row['lower_bound'])}{gap_text}{time_text}{status_text}"
 
 
 def table(rows: list[dict], header: str) -> str:

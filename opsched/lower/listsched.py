@@ -81,7 +81,25 @@ def _priority_key(js: JobSet, k: int, rule: str) -> tuple:
 
 
 class _Memory:
-    """Per-device activation accounting with the oldest-first banker's check."""
+    """Per-device activation accounting with the oldest-first banker's check.
+
+    The check asks, for a forward ``k`` of microbatch ``m`` adding ``a`` on
+    its devices, whether the microbatches in flight could still finish one at
+    a time, oldest first. Microbatch ``i`` of that sequence can finish when
+    what it still needs fits what is free once the ones before it gave back
+    what they hold: its *margin* on device ``d`` is ``budget - held +
+    (held by those before it) - (still needed by it)``. Dispatching ``k``
+    lowers the margins of the microbatches before ``m`` by ``a`` on ``k``'s
+    devices and leaves every other margin as it was (``m``'s own need falls
+    by what it gets). Every margin is within tolerance in every state the
+    scheduler reaches (each forward was checked, and a backward only raises
+    margins), so the check reduces to: the least margin before ``m`` on each
+    of ``k``'s devices is at least ``a``, and, for a new microbatch, its whole
+    need fits what the finished ones left over. The least margins are kept
+    per device and recomputed only when that device's accounting changes, so
+    a check costs O(devices of the job) instead of O(in flight x devices)
+    (the scheduler asks once per candidate forward per step).
+    """
 
     def __init__(self, js: JobSet, budgets: Mapping[int, float] | None):
         self.js = js
@@ -89,9 +107,17 @@ class _Memory:
         self.held = {d: 0.0 for d in js.on_device}
         self.tolerance = {d: EPS * max(1.0, abs(budgets[d])) for d in js.on_device} if budgets is not None else {}
         self.inflight: list[int] = []  # microbatches in admission order
+        self.position: dict[int, int] = {}  # microbatch -> its index in ``inflight``
         self.held_by: dict[int, dict[int, float]] = {}
         self.remaining: dict[int, dict[int, float]] = {}
         self.left: dict[int, int] = {}  # jobs of the microbatch not yet dispatched
+        #: activation still held by finished microbatches (float residue; what a new microbatch cannot use)
+        self.residue = {d: 0.0 for d in js.on_device}
+        #: device -> least margin of the first i microbatches in flight, i = 0..len(inflight) (None: stale)
+        self.least: dict[int, list[float] | None] = {d: None for d in js.on_device}
+        #: device -> what is free there once every microbatch in flight gave back what it holds (with ``least``)
+        self.avail_end: dict[int, float] = {}
+        self.new_fits: dict[int, bool] = {}  # microbatch not yet in flight -> its need fits (until residue changes)
         need: dict[int, dict[int, float]] = {}
         count: dict[int, int] = {}
         for k, job in enumerate(js.jobs):
@@ -107,41 +133,84 @@ class _Memory:
         """Whether dispatching job ``k`` keeps the in-flight microbatches finishable."""
         if self.budgets is None or self.js.mem[k] <= 0:
             return True
-        m = self.js.jobs[k].microbatch
-        add = {d: self.js.mem[k] for d in self.js.devices[k]}
-        avail = {d: self.budgets[d] - self.held[d] - add.get(d, 0.0) for d in self.held}
-        tol = self.tolerance
-        sequence = list(self.inflight) + ([] if m in self.held_by else [m])
-        for mb in sequence:
-            rem = self.remaining.get(mb, self.need.get(mb, {}))
-            for d, r in rem.items():
-                r_after = r - add.get(d, 0.0) if mb == m else r
-                if r_after > avail[d] + tol[d]:
-                    return False
-            # once it finishes, the microbatch gives back what it holds (only its devices change)
-            for d, h in self.held_by.get(mb, {}).items():
-                avail[d] += h
-            if mb == m:
-                for d, a in add.items():
-                    avail[d] += a
-        return True
-
-    def dispatch(self, k: int) -> None:
         js = self.js
         m = js.jobs[k].microbatch
+        a = js.mem[k]
+        before = self.position.get(m, len(self.inflight)) if m in self.held_by else len(self.inflight)
+        tol = self.tolerance
+        for d in js.devices[k]:
+            if self._least(d)[before] < a - tol[d]:
+                return False
         if m not in self.held_by:
+            fits = self.new_fits.get(m)
+            if fits is None:
+                budgets, residue = self.budgets, self.residue
+                fits = self.new_fits[m] = all(
+                    r <= budgets[d] - residue[d] + tol[d] for d, r in self.need.get(m, {}).items()
+                )
+            return fits
+        return True
+
+    def _least(self, d: int) -> list[float]:
+        """Device ``d``'s least margins of the first i microbatches in flight (recomputed when stale)."""
+        least = self.least[d]
+        if least is None:
+            avail = self.budgets[d] - self.held[d]
+            low = math.inf
+            least = [low]
+            for mb in self.inflight:
+                r = self.remaining[mb].get(d)
+                if r is not None and avail - r < low:
+                    low = avail - r
+                least.append(low)
+                avail += self.held_by[mb].get(d, 0.0)
+            self.least[d] = least
+            self.avail_end[d] = avail
+        return least
+
+    def dispatch(self, k: int) -> str:
+        """Account for job ``k``; returns ``"entered"`` or ``"left"`` when its microbatch entered or left flight."""
+        js = self.js
+        m = js.jobs[k].microbatch
+        entered = m not in self.held_by
+        if entered:
+            self.position[m] = len(self.inflight)
             self.inflight.append(m)
             self.held_by[m] = {}
             self.remaining[m] = dict(self.need.get(m, {}))
             self.left[m] = self.count[m]
+            self.new_fits.pop(m, None)
+            # every sequence gets a last entry: the new microbatch holds nothing yet, so its margin is what the
+            # others leave free less its whole need (the same arithmetic as a recomputation; job k's own
+            # devices are recomputed below anyway)
+            for d, least in self.least.items():
+                if least is not None:
+                    r = self.remaining[m].get(d)
+                    low = least[-1]
+                    if r is not None and self.avail_end[d] - r < low:
+                        low = self.avail_end[d] - r
+                    least.append(low)
         for d in js.devices[k]:
             self.held[d] += js.mem[k]
             self.held_by[m][d] = self.held_by[m].get(d, 0.0) + js.mem[k]
             if js.mem[k] > 0:
                 self.remaining[m][d] -= js.mem[k]
+        if js.mem[k] != 0:
+            self._stale(js.devices[k])
         self.left[m] -= 1
         if self.left[m] == 0:
             self.inflight.remove(m)
+            self.position = {mb: i for i, mb in enumerate(self.inflight)}
+            for d, h in self.held_by[m].items():
+                self.residue[d] += h
+            self.new_fits.clear()
+            self._stale(self.least)  # every sequence lost an entry
+            return "left"
+        return "entered" if entered else ""
+
+    def _stale(self, devices) -> None:
+        for d in devices:
+            self.least[d] = None
 
 
 def list_schedule(js: JobSet, budgets: Mapping[int, float] | None, variant: Variant | None = None, **kw) -> Order:
@@ -155,7 +224,20 @@ def list_schedule(js: JobSet, budgets: Mapping[int, float] | None, variant: Vari
 
 
 class _ListScheduler:
-    """The state of one :func:`list_schedule` run: what is dispatched, what may start, when devices free up."""
+    """The state of one :func:`list_schedule` run: what is dispatched, what may start, when devices free up.
+
+    Each step dispatches, among the candidates that can start earliest, the
+    one with the least priority key. What a candidate may do depends on its
+    own devices (when they free up, the memory held there, the warm-up cap of
+    its stage, the other candidates there for a held-back W) and on a few
+    global facts that change only when a microbatch enters or leaves flight
+    (the in-flight cap, the banker's order). So the candidates are kept per
+    *component* (devices joined by a job that runs on several of them; one
+    device each on a chain), each with its startable jobs and their earliest
+    start, and a step recomputes only the components it touched (all of them
+    when a microbatch entered or left flight): a step costs about one
+    component's candidates instead of all of them, with the same choices.
+    """
 
     def __init__(self, js: JobSet, budgets: Mapping[int, float] | None, variant: Variant):
         self.js, self.v = js, variant
@@ -166,6 +248,17 @@ class _ListScheduler:
         self.free = {d: 0.0 for d in js.on_device}
         self.memory = _Memory(js, budgets)
         self.order: Order = {d: [] for d in js.on_device}
+        self.forward = [job.pass_ == "F" for job in js.jobs]
+        #: candidate forwards of microbatches not yet started: a microbatch's start changes their checks
+        self.fresh: set[int] = set()
+        self.started_mb: set[int] = set()
+        component = _device_components(js)
+        self.comp = [component[devs[0]] for devs in js.devices]  # job -> its component
+        count = max(component.values(), default=-1) + 1
+        self.pending: list[set[int]] = [set() for _ in range(count)]  # candidates per component
+        self.startable: list[dict[int, float]] = [{} for _ in range(count)]  # ... that may start now -> start
+        self.earliest: list[float] = [math.inf] * count  # least start per component
+        self.stale: set[int] = set(range(count))
         # forwards of a stage run in microbatch order: only the next one is a candidate
         self.next_forward: dict[int, list[int]] = {}
         for k, job in enumerate(js.jobs):
@@ -173,11 +266,12 @@ class _ListScheduler:
                 self.next_forward.setdefault(job.stage, []).append(k)
         for ks in self.next_forward.values():
             ks.sort(key=lambda k: js.jobs[k].microbatch, reverse=True)  # pop() gives the smallest
-        self.candidates = {k for k in range(n) if self.missing[k] == 0 and js.jobs[k].pass_ != "F"}
+        for k in range(n):
+            if self.missing[k] == 0 and js.jobs[k].pass_ != "F":
+                self.add(k)
         for ks in self.next_forward.values():
             if ks and self.missing[ks[-1]] == 0:
-                self.candidates.add(ks.pop())
-        self.started_mb: set[int] = set()
+                self.add(ks.pop())
         self.depth = _stage_depths(sg)
         self.between: dict[int, int] = {s.id: 0 for s in sg.stages}  # microbatches between F and I per stage
         self.keys = [_priority_key(js, k, variant.priority) for k in range(n)]
@@ -186,13 +280,25 @@ class _ListScheduler:
         self.last_backward = {k for k, job in enumerate(js.jobs)
                               if job.pass_ in ("I", "B") and job.microbatch == last_mb[job.stage]}
 
+    def add(self, k: int) -> None:
+        self.pending[self.comp[k]].add(k)
+        self.stale.add(self.comp[k])
+        if self.forward[k] and self.js.jobs[k].microbatch not in self.started_mb:
+            self.fresh.add(k)
+
     def run(self) -> Order:
         done = 0
         while done < len(self.js):
-            starts = self.startable()
-            if not starts:  # pragma: no cover - the banker's rule prevents this
+            for c in self.stale:
+                self.refresh(c)
+            self.stale.clear()
+            t = min(self.earliest)
+            if t == math.inf:  # pragma: no cover - the banker's rule prevents this
                 raise RuntimeError("list scheduler stalled; memory budget below one microbatch's requirement")
-            done += self.dispatch_first(starts)
+            limit = t + EPS * max(1.0, abs(t))
+            now = [k for c, low in enumerate(self.earliest) if low <= limit
+                   for k, start in self.startable[c].items() if start <= limit]
+            done += self.dispatch_first(t, now)
         return self.order
 
     def ready(self, k: int) -> float:
@@ -202,13 +308,14 @@ class _ListScheduler:
             r = self.ready_at[k] = max([0.0] + [self.end[i] + delay for i, delay in self.js.preds[k]])
         return r
 
-    def startable(self) -> dict[int, float]:
-        """Candidate job -> its earliest start, for those the variant's caps and memory allow now."""
+    def refresh(self, c: int) -> None:
+        """Component ``c``'s candidates that the variant's caps and memory allow now, with their earliest start."""
         js, v = self.js, self.v
+        free, ready_at, devices, forward = self.free, self.ready_at, js.devices, self.forward
         starts = {}
-        for k in self.candidates:
-            job = js.jobs[k]
-            if job.pass_ == "F":
+        for k in self.pending[c]:
+            if forward[k]:
+                job = js.jobs[k]
                 if v.cap is not None and job.microbatch not in self.started_mb and len(self.memory.inflight) >= v.cap:
                     continue
                 if v.stage_cap is not None:
@@ -217,31 +324,48 @@ class _ListScheduler:
                         continue
                 if not self.memory.allows(k):
                     continue
-            starts[k] = max([self.ready(k)] + [self.free[d] for d in js.devices[k]])
+            r = ready_at.get(k)
+            if r is None:
+                r = self.ready(k)
+            devs = devices[k]
+            if len(devs) == 1:
+                f = free[devs[0]]
+                starts[k] = r if r >= f else f
+            else:
+                starts[k] = max([r] + [free[d] for d in devs])
         if v.patient_w or v.guard_last_backward:
-            self._hold_back_w(starts)
-        return starts
+            self._hold_back_w(starts)  # what a W waits for runs on its own devices: inside the component
+        self.startable[c] = starts
+        self.earliest[c] = min(starts.values(), default=math.inf)
 
     def _hold_back_w(self, starts: dict[int, float]) -> None:
         """Drop each W that would still run when a job it must not delay could start on its devices."""
-        js, v = self.js, self.v
+        js, patient, last_backward, devices = self.js, self.v.patient_w, self.last_backward, self.js.devices
         # per device, the earliest start of a job a W must not delay
         earliest: dict[int, float] = {}
+        ws = []
         for o, start in starts.items():
-            if (js.jobs[o].pass_ != "W") if v.patient_w else (o in self.last_backward):
-                for d in js.devices[o]:
+            if js.jobs[o].pass_ == "W":
+                ws.append(o)
+            elif patient or o in last_backward:
+                for d in devices[o]:
                     if start < earliest.get(d, math.inf):
                         earliest[d] = start
-        for k in [k for k in starts if js.jobs[k].pass_ == "W"]:
-            ends = starts[k] + js.duration[k] - EPS
-            if any(earliest.get(d, math.inf) < ends for d in js.devices[k]):
+        if not earliest:
+            return
+        duration, inf = js.duration, math.inf
+        for k in ws:
+            ends = starts[k] + duration[k] - EPS
+            devs = devices[k]
+            if earliest.get(devs[0], inf) < ends or (len(devs) > 1 and any(earliest.get(d, inf) < ends for d in devs)):
                 del starts[k]
 
-    def dispatch_first(self, starts: dict[int, float]) -> int:
-        """Dispatch the most urgent job of those that start earliest (with a pair partner if any); jobs dispatched."""
+    def dispatch_first(self, t: float, now: list[int]) -> int:
+        """Dispatch the most urgent of the jobs ``now`` that start earliest, at ``t`` (with a pair partner if any).
+
+        Returns the number of jobs dispatched.
+        """
         js = self.js
-        t = min(starts.values())
-        now = [k for k, s in starts.items() if s <= t + EPS * max(1.0, abs(t))]
         k = min(now, key=lambda j: self.keys[j])
         action: Action = js.jobs[k]
         dur = js.duration[k]
@@ -254,15 +378,28 @@ class _ListScheduler:
                 dur = pair_duration(js.sg, action)
         members = [k] if partner is None else [k, partner]
         for j in members:
-            self.candidates.discard(j)
+            self.pending[self.comp[j]].discard(j)
+            self.fresh.discard(j)
             if js.jobs[j].pass_ == "F":
                 self.started_mb.add(js.jobs[j].microbatch)
                 self.between[js.jobs[j].stage] += 1
             elif js.jobs[j].pass_ in ("I", "B"):
                 self.between[js.jobs[j].stage] -= 1
+        # its devices' times, memory and stage caps changed: its component is recomputed
+        self.stale.add(self.comp[k])
         # allocate before freeing: the F of a pair runs while the backward still holds its memory
         for j in sorted(members, key=lambda j: -js.mem[j]):
-            self.memory.dispatch(j)
+            change = self.memory.dispatch(j)
+            if change == "left":  # the banker's sequence lost a microbatch: every forward's check changes
+                self.stale.update(range(len(self.pending)))
+            elif change == "entered":
+                # it is appended to the sequence, so the checks of forwards in flight stay; those of forwards of
+                # microbatches not started see one more in flight (the cap, the memory of a new microbatch)
+                mb = js.jobs[j].microbatch
+                for f in list(self.fresh):
+                    self.stale.add(self.comp[f])
+                    if js.jobs[f].microbatch == mb:
+                        self.fresh.discard(f)
         for j in members:
             self.end[j] = t + dur
         for d in js.devices[k]:
@@ -274,21 +411,43 @@ class _ListScheduler:
 
     def release(self, k: int) -> None:
         """Job ``k`` is dispatched: its successors whose predecessors all are become candidates."""
-        js, missing, candidates = self.js, self.missing, self.candidates
+        js, missing = self.js, self.missing
         for s, _ in js.succs[k]:
             missing[s] -= 1
         job = js.jobs[k]
         if job.pass_ == "F":
             ks = self.next_forward[job.stage]
             if ks and missing[ks[-1]] == 0:
-                candidates.add(ks.pop())
+                self.add(ks.pop())
         for s, _ in js.succs[k]:
             if missing[s] == 0 and js.jobs[s].pass_ != "F":
-                candidates.add(s)
+                self.add(s)
             elif missing[s] == 0 and js.jobs[s].pass_ == "F":
                 ks = self.next_forward[js.jobs[s].stage]
                 if ks and ks[-1] == s:
-                    candidates.add(ks.pop())
+                    self.add(ks.pop())
+
+
+def _device_components(js: JobSet) -> dict[int, int]:
+    """Device -> number of its component: devices are joined when a job runs on several of them.
+
+    >>> from opsched.schedule import chain_stage_graph
+    >>> _device_components(JobSet(chain_stage_graph(2), 1))
+    {0: 0, 1: 1}
+    """
+    parent = {d: d for d in js.on_device}
+
+    def root(d: int) -> int:
+        while parent[d] != d:
+            parent[d] = parent[parent[d]]
+            d = parent[d]
+        return d
+
+    for devs in set(js.devices):
+        for d in devs[1:]:
+            parent[root(d)] = root(devs[0])
+    number: dict[int, int] = {}
+    return {d: number.setdefault(root(d), len(number)) for d in sorted(js.on_device)}
 
 
 def _stage_depths(sg) -> dict[int, int]:

@@ -153,19 +153,22 @@ def large_neighbourhood_search(
     max_solves: int | None = None,
     max_seconds_per_solve: float = 5.0,
     on_improve: Callable[[Incumbent], None] | None = None,
+    on_solve: Callable[[SearchLog], None] | None = None,
     log: SearchLog | None = None,
 ) -> Incumbent:
     """Improve ``incumbent`` window by window until ``rounds`` sweeps give nothing or time runs out.
 
     ``budgets`` are the activation budgets per device (``None``: no limit).
     ``max_solves`` caps the number of sub-MIPs and ``max_nodes`` each
-    sub-MIP's branch-and-bound nodes (deterministic budgets). The clock is
-    only a safety net: each sub-MIP also stops after ``max_seconds_per_solve``
+    sub-MIP's branch-and-bound nodes (deterministic budgets). The clock stops
+    work only when these do not: each sub-MIP also stops after ``max_seconds_per_solve``
     (CBC's root can take long on wide windows; the node limit does not bound
     it) and the search stops at ``deadline``; when either binds, the result
     depends on the machine and ``log.timed_out`` says so.
 
     ``target`` (a proven lower bound) stops the search once reached.
+    ``on_improve`` gets each better incumbent, ``on_solve`` the log after
+    each sub-MIP that found nothing better.
     """
     log = log or SearchLog()
     base = slot_problem(js, slot, budgets)
@@ -199,16 +202,16 @@ def large_neighbourhood_search(
             )
             log.solves += 1
             log.timed_out = log.timed_out or out.timed_out
-            if out.starts is None:
-                continue
-            candidate = evaluate(js, starts_to_order(js, out.starts), objective)
-            if better(candidate, incumbent) and order_fits(js.sg, candidate.order, base.budgets):
+            candidate = None if out.starts is None else evaluate(js, starts_to_order(js, out.starts), objective)
+            if candidate is not None and better(candidate, incumbent) and order_fits(js.sg, candidate.order, budgets):
                 incumbent = candidate
                 improved_round = True
                 log.improvements += 1
                 log.entries.append((time.monotonic() - t0, incumbent.value))
                 if on_improve is not None:
                     on_improve(incumbent)
+            elif on_solve is not None:
+                on_solve(log)
         if not improved_round:
             if width >= horizon:
                 break

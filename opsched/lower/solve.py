@@ -12,8 +12,14 @@ Pipeline of the solve (each step is anytime; the best order so far is kept):
    (its bound counts when the slot divides every time exactly and its problem
    holds every schedule of the graph, see ``_mip_covers_every_schedule``);
 5. large-neighbourhood search over time windows until the lower bound, its
-   budget of sub-MIPs, or no window helps (the time limit is a safety cap);
-6. the final order re-timed in continuous time by the simulator.
+   budget of sub-MIPs, or no window helps;
+6. the final order re-timed in continuous time by the simulator and validated.
+
+Steps 3 to 5 run in a watched child process (:func:`opsched.isolate.run_isolated`)
+that sends every new best order and every raised bound here as it finds
+them. The time limit is a hard limit on the whole solve: at its deadline the
+child is stopped, and the result is built from the last order it sent. A
+native solver crash costs the same: the search so far is kept.
 """
 
 from __future__ import annotations
@@ -22,12 +28,14 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from opsched.errors import Deadlock, OpschedError
+from opsched.isolate import SolverCrash, TimedOut, run_isolated
 from opsched.lower.bounds import lower_bound as combinatorial_bound
 from opsched.lower.bounds import own_orders_hold_every_schedule, span_lower_bound
 from opsched.lower.jobs import JobSet, activation_budgets, check_memory_limit, order_fits
-from opsched.lower.listsched import default_variants, job_order, list_schedule
+from opsched.lower.listsched import Variant, default_variants, job_order, list_schedule
 from opsched.lower.lns import (
     Incumbent,
     SearchLog,
@@ -46,17 +54,25 @@ from opsched.lower.timeindexed import (
     solve_slot_problem,
     starts_to_order,
 )
-from opsched.schedule import Job, Order, Pair, Schedule, StageGraph, jobs_of, simulate
+from opsched.schedule import Job, Order, Pair, Schedule, StageGraph, jobs_of, simulate, validate
 from opsched.solver import Objective, Status, objective_of, require
 
 log = logging.getLogger(__name__)
 
 #: the whole MIP is tried when it has at most this many step variables
 FULL_MODEL_VARIABLES = 4000
-#: node limit of the whole MIP (a deterministic budget; the time limit is only a safety net)
+#: node limit of the whole MIP (a deterministic budget; the time limit only stops it when it binds)
 FULL_MODEL_NODES = 2000
 #: default number of neighbourhood sub-MIPs (a deterministic budget; see :func:`solve`)
 SEARCH_BUDGET = 100
+#: what the end of a solve costs here (re-timing and validating the final order, about as much as building the
+#: job set twice), estimated as this many times the job set's own time; the search stops that much before the
+#: limit, but never more than :data:`RESERVE_SHARE` of it
+RESERVE_FACTOR = 3.0
+RESERVE_SHARE = 0.05
+#: the search stops itself this long before it would be stopped (seconds, and at most this share of the limit)
+GRACE = 1.0
+GRACE_SHARE = 0.02
 
 
 @dataclass
@@ -85,30 +101,74 @@ class LowerResult:
         return max((e.end for e in self.schedule.events), default=0.0)
 
 
+@dataclass(frozen=True)
+class _News:
+    """What the search process sends the solve each time it has news, and as its return value at the end.
+
+    Orders are large (49,152 jobs at p=64, m=256): ``order`` is sent only
+    with the news that it changed; the solve keeps the last one it received.
+    """
+
+    #: the progress line's text ("" for news that is not logged: a start candidate valued, a better start found)
+    what: str
+    #: objective value of the best order so far (``None`` before any start candidate fitted)
+    value: float | None
+    #: the best order, when it changed with this news
+    order: Order | None
+    #: the start candidate the best order came from
+    start: str
+    #: start candidates valued since the last news: (name, objective value)
+    tried: tuple[tuple[str, float], ...]
+    #: proven for every schedule of the graph (the whole MIP may raise it)
+    bound: float
+    slot: float | None
+    #: neighbourhood sub-MIPs solved so far
+    solves: int
+    #: a clock cap (a sub-MIP's, or the deadline's) cut some of the work
+    timed_out: bool
+    #: the search's last news (its return value)
+    done: bool = False
+
+
 @dataclass
 class _Search:
-    """The state of one :func:`solve`: the problem, the best order so far, its bound and what the work cost."""
+    """The state of one :func:`solve`'s search process: the problem, the best order, its bounds, the work done.
+
+    ``report`` sends :class:`_News` to the solve (:func:`opsched.isolate.run_isolated`'s ``report``).
+    """
 
     js: JobSet
     budgets: dict[int, float] | None
     objective: Objective
     solver: str
     threads: int
-    started: float  # time.monotonic() at the start
-    deadline: float  # the safety cap on the clock
+    deadline: float  # time.monotonic() instant where the search stops itself (the solve stops it there anyway)
     bound: float  # holds for every schedule of the graph (what is reported)
+    report: Callable[[_News], None]
     best: Incumbent | None = None  # None while the best order has overlapped pairs (not searched)
     #: holds for the orders this search can reach (its job set, no pairs): may be above ``bound``
     search_bound: float = -math.inf
     timed_out: bool = False
     slot: float | None = None
     solves: int = 0
-    log: list[tuple[float, float, float]] = field(default_factory=list)
+    start: str = ""  # the start candidate the search began from
+    value: float | None = None  # objective value of the best order so far
+    order: Order | None = None  # the best order when it changed since the last news, else None
+    tried: list[tuple[str, float]] = field(default_factory=list)  # start candidates valued since the last news
 
-    def report(self, value: float, what: str) -> None:
-        elapsed = time.monotonic() - self.started
-        self.log.append((elapsed, value, self.bound))
-        log.info("[lower] %7.2fs  best %.6g  bound %.6g  %s", elapsed, value, self.bound, what)
+    def improved(self, order: Order, value: float) -> None:
+        """A new best order (sent with the next news)."""
+        self.order, self.value = order, value
+
+    def news(self, what: str = "", done: bool = False) -> _News:
+        """The news since the last one (which it clears)."""
+        out = _News(what, self.value, self.order, self.start, tuple(self.tried), self.bound, self.slot,
+                    self.solves, self.timed_out, done)
+        self.order, self.tried = None, []
+        return out
+
+    def send(self, what: str = "") -> None:
+        self.report(self.news(what))
 
     def proven(self) -> bool:
         return self.best is not None and _proven(self.best.value, self.bound)
@@ -116,6 +176,45 @@ class _Search:
     def searched_out(self) -> bool:
         """Whether no order this search can reach beats the best: proven, or at the search's own bound."""
         return self.proven() or (self.best is not None and _proven(self.best.value, self.search_bound))
+
+
+@dataclass
+class _Watch:
+    """The solve's view of its search process: the last order and bounds it sent, and the progress lines."""
+
+    started: float  # time.monotonic() at the start of the solve
+    bound: float
+    order: Order | None = None
+    value: float | None = None
+    start: str = ""
+    candidates: dict[str, float] = field(default_factory=dict)
+    slot: float | None = None
+    solves: int = 0
+    timed_out: bool = False
+    done: float | None = None  # time.monotonic() when the search's last news came
+    log: list[tuple[float, float, float]] = field(default_factory=list)
+
+    def receive(self, news: _News) -> None:
+        """Fold one piece of news in (``on_report`` of the search process), logging it when it says what happened."""
+        if news.order is not None:
+            if self.order is None and not news.what:  # the first order: say so, the start phase may take minutes
+                log.info("[lower] %7.2fs  first start %s, %.6g", time.monotonic() - self.started, news.start,
+                         news.value)
+            self.order, self.start = news.order, news.start
+        self.value = news.value
+        self.candidates.update(news.tried)
+        self.bound = max(self.bound, news.bound)  # only a bound the search proved and sent counts
+        self.slot, self.solves = news.slot, news.solves
+        self.timed_out = self.timed_out or news.timed_out
+        if news.done:
+            self.done = time.monotonic()
+        if news.what and news.value is not None:
+            self.line(news.value, news.what)
+
+    def line(self, value: float, what: str) -> None:
+        elapsed = time.monotonic() - self.started
+        self.log.append((elapsed, value, self.bound))
+        log.info("[lower] %7.2fs  best %.6g  bound %.6g  %s", elapsed, value, self.bound, what)
 
 
 def solve(
@@ -141,17 +240,29 @@ def solve(
     ``slot`` is the MIP's time slot (default:
     :func:`opsched.lower.timeindexed.auto_slot`).
 
+    Time: ``time_limit`` (seconds of wall clock) bounds the whole solve. The
+    search runs in a child process that sends each better order as it finds
+    it; at the limit the child is stopped and the last order it sent is the
+    result, re-timed by the simulator and validated here (that last step, and
+    building the job set, are the only work past the limit: about a second
+    at p=32, m=128). If nothing came by then, the result is the first warm
+    order that fits, or else the first list-scheduler variant, computed here.
+    Then ``status`` is :attr:`Status.TIME_LIMIT`. A native crash of the child
+    keeps the last order too, with :attr:`Status.ERROR`.
+
     Determinism: the work is counted, not timed. Every list-scheduler variant
     runs, the whole MIP (when small enough) stops after
     :data:`FULL_MODEL_NODES` nodes, and the neighbourhood search after
     ``search_budget`` sub-MIPs of at most 500 nodes each (``None``: until a
     sweep at full width finds nothing). So the same input, solver and
-    threads give the same schedule. ``time_limit`` (seconds) is only a safety
-    cap, as is a 5 s cap per sub-MIP (CBC's root is not bounded by nodes):
-    when either stops the work, the result may depend on the machine and
-    ``status`` is :attr:`Status.TIME_LIMIT` (the progress line says so too);
-    otherwise ``status`` is :attr:`Status.OPTIMAL` (the bound is reached) or
-    :attr:`Status.FEASIBLE`. Progress goes to this module's logger.
+    threads give the same schedule unless a clock stops the work: the time
+    limit, or a 5 s cap per sub-MIP (CBC's root is not bounded by nodes);
+    then ``status`` is :attr:`Status.TIME_LIMIT` (the progress line says
+    which) and the result may depend on the machine. Otherwise ``status`` is
+    :attr:`Status.OPTIMAL` (the bound is reached) or :attr:`Status.FEASIBLE`.
+    The bound reported is always proven: the combinatorial bound, raised by
+    the whole MIP's only when that bound reached this process. Progress goes
+    to this module's logger.
 
     ``warm_orders`` are starting orders, tried in the order given (ties keep
     the earliest), each kept only when it runs the same jobs and fits in
@@ -175,28 +286,59 @@ def solve(
     _check_arguments(solver, time_limit, slot)
     check_memory_limit(sg, microbatches, memory_limit)
     js = JobSet(sg, microbatches, split_backward)
+    setup = time.monotonic() - t0
     budgets = activation_budgets(sg, memory_limit)
     # proven for every schedule of sg (pairs, fused or split backwards), not only those this solve can make
     bound = combinatorial_bound(js, budgets) if objective == Objective.MAKESPAN else span_lower_bound(js)
-    run = _Search(js, budgets, objective, solver, threads, t0, t0 + float(time_limit), bound)
-    run.search_bound = _search_bound(js, budgets, objective, bound)
+    watch = _Watch(t0, bound)
+    # the search process is stopped early enough for the end of the solve (re-timing, validating) to fit in the
+    # limit; it stops itself a little earlier still, between pieces of work, so that its last news arrives
+    stop = t0 + float(time_limit) - min(RESERVE_SHARE * float(time_limit), RESERVE_FACTOR * setup)
+    deadline = stop - min(GRACE_SHARE * float(time_limit), GRACE)
+    crash = None
+    if stop > time.monotonic():
+        try:
+            watch.receive(run_isolated(
+                _search, js, budgets, objective, solver, threads, allow_pairs, slot, warm_orders, search_budget,
+                bound, _search_bound(js, budgets, objective, bound), deadline,
+                timeout=stop - time.monotonic(), on_report=watch.receive,
+            ))
+        except TimedOut:  # the deadline (or a hang until then): the last order sent is the result
+            pass
+        except SolverCrash as exc:  # a native abort: the search so far is kept
+            crash = str(exc)
+    # work that ran up to the deadline was cut by it (every loop of the search checks it)
+    cut = watch.done is None or watch.done >= deadline
+    if watch.order is None:  # nothing came in time: a cheap order, made here
+        watch.start, watch.order = _first_start(js, budgets, allow_pairs, warm_orders)
+        what = "crashed" if crash else "had found nothing by the time limit"
+        log.info("[lower] the search %s: the result is the first start that fits, %s", what, watch.start)
+    return _result(watch, js, memory_limit, objective, solver, time_limit if cut else None, crash)
 
-    name, start, candidates, run.timed_out = _best_start(
-        js, budgets, allow_pairs, warm_orders, objective, stop_at=run.deadline
-    )
-    final_order: Order = start
+
+def _search(
+    js: JobSet, budgets, objective: Objective, solver: str, threads: int, allow_pairs: bool, slot: float | None,
+    warm_orders: dict[str, Order] | None, search_budget: int | None, bound: float, search_bound: float,
+    deadline: float, report: Callable[[_News], None],
+) -> _News:
+    """Steps 3 to 5 of :func:`solve`, in its search process: every new best order goes to ``report`` at once.
+
+    Returns the last news (``done``). Stops itself at ``deadline`` between
+    pieces of work (the solve stops the process there anyway).
+    """
+    run = _Search(js, budgets, objective, solver, threads, deadline, bound, report, search_bound=search_bound)
+    name, start, value = _best_start(run, allow_pairs, warm_orders)
     if _has_pairs(start):  # the slotted MIP has no pairs: the order is kept as it is
-        run.report(candidates[name], f"warm start {name}")
-    else:
-        run.best = evaluate(js, job_order(start), objective)
-        run.report(run.best.value, f"warm start {name}")
-        if not run.searched_out():
-            run.slot = slot or auto_slot(sg, run.best.makespan)
-            _solve_whole_mip(run)
-        if not run.searched_out():
-            _neighbourhood_search(run, search_budget)
-        final_order = {d: list(jobs) for d, jobs in run.best.order.items()}
-    return _result(run, sg, memory_limit, final_order, name, candidates, time_limit)
+        run.send(f"warm start {name}")
+        return run.news(done=True)
+    run.best = evaluate(js, job_order(start), objective)
+    run.send(f"warm start {name}")
+    if not run.searched_out():
+        run.slot = slot or auto_slot(js.sg, run.best.makespan)
+        _solve_whole_mip(run)
+    if not run.searched_out():
+        _neighbourhood_search(run, search_budget)
+    return run.news(done=True)
 
 
 def _search_bound(js: JobSet, budgets, objective: Objective, bound: float) -> float:
@@ -214,8 +356,8 @@ def _search_bound(js: JobSet, budgets, objective: Objective, bound: float) -> fl
 
 def _check_arguments(solver: str, time_limit: float, slot: float | None) -> None:
     require(solver)
-    if time_limit <= 0:
-        raise OpschedError(f"time limit must be positive, got {time_limit}")
+    if not time_limit > 0 or math.isinf(time_limit):
+        raise OpschedError(f"time limit must be a positive number of seconds, got {time_limit}")
     if slot is not None and slot <= 0:
         raise OpschedError(f"slot must be positive, got {slot}")
 
@@ -252,6 +394,7 @@ def _solve_whole_mip(run: _Search) -> None:
         cand = evaluate(js, starts_to_order(js, out.starts), run.objective)
         if better(cand, best) and order_fits(js.sg, cand.order, run.budgets):
             run.best = cand
+            run.improved(cand.order, cand.value)
     proven = out.objective if out.status == Status.OPTIMAL else out.bound
     if exact and proven is not None and out.status in (Status.OPTIMAL, Status.FEASIBLE, Status.NO_SOLUTION):
         # slotted objectives are whole slots; a flow tie-breaker adds less than one slot
@@ -259,49 +402,76 @@ def _solve_whole_mip(run: _Search) -> None:
         run.search_bound = max(run.search_bound, whole * run.slot)
         if _mip_covers_every_schedule(js, run.objective):
             run.bound = max(run.bound, whole * run.slot)
-    run.report(run.best.value, f"full MIP ({out.variables} variables, {out.status})")
+    run.send(f"full MIP ({out.variables} variables, {out.status})")
 
 
 def _neighbourhood_search(run: _Search, search_budget: int | None) -> None:
     """Phase 5: large-neighbourhood search over time windows of the best order."""
     search = SearchLog()
+
+    def improved(inc: Incumbent) -> None:
+        run.improved(inc.order, inc.value)
+        run.solves = search.solves
+        run.timed_out = run.timed_out or search.timed_out
+        run.send("neighbourhood search")
+
+    def solved(progress: SearchLog) -> None:  # the count of sub-MIPs reaches the solve even when it is stopped
+        run.solves = progress.solves
+        run.timed_out = run.timed_out or progress.timed_out
+        run.send()
+
     run.best = large_neighbourhood_search(
         run.js, run.best, run.slot, run.budgets, deadline=run.deadline, solver=run.solver, threads=run.threads,
         target=max(run.bound, run.search_bound), log=search, objective=run.objective, max_solves=search_budget,
-        on_improve=lambda inc: run.report(inc.value, "neighbourhood search"),
+        on_improve=improved, on_solve=solved,
     )
     run.timed_out = run.timed_out or search.timed_out
     run.solves = search.solves
 
 
 def _result(
-    run: _Search, sg: StageGraph, memory_limit: float | None, order: Order, warm_start: str,
-    candidates: dict[str, float], time_limit: float,
+    watch: _Watch, js: JobSet, memory_limit: float | None, objective: Objective, solver: str,
+    cut_at: float | None, crash: str | None,
 ) -> LowerResult:
-    """Phase 6: ``order`` re-timed in continuous time, with its bound, gap and status."""
-    events = simulate(sg, {d: list(a) for d, a in order.items()}, run.js.microbatches)
-    value = objective_value(run.js, events, run.objective)
-    bound = min(run.bound, value)  # float noise only: the bound is proven
+    """Phase 6: the last order re-timed in continuous time and validated, with its bound, gap and status.
+
+    ``cut_at``: the time limit when it stopped the search (else ``None``);
+    ``crash``: what happened to a search process that crashed.
+    """
+    sg, order = js.sg, watch.order
+    events = simulate(sg, {d: list(a) for d, a in order.items()}, js.microbatches)
+    schedule = Schedule(sg, js.microbatches, events, memory_limit=memory_limit, name="mip")
+    validate(schedule)  # the order came from another process: the one validator checks it
+    value = objective_value(js, events, objective)
+    bound = min(watch.bound, value)  # float noise only: the bound is proven
     gap = (value - bound) / value if value > 0 else 0.0
-    status = Status.OPTIMAL if _proven(value, bound) else Status.TIME_LIMIT if run.timed_out else Status.FEASIBLE
-    run.bound = bound
-    run.report(value, str(status) + (
-        f" (safety cap {time_limit:g} s or 5 s per sub-MIP; the result may vary)" if status == Status.TIME_LIMIT else ""
-    ))
+    if _proven(value, bound):
+        status, note = Status.OPTIMAL, ""
+    elif crash:
+        status, note = Status.ERROR, f" ({crash}; the best schedule it had sent is kept)"
+    elif cut_at is not None:
+        status = Status.TIME_LIMIT
+        note = f" (the {cut_at:g} s limit stopped the search; the best schedule found by then)"
+    elif watch.timed_out:
+        status, note = Status.TIME_LIMIT, " (a MIP's clock cap stopped it: 5 s per sub-MIP; the result may vary)"
+    else:
+        status, note = Status.FEASIBLE, ""
+    watch.bound = bound
+    watch.line(value, str(status) + note)
     return LowerResult(
-        schedule=Schedule(sg, run.js.microbatches, events, memory_limit=memory_limit, name="mip"),
+        schedule=schedule,
         order=order,
         lower_bound=bound,
         gap=gap,
-        solver=run.solver,
-        solve_seconds=time.monotonic() - run.started,
+        solver=solver,
+        solve_seconds=time.monotonic() - watch.started,
         status=status,
-        warm_start=warm_start,
-        log=run.log,
-        slot=run.slot,
-        candidates=candidates,
-        search_solves=run.solves,
-        objective=run.objective,
+        warm_start=watch.start,
+        log=watch.log,
+        slot=watch.slot,
+        candidates=watch.candidates,
+        search_solves=watch.solves,
+        objective=objective,
         value=value,
     )
 
@@ -333,10 +503,6 @@ def _has_pairs(order: Order) -> bool:
     return any(isinstance(a, Pair) for acts in order.values() for a in acts)
 
 
-def _makespan(js: JobSet, order: Order) -> float:
-    return max(e.end for e in simulate(js.sg, {d: list(a) for d, a in order.items()}, js.microbatches))
-
-
 def _same_jobs(js: JobSet, order: Order) -> bool:
     """Whether the order runs exactly the job set (pairs split), each job once per device of its stage."""
     seen: dict[Job, int] = {}
@@ -349,44 +515,67 @@ def _same_jobs(js: JobSet, order: Order) -> bool:
     return all(seen[j] == len(js.devices[js.index[j]]) for j in seen)
 
 
-def _best_start(
-    js: JobSet, budgets, allow_pairs: bool, warm_orders: dict[str, Order] | None,
-    objective: Objective = Objective.MAKESPAN, stop_at: float | None = None,
-) -> tuple[str, Order, dict[str, float], bool]:
-    """The best order among warm orders, baselines and list-scheduler variants that fit in memory.
-
-    Every variant runs and ties keep the earliest candidate in that order, so
-    the result is deterministic. Only the safety cap ``stop_at`` (the clock)
-    may skip variants after the first; the last value returned says whether it did.
-    Returns (name, order, {name: objective value of every candidate that fits}, cut short).
-    """
-    sg = js.sg
-    pool: list[tuple[str, Order]] = [
-        (name, split_fused_backward(order) if js.split_backward else order) for name, order in (warm_orders or {}).items()
+def _start_pool(js: JobSet, allow_pairs: bool, warm_orders: dict[str, Order] | None):
+    """The start candidates in the order that breaks ties, warm orders first: (name, order or list variant)."""
+    pool: list[tuple[str, Order | Variant]] = [
+        (name, split_fused_backward(order) if js.split_backward else order)
+        for name, order in (warm_orders or {}).items()
     ]
-    cut = False
-    for k, v in enumerate(default_variants(js, allow_pairs)):
-        if k > 0 and stop_at is not None and time.monotonic() > stop_at:
-            cut = True
-            break
-        pool.append((v.name, list_schedule(js, budgets, v)))
+    return pool + [(v.name, v) for v in default_variants(js, allow_pairs)]
+
+
+def _fitting(js: JobSet, budgets, allow_pairs: bool, order: Order) -> list | None:
+    """The order's events when it runs exactly ``js``'s jobs, fits in memory and does not deadlock, else None."""
+    if not _same_jobs(js, order) or (_has_pairs(order) and not allow_pairs) or not order_fits(js.sg, order, budgets):
+        return None
+    try:
+        return simulate(js.sg, {d: list(a) for d, a in order.items()}, js.microbatches)
+    except Deadlock:  # a warm order may deadlock on this graph
+        return None
+
+
+def _best_start(run: _Search, allow_pairs: bool, warm_orders: dict[str, Order] | None) -> tuple[str, Order, float]:
+    """The best order among warm orders and list-scheduler variants that fit in memory; (name, order, value).
+
+    Every candidate runs and ties keep the earliest in :func:`_start_pool`'s
+    order, so the result is deterministic; each new best goes to the solve at
+    once (the first candidate that fits is there within a simulation of the
+    start). Only the deadline may skip candidates after the first that fits
+    (then ``run.timed_out``).
+    """
+    js, budgets = run.js, run.budgets
     best: tuple[str, Order, Incumbent] | None = None
-    spans: dict[str, float] = {}
-    for name, order in pool:
-        if not _same_jobs(js, order) or (_has_pairs(order) and not allow_pairs):
+    for name, made in _start_pool(js, allow_pairs, warm_orders):
+        if best is not None and time.monotonic() > run.deadline:
+            run.timed_out = True
+            break
+        order = list_schedule(js, budgets, made) if isinstance(made, Variant) else made
+        events = _fitting(js, budgets, allow_pairs, order)
+        if events is None:
             continue
-        if not order_fits(sg, order, budgets):
-            continue
-        try:
-            events = simulate(sg, {d: list(a) for d, a in order.items()}, js.microbatches)
-        except Deadlock:  # a warm order may deadlock on this graph
-            continue
-        inc = Incumbent({}, objective_value(js, events, objective), max(e.end for e in events), sum(e.end for e in events))
-        spans[name] = inc.value
+        inc = Incumbent({}, objective_value(js, events, run.objective), max(e.end for e in events),
+                        sum(e.end for e in events))
+        run.tried.append((name, inc.value))
         if best is None or better(inc, best[2]):
             best = (name, order, inc)
+            run.start = name
+            run.improved(order, inc.value)
+        run.send()
     assert best is not None, "the list scheduler always gives an order"
-    return best[0], best[1], spans, cut
+    return best[0], best[1], best[2].value
+
+
+def _first_start(js: JobSet, budgets, allow_pairs: bool, warm_orders: dict[str, Order] | None) -> tuple[str, Order]:
+    """The first start candidate that fits (name, order): the solve's own fallback when its search sent nothing.
+
+    A warm order costs one simulation; without one that fits, the first
+    list-scheduler variant is made here.
+    """
+    for name, made in _start_pool(js, allow_pairs, warm_orders):
+        order = list_schedule(js, budgets, made) if isinstance(made, Variant) else made
+        if _fitting(js, budgets, allow_pairs, order) is not None:
+            return name, order
+    raise AssertionError("the list scheduler always gives an order")  # pragma: no cover
 
 
 def split_fused_backward(order: Order) -> Order:
