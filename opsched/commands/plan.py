@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
                                   solver=args.solver, deadline=max(deadline, time.monotonic() + 1.0))
     log.info("validate: %s on %s", result.source, result.layout)
     samples = training.microbatches * training.microbatch_size
-    extra = plan_extra(args.model, cluster, training, result, warnings)
+    extra = plan_extra(args.model, cluster, training, result, warnings, dims=used_dims)
     names = write_outputs(out, result, extra, report_text(args.model, cluster, training, limit, result, warnings))
     log.info("export: %s in %s", ", ".join(names), out)
     if args.json:
@@ -180,11 +180,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def plan_extra(model: str, cluster, training, result, warnings: list[str] | None = None) -> dict:
-    """The fields plan.json holds beyond the schedule contract (``warnings``: the import's assumptions and warnings)."""
+def plan_extra(model: str, cluster, training, result, warnings: list[str] | None = None,
+               dims: dict[str, int] | None = None) -> dict:
+    """The fields plan.json holds beyond the schedule contract (``warnings``: the import's assumptions and warnings;
+    ``dims``: the model's symbolic dims as planned, e.g. batch and seq, which a framework's batch settings need)."""
     samples = training.microbatches * training.microbatch_size
     return {
         "model": str(model),
+        "dims": {str(k): int(v) for k, v in (dims or {}).items()},
         "cluster": {
             "name": cluster.name,
             "devices": cluster.devices,
