@@ -485,3 +485,28 @@ def test_export_help_explains_both_frameworks(capsys):
     for words in ("--megatron FILE", "--torchtitan FILE.toml", "OPSCHED_MEGATRON_ARGS", "pipeline_parallel_schedule_csv",
                   "docs/export.md", "nothing is written"):
         assert words in text, words
+
+
+# --------------------------------------------------------------------------- what plan.json says of each stage
+
+
+def test_the_planner_names_each_stages_configuration_from_the_blocks_with_weights():
+    """A merged block in ep2 holds attention (weights), a softmax (none) and two experts: the experts make the
+    stage ``dp2+ep``, the attention's weights in an expert-parallel block run data-parallel (dp2)."""
+    import networkx as nx
+
+    from opsched.graph import Block
+    from opsched.planner import _stage_contents
+
+    bg = nx.DiGraph(kind="BlockGraph")
+    blocks = [Block(0, "model/layers.0/attn", (), ("q",), param_count=10),
+              Block(1, "model/layers.0/attn#1", (), ("softmax",)),
+              Block(2, "model/layers.0/mlp/experts.0", (), ("model/layers.0/mlp/experts.0/w1",), param_count=10),
+              Block(3, "model/layers.0/mlp/experts.1", (), ("model/layers.0/mlp/experts.1/w1",), param_count=10),
+              Block(4, "lm_head", (), ("head",), param_count=10)]
+    for b in blocks:
+        bg.add_node(b.id, block=b)
+    members = {7: [0, 1, 2, 3], 4: [4]}  # block 7 of the reduced graph stands for 0-3
+    contents = _stage_contents({0: [(7, "ep2"), (4, "dp2")], 1: [(7, "ep2"), (4, "tp2")]}, members, bg)
+    assert contents[0].config == "dp2+ep"
+    assert contents[1].config is None and contents[1].modes == {"ep2": "model.layers.0", "tp2": "lm_head"}

@@ -22,15 +22,22 @@ a torchtitan configuration.
                           seq_len; with --torch-csv as well it runs the plan's own
                           order from that file (pipeline_parallel_schedule_csv)
 
-docs/export.md says what every flag and key comes from. Megatron and
-torchtitan set one tensor / data / expert split for the whole model, whole
-layers per pipeline stage in model order, and give each data-parallel replica
-a whole number of samples: a plan that is not like that is refused with the
-reason, as is one torch's runtime cannot run (a branching StageGraph,
-DualPipe's copied stages, an order that would deadlock) or that breaks a
-validity rule (overlapping events), as `opsched gantt` refuses it. A refusal
-is one line, exit 2, and nothing is written; every output place is checked
-before the plan is read, and each file is written whole or not at all.
+Flags are Megatron-LM's as of Megatron-Core 0.16; the TOML is torchtitan
+0.2's job file (torchtitan 0.3 takes the same keys as --parallelism.KEY
+overrides). docs/export.md says what every flag and key comes from.
+
+Megatron and torchtitan set one tensor / data / expert split for the whole
+model, put whole layers per pipeline stage in model order, and give each
+data-parallel replica a whole number of samples: a plan that is not like
+that is refused with the reason, as is one that torch's runtime cannot run
+(a branching StageGraph, DualPipe's copied stages, an order that would
+deadlock) or that breaks a validity rule (overlapping events), as `opsched
+gantt` refuses it. Megatron also refuses stages in a V, ZeRO-2 and an
+interleaved plan whose microbatches are no multiple of pp; torchtitan an
+order torch has no schedule for by name (mip, zb-h1, zb-h2) unless
+--torch-csv gives it. A refusal is one line, exit 2, and nothing is written;
+every output place is checked before the plan is read, and each file is
+written whole or not at all.
 
 examples:
   opsched export out/plan.json --torch-csv out/schedule.csv
@@ -45,7 +52,7 @@ import os
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("plan", metavar="PLAN.json", help="a plan written by `opsched plan` or `opsched compare`")
+    parser.add_argument("plan", metavar="PLAN.json", help="a plan written by `opsched plan` (or `opsched compare`: --torch-csv only)")
     parser.add_argument("--torch-csv", metavar="FILE.csv", help="where to write the compute-only schedule CSV")
     parser.add_argument("--megatron", metavar="FILE", help="where to write the Megatron-LM arguments (bash)")
     parser.add_argument("--torchtitan", metavar="FILE.toml", help="where to write the torchtitan configuration")
