@@ -40,7 +40,7 @@ COMMANDS = {
     "evaluate": "predict the step time, MFU and memory of a given tp/pp/vpp/ep/dp layout",
     "compare": "time hand-written pipeline schedules (and the MIP) on one pipeline",
     "gantt": "draw a plan.json as a Gantt timeline (.svg, .png, .html or Perfetto .json)",
-    "export": "write a plan as a schedule file for torch.distributed.pipelining",
+    "export": "write a plan for torch.distributed.pipelining (CSV), Megatron-LM (arguments) or torchtitan (TOML)",
     "run": "execute a plan on CPU processes with torch.distributed.pipelining",
 }
 

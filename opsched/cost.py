@@ -63,6 +63,31 @@ class Mode:
         parts = [f"{k}{v}" for k, v in (("tp", self.tp), ("dp", self.dp), ("ep", self.ep)) if v > 1]
         return ".".join(parts) or "single"
 
+    @classmethod
+    def parse(cls, text: str) -> "Mode":
+        """The mode a name written by :meth:`__str__` stands for (plan.json keeps modes as names).
+
+        >>> Mode.parse("tp2.dp4"), Mode.parse("single"), Mode.parse("ep8").size
+        (Mode(tp=2, dp=4, ep=1), Mode(tp=1, dp=1, ep=1), 8)
+        >>> Mode.parse("tp2+ep")
+        Traceback (most recent call last):
+        ...
+        opsched.errors.OpschedError: 'tp2+ep' is not a parallel mode (e.g. dp4, tp2.dp2, ep8, single)
+        """
+        if text == "single":
+            return cls()
+        degrees: dict[str, int] = {}
+        for part in text.split("."):
+            found = _MODE_PART.match(part)
+            if not found or found.group(1) in degrees:
+                raise OpschedError(f"{text!r} is not a parallel mode (e.g. dp4, tp2.dp2, ep8, single)")
+            degrees[found.group(1)] = int(found.group(2))
+        return cls(**degrees)
+
+
+#: one degree of a mode's name: ``tp2``, ``dp4``, ``ep8`` (a degree of 1 is left out of names)
+_MODE_PART = re.compile(r"^(tp|dp|ep)([2-9]|[1-9]\d+)$")
+
 
 @dataclass(frozen=True)
 class BlockCost:

@@ -30,7 +30,9 @@ import networkx as nx
 from opsched.baselines import baseline_orders
 from opsched.cluster import Cluster, Training, memory_hint
 from opsched.contiguous import Baseline, contiguous_baselines
+from opsched.cost import expert_count
 from opsched.errors import MemoryTooSmall, OpschedError
+from opsched.graph import Block
 from opsched.isolate import SolverCrash, run_isolated
 from opsched.lower import minimum_memory_limit, solve
 from opsched.schedule import Order, Schedule, StageGraph, metrics, order_from_schedule, validate
@@ -47,7 +49,7 @@ from opsched.upper.mip import (
     upper_problem,
 )
 from opsched.upper.reduce import reduce_block_graph
-from opsched.upper.stages import StageContents, StagePlan, build_stage_graph, stage_contents
+from opsched.upper.stages import HeldBlock, StageContents, StagePlan, build_stage_graph, stage_contents
 
 log = logging.getLogger(__name__)
 
@@ -528,9 +530,15 @@ def _stage_contents(
 ) -> dict[int, StageContents]:
     """Stage id -> what it holds, in the model's own blocks (each reduced block stands for its ``members``)."""
     return {
-        sid: stage_contents([(bg.nodes[m]["block"].name, mode) for b, mode in blocks for m in members[b]])
+        sid: stage_contents([_held_block(bg.nodes[m]["block"], mode) for b, mode in blocks for m in members[b]])
         for sid, blocks in held.items()
     }
+
+
+def _held_block(block: Block, mode: str) -> HeldBlock:
+    """A model block in a stage, with what it holds (the stage's configuration counts only blocks with weights)."""
+    holds = "experts" if expert_count(block) > 0 else "weights" if block.param_count > 0 else "none"
+    return HeldBlock(block.name, mode, holds)
 
 
 def _smallest_memory(problems: dict[str, UpperProblem], solver: str) -> float:

@@ -13,6 +13,7 @@ from opsched.export.plan_json import read_plan
 from opsched.graph import Block
 from opsched.planner import plan_block_graph
 from opsched.schedule import validate
+from opsched.upper.layouts import parse_config
 from conftest import SLOW_LINK_CLUSTER
 from test_plan_json import schema_errors
 
@@ -134,6 +135,10 @@ def assert_every_stage_says_what_it_holds(schedule, doc, report, model):
     assert set(held) == model_layers
     # a layer split across two consecutive stages is listed by both; none is listed three times
     assert all(held.count(path) <= 2 for path in held)
+    # each stage's configuration, when its blocks with weights agree on one, reads as one (opsched export uses it)
+    for entry in contents.values():
+        assert entry["config"] is None or parse_config(entry["config"])
+    assert doc["dims"]["batch"] == doc["microbatch_size"]
     assert "## Stages" in report and "vision_model.encoder.layers." in report
 
 

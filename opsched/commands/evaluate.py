@@ -11,6 +11,7 @@ The layout is comma-separated KEY=VALUE, Megatron's names:
   tp  tensor-parallel size          pp   pipeline-parallel size
   vpp virtual pipeline chunks       ep   expert-parallel size (folded over dp)
   cp  context-parallel size (only 1 is modelled yet)
+  etp expert tensor-parallel size (only the default, tp, is modelled yet)
   dp  data-parallel size (default: devices / (tp x pp x cp))
   sp  sequence parallel, 0 or 1     zero 0-3 (1 = Megatron's distributed optimizer, 3 = FSDP full shard)
   recompute none | selective | full

@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
                         "sequences")
         log.warning("plan: %s", warnings[-1])
     samples = training.microbatches * training.microbatch_size
-    extra = plan_extra(args.model, cluster, training, result, warnings)
+    extra = plan_extra(args.model, cluster, training, result, warnings, dims=used_dims)
     names = write_outputs(out, result, extra, report_text(args.model, cluster, training, limit, result, warnings))
     log.info("export: %s in %s", ", ".join(names), out)
     if args.json:
@@ -219,7 +219,7 @@ def megatron_layouts(args: argparse.Namespace, dims: dict[str, int], cluster, tr
     """
     from opsched.coarsen import coarsen
     from opsched.contiguous import Baseline, on_real_devices
-    from opsched.cost import expert_count
+    from opsched.cost import Mode, expert_count
     from opsched.evaluate import search_layouts
     from opsched.onnx_import import import_onnx
     from opsched.schedule import metrics
@@ -238,7 +238,8 @@ def megatron_layouts(args: argparse.Namespace, dims: dict[str, int], cluster, tr
     for e in found:
         lay = e.layout
         m = metrics(e.schedule)
-        dense, expert = f"tp{lay.tp}.dp{lay.dp}", f"tp{lay.tp}.ep{lay.ep}.dp{lay.dp // lay.ep}"
+        # the modes' own names: experts folded over the replicas hold 1/ep of them each
+        dense, expert = str(Mode(tp=lay.tp, dp=lay.dp)), str(Mode(tp=lay.tp, dp=lay.dp // lay.ep, ep=lay.ep))
         contents = {
             c: stage_contents([(bg.nodes[b]["block"].name,
                                 expert if lay.ep > 1 and expert_count(bg.nodes[b]["block"]) else dense)
@@ -301,11 +302,14 @@ def batch_dims(args: argparse.Namespace) -> tuple[dict[str, int], int]:
     return dims, G // B
 
 
-def plan_extra(model: str, cluster, training, result, warnings: list[str] | None = None) -> dict:
-    """The fields plan.json holds beyond the schedule contract (``warnings``: the import's assumptions and warnings)."""
+def plan_extra(model: str, cluster, training, result, warnings: list[str] | None = None,
+               dims: dict[str, int] | None = None) -> dict:
+    """The fields plan.json holds beyond the schedule contract (``warnings``: the import's assumptions and warnings;
+    ``dims``: the model's symbolic dims as planned, e.g. batch and seq, which a framework's batch settings need)."""
     samples = training.microbatches * training.microbatch_size
     return {
         "model": str(model),
+        "dims": {str(k): int(v) for k, v in (dims or {}).items()},
         "cluster": {
             "name": cluster.name,
             "devices": cluster.devices,

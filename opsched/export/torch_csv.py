@@ -93,13 +93,21 @@ def stage_ranks(sg: StageGraph) -> dict[int, int]:
     return {s.id: ranks[tuple(sorted(s.devices))] for s in sg.stages}
 
 
-def check_expressible(sg: StageGraph, microbatches: int) -> None:
+#: what a pipeline runtime is called in a refusal, and what to plan instead of DualPipe's two copies there
+TORCH_RUNTIME = ("torch.distributed.pipelining", "use DualPipeV, which torch runs")
+
+
+def check_expressible(sg: StageGraph, microbatches: int, runtime: tuple[str, str] = TORCH_RUNTIME) -> None:
     """Raise :class:`OpschedError` saying why PyTorch's runtime cannot run ``sg``, if it cannot.
 
     The runtime (torch 2.6 to 2.13) passes activations only from stage k to
     stage k+1, so the StageGraph must be the chain 0 -> 1 -> ... -> N-1; every
     stage runs every microbatch; a stage's device group maps to one rank.
+    Megatron-LM's and torchtitan's pipelines take the same shape, so their
+    exports check it here too, named by ``runtime`` (its name, and the hint
+    for a plan with DualPipe's copied stages).
     """
+    name, copies_hint = runtime
     n = len(sg.stages)
     for s in sg.stages:
         succs = sorted(e.dst for e in sg.succs(s.id))
@@ -107,7 +115,7 @@ def check_expressible(sg: StageGraph, microbatches: int) -> None:
         if len(succs) > 1 or len(preds) > 1:
             which = f"stage {s.id} feeds stages {succs}" if len(succs) > 1 else f"stages {preds} feed stage {s.id}"
             raise OpschedError(
-                f"the StageGraph branches ({which}); torch.distributed.pipelining only runs a chain of "
+                f"the StageGraph branches ({which}); {name} only runs a chain of "
                 "stages 0 -> 1 -> ... -> N-1, so this plan cannot be exported (plan it with a chain of stages)"
             )
         want_succs = [s.id + 1] if s.id < n - 1 else []
@@ -115,14 +123,14 @@ def check_expressible(sg: StageGraph, microbatches: int) -> None:
             got = f"feeds stage {succs[0]}" if succs else "feeds no stage"
             want = f"stage {s.id + 1}" if want_succs else "no stage"
             raise OpschedError(
-                f"stage {s.id} {got}, but torch.distributed.pipelining runs stage k into stage k+1: "
+                f"stage {s.id} {got}, but {name} runs stage k into stage k+1: "
                 f"stage {s.id} must feed {want}; number the stages along the chain"
             )
         if s.microbatches is not None and set(s.microbatches) != set(range(microbatches)):
             raise OpschedError(
                 f"stage {s.id} runs only microbatches {list(s.microbatches)} (e.g. one direction of "
-                "bidirectional DualPipe with copied stages); torch's runtime sends every microbatch through "
-                "every stage, so this plan cannot be exported (use DualPipeV, which torch runs)"
+                f"bidirectional DualPipe with copied stages); {name} sends every microbatch through "
+                f"every stage, so this plan cannot be exported ({copies_hint})"
             )
     torch_ranks(sg)
 

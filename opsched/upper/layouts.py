@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 
 from opsched.cluster import Cluster
-from opsched.cost import divisors
+from opsched.cost import Mode, divisors
 from opsched.errors import OpschedError
 from opsched.schedule import v_device
 
@@ -135,8 +135,22 @@ Parallel modes of a block inside its group of K devices (joined by "." when comb
 """
 
 _LAYOUT = re.compile(r"^(\d+)x(\d+)(?: (v|interleaved) v=(\d+))?(?: contiguous, (.+))?$")
-_DEGREE = re.compile(r"^(dp|tp|ep)(\d+)$")
 _DEGREE_WORDS = {"dp": "{n} data-parallel replicas", "tp": "tensor parallel over {n}", "ep": "expert parallel over {n}"}
+
+
+def parse_config(text: str) -> tuple[Mode, bool]:
+    """A configuration's name (``tp2.dp2``, ``dp4+ep``, ``single``): the mode of the blocks with weights, and
+    whether the expert blocks are expert-parallel over the whole group instead (``+ep``, see :data:`NOTATION`).
+
+    >>> parse_config("tp2.dp2+ep")
+    (Mode(tp=2, dp=2, ep=1), True)
+    >>> parse_config("dp4")
+    (Mode(tp=1, dp=4, ep=1), False)
+    """
+    base, plus, ep = text.partition("+")
+    if plus and ep != "ep":
+        raise OpschedError(f"{text!r} is not a configuration: only +ep may follow the mode (e.g. dp4+ep)")
+    return Mode.parse(base), bool(plus)
 
 
 def mode_words(mode: str) -> str:
@@ -149,15 +163,13 @@ def mode_words(mode: str) -> str:
     """
     if mode == "per-block modes":
         return "the mode the placement MIP chose for each block"
-    base, _, ep = mode.partition("+")
-    if base == "single":
-        words = "one device"
-    else:
-        parts = [_DEGREE.match(p) for p in base.split(".")]
-        if not all(parts):
-            return mode  # a name this notation does not cover reads as itself
-        words = " x ".join(_DEGREE_WORDS[m.group(1)].format(n=m.group(2)) for m in parts)
-    return words + (", experts expert-parallel" if ep == "ep" else "")
+    try:
+        base, experts = parse_config(mode)
+    except OpschedError:
+        return mode  # a name this notation does not cover reads as itself
+    degrees = [(kind, n) for kind, n in (("tp", base.tp), ("dp", base.dp), ("ep", base.ep)) if n > 1]
+    words = " x ".join(_DEGREE_WORDS[kind].format(n=n) for kind, n in degrees) or "one device"
+    return words + (", experts expert-parallel" if experts else "")
 
 
 def describe_layout(text: str) -> str:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import NamedTuple, Sequence
 
+from opsched.cost import Mode
 from opsched.errors import OpschedError
 from opsched.schedule import Edge, Stage, StageGraph
 from opsched.upper.mip import Assignment, UpperProblem
@@ -105,14 +107,38 @@ def build_stage_graph(p: UpperProblem, assignment: Assignment) -> StagePlan:
 LAYER_COMPONENT = re.compile(r"^(layers?|h|blocks?|resblocks)\.(\d+)$")
 
 
+class HeldBlock(NamedTuple):
+    """One of a stage's blocks: its name (ONNX scopes), its parallel mode's name and what it holds.
+
+    ``holds`` is ``"weights"`` (parameters of its own), ``"experts"`` (routed
+    experts' parameters) or ``"none"`` (no parameters: norms without scale,
+    softmax, residual adds, ...); it decides what the block says about the
+    stage's configuration (:func:`stage_config`).
+    """
+
+    name: str
+    mode: str
+    holds: str = "weights"
+
+
+#: what a block may hold (:class:`HeldBlock`)
+HOLDS = ("weights", "experts", "none")
+
+
 @dataclass
 class StageContents:
-    """What one stage holds: its layers in a line, their module paths, its parallel modes, each block with its mode."""
+    """What one stage holds: its layers in a line, their module paths, its parallel modes, each block with its mode.
+
+    ``config`` is the stage's configuration as a user sets one (``tp2.dp2``,
+    ``dp4+ep``; :func:`stage_config`), None when its blocks with weights use
+    different modes.
+    """
 
     layers: str  # e.g. "model.layers.0-3, lm_head"
     modules: list[str]  # module paths of the layers (or top-level modules) it holds, in model order
     blocks: list[str]  # "block name [mode]" for every block it holds
     modes: dict[str, str]  # parallel mode -> the layers with blocks in that mode, in a line
+    config: str | None = None
 
     @property
     def modes_text(self) -> str:
@@ -122,7 +148,55 @@ class StageContents:
         return "; ".join(f"{mode}: {layers}" for mode, layers in self.modes.items())
 
     def to_dict(self) -> dict:
-        return {"layers": self.layers, "modules": self.modules, "modes": self.modes, "blocks": self.blocks}
+        return {"layers": self.layers, "modules": self.modules, "modes": self.modes, "blocks": self.blocks,
+                "config": self.config}
+
+
+def stage_config(blocks: Sequence[HeldBlock]) -> str | None:
+    """The configuration a stage's blocks add up to, in the layout notation (``tp2.dp2``, ``dp4+ep``), or None.
+
+    The rule a training framework's settings follow: every block with weights
+    of its own in one mode M (tensor x data parallel), the expert blocks in M
+    too or expert-parallel over the whole group (then ``M+ep``). Blocks
+    without weights do not count: they take the only mode they have,
+    data-parallel over the group, and split their work as their neighbours
+    do. The non-expert weights of a block in an expert-parallel mode
+    (a router, say) run data-parallel over the group, as the cost model has
+    them (docs/cost-model.md), so they count as ``dpK``. None when the blocks
+    with weights disagree.
+
+    >>> stage_config([HeldBlock("attn", "tp2.dp2"), HeldBlock("softmax", "dp4", "none"),
+    ...               HeldBlock("experts.0", "ep4", "experts")])
+    'tp2.dp2+ep'
+    >>> stage_config([HeldBlock("layers.0", "dp4"), HeldBlock("lm_head", "tp4")]) is None
+    True
+    >>> stage_config([HeldBlock("layers.0/router+experts", "ep4"), HeldBlock("layers.1", "dp4")])
+    'dp4'
+    """
+    modes = [(Mode.parse(b.mode), b.holds) for b in blocks]
+    dense = {_as_dense(m) for m, holds in modes if holds == "weights"}
+    expert = {m for m, holds in modes if holds == "experts"}
+    if len(dense) > 1 or len(expert) > 1:
+        return None
+    if not dense and not expert:
+        weightless = {m for m, _ in modes}
+        return str(weightless.pop()) if len(weightless) == 1 else None
+    if dense:
+        base = dense.pop()
+    else:
+        only = next(iter(expert))
+        base = _as_dense(only)
+    if not expert or expert == {base}:
+        return str(base)
+    experts = expert.pop()
+    if experts.ep > 1 and experts.size == base.size:
+        return f"{base}+ep"
+    return None
+
+
+def _as_dense(mode: Mode) -> Mode:
+    """The mode a block's non-expert weights run in: an expert-parallel mode runs them data-parallel."""
+    return Mode(dp=mode.size) if mode.ep > 1 else mode
 
 
 def layer_path(block_name: str) -> str:
@@ -176,16 +250,18 @@ def summarize_layers(paths: list[str]) -> str:
     return ", ".join(out)
 
 
-def stage_contents(blocks: list[tuple[str, str]]) -> StageContents:
-    """The :class:`StageContents` of a stage holding ``blocks``: (original block name, mode name) in model order.
+def stage_contents(blocks: Sequence[HeldBlock | tuple[str, str] | tuple[str, str, str]]) -> StageContents:
+    """The :class:`StageContents` of a stage holding ``blocks`` (:class:`HeldBlock`, or (name, mode) pairs of
+    blocks with weights), in model order.
 
     >>> c = stage_contents([("model/layers.0", "tp2"), ("model/layers.1/mlp", "tp2"), ("lm_head", "dp2")])
-    >>> c.layers, c.modes_text
-    ('model.layers.0-1, lm_head', 'tp2: model.layers.0-1; dp2: lm_head')
+    >>> c.layers, c.modes_text, c.config
+    ('model.layers.0-1, lm_head', 'tp2: model.layers.0-1; dp2: lm_head', None)
     """
+    held = [HeldBlock(*b) for b in blocks]
     modules: list[str] = []
     by_mode: dict[str, list[str]] = {}
-    for name, mode in blocks:
+    for name, mode, _holds in held:
         path = layer_path(name)
         if path not in modules:
             modules.append(path)
@@ -193,4 +269,5 @@ def stage_contents(blocks: list[tuple[str, str]]) -> StageContents:
         if path not in paths:
             paths.append(path)
     modes = {mode: summarize_layers(paths) for mode, paths in by_mode.items()}
-    return StageContents(summarize_layers(modules), modules, [f"{n} [{m}]" for n, m in blocks], modes)
+    return StageContents(summarize_layers(modules), modules, [f"{b.name} [{b.mode}]" for b in held], modes,
+                         stage_config(held))

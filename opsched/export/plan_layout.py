@@ -1,0 +1,292 @@
+"""A plan as the settings a training framework takes: degrees, the layer split and the batch (:class:`PlanLayout`).
+
+Megatron-LM (:mod:`opsched.export.megatron`) and torchtitan
+(:mod:`opsched.export.torchtitan`) read a plan the same way, so what they
+share is read here once, and a plan neither can run is refused here with the
+reason (their own limits stay in their modules). From plan.json:
+
+* the StageGraph: a chain of stages, each running every microbatch
+  (:func:`opsched.export.torch_csv.check_expressible`, the rule torch's
+  runtime has too), on ``pp`` device groups of equal size; pipeline rank r is
+  group r, devices ``r·k .. r·k + k - 1`` (tp innermost, then dp, pp
+  outermost: :class:`opsched.evaluate.ParallelLayout`'s rank order); stage c
+  sits on rank ``c mod pp`` (a chain, or interleaved with ``vpp = stages /
+  pp``) or in a V (two stages per rank, Zero Bubble V / DualPipeV), read
+  with :class:`opsched.upper.layouts.Layout`;
+* ``stage_contents``: every stage's ``config`` (``tp2.dp2``, ``dp4+ep``;
+  :func:`opsched.upper.stages.stage_config`) must be one and the same: the
+  frameworks set one tensor / data / expert split for the whole model; each
+  stage's numbered layers (``model.layers.N``) give the layer split, whole
+  layers in model order, the modules outside the layer stack (embedding,
+  final norm, head) on the first and the last stage;
+* ``microbatch_size``, ``microbatches``, ``zero``, ``recompute`` and
+  ``dims.seq``: a ``dpN`` stage gives each of its N replicas ``1/N`` of a
+  microbatch's samples, so a framework's per-rank micro-batch size is
+  ``microbatch_size / N``, refused when that is not a whole number.
+
+>>> from dataclasses import replace
+>>> from opsched.schedule import Schedule, StageGraph, chain_stage_graph
+>>> chain = chain_stage_graph(2)        # stage k on devices 2k and 2k+1:
+>>> sg = StageGraph([replace(s, devices=(2 * s.id, 2 * s.id + 1)) for s in chain.stages], chain.edges, num_devices=4)
+>>> doc = {"microbatch_size": 4, "zero": 1, "recompute": "none", "dims": {"batch": 4, "seq": 2048},
+...        "stage_contents": {"0": {"modules": ["model.embed_tokens", "model.layers.0"], "config": "tp2"},
+...                           "1": {"modules": ["model.layers.1", "model.norm", "lm_head"], "config": "tp2"}}}
+>>> lay = plan_layout(Schedule(sg, 8, [], name="1f1b"), doc, ("Megatron-LM", "plan a chain"))
+>>> lay.parallel
+ParallelLayout(tp=2, pp=2, vpp=1, ep=1, etp=0, cp=1, dp=1, sp=True, zero=1, recompute='none')
+>>> lay.stage_layers, lay.micro_batch_size, lay.global_batch_size, lay.seq_len
+((1, 1), 4, 32, 2048)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from opsched.errors import OpschedError
+from opsched.evaluate import RECOMPUTE, ParallelLayout
+from opsched.export.torch_csv import check_expressible
+from opsched.schedule import Schedule, StageGraph
+from opsched.units import plural
+from opsched.upper.layouts import Layout, parse_config
+from opsched.upper.stages import LAYER_COMPONENT, summarize_layers
+
+#: a framework's name in refusals, and what to plan instead of DualPipe's two copies of every stage there
+Runtime = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class PlanLayout:
+    """What a training framework needs to know of a plan (see the module docstring).
+
+    ``parallel`` holds the degrees in Megatron's names with ``dp`` resolved;
+    stage c of ``stage_layers`` / ``stage_modules`` is the framework's model
+    chunk c, on pipeline rank :meth:`rank_of_stage`.
+    """
+
+    parallel: ParallelLayout
+    placement: str  # "chain", "interleaved" or "v" (opsched.upper.layouts.PLACEMENTS)
+    config: str  # every stage's configuration, e.g. "tp2.dp2+ep"
+    layer_stack: str  # module path of the numbered layers without the number, e.g. "model.layers"
+    stage_layers: tuple[int, ...]  # layers each stage holds, in stage order
+    stage_modules: tuple[tuple[str, ...], ...]  # the plan's module paths each stage holds
+    micro_batch_size: int  # samples one data-parallel rank takes per microbatch
+    microbatches: int  # per step
+    global_batch_size: int  # samples per step
+    seq_len: int | None  # the model's seq dim as planned, None when the plan does not say
+    method: str  # what made the plan's order: a baseline's name, mip, ...
+    devices: int
+
+    @property
+    def num_layers(self) -> int:
+        return sum(self.stage_layers)
+
+    @property
+    def layout(self) -> Layout:
+        """The device groups and which one runs each stage, in opsched's own terms."""
+        return Layout(self.devices, self.parallel.pp, self.parallel.vpp, self.placement)
+
+    def rank_of_stage(self, stage: int) -> int:
+        return self.layout.group_of_slot(stage)
+
+    def describe(self) -> str:
+        """The layout in a line, e.g. ``8 devices: pp 2 x (tp2.dp2), 2 stages per rank interleaved``."""
+        p = self.parallel
+        shape = "" if p.vpp == 1 else f", {p.vpp} stages per rank " + ("in a V" if self.placement == "v" else "interleaved")
+        return f"{plural(self.devices, 'device')}: pp {p.pp} x ({self.config}){shape}"
+
+
+def plan_layout(schedule: Schedule, doc: dict, runtime: Runtime) -> PlanLayout:
+    """The :class:`PlanLayout` of a plan, or :class:`OpschedError` saying why ``runtime`` cannot run it.
+
+    ``doc`` is the plan.json document (:func:`opsched.export.plan_json.read_plan`).
+    """
+    name = runtime[0]
+
+    def refuse(reason: str) -> OpschedError:
+        return OpschedError(f"{name} cannot run this plan: {reason}")
+
+    sg = schedule.stage_graph
+    try:
+        check_expressible(sg, schedule.microbatches, runtime)
+    except OpschedError as exc:
+        raise refuse(str(exc)) from None
+    contents = _stage_contents(doc, len(sg.stages), refuse)
+    config = _one_config(contents, refuse)
+    base, experts = parse_config(config)
+    layout = _placement(sg, refuse)
+    if base.ep > 1 or base.size != layout.group_size:
+        raise refuse(f"the stages' configuration {config} does not cover their groups of "
+                     f"{plural(layout.group_size, 'device')}")
+    zero, recompute = _training(doc, refuse)
+    try:
+        parallel = ParallelLayout(
+            tp=base.tp, pp=layout.groups, vpp=layout.virtual, ep=base.size if experts else 1,
+            etp=1 if experts else 0,  # opsched's expert-parallel mode does not split an expert tensor-parallel
+            dp=base.dp, sp=base.tp > 1,  # the cost model shards activations tp ways: sequence parallelism
+            zero=zero, recompute=recompute,
+        ).resolved(layout.devices)
+    except OpschedError as exc:
+        raise refuse(str(exc)) from None
+    stack, layers = _layer_split(contents, refuse)
+    micro = _micro_batch_size(doc, base.dp, refuse)
+    samples = doc["microbatch_size"]
+    seq = (doc.get("dims") or {}).get("seq")
+    return PlanLayout(
+        parallel=parallel, placement=layout.placement, config=config, layer_stack=stack,
+        stage_layers=tuple(layers), stage_modules=tuple(tuple(c["modules"]) for c in contents),
+        micro_batch_size=micro, microbatches=schedule.microbatches,
+        global_batch_size=samples * schedule.microbatches,
+        seq_len=seq if isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 else None,
+        method=schedule.name or "unnamed", devices=layout.devices,
+    )
+
+
+def _stage_contents(doc: dict, stages: int, refuse) -> list[dict]:
+    """Each stage's ``stage_contents`` entry, in stage order; refused when the plan does not say what stages hold."""
+    raw = doc.get("stage_contents")
+    if not isinstance(raw, dict) or not raw:
+        raise refuse("it does not say which layers each stage holds (no stage_contents); make it with `opsched plan`")
+    out = []
+    for k in range(stages):
+        entry = raw.get(str(k))
+        if not isinstance(entry, dict) or not isinstance(entry.get("modules"), list) or not entry["modules"]:
+            raise refuse(f"stage_contents has no modules for stage {k}; make the plan again with `opsched plan`")
+        if "config" not in entry:
+            raise refuse("its stage_contents has no config (an older opsched wrote it); make it again with "
+                         "`opsched plan`")
+        out.append(entry)
+    return out
+
+
+def _one_config(contents: list[dict], refuse) -> str:
+    """The configuration every stage shares: one tensor / data / expert split is all a framework sets."""
+    for k, entry in enumerate(contents):
+        if entry["config"] is None:
+            modes = entry.get("modes") or {}
+            which = "; ".join(f"{mode}: {layers}" for mode, layers in modes.items())
+            raise refuse(f"stage {k} runs its blocks with weights in different parallel modes ({which}); "
+                         "a framework sets one tensor / data-parallel split for every layer")
+    configs = {entry["config"] for entry in contents}
+    if len(configs) > 1:
+        per_stage = ", ".join(f"stage {k}: {entry['config']}" for k, entry in enumerate(contents))
+        raise refuse(f"its stages use different parallel configurations ({per_stage}); "
+                     "a framework sets one for the whole model")
+    config = configs.pop()
+    try:
+        parse_config(config)
+    except OpschedError as exc:
+        raise refuse(f"stage_contents config {exc}") from None
+    return config
+
+
+def _placement(sg: StageGraph, refuse) -> Layout:
+    """The :class:`Layout` whose groups and slot order the stages follow exactly (chain, interleaved or V)."""
+    groups = sorted({tuple(sorted(s.devices)) for s in sg.stages}, key=min)
+    sizes = {len(g) for g in groups}
+    if len(sizes) > 1:
+        raise refuse(f"its device groups differ in size ({', '.join(map(str, sorted(sizes)))} devices); "
+                     "every pipeline rank of a framework has the same tensor x data-parallel shape")
+    size = sizes.pop()
+    devices = sg.num_devices or len(groups) * size
+    stages = len(sg.stages)
+    if devices != len(groups) * size or stages % len(groups):
+        raise refuse(f"its {plural(stages, 'stage')} on {plural(len(groups), 'device group')} do not use "
+                     f"every one of the {plural(devices, 'device')} the same number of times")
+    virtual = stages // len(groups)
+    candidates = ["chain"] if virtual == 1 else ["interleaved", "v"] if virtual == 2 else ["interleaved"]
+    for placement in candidates:
+        layout = Layout(devices, len(groups), virtual, placement)
+        if all(tuple(sorted(s.devices)) == layout.devices_of_group(layout.group_of_slot(s.id)) for s in sg.stages):
+            return layout
+    where = ", ".join(f"stage {s.id} on devices {list(s.devices)}" for s in sg.stages)
+    raise refuse(f"its stages sit neither in a chain, interleaved nor in a V over the device groups in order "
+                 f"({where}); pipeline rank r of a framework is devices r·k..r·k+k-1")
+
+
+def _training(doc: dict, refuse) -> tuple[int, str]:
+    """(ZeRO level, recomputation) the plan was costed with; a plan from before they were recorded had neither."""
+    zero = doc.get("zero", 0)
+    recompute = doc.get("recompute", "none")
+    if isinstance(zero, bool) or zero not in (0, 1, 2, 3):
+        raise refuse(f"field zero is {zero!r}; 0, 1, 2 or 3")
+    if recompute not in RECOMPUTE:
+        raise refuse(f"field recompute is {recompute!r}; one of {', '.join(RECOMPUTE)}")
+    return zero, recompute
+
+
+def _layer_split(contents: list[dict], refuse) -> tuple[str, list[int]]:
+    """(the layer stack's module path, layers per stage): whole layers in model order, the rest at either end."""
+    stacks: dict[str, None] = {}
+    per_stage: list[list[int]] = []
+    owner: dict[tuple[str, int], int] = {}  # layer -> the stage holding it
+    last = len(contents) - 1
+    for k, entry in enumerate(contents):
+        indices: list[int] = []
+        for path in entry["modules"]:
+            layer = _layer_number(path)
+            if layer is None:
+                continue
+            stacks.setdefault(layer[0], None)
+            if layer in owner and owner[layer] != k:
+                raise refuse(f"layer {layer[0]}.{layer[1]} is split between stages {owner[layer]} and {k}; "
+                             "a framework puts whole layers on a pipeline stage")
+            owner[layer] = k
+            indices.append(layer[1])
+        per_stage.append(indices)
+        _check_ends(entry["modules"], k, last, refuse)
+    if not stacks:
+        raise refuse("its stages hold no numbered layers (model.layers.N, h.N, ...) to split into pipeline stages")
+    if len(stacks) > 1:
+        raise refuse(f"the model has {len(stacks)} stacks of numbered layers ({', '.join(stacks)}); "
+                     "a framework's pipeline splits one decoder stack")
+    stack = next(iter(stacks))
+    done = -1  # the last layer of the stages before
+    for k, indices in enumerate(per_stage):
+        if indices and (indices != sorted(indices) or indices[0] < done):
+            held = summarize_layers([f"{stack}.{i}" for i in indices])
+            raise refuse(f"stage {k} holds {held}, out of model order; a framework's stage c holds the layers "
+                         "that follow stage c-1's")
+        done = indices[-1] if indices else done
+    flat = sorted(i for _, i in owner)
+    if flat != list(range(len(flat))):
+        missing = sorted(set(range(flat[-1] + 1)) - set(flat))
+        raise refuse(f"no stage holds {summarize_layers([f'{stack}.{i}' for i in missing])}")
+    return stack, [len(indices) for indices in per_stage]
+
+
+def _check_ends(modules: list[str], k: int, last: int, refuse) -> None:
+    """Modules outside the layer stack (embedding, final norm, head) only before the first stage's layers or
+    after the last stage's: a framework builds them on the first and the last pipeline stage."""
+    numbered = [i for i, path in enumerate(modules) if _layer_number(path) is not None]
+    for i, path in enumerate(modules):
+        if i in numbered:
+            continue
+        before = not numbered or i < numbered[0]
+        after = not numbered or i > numbered[-1]
+        if not ((k == 0 and before) or (k == last and after)):
+            raise refuse(f"stage {k} holds {path} beside its layers; a framework puts what lies outside the "
+                         "layer stack on the first stage (before the layers) or the last (after them)")
+
+
+def _layer_number(path: str) -> tuple[str, int] | None:
+    """(stack, index) of a numbered layer's module path (``model.layers.3`` -> ``("model.layers", 3)``), else None.
+
+    >>> _layer_number("model.layers.3"), _layer_number("transformer.h.11"), _layer_number("lm_head")
+    (('model.layers', 3), ('transformer.h', 11), None)
+    """
+    parts = path.split(".")
+    if len(parts) < 2 or not LAYER_COMPONENT.match(".".join(parts[-2:])):
+        return None
+    return ".".join(parts[:-1]), int(parts[-1])
+
+
+def _micro_batch_size(doc: dict, dp: int, refuse) -> int:
+    """Samples one data-parallel rank takes per microbatch: the plan's microbatch split dp ways, whole."""
+    samples = doc.get("microbatch_size")
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise refuse("it has no microbatch_size (samples per microbatch); make it with `opsched plan`")
+    if samples % dp:
+        raise refuse(f"its dp{dp} stages split each microbatch of {plural(samples, 'sample')} {dp} ways, "
+                     f"{samples}/{dp} samples per replica; plan with a batch dim divisible by {dp} "
+                     f"(`opsched plan --dim batch={dp * -(-samples // dp)}`)")
+    return samples // dp
