@@ -18,9 +18,16 @@ in the table) and compares the prediction with the published figure:
 on the same machine with the kernel ceilings of ``benchmarks/clusters/``
 (efficiency by kind of operator), to show how far they sit above training.
 
+With ``--plan`` it instead runs ``opsched plan`` with each row's model,
+cluster, sequence length and global batch (``--time-limit 60``) and compares
+the plan's step time with the published layout's, both counted the planner's
+way (makespan + the whole gradient sync): the issue's target is a plan at
+least as fast.
+
 usage:
   python benchmarks/bench_published.py            # markdown table on stdout
   python benchmarks/bench_published.py --json
+  python benchmarks/bench_published.py --plan [--rows 0 4]
 """
 
 from __future__ import annotations
@@ -129,11 +136,51 @@ def measure(run: Run) -> dict:
             "fits": doc["fits"], "command": shlex.join(run.command()[:-2]), "source": run.source, "note": run.note}
 
 
+def plan_row(run: Run, time_limit: float) -> dict:
+    """``opsched plan`` on the row's setting against the published layout, both as the planner counts a step."""
+    import tempfile
+    import time
+
+    _, doc = predicted(run)
+    published_step = doc["makespan"] + doc["grad_sync_seconds"]
+    with tempfile.TemporaryDirectory() as out:
+        command = ["opsched", "plan", f"models/{run.model}", "--devices", str(run.devices), "--preset", run.preset,
+                   "--global-batch", str(run.global_batch), "--seq-len", str(run.seq_len), "--time-limit",
+                   str(time_limit), "-o", out, "--json", "-q"]
+        if run.dtype != "bf16":
+            return {"run": run.name, "skipped": f"opsched plan has no --dtype (the row is {run.dtype})"}
+        t0 = time.perf_counter()
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        seconds = time.perf_counter() - t0
+    if done.returncode != 0:
+        return {"run": run.name, "skipped": done.stderr.strip().splitlines()[-1]}
+    plan = json.loads(done.stdout)
+    return {"run": run.name, "published_layout_step": published_step, "plan_step": plan["step_time"],
+            "plan_layout": plan["layout"], "plan_source": plan["source"], "speedup": published_step / plan["step_time"],
+            "seconds": seconds, "command": shlex.join(command[:-4] + ["-o", "OUT"])}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--plan", action="store_true", help="plan each row and compare with its published layout")
+    parser.add_argument("--rows", type=int, nargs="*", help="row indices (default: all)")
+    parser.add_argument("--time-limit", type=float, default=60.0)
     args = parser.parse_args()
-    rows = [measure(r) for r in RUNS]
+    runs = [RUNS[i] for i in args.rows] if args.rows else RUNS
+    if args.plan:
+        print("| run | published layout's step (s) | plan's step (s) | plan / published layout | chosen | wall (s) | command |")
+        print("|---|---|---|---|---|---|---|")
+        for r in runs:
+            row = plan_row(r, args.time_limit)
+            if "skipped" in row:
+                print(f"| {row['run']} | – | – | – | skipped: {row['skipped']} | – | – |", flush=True)
+                continue
+            print(f"| {row['run']} | {row['published_layout_step']:.3f} | {row['plan_step']:.3f} | "
+                  f"{row['speedup']:.3f}x | {row['plan_source']} on {row['plan_layout']} | {row['seconds']:.0f} | "
+                  f"`{row['command']}` |", flush=True)
+        return 0
+    rows = [measure(r) for r in runs]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

@@ -196,7 +196,14 @@ class Evaluation:
             "memory_limit_bytes": self.memory_limit,
             "fits": self.fits,
             "breakdown": self.breakdown,
+            # the planner's accounting of the same step: makespan + the whole gradient sync, no optimizer step
+            "makespan": self.schedule_makespan,
+            "grad_sync_seconds": self.grad_sync,
         }
+
+    @property
+    def schedule_makespan(self) -> float:
+        return max((e.end for e in self.schedule.events), default=0.0)
 
 
 @dataclass

@@ -129,3 +129,27 @@ def test_command_prints_json_and_refuses_bad_input_before_the_import(tmp_path, c
     assert main(["evaluate", str(tmp_path / "missing.onnx"), "--devices", "8", "--layout", "tp=2",
                  "--global-batch", "6"]) == 2
     assert "not a multiple of dp x --micro-batch-size = 4 x 1" in capsys.readouterr().err
+
+
+def test_layout_search_prunes_without_losing_the_best(llama):
+    """Skipping layouts whose busiest rank's work alone cannot win never changes the best layout found."""
+    from opsched.evaluate import layout_grid, search_layouts
+
+    c = preset("h100-sxm", 8)
+    pruned = search_layouts(llama, c, Training(), global_batch=32, tokens_per_sequence=4096)
+    every = search_layouts(llama, c, Training(), global_batch=32, tokens_per_sequence=4096, keep=1000)
+    assert len(pruned) == 1 and len(every) > 5
+    assert pruned[0].step_time == every[0].step_time and str(pruned[0].layout) == str(every[0].layout)
+    assert all(e.fits for e in every)
+    assert [e.step_time for e in every] == sorted(e.step_time for e in every)
+    grid = {str(l) for l in layout_grid(8, 8, layers=32, experts=0)}
+    assert "tp1 pp4 vpp8 dp2 zero1" in grid and "tp8 pp1 dp1 zero1" in grid
+
+
+def test_layout_search_finds_mixtrals_published_layout(mixtral):
+    """Megatron-Core's Mixtral run (TP1 EP8 PP4 VPP8 on 64 H100, GBS 256) is the best the search finds."""
+    from opsched.evaluate import search_layouts
+
+    bg = coarsen(import_onnx(MODELS / "mixtral_8x7b.onnx", dims={"batch": 1, "seq": 4096}))
+    best = search_layouts(bg, preset("h100-sxm", 64), Training(), global_batch=256, tokens_per_sequence=4096)
+    assert str(best[0].layout) == "tp1 pp4 vpp8 ep8 dp16 zero1"
