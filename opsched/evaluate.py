@@ -329,16 +329,7 @@ def evaluate_layout(
     name = schedule or ("interleaved-1f1b" if layout.vpp > 1 else "1f1b")
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
     chunks = layer_chunks(bg, layout.pp * layout.vpp, index)
-    stages, sync, optimizer, stage_params = [], [0.0] * layout.pp, [0.0] * layout.pp, [0.0] * layout.pp
-    for c, members in enumerate(chunks):
-        rank = c % layout.pp
-        cost = _chunk_cost(bg, index, members, layout, cluster, training, rank)
-        stages.append(Stage(id=c, devices=(rank,), time={"F": cost.F, "I": cost.I, "W": cost.W},
-                            param_bytes=cost.param_bytes, act_bytes=cost.act_bytes, act_w_bytes=cost.act_w_bytes,
-                            name=f"chunk{c}"))
-        sync[rank] += cost.grad_sync
-        optimizer[rank] += cost.optimizer
-        stage_params[rank] += cost.param_bytes
+    stages, sync, optimizer = _chunk_stages(bg, index, chunks, layout, cluster, training)
     if above is not None:
         work = [M * sum(s.duration("F") + s.duration("I") + s.duration("W") for s in stages if s.devices == (r,))
                 for r in range(layout.pp)]
@@ -380,6 +371,23 @@ def evaluate_layout(
         peak_memory_bytes=max(m.peak_memory_bytes, default=0.0), memory_limit=limit,
         breakdown=breakdown, schedule=sched, grad_sync=max(sync), chunks=chunks,
     )
+
+
+def _chunk_stages(
+    bg: nx.DiGraph, index: ModelIndex, chunks: list[list[int]], layout: ParallelLayout, cluster: Cluster,
+    training: Training,
+) -> tuple[list[Stage], list[float], list[float]]:
+    """One stage per chunk on its pipeline rank, with each rank's gradient sync and optimizer step."""
+    stages, sync, optimizer = [], [0.0] * layout.pp, [0.0] * layout.pp
+    for c, members in enumerate(chunks):
+        rank = c % layout.pp
+        cost = _chunk_cost(bg, index, members, layout, cluster, training, rank)
+        stages.append(Stage(id=c, devices=(rank,), time={"F": cost.F, "I": cost.I, "W": cost.W},
+                            param_bytes=cost.param_bytes, act_bytes=cost.act_bytes, act_w_bytes=cost.act_w_bytes,
+                            name=f"chunk{c}"))
+        sync[rank] += cost.grad_sync
+        optimizer[rank] += cost.optimizer
+    return stages, sync, optimizer
 
 
 @dataclass
