@@ -237,77 +237,148 @@ def _visible(label: tuple[str, ...]) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- acyclic split
 
 
-def _branch_keys(ops, order, branch_depth) -> dict[str, tuple[int, int]]:
+def _branch_keys(ops, order, branch_depth) -> dict[str, tuple]:
     """Per op, a key that blocks must share so that sibling branches stay apart.
 
     For each family of sibling branches (the experts of one layer): nothing if
     none of its branches reaches the op; else, if the op reaches an op of the
     family, the set of its branches that reach the op; else "after the
-    family". Encoded as (bitset of the reaching branches of families ahead,
-    bitset of the families behind). Constant ops get the intersection of their
-    consumers' sets. Along an edge every family's part only grows (nothing <
-    sets by inclusion < "after"), which keeps the grouping acyclic.
+    family". Encoded as (sorted (family, bitset of the reaching branches) of
+    the families ahead, bitset of the families behind). Constant ops get the
+    intersection of their consumers' sets. Along an edge every family's part
+    only grows (nothing < sets by inclusion < "after"), which keeps the
+    grouping acyclic.
+
+    The branches reaching each op are a branch set (:func:`_join`): a family
+    all of whose branches reach the op is one bit, so late ops, which every
+    earlier expert reaches, cost a few bytes rather than a bit per expert of
+    the model (DeepSeek-V3 has 14,848).
     """
-    prefixes = sorted(branch_depth)
-    bit = {p: 1 << i for i, p in enumerate(prefixes)}
-    families = sorted({p[:-1] for p in prefixes})
-    fam_bit = {f: 1 << i for i, f in enumerate(families)}
-    members = {fam_bit[f]: 0 for f in families}
-    for p in prefixes:
-        members[fam_bit[p[:-1]]] |= bit[p]
-    own: dict[str, tuple[int, int]] = {}
+    families = sorted({p[:-1] for p in branch_depth})
+    fam_index = {f: i for i, f in enumerate(families)}
+    place: dict[tuple[str, ...], tuple[int, int]] = {}  # branch -> (its family, its bit in the family)
+    everyone = [0] * len(families)  # per family, the bits of all its branches
+    for p in sorted(branch_depth):
+        f = fam_index[p[:-1]]
+        bit = everyone[f] + 1 & ~everyone[f]  # the lowest bit not yet taken
+        place[p] = (f, bit)
+        everyone[f] |= bit
+    own: dict[str, tuple[int, dict[int, int]]] = {}  # op -> the branches it is part of (ops in none left out)
+    deepest = max(map(len, branch_depth), default=0)
     for v in order:
         scope = ops.rec[v].scope
-        a = f = 0
-        for k in range(1, len(scope) + 1):
-            b = bit.get(scope[:k])
-            if b:
-                a |= b
-                f |= fam_bit[scope[:k - 1]]
-        own[v] = (a, f)
-    after: dict[str, int] = {}
-    behind: dict[str, int] = {}  # families with at least one branch in ``after``
+        parts: dict[int, int] = {}
+        for k in range(1, min(len(scope), deepest) + 1):
+            found = place.get(scope[:k])
+            if found:
+                parts[found[0]] = parts.get(found[0], 0) | found[1]
+        if parts:
+            own[v] = (0, parts)
+    after: dict[str, tuple[int, dict[int, int]]] = {}  # op -> branches with an op reaching it, its own included
     for v in order:
         if v in ops.const:
             continue
-        m, fm = own[v]
+        m = own.get(v, _NO_BRANCH)
         for u in ops.pred[v]:
-            m |= after.get(u, 0)
-            fm |= behind.get(u, 0)
+            if u in after:  # constants come in below
+                m = _join(m, after[u], everyone)
         after[v] = m
-        behind[v] = fm
-    family_of_bit = {bit[p]: fam_bit[p[:-1]] for p in prefixes}
-    ahead: dict[str, int] = {}
+    ahead: dict[str, int] = {}  # op -> families with a branch it reaches
     for v in reversed(order):
         const = v in ops.const
-        r = 0 if const else own[v][1]
+        r = 0 if const else _families(own.get(v, _NO_BRANCH))
         for w in ops.succ[v]:
             r |= ahead[w]
         ahead[v] = r
         if const:
-            m = -1
+            m = None
             for w in ops.succ[v]:
-                m &= after[w]
-            after[v] = max(m, 0)
-            behind[v] = _union(after[v], family_of_bit.__getitem__)
-    mask_cache: dict[int, int] = {}
-    keys: dict[str, tuple[int, int]] = {}
+                m = after[w] if m is None else _meet(m, after[w], everyone)
+            after[v] = m or _NO_BRANCH
+    keys: dict[str, tuple] = {}
     for v in order:
         r = ahead[v]
-        mask = mask_cache.get(r)
-        if mask is None:
-            mask = mask_cache[r] = _union(r, members.__getitem__)
+        full, parts = after[v]
         # families ahead: which of their branches reach it; families behind it: just "after"
-        keys[v] = (after[v] & mask, behind[v] & ~r)
+        reaching = [(f, everyone[f]) for f in _bit_indices(full & r)]
+        reaching += [(f, bits) for f, bits in parts.items() if r >> f & 1]
+        keys[v] = (tuple(sorted(reaching)), _families(after[v]) & ~r)
     return keys
 
 
-def _union(bits: int, image) -> int:
-    """OR of ``image(b)`` over the set bits ``b`` of ``bits``."""
-    out = 0
+#: a branch set (full, parts): ``full`` a bitset of families all of whose branches are in
+#: it, ``parts`` {family: bitset of some (not all, not none) of its branches}; see _join
+_NO_BRANCH: tuple[int, dict[int, int]] = (0, {})
+
+
+def _join(a, b, everyone):
+    """The union of branch sets ``a`` and ``b`` (``everyone``: per family, all its branches).
+
+    One of them when it holds the other, so that the ops of a chain share one
+    set. A family that becomes whole moves into ``full``.
+
+    >>> everyone = [0b11, 0b111]  # family 0 has 2 branches, family 1 has 3
+    >>> _join((0, {0: 0b01, 1: 0b001}), (0, {0: 0b10}), everyone)
+    (1, {1: 1})
+    >>> b = (1, {1: 0b011})
+    >>> _join((0, {0: 0b01, 1: 0b010}), b, everyone) is b
+    True
+    """
+    if _holds(b, a):
+        return b
+    if _holds(a, b):
+        return a
+    full = a[0] | b[0]
+    parts = {}
+    for f in a[1].keys() | b[1].keys():
+        if not full >> f & 1:
+            bits = a[1].get(f, 0) | b[1].get(f, 0)
+            if bits == everyone[f]:
+                full |= 1 << f
+            else:
+                parts[f] = bits
+    return full, parts
+
+
+def _holds(a, b) -> bool:
+    """Whether branch set ``a`` holds every branch of ``b``."""
+    if b[0] & ~a[0]:
+        return False
+    return all(a[0] >> f & 1 or not bits & ~a[1].get(f, 0) for f, bits in b[1].items())
+
+
+def _meet(a, b, everyone):
+    """The intersection of branch sets ``a`` and ``b``.
+
+    >>> _meet((1, {1: 0b011}), (0, {0: 0b10, 1: 0b110}), [0b11, 0b111])
+    (0, {0: 2, 1: 2})
+    """
+    parts = {}
+    for f in sorted(a[1].keys() | b[1].keys()):
+        bits = (everyone[f] if a[0] >> f & 1 else a[1].get(f, 0)) & (everyone[f] if b[0] >> f & 1 else b[1].get(f, 0))
+        if bits:
+            parts[f] = bits
+    return a[0] & b[0], parts
+
+
+def _families(branches) -> int:
+    """Bitset of the families with at least one branch in a branch set."""
+    full, parts = branches
+    for f in parts:
+        full |= 1 << f
+    return full
+
+
+def _bit_indices(bits: int) -> list[int]:
+    """Positions of the set bits, lowest first.
+
+    >>> _bit_indices(0b10110)
+    [1, 2, 4]
+    """
+    out = []
     while bits:
         low = bits & -bits
-        out |= image(low)
+        out.append(low.bit_length() - 1)
         bits ^= low
     return out
 
