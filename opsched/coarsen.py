@@ -60,7 +60,7 @@ from collections import defaultdict
 import networkx as nx
 
 from opsched.errors import OpschedError
-from opsched.graph import COST_FIELDS, Block
+from opsched.graph import COST_FIELDS, Block, gc_paused
 
 _INDEXED = re.compile(r"\.\d+$")
 SHAPE_READERS = frozenset({"Shape", "Size"})
@@ -69,6 +69,7 @@ CONST_MARK = "<const>"
 SMALL_BRANCH_SHARE = 1e-3
 
 
+@gc_paused()
 def coarsen(opgraph: nx.DiGraph, depth: int | None = None, target_blocks: int | None = None) -> nx.DiGraph:
     """Merge the operators of an OpGraph into a BlockGraph (see the module docstring).
 

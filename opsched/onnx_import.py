@@ -125,7 +125,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from opsched.errors import OpschedError
-from opsched.graph import OpNode, new_op_graph
+from opsched.graph import OpNode, gc_paused, new_op_graph
 from opsched.stacked_experts import find_families, router_sizes, split_families, stacked_weights
 from opsched.units import plural
 
@@ -786,6 +786,7 @@ def _weight_position(node, k, shapes, strong: bool) -> bool:
 # --------------------------------------------------------------------------- main entry
 
 
+@gc_paused()
 def import_onnx(path, dims: dict[str, int] | None = None, capacity_factor: float = 1.0,
                 strict_dims: bool = False) -> nx.DiGraph:
     """Read an ONNX model into an OpGraph with per-operator forward costs.
