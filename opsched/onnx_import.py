@@ -385,7 +385,8 @@ def _shape_table(model: onnx.ModelProto) -> dict[str, tuple[tuple[int | None, ..
             continue
         tt = vi.type.tensor_type
         if tt.HasField("shape"):
-            shape = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tt.shape.dim)
+            # an unset dim_value (a dim_param, or nothing) reads as 0
+            shape = tuple(v if (v := d.dim_value) > 0 else None for d in tt.shape.dim)
         else:
             shape = None
         old = table.get(vi.name)
@@ -923,9 +924,9 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
                  scopes):
     """One OpNode per ONNX node, in topological ``order``, and one edge per tensor read from another node.
 
-    ``keys`` and ``scopes`` are per node index (:func:`_node_keys`, :func:`node_scope`). A
-    node's fields are read from the protobuf once (each read makes new Python objects), and
-    nodes and edges go into the graph in two bulk calls, in the order they are met.
+    ``keys`` and ``scopes`` are per node index (:func:`_node_keys`, :func:`node_scope`).
+    Nodes and edges go into the graph in two bulk calls, in the order they are met (the
+    order coarsening's topological sort sees).
     """
     g_onnx = model.graph
     init_names = {t.name for t in g_onnx.initializer}
