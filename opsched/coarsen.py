@@ -60,7 +60,7 @@ from collections import defaultdict
 import networkx as nx
 
 from opsched.errors import OpschedError
-from opsched.graph import COST_FIELDS, Block
+from opsched.graph import COST_FIELDS, Block, gc_paused
 
 _INDEXED = re.compile(r"\.\d+$")
 SHAPE_READERS = frozenset({"Shape", "Size"})
@@ -69,6 +69,7 @@ CONST_MARK = "<const>"
 SMALL_BRANCH_SHARE = 1e-3
 
 
+@gc_paused()
 def coarsen(opgraph: nx.DiGraph, depth: int | None = None, target_blocks: int | None = None) -> nx.DiGraph:
     """Merge the operators of an OpGraph into a BlockGraph (see the module docstring).
 
@@ -111,68 +112,76 @@ class _Ops:
 def _branch_depths(ops, order) -> dict[tuple[str, ...], int]:
     """For each scope prefix that is a branch module, its length (see the module docstring).
 
-    Which modules reach which is computed with one forward and one backward
-    pass, Python ints serving as bitsets over scope prefixes; each family of
-    siblings is then checked in time linear in its size.
+    Candidates are checked one family of siblings at a time (:func:`_unordered`),
+    so the bitsets are as wide as a family, not as the model: one over all
+    60,000 scope prefixes of DeepSeek-V3 took 2.5 GB.
     """
-    bit_of: dict[tuple[str, ...], int] = {}
-    own: dict[str, int] = {}
-    for v in order:
-        scope = ops.rec[v].scope
-        mask = 0
-        for k in range(1, len(scope) + 1):
-            prefix = scope[:k]
-            b = bit_of.get(prefix)
-            if b is None:
-                b = bit_of[prefix] = len(bit_of)
-            mask |= 1 << b
-        own[v] = mask
     # Shared constants (legacy dedups them across towers) order nothing: left out.
     live = [v for v in order if v not in ops.const]
-    before: dict[str, int] = {}  # prefixes with an op reaching v, v's own included
-    after: dict[str, int] = {}  # prefixes with an op v reaches, v's own included
-    for v in live:
-        m = own[v]
-        for u in ops.pred[v]:
-            m |= before.get(u, 0)
-        before[v] = m
-    for v in reversed(live):
-        m = own[v]
-        for w in ops.succ[v]:
-            m |= after.get(w, 0)
-        after[v] = m
-    related: dict[tuple[str, ...], int] = defaultdict(int)  # prefixes ordered with the module
     flops: dict[tuple[str, ...], float] = defaultdict(float)
-    for v in live:
+    first: dict[tuple[str, ...], int] = {}  # prefix -> position in ``live`` of its first op
+    last: dict[tuple[str, ...], int] = {}
+    for i, v in enumerate(live):
         scope = ops.rec[v].scope
-        m = before[v] | after[v]
         f = ops.rec[v].flops
         for k in range(1, len(scope) + 1):
-            related[scope[:k]] |= m
-            flops[scope[:k]] += f
+            prefix = scope[:k]
+            flops[prefix] += f
+            first.setdefault(prefix, i)
+            last[prefix] = i
     total = sum(ops.rec[v].flops for v in live) or 1.0
     children: dict[tuple[str, ...], list[tuple[str, ...]]] = defaultdict(list)
-    for prefix in bit_of:
-        if prefix in related:
-            children[prefix[:-1]].append(prefix)
+    for prefix in flops:
+        children[prefix[:-1]].append(prefix)
     depths: dict[tuple[str, ...], int] = {}
     for parent, kids in children.items():
-        if len(kids) < 2:
-            continue
-        indexed = 0
-        big = 0
-        in_indexed_module = any(_INDEXED.search(part) for part in parent)
-        for kid in kids:
-            if _INDEXED.search(kid[-1]):
-                indexed |= 1 << bit_of[kid]
-            elif not in_indexed_module and flops[kid] >= BIG_BRANCH_SHARE * total:
-                big |= 1 << bit_of[kid]  # a tower, not the projections of a layer
-        for kid in kids:
-            b = 1 << bit_of[kid]
-            candidates = indexed if b & indexed else big if b & big else 0
-            if candidates & ~related[kid] & ~b:
-                depths[kid] = len(kid)
+        indexed = [kid for kid in kids if _INDEXED.search(kid[-1])]
+        big = []  # towers, not the projections of a layer
+        if not any(_INDEXED.search(part) for part in parent):
+            big = [kid for kid in kids if not _INDEXED.search(kid[-1]) and flops[kid] >= BIG_BRANCH_SHARE * total]
+        for family in (indexed, big):
+            if len(family) >= 2:
+                window = live[min(first[kid] for kid in family):max(last[kid] for kid in family) + 1]
+                depths.update((kid, len(kid)) for kid in _unordered(ops, window, family))
     return depths
+
+
+def _unordered(ops, window, family) -> list[tuple[str, ...]]:
+    """The modules of ``family`` (siblings) that have a sibling with no path between their ops either way.
+
+    ``window`` is the stretch of the topological order from the family's first
+    op to its last one: a path between two of its ops runs inside it. One
+    forward pass gives, per module, the siblings with an op reaching one of its
+    ops; "reached by" is the same relation read backwards.
+
+    >>> from opsched.graph import OpNode
+    >>> g = nx.DiGraph([("a1", "b1"), ("a1", "c1")])  # a before b and c; b, c parallel
+    >>> for v, scope in [("a1", ("a",)), ("b1", ("b",)), ("c1", ("c",))]:
+    ...     g.nodes[v]["op"] = OpNode(v, "Relu", scope)
+    >>> _unordered(_Ops(g), ["a1", "b1", "c1"], [("a",), ("b",), ("c",)])
+    [('b',), ('c',)]
+    """
+    depth = len(family[0])
+    bit = {kid: 1 << i for i, kid in enumerate(family)}
+    reach: dict[str, int] = {}  # op -> siblings with an op reaching it (its own included)
+    before: dict[int, int] = defaultdict(int)  # sibling -> siblings reaching one of its ops
+    for v in window:
+        own = bit.get(ops.rec[v].scope[:depth], 0)
+        m = own
+        for u in ops.pred[v]:
+            m |= reach.get(u, 0)  # ops before the window reach no sibling
+        reach[v] = m
+        if own:
+            before[own] |= m
+    related = dict(before)  # and the siblings it reaches
+    for b, m in before.items():
+        m &= ~b
+        while m:
+            c = m & -m
+            related[c] |= b
+            m ^= c
+    everyone = (1 << len(family)) - 1
+    return [kid for kid, b in bit.items() if everyone & ~related[b] & ~b]
 
 
 def _labels(ops, order, depth, branch_depth) -> dict[str, tuple[str, ...]]:
@@ -229,77 +238,148 @@ def _visible(label: tuple[str, ...]) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- acyclic split
 
 
-def _branch_keys(ops, order, branch_depth) -> dict[str, tuple[int, int]]:
+def _branch_keys(ops, order, branch_depth) -> dict[str, tuple]:
     """Per op, a key that blocks must share so that sibling branches stay apart.
 
     For each family of sibling branches (the experts of one layer): nothing if
     none of its branches reaches the op; else, if the op reaches an op of the
     family, the set of its branches that reach the op; else "after the
-    family". Encoded as (bitset of the reaching branches of families ahead,
-    bitset of the families behind). Constant ops get the intersection of their
-    consumers' sets. Along an edge every family's part only grows (nothing <
-    sets by inclusion < "after"), which keeps the grouping acyclic.
+    family". Encoded as (sorted (family, bitset of the reaching branches) of
+    the families ahead, bitset of the families behind). Constant ops get the
+    intersection of their consumers' sets. Along an edge every family's part
+    only grows (nothing < sets by inclusion < "after"), which keeps the
+    grouping acyclic.
+
+    The branches reaching each op are a branch set (:func:`_join`): a family
+    all of whose branches reach the op is one bit, so late ops, which every
+    earlier expert reaches, cost a few bytes rather than a bit per expert of
+    the model (DeepSeek-V3 has 14,848).
     """
-    prefixes = sorted(branch_depth)
-    bit = {p: 1 << i for i, p in enumerate(prefixes)}
-    families = sorted({p[:-1] for p in prefixes})
-    fam_bit = {f: 1 << i for i, f in enumerate(families)}
-    members = {fam_bit[f]: 0 for f in families}
-    for p in prefixes:
-        members[fam_bit[p[:-1]]] |= bit[p]
-    own: dict[str, tuple[int, int]] = {}
+    families = sorted({p[:-1] for p in branch_depth})
+    fam_index = {f: i for i, f in enumerate(families)}
+    place: dict[tuple[str, ...], tuple[int, int]] = {}  # branch -> (its family, its bit in the family)
+    everyone = [0] * len(families)  # per family, the bits of all its branches
+    for p in sorted(branch_depth):
+        f = fam_index[p[:-1]]
+        bit = everyone[f] + 1 & ~everyone[f]  # the lowest bit not yet taken
+        place[p] = (f, bit)
+        everyone[f] |= bit
+    own: dict[str, tuple[int, dict[int, int]]] = {}  # op -> the branches it is part of (ops in none left out)
+    deepest = max(map(len, branch_depth), default=0)
     for v in order:
         scope = ops.rec[v].scope
-        a = f = 0
-        for k in range(1, len(scope) + 1):
-            b = bit.get(scope[:k])
-            if b:
-                a |= b
-                f |= fam_bit[scope[:k - 1]]
-        own[v] = (a, f)
-    after: dict[str, int] = {}
-    behind: dict[str, int] = {}  # families with at least one branch in ``after``
+        parts: dict[int, int] = {}
+        for k in range(1, min(len(scope), deepest) + 1):
+            found = place.get(scope[:k])
+            if found:
+                parts[found[0]] = parts.get(found[0], 0) | found[1]
+        if parts:
+            own[v] = (0, parts)
+    after: dict[str, tuple[int, dict[int, int]]] = {}  # op -> branches with an op reaching it, its own included
     for v in order:
         if v in ops.const:
             continue
-        m, fm = own[v]
+        m = own.get(v, _NO_BRANCH)
         for u in ops.pred[v]:
-            m |= after.get(u, 0)
-            fm |= behind.get(u, 0)
+            if u in after:  # constants come in below
+                m = _join(m, after[u], everyone)
         after[v] = m
-        behind[v] = fm
-    family_of_bit = {bit[p]: fam_bit[p[:-1]] for p in prefixes}
-    ahead: dict[str, int] = {}
+    ahead: dict[str, int] = {}  # op -> families with a branch it reaches
     for v in reversed(order):
         const = v in ops.const
-        r = 0 if const else own[v][1]
+        r = 0 if const else _families(own.get(v, _NO_BRANCH))
         for w in ops.succ[v]:
             r |= ahead[w]
         ahead[v] = r
         if const:
-            m = -1
+            m = None
             for w in ops.succ[v]:
-                m &= after[w]
-            after[v] = max(m, 0)
-            behind[v] = _union(after[v], family_of_bit.__getitem__)
-    mask_cache: dict[int, int] = {}
-    keys: dict[str, tuple[int, int]] = {}
+                m = after[w] if m is None else _meet(m, after[w], everyone)
+            after[v] = m or _NO_BRANCH
+    keys: dict[str, tuple] = {}
     for v in order:
         r = ahead[v]
-        mask = mask_cache.get(r)
-        if mask is None:
-            mask = mask_cache[r] = _union(r, members.__getitem__)
+        full, parts = after[v]
         # families ahead: which of their branches reach it; families behind it: just "after"
-        keys[v] = (after[v] & mask, behind[v] & ~r)
+        reaching = [(f, everyone[f]) for f in _bit_indices(full & r)]
+        reaching += [(f, bits) for f, bits in parts.items() if r >> f & 1]
+        keys[v] = (tuple(sorted(reaching)), _families(after[v]) & ~r)
     return keys
 
 
-def _union(bits: int, image) -> int:
-    """OR of ``image(b)`` over the set bits ``b`` of ``bits``."""
-    out = 0
+#: a branch set (full, parts): ``full`` a bitset of families all of whose branches are in
+#: it, ``parts`` {family: bitset of some (not all, not none) of its branches}; see _join
+_NO_BRANCH: tuple[int, dict[int, int]] = (0, {})
+
+
+def _join(a, b, everyone):
+    """The union of branch sets ``a`` and ``b`` (``everyone``: per family, all its branches).
+
+    One of them when it holds the other, so that the ops of a chain share one
+    set. A family that becomes whole moves into ``full``.
+
+    >>> everyone = [0b11, 0b111]  # family 0 has 2 branches, family 1 has 3
+    >>> _join((0, {0: 0b01, 1: 0b001}), (0, {0: 0b10}), everyone)
+    (1, {1: 1})
+    >>> b = (1, {1: 0b011})
+    >>> _join((0, {0: 0b01, 1: 0b010}), b, everyone) is b
+    True
+    """
+    if _holds(b, a):
+        return b
+    if _holds(a, b):
+        return a
+    full = a[0] | b[0]
+    parts = {}
+    for f in a[1].keys() | b[1].keys():
+        if not full >> f & 1:
+            bits = a[1].get(f, 0) | b[1].get(f, 0)
+            if bits == everyone[f]:
+                full |= 1 << f
+            else:
+                parts[f] = bits
+    return full, parts
+
+
+def _holds(a, b) -> bool:
+    """Whether branch set ``a`` holds every branch of ``b``."""
+    if b[0] & ~a[0]:
+        return False
+    return all(a[0] >> f & 1 or not bits & ~a[1].get(f, 0) for f, bits in b[1].items())
+
+
+def _meet(a, b, everyone):
+    """The intersection of branch sets ``a`` and ``b``.
+
+    >>> _meet((1, {1: 0b011}), (0, {0: 0b10, 1: 0b110}), [0b11, 0b111])
+    (0, {0: 2, 1: 2})
+    """
+    parts = {}
+    for f in sorted(a[1].keys() | b[1].keys()):
+        bits = (everyone[f] if a[0] >> f & 1 else a[1].get(f, 0)) & (everyone[f] if b[0] >> f & 1 else b[1].get(f, 0))
+        if bits:
+            parts[f] = bits
+    return a[0] & b[0], parts
+
+
+def _families(branches) -> int:
+    """Bitset of the families with at least one branch in a branch set."""
+    full, parts = branches
+    for f in parts:
+        full |= 1 << f
+    return full
+
+
+def _bit_indices(bits: int) -> list[int]:
+    """Positions of the set bits, lowest first.
+
+    >>> _bit_indices(0b10110)
+    [1, 2, 4]
+    """
+    out = []
     while bits:
         low = bits & -bits
-        out |= image(low)
+        out.append(low.bit_length() - 1)
         bits ^= low
     return out
 

@@ -125,7 +125,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from opsched.errors import OpschedError
-from opsched.graph import OpNode, add_op, new_op_graph
+from opsched.graph import OpNode, gc_paused, new_op_graph
 from opsched.stacked_experts import find_families, router_sizes, split_families, stacked_weights
 from opsched.units import plural
 
@@ -385,7 +385,8 @@ def _shape_table(model: onnx.ModelProto) -> dict[str, tuple[tuple[int | None, ..
             continue
         tt = vi.type.tensor_type
         if tt.HasField("shape"):
-            shape = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tt.shape.dim)
+            # an unset dim_value (a dim_param, or nothing) reads as 0
+            shape = tuple(v if (v := d.dim_value) > 0 else None for d in tt.shape.dim)
         else:
             shape = None
         old = table.get(vi.name)
@@ -786,6 +787,7 @@ def _weight_position(node, k, shapes, strong: bool) -> bool:
 # --------------------------------------------------------------------------- main entry
 
 
+@gc_paused()
 def import_onnx(path, dims: dict[str, int] | None = None, capacity_factor: float = 1.0,
                 strict_dims: bool = False) -> nx.DiGraph:
     """Read an ONNX model into an OpGraph with per-operator forward costs.
@@ -821,8 +823,11 @@ def import_onnx(path, dims: dict[str, int] | None = None, capacity_factor: float
     meta = _metadata(model)
     data_meta = [s.strip() for s in meta[DATA_INPUTS_KEY].split(",") if s.strip()] if DATA_INPUTS_KEY in meta else None
     weight_inputs = _weight_inputs(model, shapes, data_meta)
-    g = _build_graph(model, path, order, shapes, resolved, weight_inputs, warnings, capacity_factor, routing, masks)
-    _split_stacked_experts(g, model, order, shapes, weight_inputs, capacity_factor)
+    keys = _node_keys(model.graph.node)
+    scopes = [node_scope(n) for n in model.graph.node]
+    g = _build_graph(model, path, order, shapes, resolved, weight_inputs, warnings, capacity_factor, routing, masks,
+                     keys, scopes)
+    _split_stacked_experts(g, model, order, shapes, weight_inputs, capacity_factor, keys, scopes)
     return g
 
 
@@ -863,7 +868,7 @@ def import_warnings(g: nx.DiGraph) -> list[str]:
     return routing_assumptions(g) + list(g.graph.get("warnings") or [])
 
 
-def _split_stacked_experts(g, model, order, shapes, weight_inputs, capacity_factor) -> None:
+def _split_stacked_experts(g, model, order, shapes, weight_inputs, capacity_factor, keys, scopes) -> None:
     """Experts stored as one ``[E, ...]`` weight become E per-expert copies (rule 7, :mod:`opsched.stacked_experts`)."""
     nodes = model.graph.node
     sizes = router_sizes(nodes, shapes, _small_int_values(model))
@@ -871,9 +876,8 @@ def _split_stacked_experts(g, model, order, shapes, weight_inputs, capacity_fact
     if sizes:
         weights = {t.name for t in model.graph.initializer if t.data_type in _FLOAT_TYPES} | set(weight_inputs)
         stacked = stacked_weights(nodes, order, shapes, weights, sizes)
-        scopes = [node_scope(n) for n in nodes]
         families = find_families(nodes, order, shapes, stacked, scopes, capacity_factor)
-        split_families(g, families, _node_keys(nodes))
+        split_families(g, families, keys)
         found = {f.name: {"experts": f.experts, "rows": f.rows, "rows_per_expert": f.rows and round(f.rows * f.per_expert)}
                  for f in families}
     g.graph["stacked_experts"] = found
@@ -916,8 +920,14 @@ _COSTED_OPS = (ELEMENTWISE_OPS | frozenset(PER_ELEMENT) | REDUCE_OPS | REDUCE2_O
                   "ConvInteger"})
 
 
-def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capacity_factor, routing, masks):
-    """One OpNode per ONNX node, in topological ``order``, and one edge per tensor read from another node."""
+def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capacity_factor, routing, masks, keys,
+                 scopes):
+    """One OpNode per ONNX node, in topological ``order``, and one edge per tensor read from another node.
+
+    ``keys`` and ``scopes`` are per node index (:func:`_node_keys`, :func:`node_scope`).
+    Nodes and edges go into the graph in two bulk calls, in the order they are met (the
+    order coarsening's topological sort sees).
+    """
     g_onnx = model.graph
     init_names = {t.name for t in g_onnx.initializer}
     graph_inputs = [vi.name for vi in g_onnx.input if vi.name not in init_names]
@@ -926,11 +936,10 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
     g = new_op_graph(name, dims=dict(dims), warnings=warnings, exporter=_exporter(model),
                      capacity_factor=capacity_factor, data_inputs=data_inputs, source=os.path.basename(path),
                      moe_routing=routing, nonzero_masks=masks)
-    keys = _node_keys(g_onnx.node)
     weights = _ParamCounter(g_onnx, weight_inputs, shapes)
     bytes_of = _BytesOf(shapes)
     const_tensors = set(init_names) | set(weight_inputs)
-    producer: dict[str, int] = {}  # tensor -> index of the node writing it
+    producer: dict[str, str] = {}  # tensor -> key of the node writing it
     unknown: dict[str, int] = {}  # op type -> count of nodes op_flops cannot cost
     uncosted: list[str] = []  # keys of costed op types whose shapes are unknown
     tensor_bytes: dict[str, float] = {}
@@ -939,37 +948,41 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
         for x in n.input:
             if x:
                 readers.setdefault(x, []).append(n)
+    nodes: list[tuple[str, dict]] = []
+    edges: dict[tuple[str, str], dict] = {}  # (writer, reader) -> bytes and tensors, in the order met
     for i in order:
         n = g_onnx.node[i]
+        key, op_type = keys[i], n.op_type
+        inputs, outputs = list(n.input), [o for o in n.output if o]
         flops = _node_flops(n, shapes)
         if flops is None:
-            if n.op_type in _COSTED_OPS:
-                uncosted.append(keys[i])
+            if op_type in _COSTED_OPS:
+                uncosted.append(key)
             else:
-                unknown[n.op_type] = unknown.get(n.op_type, 0) + 1
+                unknown[op_type] = unknown.get(op_type, 0) + 1
             flops = 0.0
         param_count, param_bytes = weights.read_by(n)
-        out_bytes = sum(bytes_of[o] for o in n.output if o)
-        in_bytes = sum(bytes_of[x] for x in n.input if x)
+        out_bytes = sum(bytes_of[o] for o in outputs)
+        in_bytes = sum(bytes_of[x] for x in inputs if x)
         # a vocabulary-parallel embedding (a Gather from a weight) all-reduces its output too
-        row_parallel = param_count > 0 and (n.op_type == "Gather" or n.op_type in ("MatMul", "Gemm") and _feeds_residual(
+        row_parallel = param_count > 0 and (op_type == "Gather" or op_type in ("MatMul", "Gemm") and _feeds_residual(
             n.output[0], readers, const_tensors))
-        kind = {"matmul": n.op_type in MATMUL_OPS, "attention": n.op_type == "Attention"}
-        op = OpNode(keys[i], n.op_type, node_scope(n), flops=float(flops), param_count=int(param_count),
+        kind = {"matmul": op_type in MATMUL_OPS, "attention": op_type == "Attention"}
+        op = OpNode(key, op_type, scopes[i], flops=float(flops), param_count=int(param_count),
                     param_bytes=float(param_bytes), output_bytes=float(out_bytes), io_bytes=float(in_bytes + out_bytes),
                     tp_comm_bytes=float(out_bytes) if row_parallel else 0.0,
                     matmul_flops=float(flops) if kind["matmul"] else 0.0,
                     matmul_io_bytes=float(in_bytes + out_bytes) if kind["matmul"] else 0.0,
                     attention_flops=float(flops) if kind["attention"] else 0.0,
                     attention_io_bytes=float(in_bytes + out_bytes) if kind["attention"] else 0.0)
-        add_op(g, op)
-        is_const = all((not x) or x in const_tensors for x in n.input)
-        g.nodes[keys[i]]["const"] = is_const
+        is_const = all((not x) or x in const_tensors for x in inputs)
+        nodes.append((key, {"op": op, "const": is_const}))
         if is_const:
-            const_tensors.update(o for o in n.output if o)
-        _add_input_edges(g, n, keys[i], {x: keys[producer[x]] for x in n.input if x in producer}, bytes_of,
-                         tensor_bytes)
-        producer.update((o, i) for o in n.output if o)
+            const_tensors.update(outputs)
+        _add_input_edges(edges, op_type, inputs, key, producer, bytes_of, tensor_bytes)
+        producer.update((o, key) for o in outputs)
+    g.add_nodes_from(nodes)
+    g.add_edges_from((u, v, data) for (u, v), data in edges.items())
     warnings.extend(_cost_warnings(unknown, uncosted))
     g.graph["tensor_bytes"] = tensor_bytes
     return g
@@ -1059,21 +1072,23 @@ class _ParamCounter:
         return count, nbytes
 
 
-def _add_input_edges(g, n, key, producer_keys, bytes_of, tensor_bytes) -> None:
-    """Edges into ``key`` from the nodes writing its inputs (``producer_keys``: tensor -> writer's key)."""
-    for x in n.input:
-        if x not in producer_keys:
+def _add_input_edges(edges, op_type, inputs, key, producer, bytes_of, tensor_bytes) -> None:
+    """Edges into ``key`` from the nodes writing its ``inputs`` (``producer``: tensor -> writer's key).
+
+    ``edges`` maps (writer, reader) to the edge's ``bytes`` and ``tensors``.
+    """
+    for x in inputs:
+        u = producer.get(x)
+        if u is None:
             continue
-        u = producer_keys[x]
-        b = 0.0 if n.op_type in SHAPE_READERS else bytes_of[x]
+        b = 0.0 if op_type in SHAPE_READERS else bytes_of[x]
         tensor_bytes[x] = bytes_of[x]
-        if g.has_edge(u, key):
-            data = g.edges[u, key]
-            if x not in data["tensors"]:
-                data["tensors"].append(x)
-                data["bytes"] += b
-        else:
-            g.add_edge(u, key, bytes=b, tensors=[x])
+        data = edges.get((u, key))
+        if data is None:
+            edges[(u, key)] = {"bytes": b, "tensors": [x]}
+        elif x not in data["tensors"]:
+            data["tensors"].append(x)
+            data["bytes"] += b
 
 
 def _cost_warnings(unknown: dict[str, int], uncosted: list[str]) -> list[str]:
