@@ -439,20 +439,25 @@ def build_llama_7b() -> onnx.ModelProto:
     return b.model({"batch": 1, "seq": 4096}, build_llama_7b.__doc__)
 
 
+def _llama3(name: str, doc: str, *, layers: int, dim: int, heads: int, ffn: int) -> onnx.ModelProto:
+    """A Llama 3 model: GQA with 8 KV heads, SwiGLU, vocab 128256, untied embeddings, default seq 8192."""
+    b = GraphBuilder(name)
+    vocab = 128256
+    ids = b.data("input_ids", ["batch", "seq"], I64)
+    h = embedding(b, "model/embed_tokens", ids, vocab, dim)
+    logits = decoder_lm(b, "model", h, layers=layers, dim=dim, heads=heads, kv_heads=8, vocab=vocab,
+                        mlp_fn=dense_mlp(dim, ffn))
+    b.output(logits, "logits", ["batch", "seq", vocab])
+    return b.model({"batch": 1, "seq": 8192}, doc)
+
+
 def build_llama3_8b() -> onnx.ModelProto:
     """Llama-3.1-8B: 32 layers, d=4096, GQA 32/8 heads of 128, SwiGLU FFN 14336, vocab 128256,
     untied embeddings (8.03 B)."""
     # meta-llama/Llama-3.1-8B config.json: hidden_size 4096, intermediate_size 14336,
     # num_hidden_layers 32, num_attention_heads 32, num_key_value_heads 8, vocab_size 128256,
     # tie_word_embeddings false, rms_norm_eps 1e-05; 8,030,261,248 parameters.
-    b = GraphBuilder("llama3_8b")
-    dim, vocab = 4096, 128256
-    ids = b.data("input_ids", ["batch", "seq"], I64)
-    h = embedding(b, "model/embed_tokens", ids, vocab, dim)
-    logits = decoder_lm(b, "model", h, layers=32, dim=dim, heads=32, kv_heads=8, vocab=vocab,
-                        mlp_fn=dense_mlp(dim, 14336))
-    b.output(logits, "logits", ["batch", "seq", vocab])
-    return b.model({"batch": 1, "seq": 8192}, build_llama3_8b.__doc__)
+    return _llama3("llama3_8b", build_llama3_8b.__doc__, layers=32, dim=4096, heads=32, ffn=14336)
 
 
 def build_mpt_7b() -> onnx.ModelProto:
@@ -769,14 +774,7 @@ def build_llava_7b() -> onnx.ModelProto:
 def build_llama3_405b() -> onnx.ModelProto:
     """Llama-3.1-405B: 126 layers, d=16384, GQA 128/8 heads of 128, SwiGLU FFN 53248, vocab 128256,
     untied embeddings (405.9 B)."""
-    b = GraphBuilder("llama3_405b")
-    dim, vocab = 16384, 128256
-    ids = b.data("input_ids", ["batch", "seq"], I64)
-    h = embedding(b, "model/embed_tokens", ids, vocab, dim)
-    logits = decoder_lm(b, "model", h, layers=126, dim=dim, heads=128, kv_heads=8, vocab=vocab,
-                        mlp_fn=dense_mlp(dim, 53248))
-    b.output(logits, "logits", ["batch", "seq", vocab])
-    return b.model({"batch": 1, "seq": 8192}, build_llama3_405b.__doc__)
+    return _llama3("llama3_405b", build_llama3_405b.__doc__, layers=126, dim=16384, heads=128, ffn=53248)
 
 
 def build_deepseek_v3() -> onnx.ModelProto:

@@ -26,7 +26,6 @@ ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, rec
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import networkx as nx
@@ -220,7 +219,15 @@ class ModelIndex:
 
 
 def model_index(bg: nx.DiGraph) -> ModelIndex:
-    """The :class:`ModelIndex` of ``bg``."""
+    """The :class:`ModelIndex` of ``bg``: its numbered layers in model order, experts per MoE layer, ...
+
+    >>> bg = nx.DiGraph(kind="BlockGraph")
+    >>> for i, name in enumerate(["embed", "model/layers.0/attn", "model/layers.0/mlp", "model/layers.1", "head"]):
+    ...     bg.add_node(i, block=Block(i, name, (), ()))
+    >>> nx.add_path(bg, range(5))
+    >>> model_index(bg).layers
+    ['model.layers.0', 'model.layers.1']
+    """
     order = list(nx.lexicographical_topological_sort(bg))
     layer_of: dict[int, str | None] = {}
     layers: dict[str, None] = {}
@@ -239,19 +246,6 @@ def model_index(bg: nx.DiGraph) -> ModelIndex:
     tokens_in = {b: max((d.get("bytes", 0.0) for _, _, d in bg.in_edges(b, data=True)), default=0.0) for b in order}
     return ModelIndex(order, layer_of, list(layers), experts_of, max(per_layer.values(), default=0), tokens_in,
                       sum(bg.nodes[b]["block"].flops for b in order))
-
-
-def model_layers(bg: nx.DiGraph) -> list[str]:
-    """The numbered layers of a BlockGraph in model order (``model.layers.0``, ...), from the block names.
-
-    >>> bg = nx.DiGraph(kind="BlockGraph")
-    >>> for i, name in enumerate(["embed", "model/layers.0/attn", "model/layers.0/mlp", "model/layers.1", "head"]):
-    ...     bg.add_node(i, block=Block(i, name, (), ()))
-    >>> nx.add_path(bg, range(5))
-    >>> model_layers(bg)
-    ['model.layers.0', 'model.layers.1']
-    """
-    return model_index(bg).layers
 
 
 def layer_chunks(bg: nx.DiGraph, chunks: int, index: ModelIndex | None = None) -> list[list[int]]:
@@ -276,11 +270,6 @@ def layer_chunks(bg: nx.DiGraph, chunks: int, index: ModelIndex | None = None) -
         else:
             out[chunks - 1 if started else 0].append(b)
     return out
-
-
-def model_experts(bg: nx.DiGraph) -> int:
-    """Experts of one MoE layer (the most any layer has), 0 for a dense model."""
-    return model_index(bg).experts
 
 
 def _rank_devices(layout: ParallelLayout, devices: int, rank: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
@@ -433,7 +422,7 @@ def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: P
         out.act_bytes += c.act_bytes
         out.act_w_bytes += c.act_w_bytes
         if replicas > 1 and block.param_count > 0:
-            group = data[:: max(1, layout.dp // replicas)][:replicas] if replicas < layout.dp else data
+            group = data[:: layout.dp // replicas]  # every ep-th replica holds the same experts
             bw, lat = cluster.link(group, group)
             # all-reduce, or reduce-scatter + all-gather with ZeRO: the same ring volume
             out.grad_sync += allreduce_time(params * training.grad_bytes, replicas, bw, lat)

@@ -31,7 +31,7 @@ from opsched.baselines import baseline_orders
 from opsched.cluster import Cluster, Training, memory_hint
 from opsched.contiguous import Baseline, contiguous_baselines
 from opsched.cost import expert_count
-from opsched.errors import MemoryTooSmall, OpschedError
+from opsched.errors import MemoryTooSmall
 from opsched.graph import Block
 from opsched.isolate import SolverCrash, run_isolated
 from opsched.lower import minimum_memory_limit, solve

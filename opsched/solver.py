@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import enum
 import functools
-import gc
-from contextlib import contextmanager
 
 import mip
 
 from opsched.errors import OpschedError
+from opsched.graph import gc_paused
 
 #: solver names the command line accepts -> python-mip's backend name
 BACKENDS = {"cbc": mip.CBC, "highs": "HiGHS"}
@@ -159,24 +158,9 @@ def new_model(solver: str, *, threads: int = 1, seed: int = 0, max_gap: float | 
     return model
 
 
-@contextmanager
-def collector_paused():
-    """Keep Python's cyclic garbage collector out of a solve; models left over are freed after it.
-
-    python-mip frees a backend model in ``Model.__del__``, which the
-    collector may run at any allocation, also in the middle of another
-    model's native calls: a test run was seen to hang there while a warm
-    start was being set. Paused for one solve, the collector frees old models
-    between solves instead, at a point where no native call is running.
-
-    >>> with collector_paused():
-    ...     gc.isenabled()
-    False
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
+#: The garbage collector is kept out of a lower MIP solve (``with collector_paused():``):
+#: python-mip frees a backend model in ``Model.__del__``, which the collector may run at any
+#: allocation, also in the middle of another model's native calls; a test run was seen to hang
+#: there while a warm start was being set. Paused for one solve, the collector frees old models
+#: between solves instead, at a point where no native call is running.
+collector_paused = gc_paused

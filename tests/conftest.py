@@ -222,3 +222,12 @@ def save(model: onnx.ModelProto, path) -> Path:
     path = Path(path)
     path.write_bytes(model.SerializeToString())
     return path
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (Linux /proc): not gone, and not a zombie waiting to be reaped."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")

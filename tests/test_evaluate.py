@@ -11,7 +11,7 @@ from opsched.cli import main
 from opsched.cluster import Training, preset
 from opsched.coarsen import coarsen
 from opsched.errors import OpschedError
-from opsched.evaluate import ParallelLayout, evaluate_layout, layer_chunks, model_experts, model_layers
+from opsched.evaluate import ParallelLayout, evaluate_layout, layer_chunks, model_index
 from opsched.onnx_import import import_onnx
 from opsched.schedule import device_param_bytes
 
@@ -68,7 +68,7 @@ def test_layouts_the_model_cannot_take_are_refused(llama, mixtral):
 
 
 def test_layers_split_evenly_with_embedding_first_and_head_last(llama):
-    assert len(model_layers(llama)) == 32 and model_experts(llama) == 0
+    assert len(model_index(llama).layers) == 32 and model_index(llama).experts == 0
     chunks = layer_chunks(llama, 8)
     names = [[llama.nodes[b]["block"].name for b in c] for c in chunks]
     assert all(sum("layers." in n for n in c) == 4 for c in names)
@@ -78,7 +78,7 @@ def test_layers_split_evenly_with_embedding_first_and_head_last(llama):
 
 
 def test_mixtral_has_eight_experts_per_layer(mixtral):
-    assert model_experts(mixtral) == 8 and len(model_layers(mixtral)) == 32
+    assert model_index(mixtral).experts == 8 and len(model_index(mixtral).layers) == 32
 
 
 def test_each_setting_moves_time_and_memory_the_right_way(llama):

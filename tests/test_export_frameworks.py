@@ -25,7 +25,7 @@ import pytest
 from opsched.baselines import run_baseline
 from opsched.baselines.placement import onto_groups
 from opsched.cli import main
-from opsched.export.plan_json import read_plan, write_plan
+from opsched.export.plan_json import write_plan
 from opsched.export.torch_csv import torch_available
 from opsched.schedule import Edge, Job, Schedule, Stage, StageGraph, chain_stage_graph, simulate
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import process_alive
+
 REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc to find the solver child")
@@ -35,15 +37,6 @@ def _children(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             found.append(int(entry.name))
     return found
-
-
-def _alive(pid: int) -> bool:
-    """Running, not a zombie waiting to be reaped."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
 
 
 def test_sigterm_during_a_solve_exits_143_kills_the_child_and_writes_nothing(tmp_path):
@@ -74,4 +67,4 @@ def test_sigterm_during_a_solve_exits_143_kills_the_child_and_writes_nothing(tmp
     assert "Traceback" not in stderr and stdout == ""
     assert not out.exists(), "an output directory was left"
     time.sleep(0.5)
-    assert not [c for c in children if _alive(c)], "a solver child outlived the command"
+    assert not [c for c in children if process_alive(c)], "a solver child outlived the command"

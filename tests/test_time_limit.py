@@ -14,9 +14,10 @@ import importlib
 import os
 import sys
 import time
-from pathlib import Path
 
 import pytest
+
+from conftest import process_alive
 
 from opsched.baselines import baseline_orders
 from opsched.isolate import SolverCrash, TimedOut, run_isolated
@@ -175,14 +176,6 @@ def test_isolated_calls_nest_and_pass_reports_on():
     assert got[0] == 1
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel kills an orphan only on Linux")
 def test_a_killed_child_takes_its_own_child_with_it():
     """The planner kills a solve that overran: its search process must not live on as an orphan."""
@@ -191,9 +184,9 @@ def test_a_killed_child_takes_its_own_child_with_it():
         run_isolated(_nested_forever, timeout=3.0, on_report=got.append)
     grandchild = got[1]
     stopped = time.monotonic()
-    while _alive(grandchild) and time.monotonic() - stopped < 5:
+    while process_alive(grandchild) and time.monotonic() - stopped < 5:
         time.sleep(0.05)
-    assert not _alive(grandchild), "the search process outlived the solve that started it"
+    assert not process_alive(grandchild), "the search process outlived the solve that started it"
 
 
 def _nested_forever(report):

@@ -207,3 +207,15 @@ def merged_dims(items: list[dict[str, int]]) -> dict[str, int]:
     for item in items:
         out.update(item)
     return out
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--devices N`` and the machine, ``--cluster FILE`` or ``--preset NAME`` (one of them), as plan and evaluate take them.
+
+    :func:`opsched.cluster.resolve_cluster` turns the three into a cluster.
+    """
+    parser.add_argument("--devices", type=device_count, metavar="N",
+                        help=f"number of devices, at most {MAX_DEVICES:,} (default: the cluster file's)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--cluster", metavar="FILE", help="cluster description, .json or .toml (see docs/cost-model.md)")
+    source.add_argument("--preset", metavar="NAME", help="named cluster: h100-sxm (default), a100-80g, h200")

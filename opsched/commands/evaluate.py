@@ -34,7 +34,7 @@ import argparse
 import json
 import logging
 
-from opsched.commands.args import byte_size, device_count, positive_int
+from opsched.commands.args import add_cluster_arguments, byte_size, positive_int
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from opsched.baselines import NAMES
 
     parser.add_argument("model", metavar="MODEL.onnx", help="an ONNX file (weights need not be present)")
-    parser.add_argument("--devices", type=device_count, metavar="N", help="number of devices (default: the cluster file's)")
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--cluster", metavar="FILE", help="cluster description, .json or .toml (see docs/cost-model.md)")
-    source.add_argument("--preset", metavar="NAME", help="named cluster: h100-sxm (default), a100-80g, h200")
+    add_cluster_arguments(parser)
     parser.add_argument("--layout", required=True, metavar="KEY=VALUE,...",
                         help='e.g. "tp=1,pp=4,vpp=8,ep=8,zero=1,recompute=selective,sp=1" (keys above)')
     parser.add_argument("--seq-len", type=positive_int, metavar="S",

@@ -43,7 +43,6 @@ import dataclasses
 import contextlib
 import json
 import logging
-import re
 import shutil
 import tempfile
 import time
@@ -51,8 +50,8 @@ from pathlib import Path
 
 from opsched.commands.args import (
     MAX_DEVICES,
+    add_cluster_arguments,
     byte_size,
-    device_count,
     dimension,
     merged_dims,
     microbatch_count,
@@ -79,11 +78,7 @@ EXPORT_SHARE = 0.05
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL.onnx", help="an ONNX file (weights need not be present)")
-    parser.add_argument("--devices", type=device_count, metavar="N",
-                        help=f"number of devices, at most {MAX_DEVICES:,} (default: the cluster file's)")
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--cluster", metavar="FILE", help="cluster description, .json or .toml (see docs/cost-model.md)")
-    source.add_argument("--preset", metavar="NAME", help="named cluster: h100-sxm (default), a100-80g, h200")
+    add_cluster_arguments(parser)
     parser.add_argument("--microbatches", type=microbatch_count, metavar="M",
                         help="microbatches per step, at most 4,096 (default 16, or global batch / micro-batch size)")
     parser.add_argument("--global-batch", type=positive_int, metavar="G",
@@ -184,9 +179,8 @@ def run(args: argparse.Namespace) -> int:
             raise
         log.info("plan: nothing fits without recomputation; planning again with full recomputation, %s left",
                  seconds_text(max(0.0, deadline - time.monotonic())))
+        # the Megatron-style layouts already tried recomputation themselves (--recompute auto): kept as found
         training = dataclasses.replace(training, recompute="full")
-        if training.whole_sequences:
-            today = megatron_layouts(args, dims, cluster, training, limit)
         result = plan_block_graph(bg, cluster, training, memory_limit=limit, time_limit=args.time_limit,
                                   solver=args.solver, deadline=max(deadline, time.monotonic() + 1.0),
                                   layouts_run_today=today)
@@ -265,8 +259,10 @@ def split_sequences(result, training) -> list[str]:
     """
     if training.whole_sequences:
         return []
+    from opsched.cost import Mode
+
     modes = {m for contents in result.stage_contents.values() for m in contents.modes}
-    return sorted(m for m in modes if (d := re.search(r"dp(\d+)", m)) and int(d.group(1)) > training.microbatch_size)
+    return sorted(m for m in modes if Mode.parse(m).dp > training.microbatch_size)
 
 
 def batch_dims(args: argparse.Namespace) -> tuple[dict[str, int], int]:
