@@ -180,29 +180,17 @@ def large_neighbourhood_search(
         horizon = max(starts[k] + base.p[k] for k in starts)
         if width is None:
             width = base_width = _initial_width(js, base, starts, horizon, max_variables)
+        # windows much larger than the first sweep's make sub-MIPs CBC cannot finish: skipped
+        size_cap = min(4 * max_variables, 2 * max_variables * (width / base_width) ** 2)
         for lo, hi, devices in _windows(js, horizon, width):
-            if incumbent.value <= target + EPS * max(1.0, target):
+            if _search_done(incumbent, target, deadline, max_solves, log):
                 return incumbent
-            if time.monotonic() >= deadline:
-                log.timed_out = True
-                return incumbent
-            if max_solves is not None and log.solves >= max_solves:
-                return incumbent
-            starts = slotted_starts(js, incumbent.order, slot)
-            horizon = max(starts[k] + base.p[k] for k in starts)
-            sp = neighbourhood(js, base, starts, horizon, lo, hi, devices)
-            size = 0 if sp is None else sum(sp.ls[j] - sp.es[j] for j in sp.es)
-            if size == 0 or size > min(4 * max_variables, 2 * max_variables * (width / base_width) ** 2):
-                continue
-            weights = {k: 1.0 + js.tail[k] / max(slot, 1e-12) for k in sp.es}
-            out = solve_slot_problem(
-                sp, incumbent=starts, solver=solver, threads=threads,
-                time_limit=max(0.05, min(max_seconds_per_solve, deadline - time.monotonic())), max_nodes=max_nodes,
-                objective=objective, flow=True, weights=weights,
+            solves_before = log.solves
+            candidate = _window_candidate(
+                js, base, incumbent, slot, (lo, hi, devices), size_cap, log,
+                solver=solver, threads=threads, max_nodes=max_nodes, objective=objective,
+                time_limit=max(0.05, min(max_seconds_per_solve, deadline - time.monotonic())),
             )
-            log.solves += 1
-            log.timed_out = log.timed_out or out.timed_out
-            candidate = None if out.starts is None else evaluate(js, starts_to_order(js, out.starts), objective)
             if candidate is not None and better(candidate, incumbent) and order_fits(js.sg, candidate.order, budgets):
                 incumbent = candidate
                 improved_round = True
@@ -210,13 +198,45 @@ def large_neighbourhood_search(
                 log.entries.append((time.monotonic() - t0, incumbent.value))
                 if on_improve is not None:
                     on_improve(incumbent)
-            elif on_solve is not None:
+            elif on_solve is not None and log.solves > solves_before:
                 on_solve(log)
         if not improved_round:
             if width >= horizon:
                 break
             width = min(horizon, int(width * 1.5) + 1)  # nothing found: widen the neighbourhoods
     return incumbent
+
+
+def _search_done(incumbent: Incumbent, target: float, deadline: float, max_solves: int | None,
+                 log: SearchLog) -> bool:
+    """The search stops: the target bound is reached, the deadline passed or the sub-MIP budget is spent."""
+    if incumbent.value <= target + EPS * max(1.0, target):
+        return True
+    if time.monotonic() >= deadline:
+        log.timed_out = True
+        return True
+    return max_solves is not None and log.solves >= max_solves
+
+
+def _window_candidate(js: JobSet, base: SlotProblem, incumbent: Incumbent, slot: float,
+                      window: tuple[int, int, set[int] | None], size_cap: float, log: SearchLog,
+                      **solve_options) -> Incumbent | None:
+    """Re-solve the jobs of one window with everything else fixed; ``None`` when nothing was solved or found."""
+    lo, hi, devices = window
+    starts = slotted_starts(js, incumbent.order, slot)
+    horizon = max(starts[k] + base.p[k] for k in starts)
+    sp = neighbourhood(js, base, starts, horizon, lo, hi, devices)
+    size = 0 if sp is None else sum(sp.ls[j] - sp.es[j] for j in sp.es)
+    if size == 0 or size > size_cap:
+        return None
+    # jobs with a long tail after them weigh more: moving them earlier shortens the rest of the schedule
+    weights = {k: 1.0 + js.tail[k] / max(slot, 1e-12) for k in sp.es}
+    out = solve_slot_problem(sp, incumbent=starts, flow=True, weights=weights, **solve_options)
+    log.solves += 1
+    log.timed_out = log.timed_out or out.timed_out
+    if out.starts is None:
+        return None
+    return evaluate(js, starts_to_order(js, out.starts), solve_options["objective"])
 
 
 def better(a: Incumbent, b: Incumbent) -> bool:

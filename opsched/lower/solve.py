@@ -240,28 +240,18 @@ def solve(
     ``slot`` is the MIP's time slot (default:
     :func:`opsched.lower.timeindexed.auto_slot`).
 
-    Time: ``time_limit`` (seconds of wall clock) bounds the whole solve. The
+    Time: ``time_limit`` (seconds of wall clock) bounds the whole solve: the
     search runs in a child process that sends each better order as it finds
-    it; at the limit the child is stopped and the last order it sent is the
-    result, re-timed by the simulator and validated here (that last step, and
-    building the job set, are the only work past the limit: about a second
-    at p=32, m=128). If nothing came by then, the result is the first warm
-    order that fits, or else the first list-scheduler variant, computed here.
-    Then ``status`` is :attr:`Status.TIME_LIMIT`. A native crash of the child
-    keeps the last order too, with :attr:`Status.ERROR`.
-
-    Determinism: the work is counted, not timed. Every list-scheduler variant
-    runs, the whole MIP (when small enough) stops after
-    :data:`FULL_MODEL_NODES` nodes, and the neighbourhood search after
-    ``search_budget`` sub-MIPs of at most 500 nodes each (``None``: until a
-    sweep at full width finds nothing). So the same input, solver and
-    threads give the same schedule unless a clock stops the work: the time
-    limit, or a 5 s cap per sub-MIP (CBC's root is not bounded by nodes);
-    then ``status`` is :attr:`Status.TIME_LIMIT` (the progress line says
-    which) and the result may depend on the machine. Otherwise ``status`` is
-    :attr:`Status.OPTIMAL` (the bound is reached) or :attr:`Status.FEASIBLE`.
-    The bound reported is always proven: the combinatorial bound, raised by
-    the whole MIP's only when that bound reached this process. Progress goes
+    it, and at the limit the last order sent is the result, re-timed and
+    validated here, with :attr:`Status.TIME_LIMIT` (a native crash of the
+    child keeps it too, with :attr:`Status.ERROR`). Determinism: the work is
+    counted, not timed (list-scheduler variants, :data:`FULL_MODEL_NODES`
+    nodes of the whole MIP, ``search_budget`` sub-MIPs; ``None``: until a
+    sweep at full width finds nothing), so the result depends on the machine
+    only when a clock stopped the work, and then the status says so.
+    Otherwise ``status`` is :attr:`Status.OPTIMAL` (the bound is reached) or
+    :attr:`Status.FEASIBLE`. The bound reported is always proven.
+    docs/formulation.md, "Solution method", has the details. Progress goes
     to this module's logger.
 
     ``warm_orders`` are starting orders, tried in the order given (ties keep
@@ -295,18 +285,8 @@ def solve(
     # limit; it stops itself a little earlier still, between pieces of work, so that its last news arrives
     stop = t0 + float(time_limit) - min(RESERVE_SHARE * float(time_limit), RESERVE_FACTOR * setup)
     deadline = stop - min(GRACE_SHARE * float(time_limit), GRACE)
-    crash = None
-    if stop > time.monotonic():
-        try:
-            watch.receive(run_isolated(
-                _search, js, budgets, objective, solver, threads, allow_pairs, slot, warm_orders, search_budget,
-                bound, _search_bound(js, budgets, objective, bound), deadline,
-                timeout=stop - time.monotonic(), on_report=watch.receive,
-            ))
-        except TimedOut:  # the deadline (or a hang until then): the last order sent is the result
-            pass
-        except SolverCrash as exc:  # a native abort: the search so far is kept
-            crash = str(exc)
+    crash = _run_search(watch, stop, _search, js, budgets, objective, solver, threads, allow_pairs, slot,
+                        warm_orders, search_budget, bound, _search_bound(js, budgets, objective, bound), deadline)
     # work that ran up to the deadline was cut by it (every loop of the search checks it)
     cut = watch.done is None or watch.done >= deadline
     if watch.order is None:  # nothing came in time: a cheap order, made here
@@ -314,6 +294,24 @@ def solve(
         what = "crashed" if crash else "had found nothing by the time limit"
         log.info("[lower] the search %s: the result is the first start that fits, %s", what, watch.start)
     return _result(watch, js, memory_limit, objective, solver, time_limit if cut else None, crash)
+
+
+def _run_search(watch: _Watch, stop: float, search: Callable[..., _News], *args) -> str | None:
+    """Run ``search(*args)`` in a watched child until ``stop``; its news reach ``watch`` as they come.
+
+    Returns the crash message when native code aborted the child (the
+    search so far is kept), else ``None``; at ``stop`` (or a hang until
+    then) the child is stopped and the last order it sent is the result.
+    """
+    if stop <= time.monotonic():
+        return None
+    try:
+        watch.receive(run_isolated(search, *args, timeout=stop - time.monotonic(), on_report=watch.receive))
+    except TimedOut:
+        pass
+    except SolverCrash as exc:
+        return str(exc)
+    return None
 
 
 def _search(
