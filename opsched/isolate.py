@@ -32,7 +32,7 @@ import signal
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
@@ -100,66 +100,196 @@ def run_isolated(fn, *args, timeout: float, on_report: Callable[[Any], None] | N
     """
     if on_report is not None:
         kwargs = dict(kwargs, report=on_report)
-    try:
-        ctx = mp.get_context("fork")
-    except ValueError:  # no fork (Windows, some macOS setups)
+    if not _can_fork():  # Windows, some macOS setups
         return fn(*args, **kwargs)
-    receive, send = ctx.Pipe(duplex=False)
-    out_read, out_write = os.pipe()
-    # not daemonic: a daemonic process may not start children, and a solve isolated by the planner isolates its
-    # own search; the finally below kills the child in every case, and the child dies with this process
-    child = ctx.Process(target=_isolated_child, args=(send, out_write, fn, args, kwargs, os.getpid()), daemon=False)
+    child = _Child(fn, args, kwargs, timeout, on_report)
     try:
-        # a stop request waits until the fork is done (then the child is killed below), and the child
-        # starts with it held until it has SIGTERM's default action
-        with signals_held():
-            child.start()
-        send.close()
-        os.close(out_write)
-        message = _watch(child, receive, out_read, timeout, on_report)
+        while child.message is None:
+            child.take(wait(child.handles(), timeout=child.left()))
     finally:
-        if child.pid is not None:
-            if child.is_alive():
-                child.kill()
-            child.join()
-        for end in (send, receive):
-            end.close()
-        for fd in (out_read, out_write):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-    if message.ok:
-        return message.value
-    raise message.value from ChildTraceback(message.traceback)
+        child.close()
+    return child.result()
 
 
-def _watch(child, receive, out_read: int, timeout: float, on_report: Callable[[Any], None] | None) -> _Return:
-    """Relay the child's output and reports until it returns; raise SolverCrash on a crash, a death or the timeout."""
-    deadline = time.monotonic() + timeout
-    watched: list = [receive, out_read]
-    output = b""
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimedOut(f"the solver did not return within {timeout:.0f} s and was stopped")
-        ready = wait(watched, timeout=left)
-        if out_read in ready:
-            chunk = os.read(out_read, 65536)
+@dataclass(frozen=True)
+class Call:
+    """One call for :func:`run_isolated_all`: ``fn(*args, **kwargs)``, stopped after ``timeout`` seconds."""
+
+    fn: Callable[..., Any]
+    args: tuple = ()
+    timeout: float = 60.0
+    kwargs: dict = field(default_factory=dict)
+
+
+def run_isolated_all(next_call: Callable[[int, int], Call | None], count: int, jobs: int = 1) -> list[Any]:
+    """Run calls ``0 .. count-1`` like :func:`run_isolated`, at most ``jobs`` at once; their results in order.
+
+    ``next_call(k, running)`` makes call ``k`` when a worker is free for it,
+    with ``running`` calls still in flight (so its timeout can use the time
+    left then), or returns ``None`` to skip it (its result is ``None``). A call that crashes, dies or times out gives its
+    :class:`SolverCrash` as its result; any other exception stops every call
+    and is raised here with its child's traceback. Calls start in order and
+    each result is its own call's, so which results come back does not
+    depend on ``jobs`` unless a clock stops a call.
+
+    >>> run_isolated_all(lambda k, running: Call(sum, ([k, k],), timeout=30), 3, jobs=2)
+    [0, 2, 4]
+    """
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
+    results: list[Any] = [None] * count
+    running: dict[int, _Child] = {}
+    started = 0
+    try:
+        while started < count or running:
+            while started < count and len(running) < jobs:
+                call = next_call(started, len(running))
+                if call is not None:
+                    running[started] = _start(call) if _can_fork() else _Done(call)
+                started += 1
+            if not running:
+                continue
+            ready = wait([h for c in running.values() for h in c.handles()],
+                         timeout=min(c.left() for c in running.values()))
+            for k, child in list(running.items()):
+                try:
+                    child.take(ready)
+                except SolverCrash as exc:
+                    results[k] = exc
+                else:
+                    if child.message is None:
+                        continue
+                    results[k] = child.result()
+                child.close()
+                del running[k]
+    finally:
+        for child in running.values():
+            child.close()
+    return results
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system has one), at least 1.
+
+    >>> usable_cores() >= 1
+    True
+    """
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1  # pragma: no cover - systems without affinity
+
+
+def _can_fork() -> bool:
+    try:
+        mp.get_context("fork")
+    except ValueError:
+        return False
+    return True
+
+
+def _start(call: Call) -> _Child:
+    return _Child(call.fn, call.args, call.kwargs, call.timeout, None)
+
+
+class _Done:
+    """A call made directly where fork is unavailable, shaped like a finished :class:`_Child`."""
+
+    def __init__(self, call: Call):
+        try:
+            self.message = _Return(True, call.fn(*call.args, **call.kwargs), "")
+        except SolverCrash:
+            raise
+        except Exception as exc:  # noqa: BLE001 - raised by result() like a child's
+            self.message = _Return(False, exc, "")
+
+    def handles(self) -> list:
+        return []
+
+    def left(self) -> float:
+        return 0.0
+
+    def take(self, ready) -> None:
+        return None
+
+    def result(self):
+        if self.message.ok:
+            return self.message.value
+        raise self.message.value
+
+    def close(self) -> None:
+        return None
+
+
+class _Child:
+    """One isolated call in flight: its process, what it printed, and its last message once it came."""
+
+    def __init__(self, fn, args: tuple, kwargs: dict, timeout: float, on_report: Callable[[Any], None] | None):
+        ctx = mp.get_context("fork")
+        self.timeout, self.on_report = timeout, on_report
+        self.deadline = time.monotonic() + timeout
+        self.receive, self.send = ctx.Pipe(duplex=False)
+        self.out_read, out_write = os.pipe()
+        self.output = b""
+        self.message: _Return | None = None
+        # not daemonic: a daemonic process may not start children, and a solve isolated by the planner isolates
+        # its own search; close() kills the child in every case, and the child dies with this process
+        self.process = ctx.Process(target=_isolated_child,
+                                   args=(self.send, out_write, fn, args, kwargs, os.getpid()), daemon=False)
+        try:
+            # a stop request waits until the fork is done (then the child is killed by close()), and the
+            # child starts with it held until it has SIGTERM's default action
+            with signals_held():
+                self.process.start()
+        finally:
+            self.send.close()
+            os.close(out_write)
+        self.watched: list = [self.receive, self.out_read]
+
+    def handles(self) -> list:
+        return self.watched
+
+    def left(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+    def take(self, ready: list) -> None:
+        """Relay what is ready of this child's output and reports; raise SolverCrash on a crash, death or timeout."""
+        if self.out_read in ready:
+            chunk = os.read(self.out_read, 65536)
             if not chunk:
-                watched.remove(out_read)
+                self.watched.remove(self.out_read)
             else:
-                output = output[-_MARKER_WINDOW:] + chunk
-                if any(marker in output for marker in CRASH_MARKERS):
+                self.output = self.output[-_MARKER_WINDOW:] + chunk
+                if any(marker in self.output for marker in CRASH_MARKERS):
                     raise SolverCrash("the solver crashed (native abort)")
                 sys.stderr.write(chunk.decode("utf-8", "replace"))
-        if receive in ready:
+        if self.receive in ready:
             try:
-                message = receive.recv()
+                message = self.receive.recv()
             except EOFError:
-                raise SolverCrash(f"the solver process died (exit code {child.exitcode})") from None
+                raise SolverCrash(f"the solver process died (exit code {self.process.exitcode})") from None
             if isinstance(message, _Return):
-                return message
-            if on_report is not None:
-                on_report(message.value)
+                self.message = message
+            elif self.on_report is not None:
+                self.on_report(message.value)
+        if self.message is None and time.monotonic() >= self.deadline:
+            raise TimedOut(f"the solver did not return within {self.timeout:.0f} s and was stopped")
+
+    def result(self):
+        """The child's return value, or its exception re-raised with the child's traceback as the cause."""
+        if self.message.ok:
+            return self.message.value
+        raise self.message.value from ChildTraceback(self.message.traceback)
+
+    def close(self) -> None:
+        """Kill the child if it still runs, and close its pipes."""
+        if self.process.pid is not None:
+            if self.process.is_alive():
+                self.process.kill()
+            self.process.join()
+        for end in (self.send, self.receive):
+            end.close()
+        with contextlib.suppress(OSError):
+            os.close(self.out_read)
 
 
 def _isolated_child(send, out_write, fn, args, kwargs, parent: int) -> None:

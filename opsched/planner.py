@@ -33,7 +33,7 @@ from opsched.contiguous import Baseline, contiguous_baselines
 from opsched.cost import expert_count
 from opsched.errors import MemoryTooSmall
 from opsched.graph import Block
-from opsched.isolate import SolverCrash, run_isolated
+from opsched.isolate import Call, SolverCrash, run_isolated, run_isolated_all
 from opsched.lower import minimum_memory_limit, solve
 from opsched.schedule import Order, Schedule, StageGraph, metrics, order_from_schedule, validate
 from opsched.solver import Status, require
@@ -167,6 +167,7 @@ def plan_block_graph(
     target_blocks: int | None = None,
     deadline: float | None = None,
     layouts_run_today: list[Baseline] | None = None,
+    workers: int = 1,
 ) -> PlanResult:
     """Plan ``bg`` on ``cluster`` (see the module docstring) within ``time_limit`` seconds of wall clock.
 
@@ -184,7 +185,10 @@ def plan_block_graph(
     part of its share's remainder. A solve that runs past its part is
     stopped (its candidate says so), and work that no longer fits is
     skipped; the best valid plan found by then is returned, a baseline at
-    worst. Progress, with the time left, goes to this module's logger.
+    worst. ``workers`` upper MIPs or lower solves run at once, each in its
+    own process; each still gets its work budget, so more workers give the
+    same plan sooner, or a better one when the clock would have cut them.
+    Progress, with the time left, goes to this module's logger.
     """
     require(solver)
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
@@ -198,7 +202,7 @@ def plan_block_graph(
     log.info("upper: %s to try (%s; `opsched plan --help` explains the notation); %s for the placement MIP; %s",
              plural(len(all_layouts), "layout"), ", ".join(map(str, all_layouts)), merged, clock.left_text())
     problems = {str(lay): upper_problem(small, lay, cluster, training, limit) for lay in all_layouts}
-    solutions, candidates = _solve_layouts(problems, clock, solver)
+    solutions, candidates = _solve_layouts(problems, clock, solver, workers)
     t_upper = time.perf_counter()
     baselines, best_split, refused = contiguous_baselines(small, cluster, training, limit)
     # Megatron-style layouts (opsched.evaluate.search_layouts), offered like the hand-written baselines
@@ -211,7 +215,7 @@ def plan_block_graph(
             f"{bytes_text(smallest)} ({memory_hint(smallest, cluster)})", smallest
         )
     jobs, unscheduled = _lower_jobs(solutions, problems, best_split)
-    _schedule_jobs(jobs, training.microbatches, limit, clock, solver, keep)
+    _schedule_jobs(jobs, training.microbatches, limit, clock, solver, keep, workers)
     options = [_job_option(j) for j in jobs if j.schedule is not None] + [_baseline_option(b) for b in baselines]
     if not options:
         smallest = min((minimum_memory_limit(j.stage_graph, training.microbatches) for j in jobs), default=math.inf)
@@ -266,9 +270,19 @@ class Clock:
         return time.monotonic() + fraction * self.left()
 
     @staticmethod
-    def part(share_deadline: float, steps_left: int) -> float:
-        """Seconds for the next of ``steps_left`` steps that share a deadline (what earlier ones saved carries over)."""
-        return max(0.0, share_deadline - time.monotonic()) / max(1, steps_left)
+    def part(share_deadline: float, steps_left: int, running: int = 0, jobs: int = 1) -> float:
+        """Seconds for the next of ``steps_left`` steps that share a deadline (what earlier ones saved carries over).
+
+        With ``jobs`` workers, ``running`` of them busy, the steps left and
+        those running are spread over the workers: each worker has about
+        ``(steps_left + running) / jobs`` of them to do in the time left.
+
+        >>> now = time.monotonic()
+        >>> round(Clock.part(now + 40, 4)), round(Clock.part(now + 40, 3, running=1, jobs=2))
+        (10, 20)
+        """
+        rounds = math.ceil((max(1, steps_left) + running) / max(1, jobs))
+        return max(0.0, share_deadline - time.monotonic()) / rounds
 
     def timeout(self, part: float) -> float:
         """How long an isolated solve given ``part`` seconds may run before it is stopped: a little grace, never past the deadline."""
@@ -285,34 +299,41 @@ class Clock:
         return min(part, (self.left() - LOWER_SLACK) / LOWER_OVERRUN)
 
 
-def _solve_layouts(problems: dict[str, UpperProblem], clock: Clock, solver: str) -> tuple[list[UpperSolution], list[Candidate]]:
+def _solve_layouts(problems: dict[str, UpperProblem], clock: Clock, solver: str,
+                   jobs: int = 1) -> tuple[list[UpperSolution], list[Candidate]]:
     """Step 1, the upper MIP on every layout that fits, warm-started from its best contiguous split.
 
-    Returns the solutions and a candidate row for each layout without one.
+    Runs ``jobs`` layouts at once. Returns the solutions and a candidate row
+    for each layout without one.
     """
+    names, share = list(problems), clock.share(UPPER_SHARE)
+    parts: dict[int, float] = {}
+
+    def call(k: int, running: int) -> Call | None:
+        part = clock.part(share, len(names) - k, running, jobs)
+        if part < LEAST_PART:
+            return None
+        parts[k] = part
+        return Call(_upper_for_layout, (problems[names[k]], part, solver), timeout=clock.timeout(part))
+
     solutions: list[UpperSolution] = []
     candidates: list[Candidate] = []
-    share = clock.share(UPPER_SHARE)
-    for k, (name, p) in enumerate(problems.items()):
-        part = clock.part(share, len(problems) - k)
-        if part < LEAST_PART:
+    for k, found in enumerate(run_isolated_all(call, len(names), jobs)):
+        name = names[k]
+        if k not in parts:
             candidates.append(Candidate("upper", name, "skipped: the time limit was spent"))
-            continue
-        try:
-            found = run_isolated(_upper_for_layout, p, part, solver, timeout=clock.timeout(part))
-        except SolverCrash as exc:
-            candidates.append(Candidate("upper", name, f"upper failed: {exc}"))
-            log.info("upper: layout %s (%s): %s; %s", name, describe_layout(name), exc, clock.left_text())
-            continue
-        if found is None:
+        elif isinstance(found, SolverCrash):
+            candidates.append(Candidate("upper", name, f"upper failed: {found}"))
+            log.info("upper: layout %s (%s): %s; %s", name, describe_layout(name), found, clock.left_text())
+        elif found is None:
             candidates.append(Candidate("upper", name, "no fit"))
             log.info("upper: layout %s (%s): no placement fits in the memory limit; %s",
                      name, describe_layout(name), clock.left_text())
-            continue
-        start_estimate, sol = found
-        log.info("upper: layout %s (%s): %s; %s", name, describe_layout(name), upper_outcome(start_estimate, sol),
-                 clock.left_text())
-        solutions.append(sol)
+        else:
+            start_estimate, sol = found
+            log.info("upper: layout %s (%s): %s; %s", name, describe_layout(name),
+                     upper_outcome(start_estimate, sol), clock.left_text())
+            solutions.append(sol)
     return solutions, candidates
 
 
@@ -403,47 +424,63 @@ def _lower_jobs(
     return jobs, estimated_only
 
 
-def _schedule_jobs(jobs: list[LowerJob], microbatches: int, limit: float, clock: Clock, solver: str, keep: int) -> None:
-    """Step 3: a quick lower solve of every job, then longer ones for the ``keep`` best not proven optimal."""
-    share = clock.share(QUICK_SHARE)
-    for k, job in enumerate(jobs):
-        part = clock.part(share, len(jobs) - k)
-        if part < LEAST_PART:
-            job.candidate.status = "not scheduled: the time limit was spent"
-            continue
-        _schedule_job(job, microbatches, limit, part, clock, solver)
+def _schedule_jobs(jobs: list[LowerJob], microbatches: int, limit: float, clock: Clock, solver: str, keep: int,
+                   workers: int = 1) -> None:
+    """Step 3: a quick lower solve of every job, then longer ones for the ``keep`` best not proven optimal.
+
+    ``workers`` solves run at once.
+    """
+    _schedule_all(jobs, microbatches, limit, clock, clock.share(QUICK_SHARE), solver, workers, quick=True)
     finalists = sorted((j for j in jobs if j.schedule is not None), key=lambda j: j.candidate.step_time)[:keep]
     finalists = [j for j in finalists if not j.outcome.proven]
-    for k, job in enumerate(finalists):
-        part = clock.part(clock.deadline, len(finalists) - k)
-        if part >= LEAST_PART:
-            _schedule_job(job, microbatches, limit, part, clock, solver, warm=job.schedule)
+    _schedule_all(finalists, microbatches, limit, clock, clock.deadline, solver, workers, quick=False)
 
 
-def _schedule_job(job: LowerJob, microbatches: int, limit: float, budget: float, clock: Clock, solver: str,
-                  warm: Schedule | None = None) -> None:
-    """Run the lower MIP on ``job.stage_graph``; keep the result in ``job`` when it is better than what it holds."""
+def _schedule_all(jobs: list[LowerJob], microbatches: int, limit: float, clock: Clock, share: float, solver: str,
+                  workers: int, quick: bool) -> None:
+    """Lower-solve every job, ``workers`` at once, sharing the time up to ``share``; keep each better result.
+
+    The quick pass gets a small work budget so that it finishes well inside
+    its share of the clock (budgets in work keep plans deterministic; the
+    time limit stops a solve that would not); a longer pass starts from the
+    job's quick schedule.
+    """
+    given: dict[int, float] = {}
+
+    def call(k: int, running: int) -> Call | None:
+        job = jobs[k]
+        part = clock.part(share, len(jobs) - k, running, workers)
+        time_limit = clock.lower_limit(part)
+        if part < LEAST_PART or time_limit < LEAST_PART:
+            return None
+        given[k] = part
+        warm = job.start if quick else job.schedule
+        return Call(_lower_solve, (job.stage_graph, microbatches, limit, time_limit, solver, warm,
+                                     10 if quick else None), timeout=clock.timeout(part))
+
+    for k, got in enumerate(run_isolated_all(call, len(jobs), workers)):
+        job = jobs[k]
+        if k not in given:
+            if job.schedule is None:
+                job.candidate.status = "not scheduled: the time limit was spent"
+        elif isinstance(got, SolverCrash):
+            _lower_failed(job, str(got), clock)
+        elif isinstance(got, MemoryTooSmall):  # its own message counts in plain numbers; these are bytes
+            _lower_failed(job, f"every schedule of these stages needs at least {bytes_text(got.minimum)} per device",
+                          clock)
+        else:
+            _keep_if_better(job, *got, clock)
+
+
+def _lower_failed(job: LowerJob, reason: str, clock: Clock) -> None:
+    if job.schedule is None:
+        job.candidate.status = f"lower failed: {reason}"
+    log.info("lower: %s: %s; %s", _job_name(job.candidate), reason, clock.left_text())
+
+
+def _keep_if_better(job: LowerJob, schedule: Schedule, outcome: LowerOutcome, clock: Clock) -> None:
+    """Keep a lower solve's schedule in ``job`` when it is better than what the job holds."""
     cand = job.candidate
-    # the quick pass gets a small work budget so that it finishes well inside its share of the clock
-    # (budgets in work keep plans deterministic; the time limit stops a solve that would not)
-    search = 10 if warm is None else None
-    time_limit = clock.lower_limit(budget)
-    if time_limit < LEAST_PART:
-        if job.schedule is None:
-            cand.status = "not scheduled: the time limit was spent"
-        return
-    try:
-        schedule, outcome = run_isolated(lower_schedule, job.stage_graph, microbatches, limit, time_limit, solver,
-                                         warm or job.start, search,
-                                         timeout=clock.timeout(budget))
-    except (SolverCrash, MemoryTooSmall) as exc:
-        reason = str(exc)
-        if isinstance(exc, MemoryTooSmall):  # its own message counts in plain numbers; these are bytes
-            reason = f"every schedule of these stages needs at least {bytes_text(exc.minimum)} per device"
-        if job.schedule is None:
-            cand.status = f"lower failed: {reason}"
-        log.info("lower: %s: %s; %s", _job_name(cand), reason, clock.left_text())
-        return
     m = metrics(schedule)
     step = m.makespan + job.grad_sync
     if job.schedule is not None and step >= cand.step_time:
@@ -496,6 +533,14 @@ def lower_schedule(
                        warm_orders=warm_orders, **kwargs)
     outcome = LowerOutcome(result.lower_bound, result.gap, result.solver, result.solve_seconds, result.status)
     return result.schedule, outcome
+
+
+def _lower_solve(*args) -> tuple[Schedule, LowerOutcome] | MemoryTooSmall:
+    """:func:`lower_schedule` in a worker: memory too small for these stages is an answer, not an error."""
+    try:
+        return lower_schedule(*args)
+    except MemoryTooSmall as exc:
+        return exc
 
 
 @contextmanager

@@ -91,6 +91,8 @@ CASES = {
     "plan memory unreadable": (PLAN + ["--devices", "8", "--memory-limit", "lots"] + OUT, "memory size"),
     "plan memory negative": (PLAN + ["--devices", "8", "--memory-limit", "-80GiB"] + OUT, "--memory-limit"),
     "plan time limit zero": (PLAN + ["--devices", "8", "--time-limit", "0"] + OUT, "--time-limit"),
+    "plan jobs zero": (PLAN + ["--devices", "8", "--jobs", "0"] + OUT, "--jobs"),
+    "plan jobs not a number": (PLAN + ["--devices", "8", "--jobs", "all"] + OUT, "--jobs"),
     "plan capacity factor negative": (PLAN + ["--devices", "8", "--capacity-factor", "-1"] + OUT,
                                       "--capacity-factor"),
     "plan unknown preset": (PLAN + ["--devices", "8", "--preset", "tpu-v9"] + OUT, "unknown preset"),

@@ -1,5 +1,7 @@
 """opsched.solver (one home for MIP models and statuses) and how the planner treats crashes and bugs in its solves."""
 
+import os
+
 import mip
 import pytest
 
@@ -8,7 +10,6 @@ import opsched.solver as solver_module
 from opsched.cli import main
 from opsched.cluster import Training, cluster_from_dict, preset
 from opsched.errors import OpschedError
-from opsched.isolate import SolverCrash
 from opsched.lower import solve
 from opsched.schedule import chain_stage_graph, validate
 from opsched.solver import Objective, Status, new_model, require
@@ -78,19 +79,14 @@ def test_lower_result_status_is_a_status():
     assert result.status is Status.OPTIMAL
 
 
-def _crash_the_lower_level(real):
-    """run_isolated as it behaves when every lower solve's native code aborts."""
-
-    def run(fn, *args, timeout, **kwargs):
-        if fn is planner.lower_schedule:
-            raise SolverCrash("the solver crashed (native abort)")
-        return real(fn, *args, timeout=timeout, **kwargs)
-
-    return run
+def _lower_level_aborts(*args, **kwargs):
+    """A lower solve whose native code aborts as CBC's did: glibc's message, then SIGABRT."""
+    os.write(2, b"double free or corruption (out)\n")
+    os.abort()
 
 
 def test_a_solver_crash_costs_a_candidate_not_the_plan(monkeypatch):
-    monkeypatch.setattr(planner, "run_isolated", _crash_the_lower_level(planner.run_isolated))
+    monkeypatch.setattr(planner, "_lower_solve", _lower_level_aborts)
     result = planner.plan_block_graph(two_tower_graph(), cluster_from_dict(SLOW_LINK_CLUSTER), Training(4),
                                       time_limit=10)
     # every lower solve crashed: the plan is the best baseline, and each candidate says what happened
@@ -137,3 +133,16 @@ def test_the_time_limit_is_a_wall_clock_limit_even_when_a_solve_ignores_it(monke
     assert result.source.startswith("baseline ")
     stopped = [c for c in result.candidates if c.status.startswith(("lower failed", "not scheduled"))]
     assert stopped and all("did not return" in c.status or "time limit" in c.status for c in stopped)
+
+
+@pytest.mark.slow
+def test_the_plan_is_the_same_for_any_number_of_workers():
+    # budgets in work, not the clock, decide every solve here (the limit is far away): two workers give the
+    # very plan one gives, candidate by candidate
+    plans = [planner.plan_block_graph(two_tower_graph(), cluster_from_dict(SLOW_LINK_CLUSTER), Training(4),
+                                      time_limit=300, workers=w) for w in (1, 2)]
+    one, two = plans
+    assert (one.source, one.layout, one.step_time) == (two.source, two.layout, two.step_time)
+    assert one.schedule.events == two.schedule.events
+    assert [(c.layout, c.status, c.step_time, c.lower_bound) for c in one.candidates] == \
+        [(c.layout, c.status, c.step_time, c.lower_bound) for c in two.candidates]

@@ -50,6 +50,7 @@ from pathlib import Path
 
 from opsched.commands.args import (
     MAX_DEVICES,
+    WholeNumber,
     add_cluster_arguments,
     byte_size,
     dimension,
@@ -101,6 +102,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="wall-clock budget of the whole command in seconds (default 60): the import, "
                              "the search and writing the files; the best valid plan found by then is written, "
                              "and a candidate the clock cut short says so in report.md")
+    parser.add_argument("--jobs", type=WholeNumber(1), default=None, metavar="N",
+                        help="solves to run at once, each in its own process (default: every core this process "
+                             "may use). Each solve keeps its own work budget, so the plan is the same for any N "
+                             "unless the time limit cuts solves short; more jobs then leave fewer cut")
     parser.add_argument("--zero", type=int, choices=(0, 1, 2), default=1,
                         help="ZeRO level over data-parallel replicas: 0 every replica holds its optimizer states; "
                              "1 (default) they are sharded, as Megatron's distributed optimizer does, for the same "
@@ -121,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
     from opsched.coarsen import coarsen
     from opsched.errors import MemoryTooSmall, OpschedError
     from opsched.fileio import check_output_dir
+    from opsched.isolate import usable_cores
     from opsched.onnx_import import import_onnx, routing_assumptions
     from opsched.planner import plan_block_graph
     from opsched.solver import require
@@ -170,10 +176,11 @@ def run(args: argparse.Namespace) -> int:
     # with a global batch, the Megatron-style layouts users run (micro-batch 1, replicas, EP folded over
     # them, interleaved 1F1B) join the baselines, so a plan is never slower than the best of them
     today = megatron_layouts(args, dims, cluster, training, limit) if training.whole_sequences else []
+    workers = args.jobs or usable_cores()
     # the planner logs its own progress (opsched.planner)
     try:
         result = plan_block_graph(bg, cluster, training, memory_limit=limit, time_limit=args.time_limit,
-                                  solver=args.solver, deadline=deadline, layouts_run_today=today)
+                                  solver=args.solver, deadline=deadline, layouts_run_today=today, workers=workers)
     except MemoryTooSmall:
         if args.recompute != "auto":
             raise
@@ -183,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
         training = dataclasses.replace(training, recompute="full")
         result = plan_block_graph(bg, cluster, training, memory_limit=limit, time_limit=args.time_limit,
                                   solver=args.solver, deadline=max(deadline, time.monotonic() + 1.0),
-                                  layouts_run_today=today)
+                                  layouts_run_today=today, workers=workers)
     log.info("validate: %s on %s", result.source, result.layout)
     split = split_sequences(result, training)
     if split:
