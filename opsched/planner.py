@@ -171,24 +171,16 @@ def plan_block_graph(
 ) -> PlanResult:
     """Plan ``bg`` on ``cluster`` (see the module docstring) within ``time_limit`` seconds of wall clock.
 
-    The work is the upper MIP of every layout (node and round limits,
-    :mod:`opsched.upper.mip`), a quick lower solve of every upper solution and
-    of the best baseline's split (10 neighbourhood MIPs), then a longer lower
-    solve of the ``keep`` best of those not yet proven optimal (warm-started
-    from their quick schedules). Work budgets decide each result, so on a
-    machine fast enough for them the same input, solver and threads give the
-    same plan. The clock is a hard limit: ``deadline`` (a
-    :func:`time.monotonic` instant; default now + ``time_limit``) is shared
-    out as :data:`UPPER_SHARE` of it for the upper MIPs and
-    :data:`QUICK_SHARE` of what is left after the baselines for the quick
-    lower solves, the rest for the longer ones, each step getting an equal
-    part of its share's remainder. A solve that runs past its part is
-    stopped (its candidate says so), and work that no longer fits is
-    skipped; the best valid plan found by then is returned, a baseline at
-    worst. ``workers`` upper MIPs or lower solves run at once, each in its
-    own process; each still gets its work budget, so more workers give the
-    same plan sooner, or a better one when the clock would have cut them.
-    Progress, with the time left, goes to this module's logger.
+    The work is the upper MIP of every layout, a quick lower solve of every
+    upper solution and of the best baseline's split, then a longer lower
+    solve of the ``keep`` best not yet proven optimal. Work budgets decide
+    each result; the clock is a hard limit, ``deadline`` (a
+    :func:`time.monotonic` instant; default now + ``time_limit``), shared out
+    by :class:`Clock` (docs/formulation.md, "What `--time-limit` does"): the best
+    valid plan found by then is returned, a baseline at worst. ``workers``
+    solves run at once, each in its own process and with its own work
+    budget: the same plan sooner, or a better one when the clock would have
+    cut solves. Progress, with the time left, goes to this module's logger.
     """
     require(solver)
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
