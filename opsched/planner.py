@@ -93,6 +93,19 @@ class PlanResult:
     blocks: int  # blocks the upper MIP placed
     seconds: dict[str, float] = field(default_factory=dict)
     refused_baselines: dict[str, str] = field(default_factory=dict)  # method -> why it fits no contiguous split
+    #: devices of the cluster that hold no stage of the chosen plan
+    idle_devices: tuple[int, ...] = ()
+    #: when some are idle: the fastest plan found that gives every device work, if any
+    on_every_device: EveryDevicePlan | None = None
+
+
+@dataclass(frozen=True)
+class EveryDevicePlan:
+    """A plan the search found that gives every device work (reported when the chosen one leaves some idle)."""
+
+    source: str
+    layout: str
+    step_time: float
 
 
 @dataclass
@@ -217,6 +230,7 @@ def plan_block_graph(
         )
     best = min(options, key=lambda o: o.step_time)
     validate(best.schedule)
+    idle, every = _idle_and_every_device_plan(best, options, cluster.devices)
     return PlanResult(
         schedule=best.schedule,
         solver_metrics=best.metrics,
@@ -230,7 +244,31 @@ def plan_block_graph(
         blocks=small.number_of_nodes(),
         seconds={"upper": t_upper - t_start, "baselines": t_base - t_upper, "lower": time.perf_counter() - t_base},
         refused_baselines=refused,
+        idle_devices=idle,
+        on_every_device=every,
     )
+
+
+def _idle_and_every_device_plan(best: Option, options: list[Option],
+                                devices: int) -> tuple[tuple[int, ...], EveryDevicePlan | None]:
+    """The chosen plan's idle devices and, when there are some, the fastest option that keeps every device busy."""
+    idle = idle_devices(best.schedule.stage_graph, devices)
+    if not idle:
+        return idle, None
+    busy = [o for o in options if not idle_devices(o.schedule.stage_graph, devices)]
+    every = min(busy, key=lambda o: o.step_time, default=None)
+    return idle, None if every is None else EveryDevicePlan(every.source, every.layout, every.step_time)
+
+
+def idle_devices(sg: StageGraph, devices: int) -> tuple[int, ...]:
+    """The devices among ``0 .. devices-1`` that hold no stage of ``sg`` (they would do no work).
+
+    >>> from opsched.schedule import chain_stage_graph
+    >>> idle_devices(chain_stage_graph(2), 4)
+    (2, 3)
+    """
+    held = {d for stage in sg.stages for d in stage.devices}
+    return tuple(d for d in range(devices) if d not in held)
 
 
 #: the part of the time limit the upper MIPs share

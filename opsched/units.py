@@ -171,3 +171,18 @@ def si_text(x: float, unit: str = "") -> str:
 def plural(count: int, noun: str, nouns: str | None = None) -> str:
     """``count`` and the noun, singular for exactly one (``nouns`` when the plural is not noun + s)."""
     return f"{count:,} {noun if count == 1 else (nouns or noun + 's')}"
+
+
+def ranges_text(numbers) -> str:
+    """Whole numbers in a line, runs of consecutive ones as ranges.
+
+    >>> ranges_text([0, 1, 2, 5, 7, 8])
+    '0-2, 5, 7-8'
+    """
+    runs: list[list[int]] = []  # [first, last] of each run
+    for n in sorted(numbers):
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

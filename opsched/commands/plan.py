@@ -192,13 +192,9 @@ def run(args: argparse.Namespace) -> int:
                                   solver=args.solver, deadline=max(deadline, time.monotonic() + 1.0),
                                   layouts_run_today=today, workers=workers)
     log.info("validate: %s on %s", result.source, result.layout)
-    split = split_sequences(result, training)
-    if split:
-        warnings.append(f"the plan's data-parallel modes {', '.join(split)} split a microbatch of "
-                        f"{plural(training.microbatch_size, 'sequence')}: that is context parallelism, whose traffic "
-                        "is not costed; pass --global-batch G (and --micro-batch-size B) so that replicas take whole "
-                        "sequences")
-        log.warning("plan: %s", warnings[-1])
+    for sentence in plan_warnings(result, training, cluster):
+        warnings.append(sentence)
+        log.warning("plan: %s", sentence)
     samples = training.microbatches * training.microbatch_size
     extra = plan_extra(args.model, cluster, training, result, warnings, dims=used_dims)
     names = write_outputs(out, result, extra, report_text(args.model, cluster, training, limit, result, warnings))
@@ -257,6 +253,34 @@ def megatron_layouts(args: argparse.Namespace, dims: dict[str, int], cluster, tr
         log.info("baseline: the fastest Megatron-style layout that fits, %s with %s: step time %s",
                  rows[-1].layout, e.schedule_name, seconds_text(rows[-1].step_time))
     return rows
+
+
+def plan_warnings(result, training, cluster) -> list[str]:
+    """What a reader of the chosen plan must know about it: uncosted sequence splits, devices left idle."""
+    from opsched.units import plain, plural, ranges_text, seconds_text
+
+    out = []
+    split = split_sequences(result, training)
+    if split:
+        out.append(f"the plan's data-parallel modes {', '.join(split)} split a microbatch of "
+                   f"{plural(training.microbatch_size, 'sequence')}: that is context parallelism, whose traffic "
+                   "is not costed; pass --global-batch G (and --micro-batch-size B) so that replicas take whole "
+                   "sequences")
+    if result.idle_devices:
+        idle = result.idle_devices
+        every = result.on_every_device
+        if every is None:
+            why = ("no plan the search found gives every device work (report.md's candidates say, layout by "
+                   "layout, what was slower, did not fit or was cut by the time limit)")
+        else:
+            slower = every.step_time / result.step_time - 1.0
+            why = (f"it is faster that way: the fastest plan found that gives every device work, {every.source} "
+                   f"on {every.layout}, takes {seconds_text(every.step_time)} per step, "
+                   f"{plain(100 * slower, 3)} % longer")
+        which = f"device {idle[0]} (1 of {cluster.devices}) holds" if len(idle) == 1 else \
+            f"devices {ranges_text(idle)} ({len(idle)} of {cluster.devices}) hold"
+        out.append(f"{which} no stage of this plan: {why}")
+    return out
 
 
 def split_sequences(result, training) -> list[str]:
