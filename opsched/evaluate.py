@@ -136,6 +136,11 @@ class ParallelLayout:
                                "layers are laid over the same devices as the others")
         return dataclasses.replace(self, dp=dp)
 
+    @property
+    def devices(self) -> int:
+        """Devices the (resolved) layout runs on: tp x pp x cp x dp."""
+        return self.tp * self.pp * self.cp * self.dp
+
     def check_model(self, layers: int, experts: int) -> None:
         """Refuse a layout the model cannot take: ep that does not divide its experts, chunks of partial layers."""
         if self.ep > 1:
@@ -499,9 +504,22 @@ def layout_grid(devices: int, devices_per_node: int, layers: int, experts: int, 
     return grid
 
 
+def device_counts(devices: int) -> list[int]:
+    """``devices`` and its halvings down to one device: the counts :func:`search_layouts` tries with ``fewer_devices``.
+
+    >>> device_counts(24)
+    [24, 12, 6, 3]
+    """
+    counts = [devices]
+    while counts[-1] % 2 == 0:
+        counts.append(counts[-1] // 2)
+    return counts
+
+
 def search_layouts(
     bg: nx.DiGraph, cluster: Cluster, training: Training, *, global_batch: int, tokens_per_sequence: int,
     memory_limit: float | None = None, recompute: tuple[str, ...] = ("none", "full"), keep: int = 1, zero: int = 1,
+    fewer_devices: bool = False,
 ) -> list[Evaluation]:
     """The ``keep`` fastest layouts of :func:`layout_grid` that fit, evaluated at micro-batch size 1.
 
@@ -509,16 +527,23 @@ def search_layouts(
     tried with each ``recompute`` setting in turn and kept with the first that
     fits; layouts whose replicas do not divide the global batch are skipped.
     With ``keep=1`` a layout whose busiest rank's work alone is not below the
-    best step so far is not simulated (it cannot win).
+    best step so far is not simulated (it cannot win). With
+    ``fewer_devices`` the layouts on the first half, quarter, ... of the
+    devices are tried too (the rest idle): a global batch too small for
+    every device, or replicas that would straddle nodes, can make those faster.
     """
     index = model_index(bg)
     found: list[Evaluation] = []
-    for layout in layout_grid(cluster.devices, cluster.devices_per_node, len(index.layers), index.experts, zero):
+    counts = device_counts(cluster.devices) if fewer_devices else [cluster.devices]
+    grid = [lay for n in counts
+            for lay in layout_grid(n, cluster.devices_per_node, len(index.layers), index.experts, zero)]
+    for layout in grid:
         if global_batch % layout.dp:
             continue
         for mode in recompute:
             try:
-                e = evaluate_layout(bg, cluster, training, dataclasses.replace(layout, recompute=mode),
+                e = evaluate_layout(bg, dataclasses.replace(cluster, devices=layout.devices), training,
+                                    dataclasses.replace(layout, recompute=mode),
                                     global_batch=global_batch, micro_batch_size=1,
                                     tokens_per_sequence=tokens_per_sequence, memory_limit=memory_limit, index=index,
                                     above=min((f.step_time for f in found), default=None) if keep == 1 else None)
@@ -529,4 +554,5 @@ def search_layouts(
             if e.fits:
                 found.append(e)
                 break
-    return sorted(found, key=lambda e: (e.step_time, str(e.layout)))[:keep]
+    # on a tie the layout that uses more devices goes first: it leaves none idle for nothing
+    return sorted(found, key=lambda e: (e.step_time, -e.layout.devices, str(e.layout)))[:keep]

@@ -153,3 +153,21 @@ def test_layout_search_finds_mixtrals_published_layout(mixtral):
     bg = coarsen(import_onnx(MODELS / "mixtral_8x7b.onnx", dims={"batch": 1, "seq": 4096}))
     best = search_layouts(bg, preset("h100-sxm", 64), Training(), global_batch=256, tokens_per_sequence=4096)
     assert str(best[0].layout) == "tp1 pp4 vpp8 ep8 dp16 zero1"
+
+
+def test_layout_search_on_fewer_devices_never_loses_to_the_search_on_all(llama):
+    """With ``fewer_devices`` the best layout is at least as fast as the best on every device, and as the best on
+    half of them: devices may idle, so adding them never makes the plan slower."""
+    from opsched.evaluate import search_layouts
+
+    def best(devices, global_batch, fewer):
+        found = search_layouts(llama, preset("h100-sxm", devices), Training(), global_batch=global_batch,
+                               tokens_per_sequence=4096, fewer_devices=fewer)
+        return found[0] if found else None
+
+    # one sequence per step on 128 H100s: no replicas, tp stays within a node, so every device means a
+    # 16-stage pipeline; 8 stages on half the devices are faster (fewer transfers in a microbatch's path)
+    on_128, on_64 = best(128, 1, fewer=True), best(64, 1, fewer=True)
+    on_all = best(128, 1, fewer=False)
+    assert on_all.layout.devices == 128 and on_128.layout.devices < 128
+    assert on_128.step_time < on_all.step_time and on_128.step_time <= on_64.step_time

@@ -230,7 +230,7 @@ def megatron_layouts(args: argparse.Namespace, dims: dict[str, int], cluster, tr
     modes = ("none", "full") if args.recompute == "auto" else (training.recompute,)
     found = search_layouts(bg, cluster, training, global_batch=args.global_batch,
                            tokens_per_sequence=int(og.graph.get("dims", {}).get("seq", 1)), memory_limit=limit,
-                           recompute=modes, zero=training.zero)
+                           recompute=modes, zero=training.zero, fewer_devices=True)
     rows = []
     for e in found:
         lay = e.layout
@@ -243,9 +243,10 @@ def megatron_layouts(args: argparse.Namespace, dims: dict[str, int], cluster, tr
                                for b in blocks])
             for c, blocks in enumerate(e.chunks)
         }
+        used = "" if lay.devices == cluster.devices else f", on {lay.devices} of the {cluster.devices} devices"
         rows.append(Baseline(
-            method=f"megatron {e.schedule_name}", layout=f"{lay}, micro-batch 1",
-            schedule=on_real_devices(e.schedule, Layout(cluster.devices, lay.pp)),
+            method=f"megatron {e.schedule_name}", layout=f"{lay}, micro-batch 1{used}",
+            schedule=on_real_devices(e.schedule, Layout(lay.devices, lay.pp)),
             makespan=m.makespan, step_time=m.makespan + e.grad_sync, bubble_ratio=m.bubble_ratio,
             peak_memory_bytes=e.peak_memory_bytes, grad_sync=e.grad_sync, solve_seconds=time.perf_counter() - t0,
             contents=contents,
