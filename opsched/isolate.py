@@ -121,7 +121,8 @@ class Call:
     kwargs: dict = field(default_factory=dict)
 
 
-def run_isolated_all(next_call: Callable[[int, int], Call | None], count: int, jobs: int = 1) -> list[Any]:
+def run_isolated_all(next_call: Callable[[int, int], Call | None], count: int, jobs: int = 1,
+                     on_result: Callable[[int, Any], None] | None = None) -> list[Any]:
     """Run calls ``0 .. count-1`` like :func:`run_isolated`, at most ``jobs`` at once; their results in order.
 
     ``next_call(k, running)`` makes call ``k`` when a worker is free for it,
@@ -130,7 +131,9 @@ def run_isolated_all(next_call: Callable[[int, int], Call | None], count: int, j
     :class:`SolverCrash` as its result; any other exception stops every call
     and is raised here with its child's traceback. Calls start in order and
     each result is its own call's, so which results come back does not
-    depend on ``jobs`` unless a clock stops a call.
+    depend on ``jobs`` unless a clock stops a call. ``on_result(k, result)``
+    hears of each result as it comes (progress lines; the order it comes in
+    may depend on ``jobs``).
 
     >>> run_isolated_all(lambda k, running: Call(sum, ([k, k],), timeout=30), 3, jobs=2)
     [0, 2, 4]
@@ -162,6 +165,8 @@ def run_isolated_all(next_call: Callable[[int, int], Call | None], count: int, j
                     results[k] = child.result()
                 child.close()
                 del running[k]
+                if on_result is not None:
+                    on_result(k, results[k])
     finally:
         for child in running.values():
             child.close()

@@ -346,24 +346,28 @@ def _solve_layouts(problems: dict[str, UpperProblem], clock: Clock, solver: str,
         parts[k] = part
         return Call(_upper_for_layout, (problems[names[k]], part, solver), timeout=clock.timeout(part))
 
+    def progress(k: int, found) -> None:
+        name = names[k]
+        if isinstance(found, SolverCrash):
+            what = str(found)
+        elif found is None:
+            what = "no placement fits in the memory limit"
+        else:
+            what = upper_outcome(*found)
+        log.info("upper: layout %s (%s): %s; %s", name, describe_layout(name), what, clock.left_text())
+
     solutions: list[UpperSolution] = []
     candidates: list[Candidate] = []
-    for k, found in enumerate(run_isolated_all(call, len(names), jobs)):
+    for k, found in enumerate(run_isolated_all(call, len(names), jobs, on_result=progress)):
         name = names[k]
         if k not in parts:
             candidates.append(Candidate("upper", name, "skipped: the time limit was spent"))
         elif isinstance(found, SolverCrash):
             candidates.append(Candidate("upper", name, f"upper failed: {found}"))
-            log.info("upper: layout %s (%s): %s; %s", name, describe_layout(name), found, clock.left_text())
         elif found is None:
             candidates.append(Candidate("upper", name, "no fit"))
-            log.info("upper: layout %s (%s): no placement fits in the memory limit; %s",
-                     name, describe_layout(name), clock.left_text())
         else:
-            start_estimate, sol = found
-            log.info("upper: layout %s (%s): %s; %s", name, describe_layout(name),
-                     upper_outcome(start_estimate, sol), clock.left_text())
-            solutions.append(sol)
+            solutions.append(found[1])
     return solutions, candidates
 
 
@@ -488,18 +492,19 @@ def _schedule_all(jobs: list[LowerJob], microbatches: int, limit: float, clock: 
         return Call(_lower_solve, (job.stage_graph, microbatches, limit, time_limit, solver, warm,
                                      10 if quick else None), timeout=clock.timeout(part))
 
-    for k, got in enumerate(run_isolated_all(call, len(jobs), workers)):
-        job = jobs[k]
-        if k not in given:
-            if job.schedule is None:
-                job.candidate.status = "not scheduled: the time limit was spent"
-        elif isinstance(got, SolverCrash):
-            _lower_failed(job, str(got), clock)
+    def take(k: int, got) -> None:  # as each solve returns: its candidate's figures and its progress line
+        if isinstance(got, SolverCrash):
+            _lower_failed(jobs[k], str(got), clock)
         elif isinstance(got, MemoryTooSmall):  # its own message counts in plain numbers; these are bytes
-            _lower_failed(job, f"every schedule of these stages needs at least {bytes_text(got.minimum)} per device",
-                          clock)
+            _lower_failed(jobs[k], f"every schedule of these stages needs at least {bytes_text(got.minimum)} "
+                          "per device", clock)
         else:
-            _keep_if_better(job, *got, clock)
+            _keep_if_better(jobs[k], *got, clock)
+
+    run_isolated_all(call, len(jobs), workers, on_result=take)
+    for k, job in enumerate(jobs):
+        if k not in given and job.schedule is None:
+            job.candidate.status = "not scheduled: the time limit was spent"
 
 
 def _lower_failed(job: LowerJob, reason: str, clock: Clock) -> None:

@@ -45,6 +45,14 @@ def test_results_come_back_in_call_order_and_skipped_calls_give_none():
     assert seen[1] == (1, 1)  # the second worker starts while the first call runs
 
 
+def test_each_result_is_heard_of_as_it_comes():
+    heard = []
+    got = run_isolated_all(lambda k, running: Call(_interval, (0.6 if k == 0 else 0.0,), timeout=30), 2, jobs=2,
+                           on_result=lambda k, result: heard.append(k))
+    assert heard == [1, 0]  # the quick second call is reported before the slow first one
+    assert got[0][1] > got[1][1]  # and the results stay in call order
+
+
 @pytest.mark.parametrize("jobs", [1, 3])
 def test_a_crash_or_a_hang_costs_its_own_call_only(jobs):
     calls = [Call(_square, (3,), timeout=30), Call(_abort, timeout=30), Call(_hang, timeout=1.0),
