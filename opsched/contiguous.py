@@ -23,7 +23,7 @@ from opsched.errors import OverMemory, Unsupported
 from opsched.schedule import Edge, Schedule, Stage, StageGraph, metrics
 from opsched.upper.layouts import Layout, layouts
 from opsched.units import bytes_text, seconds_text
-from opsched.upper.mip import UpperProblem, contiguous_start, uniform_start, upper_problem
+from opsched.upper.mip import CostTable, UpperProblem, contiguous_start, uniform_start, upper_problem
 from opsched.upper.stages import StageContents
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ SPLIT_MEMORY_SCALES = (1.0, 0.9, 0.8, 0.7, 0.6)
 
 
 def contiguous_baselines(
-    bg: nx.DiGraph, cluster: Cluster, training: Training, memory_limit: float
+    bg: nx.DiGraph, cluster: Cluster, training: Training, memory_limit: float, table: CostTable | None = None
 ) -> tuple[list[Baseline], Baseline | None, dict[str, str]]:
     """Every hand-written method on its best contiguous split at the same memory.
 
@@ -178,6 +178,7 @@ def contiguous_baselines(
     for every method that fits nowhere (:func:`refusal_reason`).
     """
     M = training.microbatches
+    table = table or CostTable(bg, cluster, training)  # costs do not change with the memory scale
     best: dict[str, Baseline] = {}
     chains: dict[tuple[int, int, float], ContiguousChain | None] = {}
     reasons: dict[str, dict[int, str]] = {name: {} for name in NAMES}  # method -> depth -> first reason
@@ -189,7 +190,7 @@ def contiguous_baselines(
         key = (G, count, scale)
         if key not in chains:
             shape = Layout(lay.devices, G) if count == G else Layout(lay.devices, G, count // G, "interleaved")
-            chains[key] = contiguous_chain(upper_problem(bg, shape, cluster, training, memory_limit * scale))
+            chains[key] = contiguous_chain(upper_problem(bg, shape, cluster, training, memory_limit * scale, table))
         if chains[key] is None:
             reasons[method].setdefault(G, "no contiguous split of the model fits in the memory limit")
             continue

@@ -40,6 +40,7 @@ from opsched.solver import Status, require
 from opsched.units import bytes_text, plain, plural, seconds_text
 from opsched.upper.layouts import describe_layout, layouts
 from opsched.upper.mip import (
+    CostTable,
     UpperProblem,
     UpperSolution,
     contiguous_start,
@@ -206,10 +207,11 @@ def plan_block_graph(
               if small.number_of_nodes() < bg.number_of_nodes() else f"the model's {bg.number_of_nodes()} blocks")
     log.info("upper: %s to try (%s; `opsched plan --help` explains the notation); %s for the placement MIP; %s",
              plural(len(all_layouts), "layout"), ", ".join(map(str, all_layouts)), merged, clock.left_text())
-    problems = {str(lay): upper_problem(small, lay, cluster, training, limit) for lay in all_layouts}
+    table = CostTable(small, cluster, training)  # each block costed once per group shape, for every layout
+    problems = {str(lay): upper_problem(small, lay, cluster, training, limit, table) for lay in all_layouts}
     solutions, candidates = _solve_layouts(problems, clock, solver, workers)
     t_upper = time.perf_counter()
-    baselines, best_split, refused = contiguous_baselines(small, cluster, training, limit)
+    baselines, best_split, refused = contiguous_baselines(small, cluster, training, limit, table)
     # Megatron-style layouts (opsched.evaluate.search_layouts), offered like the hand-written baselines
     baselines = sorted(baselines + list(layouts_run_today or []), key=lambda b: (b.step_time, b.method))
     t_base = time.perf_counter()

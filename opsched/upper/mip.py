@@ -106,43 +106,76 @@ class UpperSolution:
         return self.estimate["step_time"]
 
 
+class CostTable:
+    """Block costs by group shape, shared by every layout (and memory limit) of one plan.
+
+    A block's cost on a group of consecutive devices depends on the devices
+    only through which of them share a node (:meth:`Cluster.link`), so two
+    groups of the same size that start at the same offset within a node cost
+    the same: each block is costed once per mode and such shape, not once
+    per group of every layout.
+
+    >>> import networkx as nx
+    >>> from opsched.graph import Block
+    >>> from opsched.cluster import preset, Training
+    >>> bg = nx.DiGraph(kind="BlockGraph")
+    >>> bg.add_node(0, block=Block(0, "mlp", (), (), flops=1e12, param_count=10**6))
+    >>> table = CostTable(bg, preset("h100-sxm", 16), Training())
+    >>> table.cost(0, Mode(dp=2), (0, 1)) is table.cost(0, Mode(dp=2), (8, 9))  # the same place in a node
+    True
+    """
+
+    def __init__(self, bg: nx.DiGraph, cluster: Cluster, training: Training):
+        self.bg, self.cluster, self.training = bg, cluster, training
+        self._costs: dict[tuple[int, Mode, int, int], BlockCost] = {}
+        self._extra: dict[int, dict] = {}
+
+    def cost(self, b: int, mode: Mode, devices: tuple[int, ...]) -> BlockCost:
+        """:func:`opsched.cost.block_cost` of block ``b`` under ``mode`` on ``devices`` (consecutive)."""
+        key = (b, mode, len(devices), devices[0] % self.cluster.devices_per_node)
+        if key not in self._costs:
+            if b not in self._extra:
+                self._extra[b] = {
+                    "expert_params": self.bg.nodes[b].get("expert_params"),
+                    # the tokens an expert-parallel block exchanges: its largest input
+                    "token_bytes": max((d.get("bytes", 0.0) for _, _, d in self.bg.in_edges(b, data=True)),
+                                       default=None),
+                }
+            self._costs[key] = block_cost(self.bg.nodes[b]["block"], mode, devices, self.cluster, self.training,
+                                          **self._extra[b])
+        return self._costs[key]
+
+
 def upper_problem(
     bg: nx.DiGraph,
     layout: Layout,
     cluster: Cluster,
     training: Training,
     memory_limit: float | None = None,
+    table: CostTable | None = None,
 ) -> UpperProblem:
-    """Precompute costs of every block under every mode on every group, and slot-to-slot links."""
+    """Precompute costs of every block under every mode on every group, and slot-to-slot links.
+
+    ``table``: block costs shared with other layouts of the same ``bg``,
+    cluster and training (default: a new one).
+    """
     if layout.devices != cluster.devices:
         raise OpschedError(f"layout {layout} is for {layout.devices} devices, the cluster has {cluster.devices}")
     if bg.number_of_nodes() == 0:
         raise OpschedError("the block graph is empty; nothing to place")
     if not nx.is_directed_acyclic_graph(bg):
         raise OpschedError("the block graph has a cycle; coarsening must keep it a DAG")
+    table = table or CostTable(bg, cluster, training)
+    if table.bg is not bg or (table.cluster, table.training) != (cluster, training):
+        raise ValueError("the cost table was made for another block graph, cluster or training")
     blocks = list(nx.lexicographical_topological_sort(bg))
     records = {b: bg.nodes[b]["block"] for b in blocks}
     # with a global batch (opsched plan --global-batch), replicas take whole sequences of a microbatch
     samples = training.microbatch_size if training.whole_sequences else None
     modes = {b: modes_for(records[b], layout.group_size, samples) for b in blocks}
-    cost = {}
-    for g in range(layout.groups):
-        devs = layout.devices_of_group(g)
-        for b in blocks:
-            extra = {
-                "expert_params": bg.nodes[b].get("expert_params"),
-                # the tokens an expert-parallel block exchanges: its largest input
-                "token_bytes": max((d.get("bytes", 0.0) for _, _, d in bg.in_edges(b, data=True)), default=None),
-            }
-            for m in modes[b]:
-                cost[(b, g, m)] = block_cost(records[b], m, devs, cluster, training, **extra)
-    rate, latency = {}, {}
-    for a, c in itertools.combinations(range(layout.slots), 2):
-        ga, gc = layout.devices_of_group(layout.group_of_slot(a)), layout.devices_of_group(layout.group_of_slot(c))
-        # the terms of cost.transfer_time: latency + bytes / bandwidth, 0 within one group
-        bw, lat = cluster.link(ga, gc)
-        rate[(a, c)] = 0.0 if ga == gc else 1.0 / bw
-        latency[(a, c)] = 0.0 if ga == gc else lat
+    groups = [layout.devices_of_group(g) for g in range(layout.groups)]
+    cost = {(b, g, m): table.cost(b, m, groups[g]) for g in range(layout.groups) for b in blocks for m in modes[b]}
+    rate, latency = _slot_links(layout, cluster, groups)
     edges = {(u, v): float(d.get("bytes", 0.0)) for u, v, d in bg.edges(data=True)}
     return UpperProblem(
         blocks=blocks,
@@ -156,6 +189,26 @@ def upper_problem(
         transfer_latency=latency,
         names={b: records[b].name for b in blocks},
     )
+
+
+def _slot_links(layout: Layout, cluster: Cluster, groups: list[tuple[int, ...]]):
+    """(seconds per byte, seconds per message) between every two slots: the terms of cost.transfer_time.
+
+    0 within one group; else the slowest link between the two groups,
+    found once per pair of groups (many slots share a group).
+    """
+    by_groups: dict[tuple[int, int], tuple[float, float]] = {}
+    rate, latency = {}, {}
+    for a, c in itertools.combinations(range(layout.slots), 2):
+        ga, gc = layout.group_of_slot(a), layout.group_of_slot(c)
+        if ga == gc:
+            rate[(a, c)] = latency[(a, c)] = 0.0
+            continue
+        if (ga, gc) not in by_groups:
+            bw, lat = cluster.link(groups[ga], groups[gc])
+            by_groups[(ga, gc)] = (1.0 / bw, lat)
+        rate[(a, c)], latency[(a, c)] = by_groups[(ga, gc)]
+    return rate, latency
 
 
 # --------------------------------------------------------------------------- evaluation
