@@ -164,7 +164,8 @@ SPLIT_MEMORY_SCALES = (1.0, 0.9, 0.8, 0.7, 0.6)
 
 
 def contiguous_baselines(
-    bg: nx.DiGraph, cluster: Cluster, training: Training, memory_limit: float, table: CostTable | None = None
+    bg: nx.DiGraph, cluster: Cluster, training: Training, memory_limit: float, table: CostTable | None = None,
+    deadline: float | None = None,
 ) -> tuple[list[Baseline], Baseline | None, dict[str, str]]:
     """Every hand-written method on its best contiguous split at the same memory.
 
@@ -175,17 +176,24 @@ def contiguous_baselines(
     the limit); the method runs on it with the full memory limit, and the
     split with the best step time is kept. Returns one :class:`Baseline` per method that fits
     anywhere (sorted by step time), the overall best, and method -> the reason
-    for every method that fits nowhere (:func:`refusal_reason`).
+    for every method that fits nowhere (:func:`refusal_reason`). Past
+    ``deadline`` (a :func:`time.monotonic` instant) the splits not yet tried
+    are skipped once some method has a baseline; a method left with none
+    says so.
     """
     M = training.microbatches
     table = table or CostTable(bg, cluster, training)  # costs do not change with the memory scale
     best: dict[str, Baseline] = {}
     chains: dict[tuple[int, int, float], ContiguousChain | None] = {}
     reasons: dict[str, dict[int, str]] = {name: {} for name in NAMES}  # method -> depth -> first reason
+    cut = False
     for lay, method, scale in itertools.product(layouts(cluster, max_virtual=1), NAMES, SPLIT_MEMORY_SCALES):
         G = lay.groups
         if G < 2:
             continue
+        if deadline is not None and best and time.monotonic() > deadline:
+            cut = True
+            break
         count = method_stage_count(method, G)
         key = (G, count, scale)
         if key not in chains:
@@ -224,6 +232,9 @@ def contiguous_baselines(
         log.info("baseline: %s on %s: step time %s, bubble ratio %.3f",
                  b.method, b.layout, seconds_text(b.step_time), b.bubble_ratio)
     refused = {name: refusal_reason(reasons[name], cluster.devices) for name in NAMES if name not in best}
+    if cut:  # what was not tried is not refused: the clock stopped it
+        refused = {name: f"not tried on every split: the time limit was spent ({why})" if reasons[name] else
+                   "not tried: the time limit was spent" for name, why in refused.items()}
     for name, reason in refused.items():
         log.info("baseline: %s refused: %s", name, reason)
     return rows, (rows[0] if rows else None), refused

@@ -203,15 +203,13 @@ def plan_block_graph(
     all_layouts = layouts(cluster)
     target = target_blocks or max(24, 3 * max(lay.slots for lay in all_layouts))
     small, members = reduce_block_graph(bg, target)
-    merged = (f"the model's {bg.number_of_nodes()} blocks merged into {small.number_of_nodes()}"
-              if small.number_of_nodes() < bg.number_of_nodes() else f"the model's {bg.number_of_nodes()} blocks")
-    log.info("upper: %s to try (%s; `opsched plan --help` explains the notation); %s for the placement MIP; %s",
-             plural(len(all_layouts), "layout"), ", ".join(map(str, all_layouts)), merged, clock.left_text())
+    _log_layouts(all_layouts, bg, small, clock)
     table = CostTable(small, cluster, training)  # each block costed once per group shape, for every layout
     problems = {str(lay): upper_problem(small, lay, cluster, training, limit, table) for lay in all_layouts}
     solutions, candidates = _solve_layouts(problems, clock, solver, workers)
     t_upper = time.perf_counter()
-    baselines, best_split, refused = contiguous_baselines(small, cluster, training, limit, table)
+    baselines, best_split, refused = contiguous_baselines(small, cluster, training, limit, table,
+                                                          deadline=clock.share(BASELINE_SHARE))
     # Megatron-style layouts (opsched.evaluate.search_layouts), offered like the hand-written baselines
     baselines = sorted(baselines + list(layouts_run_today or []), key=lambda b: (b.step_time, b.method))
     t_base = time.perf_counter()
@@ -251,6 +249,13 @@ def plan_block_graph(
     )
 
 
+def _log_layouts(all_layouts: list, bg: nx.DiGraph, small: nx.DiGraph, clock: Clock) -> None:
+    merged = (f"the model's {bg.number_of_nodes()} blocks merged into {small.number_of_nodes()}"
+              if small.number_of_nodes() < bg.number_of_nodes() else f"the model's {bg.number_of_nodes()} blocks")
+    log.info("upper: %s to try (%s; `opsched plan --help` explains the notation); %s for the placement MIP; %s",
+             plural(len(all_layouts), "layout"), ", ".join(map(str, all_layouts)), merged, clock.left_text())
+
+
 def _idle_and_every_device_plan(best: Option, options: list[Option],
                                 devices: int) -> tuple[tuple[int, ...], EveryDevicePlan | None]:
     """The chosen plan's idle devices and, when there are some, the fastest option that keeps every device busy."""
@@ -275,6 +280,9 @@ def idle_devices(sg: StageGraph, devices: int) -> tuple[int, ...]:
 
 #: the part of the time limit the upper MIPs share
 UPPER_SHARE = 0.4
+#: the part of what is left after the upper MIPs that the baselines may use (they take seconds; a loaded machine
+#: may stretch them, and then the splits not yet tried are skipped)
+BASELINE_SHARE = 0.5
 #: the part of what is left after the baselines that the quick lower solves share
 QUICK_SHARE = 0.6
 #: a step whose part of the clock is below this many seconds is skipped

@@ -146,3 +146,15 @@ def test_the_plan_is_the_same_for_any_number_of_workers():
     assert one.schedule.events == two.schedule.events
     assert [(c.layout, c.status, c.step_time, c.lower_bound) for c in one.candidates] == \
         [(c.layout, c.status, c.step_time, c.lower_bound) for c in two.candidates]
+
+
+def test_baselines_past_their_deadline_keep_what_they_found_and_say_what_was_not_tried():
+    from opsched.contiguous import contiguous_baselines
+
+    cluster, training = cluster_from_dict(SLOW_LINK_CLUSTER), Training(4)
+    every, _, refused_none = contiguous_baselines(two_tower_graph(), cluster, training, 80e9)
+    cut, best, refused = contiguous_baselines(two_tower_graph(), cluster, training, 80e9, deadline=0.0)
+    assert len(every) > 1 and not refused_none
+    assert len(cut) == 1 and best is cut[0]  # the first baseline found, then the clock stopped the rest
+    assert set(refused) == {b.method for b in every} - {cut[0].method}
+    assert all("the time limit was spent" in why for why in refused.values())
