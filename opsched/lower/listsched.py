@@ -51,6 +51,9 @@ class Variant:
     #: delay a W when the backward (I or B) of its stage's last microbatch would become startable before it
     #: ends: that backward chain decides when the pipeline drains
     guard_last_backward: bool = False
+    #: (stage, cap) pairs: each stage keeps at most its own cap of microbatches between F and I (warm-up
+    #: counts from the timing, :func:`timed_warmup`, where ``stage_cap``'s straight line does not fit)
+    warmup: tuple[tuple[int, int], ...] | None = None
 
     @property
     def name(self) -> str:
@@ -65,6 +68,8 @@ class Variant:
             parts.append("pairs")
         if self.stage_cap is not None:
             parts.append(f"warmup{self.stage_cap[0]}-{self.stage_cap[1]}")
+        if self.warmup is not None:
+            parts.append("timed-warmup" + "-".join(str(c) for _, c in self.warmup))
         return "-".join(parts)
 
 
@@ -273,6 +278,7 @@ class _ListScheduler:
             if ks and self.missing[ks[-1]] == 0:
                 self.add(ks.pop())
         self.depth = _stage_depths(sg)
+        self.warmup_cap = None if variant.warmup is None else dict(variant.warmup)
         self.between: dict[int, int] = {s.id: 0 for s in sg.stages}  # microbatches between F and I per stage
         self.keys = [_priority_key(js, k, variant.priority) for k in range(n)]
         self.ready_at: dict[int, float] = {}
@@ -322,6 +328,8 @@ class _ListScheduler:
                     base, slope = v.stage_cap
                     if self.between[job.stage] >= max(1, base - slope * self.depth[job.stage]):
                         continue
+                if self.warmup_cap is not None and self.between[job.stage] >= self.warmup_cap[job.stage]:
+                    continue
                 if not self.memory.allows(k):
                     continue
             r = ready_at.get(k)
@@ -482,9 +490,36 @@ def default_variants(js: JobSet, allow_pairs: bool = False) -> list[Variant]:
     for shape in shapes:
         variants += [Variant("zb", None, w, stage_cap=shape) for w in (False, True)]
         variants.append(Variant("zb", None, stage_cap=shape, guard_last_backward=True))
+    for extra in (-1, 0, 1):  # Zero Bubble's automatic warm-up: as many forwards as fit before the first backward
+        timed = timed_warmup(js, extra)
+        variants += [Variant("zb", None, w, warmup=timed) for w in (False, True)]
+        variants.append(Variant("zb", None, warmup=timed, guard_last_backward=True))
     if allow_pairs and js.sg.overlap_gain > 0:
         variants += [Variant(p, c, w, pairs=True) for p in ("zb", "forward") for c in caps for w in (False, True)]
     return variants
+
+
+def timed_warmup(js: JobSet, extra: int = 0) -> tuple[tuple[int, int], ...]:
+    """Each stage's warm-up from the timing: the forwards that fit before its first backward can start, plus ``extra``.
+
+    A stage's first backward cannot start before its earliest start along
+    the dependencies (``js.head``); the forwards of the microbatches after
+    the first fill that wait on the stage's devices (a count, at least 1).
+    Unlike ``stage_cap``'s straight line (1F1B's p - k, Zero Bubble's 2p - 2k)
+    this follows uneven stages and transfer times.
+
+    >>> from opsched.schedule import chain_stage_graph
+    >>> timed_warmup(JobSet(chain_stage_graph(4, f=1, b=2, w=1), 8))
+    ((0, 7), (1, 5), (2, 3), (3, 1))
+    """
+    caps = []
+    for stage in js.sg.stages:
+        mbs = stage.microbatches or range(js.microbatches)
+        first = min(mbs)
+        forward, backward = js.index[Job(stage.id, first, "F")], js.index[Job(stage.id, first, js.backward)]
+        wait = js.head[backward] - js.head[forward]
+        caps.append((stage.id, max(1, int(wait / max(js.duration[forward], 1e-12) + EPS) + extra)))
+    return tuple(caps)
 
 
 def best_list_schedule(
