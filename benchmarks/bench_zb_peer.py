@@ -145,20 +145,29 @@ def stage_graph(case: Case) -> StageGraph:
     return chain_stage_graph(case.p, f=f, b=[a + b for a, b in zip(i, w)], w=w, comm=comm, act=1.0, act_w=ACT_W)
 
 
-def run_case(zb: types.ModuleType, case: Case, time_limit: float, solver: str) -> list[Row]:
-    sg = stage_graph(case)
+def peer_values(zb: types.ModuleType, case: Case, sg: StageGraph) -> tuple[dict, str]:
+    """The peer's makespan and span re-timed by opsched (``None`` where it gave no valid order), and a note."""
+    objectives = (Objective.MAKESPAN, Objective.ZB_SPAN)
+    try:
+        order, peer_span = peer_order(zb, case)
+    except AssertionError as exc:  # the peer checks its own timing and may refuse its result
+        return {obj: None for obj in objectives}, f"zb.py's own check failed ({exc})"
     js = JobSet(sg, case.m, True)
-    order, peer_span = peer_order(zb, case)
     events = simulate(sg, order, case.m)
-    values = {obj: objective_value(js, events, obj) for obj in (Objective.MAKESPAN, Objective.ZB_SPAN)}
+    values = {obj: objective_value(js, events, obj) for obj in objectives}
     note = ""
     if abs(values[Objective.ZB_SPAN] - peer_span) > 1e-6 * peer_span:
         note = f"its own span {peer_span:.3f}"
     try:
         validate(Schedule(sg, case.m, events, memory_limit=float(case.memory)))
     except Exception as exc:  # noqa: BLE001 - an order over the limit is a result of the row
-        note = f"over the memory limit: {str(exc).splitlines()[0][:80]}"
-        values = {obj: None for obj in values}
+        return {obj: None for obj in objectives}, f"over the memory limit: {str(exc).splitlines()[0][:80]}"
+    return values, note
+
+
+def run_case(zb: types.ModuleType, case: Case, time_limit: float, solver: str) -> list[Row]:
+    sg = stage_graph(case)
+    values, note = peer_values(zb, case, sg)
     rows = []
     for objective in (Objective.MAKESPAN, Objective.ZB_SPAN):
         result = solve(sg, case.m, memory_limit=float(case.memory), time_limit=time_limit, solver=solver,
