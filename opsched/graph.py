@@ -53,6 +53,11 @@ class OpNode:
     matmul_io_bytes: float = 0.0
     attention_flops: float = 0.0
     attention_io_bytes: float = 0.0
+    #: of ``output_bytes``: what a tensor-parallel group holds whole on every rank unless sequence parallelism
+    #: splits it (outputs outside the column-/row-parallel pairs: norms, residual adds, row-parallel outputs)
+    tp_replicated_bytes: float = 0.0
+    #: bytes of the keys and values a fused attention reads: what context parallelism's ring passes around
+    attention_kv_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -73,11 +78,13 @@ class Block:
     matmul_io_bytes: float = 0.0
     attention_flops: float = 0.0
     attention_io_bytes: float = 0.0
+    tp_replicated_bytes: float = 0.0
+    attention_kv_bytes: float = 0.0
     op_types: dict[str, int] = field(default_factory=dict, compare=False)
 
 
 COST_FIELDS = ("flops", "param_count", "param_bytes", "output_bytes", "io_bytes", "tp_comm_bytes", "matmul_flops",
-               "matmul_io_bytes", "attention_flops", "attention_io_bytes")
+               "matmul_io_bytes", "attention_flops", "attention_io_bytes", "tp_replicated_bytes", "attention_kv_bytes")
 
 
 def common_scope(scopes) -> tuple[str, ...]:

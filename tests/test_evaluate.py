@@ -51,7 +51,8 @@ def test_malformed_layouts_are_refused(text, message):
     ("tp=2,pp=2,dp=4", 8, "= 16, not the 8 devices"),
     ("pp=1,vpp=2", 8, "vpp > 1 needs pp >= 2"),
     ("ep=3", 8, "must divide dp=8"),
-    ("cp=2", 8, "not modelled yet"),
+    ("cp=2,ep=2", 8, "not modelled yet"),
+    ("tp=2,cp=3", 8, "tp x pp x cp x dp = 2 x 1 x 3 x 1 = 6, not the 8"),
 ])
 def test_layouts_that_do_not_match_the_devices_are_refused(text, devices, message):
     with pytest.raises(OpschedError, match=message):
@@ -153,3 +154,45 @@ def test_layout_search_finds_mixtrals_published_layout(mixtral):
     bg = coarsen(import_onnx(MODELS / "mixtral_8x7b.onnx", dims={"batch": 1, "seq": 4096}))
     best = search_layouts(bg, preset("h100-sxm", 64), Training(), global_batch=256, tokens_per_sequence=4096)
     assert str(best[0].layout) == "tp1 pp4 vpp8 ep8 dp16 zero1"
+
+
+def test_import_marks_the_residual_stream_and_the_attention_keys_and_values(llama):
+    """Per Llama layer: 2 norms, 2 row-parallel outputs and 2 residual adds are whole on every tensor rank."""
+    hidden = 4096 * 4096 * 2  # one [seq, d] bf16 activation
+    layers = [llama.nodes[b]["block"] for b in model_index(llama).order if "layers." in llama.nodes[b]["block"].name]
+    assert len(layers) == 32
+    for block in layers[1:-1]:  # the first holds the embedding too, the last the final norm
+        assert block.tp_replicated_bytes == 6 * hidden  # Korthikanti's "10 sbh" counts dropout masks we do not have
+        assert block.attention_kv_bytes == 2 * hidden  # 32 key and 32 value heads of 128
+        assert block.tp_replicated_bytes < block.output_bytes
+
+
+def test_selective_recomputation_repeats_the_attention_core(llama):
+    base, selective, full = (run(llama, 8, f"tp=1,pp=2,recompute={r}") for r in ("none", "selective", "full"))
+    assert base.step_time < selective.step_time < full.step_time
+    assert selective.mfu < base.mfu  # the recomputed attention is not model FLOPs
+    # the fused Attention stores no scores: selective keeps what no recomputation keeps
+    assert selective.peak_memory_bytes == base.peak_memory_bytes > full.peak_memory_bytes
+
+
+def test_sequence_parallelism_saves_activation_memory_not_time(llama):
+    plain, sp = run(llama, 8, "tp=2,pp=2"), run(llama, 8, "tp=2,pp=2,sp=1")
+    assert sp.step_time == plain.step_time
+    assert sp.peak_memory_bytes < plain.peak_memory_bytes
+    # and nothing to split without tensor parallelism
+    assert run(llama, 8, "tp=1,pp=2,sp=1").peak_memory_bytes == run(llama, 8, "tp=1,pp=2").peak_memory_bytes
+
+
+def test_context_parallelism_splits_each_sequence_and_passes_keys_and_values_round(llama):
+    alone = run(llama, 4, "tp=1,pp=2")  # dp 2
+    cp2 = run(llama, 8, "tp=1,pp=2,cp=2")  # dp 2 as well: the same microbatches, each sequence split in two
+    assert cp2.layout.dp == 2 and cp2.microbatches == alone.microbatches
+    assert 0.45 < cp2.step_time / alone.step_time < 0.6
+    assert cp2.peak_memory_bytes < alone.peak_memory_bytes  # activations halved, weights the same
+    assert "context_comm" not in alone.breakdown and cp2.breakdown["context_comm"] >= 0.0
+    # eight context ranks strided over two nodes: the ring crosses the slow link and far outlasts the attention
+    wide = run(llama, 16, "tp=2,pp=1,cp=8")
+    assert wide.breakdown["context_comm"] > 10 * cp2.breakdown["context_comm"]
+    assert wide.breakdown["context_comm"] > 0.2 * wide.step_time
+    for e in (cp2, wide):
+        assert e.step_time == pytest.approx(sum(e.breakdown.values()), rel=1e-9)
