@@ -371,17 +371,8 @@ def evaluate_layout(
     step = pipeline_end + max(optimizer)
     tokens = global_batch * tokens_per_sequence
     model_flops = 3.0 * index.forward_flops * global_batch / micro_batch_size
-    busiest = max(range(len(m.busy)), key=m.busy.__getitem__) if m.busy else 0
-    compute = m.busy[busiest] if m.busy else 0.0
-    context = M * ring[busiest] if layout.cp > 1 else 0.0  # the busiest rank's exposed K/V ring, within its busy time
-    breakdown = {"compute_and_exposed_parallel_comm": compute - context}
-    if layout.cp > 1:
-        breakdown["context_comm"] = context
-    breakdown.update({
-        "pipeline_bubbles": m.makespan - compute,
-        "exposed_gradient_sync": pipeline_end - m.makespan,
-        "optimizer_step": max(optimizer),
-    })
+    breakdown = _breakdown(m.busy, [M * r for r in ring] if layout.cp > 1 else None, m.makespan, pipeline_end,
+                           max(optimizer))
     return Evaluation(
         layout=layout, schedule_name=name, microbatches=M, global_batch=global_batch, tokens_per_step=tokens,
         step_time=step, tokens_per_second_per_device=tokens / step / cluster.devices,
@@ -390,6 +381,25 @@ def evaluate_layout(
         peak_memory_bytes=max(m.peak_memory_bytes, default=0.0), memory_limit=limit,
         breakdown=breakdown, schedule=sched, grad_sync=max(sync), chunks=chunks,
     )
+
+
+def _breakdown(busy: list[float], context: list[float] | None, makespan: float, pipeline_end: float,
+               optimizer: float) -> dict[str, float]:
+    """Where the step goes, summing to it: the busiest rank's work (its exposed K/V ring apart when ``context``), ...
+
+    >>> parts = _breakdown([3.0, 4.0], [0.5, 1.0], makespan=5.0, pipeline_end=5.5, optimizer=0.5)
+    >>> parts["compute_and_exposed_parallel_comm"], parts["context_comm"], sum(parts.values())
+    (3.0, 1.0, 6.0)
+    """
+    busiest = max(range(len(busy)), key=busy.__getitem__) if busy else 0
+    compute = busy[busiest] if busy else 0.0
+    ring = context[busiest] if context else 0.0  # within the busiest rank's busy time
+    out = {"compute_and_exposed_parallel_comm": compute - ring}
+    if context is not None:
+        out["context_comm"] = ring
+    out.update({"pipeline_bubbles": makespan - compute, "exposed_gradient_sync": pipeline_end - makespan,
+                "optimizer_step": optimizer})
+    return out
 
 
 def _chunk_stages(
