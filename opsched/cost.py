@@ -339,8 +339,10 @@ def block_cost(
     act_w = act / 2 if has_weights else 0.0
     if training.recompute == "selective":
         # Korthikanti et al. 2022 section 5: the attention core's forward runs again before its backward; its
-        # intermediates (scores, softmax, dropout) are not stored, and a fused Attention op never writes them
+        # scores (QK^T, softmax, dropout) are not stored (a fused Attention op never writes them)
         i += attention_core_time(block, share, cluster, training.dtype)
+        act = max(0.0, act - block.attention_scores_bytes / share)
+        act_w = min(act_w, act)
     if training.recompute == "full":
         # Megatron's full recomputation: keep only the block's input, run its forward again before I; the input
         # is the residual stream, held whole by every tensor-parallel rank unless sequence parallelism splits it

@@ -209,6 +209,10 @@ def test_selective_recomputation_runs_the_attention_core_again_and_nothing_else(
     assert (selective.F, selective.W) == (plain.F, plain.W)
     # a fused attention never writes its scores: nothing more is dropped; a block without attention costs as before
     assert selective.act_bytes == plain.act_bytes
+    # an unfused one's scores (Korthikanti's 5as^2b) are dropped, split over the ranks like the rest
+    unfused = replace(layer, attention_scores_bytes=6e8)
+    kept = block_cost(unfused, Mode(tp=2), (0, 1), C, replace(T, recompute="selective"))
+    assert kept.act_bytes == pytest.approx(plain.act_bytes - 3e8) and kept.act_w_bytes <= kept.act_bytes
     assert block_cost(block(), Mode(), (0,), C, replace(T, recompute="selective")) == block_cost(block(), Mode(), (0,), C, T)
 
 
