@@ -196,3 +196,31 @@ def test_context_parallelism_splits_each_sequence_and_passes_keys_and_values_rou
     assert wide.breakdown["context_comm"] > 0.2 * wide.step_time
     for e in (cp2, wide):
         assert e.step_time == pytest.approx(sum(e.breakdown.values()), rel=1e-9)
+
+
+def test_selective_recomputation_drops_the_scores_of_attention_written_as_operators():
+    from conftest import real_export
+
+    bg = coarsen(import_onnx(real_export("deepseek_lm_2L_sh1_r4.dynamo.onnx")))
+    scores = sum(bg.nodes[b]["block"].attention_scores_bytes for b in bg)
+
+    def evaluate(recompute):
+        return evaluate_layout(bg, preset("h100-sxm", 2), Training(), ParallelLayout(pp=2, recompute=recompute),
+                               global_batch=4, micro_batch_size=1, tokens_per_sequence=8)
+
+    none, selective, full = evaluate("none"), evaluate("selective"), evaluate("full")
+    stored = [sum(s.act_bytes for s in e.schedule.stage_graph.stages) for e in (none, selective, full)]
+    assert scores > 0 and stored[0] - stored[1] == pytest.approx(scores)  # one microbatch's scores, no more
+    assert stored[1] > stored[2]
+    assert none.step_time < selective.step_time < full.step_time
+
+
+@pytest.mark.parametrize("layout, message", [
+    ("tp=2,cp=3", "tp x pp x cp x dp = 2 x 1 x 3 x 1 = 6, not the 8 devices"),
+    ("cp=2,ep=2", "ep > 1 with cp > 1 is not modelled yet"),
+])
+def test_command_refuses_context_parallel_layouts_it_cannot_cost_before_the_import(tmp_path, capsys, layout, message):
+    assert main(["evaluate", str(tmp_path / "missing.onnx"), "--devices", "8", "--layout", layout,
+                 "--global-batch", "8"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
