@@ -1036,7 +1036,7 @@ class _UnfusedAttention:
 
     def _mark(self, scores: tuple[int, ...], closing: int, kv_bytes: float) -> None:
         for i in (*scores, closing):
-            key, data = self.nodes[i]
+            data = self.nodes[i][1]
             op = data["op"]
             data["op"] = dataclasses.replace(
                 op, attention_flops=op.flops, attention_io_bytes=op.io_bytes,
