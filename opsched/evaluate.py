@@ -530,12 +530,12 @@ def layout_grid(devices: int, devices_per_node: int, layers: int, experts: int, 
 
     tp up to a node (tensor groups stay on NVLink), pp dividing the layers,
     vpp from :data:`SEARCH_VPP` dividing the layers per rank, ep the experts'
-    divisors that divide dp (folded over the replicas), and ZeRO level
-    ``zero`` (default 1, the distributed optimizer: the same gradient traffic
-    as an all-reduce, less memory).
+    divisors that divide dp (folded over the replicas), sequence parallelism
+    whenever tp > 1, and ZeRO level ``zero`` (default 1, the distributed
+    optimizer: the same gradient traffic as an all-reduce, less memory).
 
     >>> [str(l) for l in layout_grid(4, 4, layers=2, experts=0)]
-    ['tp1 pp1 dp4 zero1', 'tp1 pp2 dp2 zero1', 'tp2 pp1 dp2 zero1', 'tp2 pp2 dp1 zero1', 'tp4 pp1 dp1 zero1']
+    ['tp1 pp1 dp4 zero1', 'tp1 pp2 dp2 zero1', 'tp2 pp1 dp2 sp zero1', 'tp2 pp2 dp1 sp zero1', 'tp4 pp1 dp1 sp zero1']
     """
     grid = []
     tps = [t for t in range(1, min(devices, devices_per_node) + 1) if devices % t == 0 and devices_per_node % t == 0]
@@ -546,7 +546,8 @@ def layout_grid(devices: int, devices_per_node: int, layers: int, experts: int, 
             eps = [e for e in range(1, experts + 1) if experts % e == 0 and dp % e == 0] if experts else [1]
             for vpp in vpps:
                 for ep in eps:
-                    grid.append(ParallelLayout(tp=tp, pp=pp, vpp=vpp, ep=ep, dp=dp, zero=zero))
+                    # sequence parallel with tensor parallel, as Megatron recommends and opsched exports plans
+                    grid.append(ParallelLayout(tp=tp, pp=pp, vpp=vpp, ep=ep, dp=dp, sp=tp > 1, zero=zero))
     return grid
 
 

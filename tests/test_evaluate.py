@@ -144,7 +144,7 @@ def test_layout_search_prunes_without_losing_the_best(llama):
     assert all(e.fits for e in every)
     assert [e.step_time for e in every] == sorted(e.step_time for e in every)
     grid = {str(l) for l in layout_grid(8, 8, layers=32, experts=0)}
-    assert "tp1 pp4 vpp8 dp2 zero1" in grid and "tp8 pp1 dp1 zero1" in grid
+    assert "tp1 pp4 vpp8 dp2 zero1" in grid and "tp8 pp1 dp1 sp zero1" in grid
 
 
 def test_layout_search_finds_mixtrals_published_layout(mixtral):
