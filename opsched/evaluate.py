@@ -284,7 +284,6 @@ class RankGroups:
     tensor: tuple[int, ...]  # the tensor-parallel ranks of the first context rank of the first replica
     context: tuple[int, ...]  # the first tensor rank of each context-parallel rank of the first replica
     expert: tuple[int, ...]  # the first rank of each replica sharing the experts
-    data: tuple[int, ...]  # the first rank of each data-parallel replica
     sequence: tuple[int, ...]  # every rank splitting one microbatch: tp x cp of the first replica
     weights: tuple[int, ...]  # the first tensor rank of every rank holding the same weights: cp x dp
 
@@ -301,7 +300,6 @@ def _rank_devices(layout: ParallelLayout, devices: int, rank: int) -> RankGroups
         tensor=tuple(range(base, base + layout.tp)),
         context=tuple(base + k * layout.tp for k in range(layout.cp)),
         expert=tuple(base + j * replica for j in range(layout.ep)),
-        data=tuple(base + j * replica for j in range(layout.dp)),
         sequence=tuple(range(base, base + replica)),
         weights=tuple(base + k * layout.tp for k in range(layout.cp * layout.dp)),
     )
