@@ -102,8 +102,17 @@ RUNS = [
     Run("Llama 3.1 8B, torchtitan, 8 x H100", "llama3_8b.onnx", 8, "h100-sxm", "tp=1,pp=1,zero=3,recompute=selective",
         8192, 16, 2, 5762.0, "tokens/s/GPU",
         "pytorch/torchtitan @ b5bcd76c benchmarks/llama3_h100_202412_torchtitan.md Table 1",
-        "FSDP as zero=3; selective recomputation's memory saving is not modelled, so the prediction does not fit; "
-        "the run's H100s are 500 W HBM2e parts, slower than the h100-sxm preset"),
+        "FSDP as zero=3; torchtitan's selective AC is its op policy (saves matmul and attention outputs, recomputes "
+        "every other matmul and every elementwise op), not Megatron's recompute=selective (the attention core only): "
+        "it keeps far fewer activations, so the prediction does not fit; the run's H100s are 500 W HBM2e parts, "
+        "slower than the h100-sxm preset"),
+    *(Run(f"Llama 3.1 8B, torchtitan, 8 x H100, CP{cp}, seq {seq // 1024}K, FP8", "llama3_8b.onnx", 8, "h100-sxm",
+          f"tp=1,pp=1,cp={cp},zero=3,recompute=full", seq, 8 // cp, 1, published, "tokens/s/GPU",
+          "pytorch/torchtitan @ 31a17bfd benchmarks/llama3_h100_202412_torchtitan.md Table 2",
+          f"FSDP {8 // cp} x CP {cp} (FSDP shards over dp x cp: zero=3), local batch 1, full AC, torch.compile, Float8 "
+          "linears (attention stays BF16, which the preset's one efficiency cannot tell apart); 500 W HBM2e H100s",
+          dtype="fp8")
+      for cp, seq, published in ((2, 65536, 2540.0), (4, 131072, 1071.0), (8, 262144, 548.0))),
     Run("Llama 3 8B, Megatron-Bridge, 8 x H100, FP8", "llama3_8b.onnx", 8, "h100-sxm", "tp=1,pp=1,zero=3",
         8192, 128, 1, 14451.0, "tokens/s/GPU",
         "NVIDIA-NeMo/Megatron-Bridge @ 067f987d docs/performance-summary-archive.md line 589",

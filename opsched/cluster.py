@@ -108,6 +108,10 @@ class Cluster:
         return self.inter_node_bandwidth, self.inter_node_latency
 
 
+#: activation recomputation settings (docs/cost-model.md, "Recomputation")
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
 @dataclass(frozen=True)
 class Training:
     """What one training step looks like.
@@ -129,15 +133,19 @@ class Training:
     #: ZeRO level over data-parallel replicas (0: none; 1: optimizer states sharded, Megatron's
     #: distributed optimizer; 2: gradients too; 3: weights too), see ``cost.held_param_bytes``
     zero: int = 0
-    #: activation recomputation: "none", or "full" (each block keeps its input and runs its forward again)
+    #: activation recomputation: "none"; "selective" (the attention core's forward runs again in the backward,
+    #: its intermediates are not stored); "full" (each block keeps its input and runs its forward again)
     recompute: str = "none"
+    #: Megatron's sequence parallelism with tensor parallelism: what each tensor-parallel rank would hold whole
+    #: (norms, residual adds, row-parallel outputs) is split along the sequence (False: held whole on every rank)
+    sequence_parallel: bool = True
     #: data-parallel replicas take whole sequences: a block's dp degree divides ``microbatch_size``
     #: (False: a dp mode may split a microbatch's one sequence, which is context parallelism, uncosted)
     whole_sequences: bool = False
 
     def __post_init__(self) -> None:
-        if self.recompute not in ("none", "full"):
-            raise OpschedError(f"recompute must be 'none' or 'full', got {self.recompute!r}")
+        if self.recompute not in RECOMPUTE_MODES:
+            raise OpschedError(f"recompute must be one of {', '.join(RECOMPUTE_MODES)}, got {self.recompute!r}")
         if self.zero not in (0, 1, 2, 3):
             raise OpschedError(f"ZeRO level must be 0, 1, 2 or 3, got {self.zero!r}")
         if not isinstance(self.microbatches, int) or self.microbatches < 1:

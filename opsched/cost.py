@@ -9,8 +9,14 @@ One module, one set of formulas (written out in ``docs/cost-model.md``):
   ``dA = Xᵀ·dY`` (W), each as many FLOPs as the forward);
 * **tensor-parallel collectives** (Megatron): an all-reduce of each
   row-parallel layer's output in F and in I (:func:`tensor_parallel_bytes`);
-* **recomputation** (``Training.recompute = "full"``): the block keeps only
+* **recomputation** (``Training.recompute``): ``full``, the block keeps only
   its input per microbatch and runs its forward again before I;
+  ``selective``, its attention core's forward runs again before I;
+* **activations** stored: every output of the block, split over the mode's
+  devices; without sequence parallelism the residual stream is held whole
+  by every tensor-parallel rank (:func:`stored_activation_bytes`);
+* **context parallelism**: ring attention's K/V exchange, overlapped with the
+  attention (:func:`context_ring_time`);
 * **parallel modes** on a group of ``k`` devices: tensor parallel degree
   ``tp``, data-parallel replicas ``dp`` (``tp × dp = k``), or expert parallel
   ``ep = k`` for blocks holding several experts;
@@ -328,15 +334,105 @@ def block_cost(
         replicas = devices[:: mode.tp]
         bw, lat = cluster.link(replicas, replicas)
         sync = allreduce_time(block.param_count / mode.tp * training.grad_bytes, mode.dp, bw, lat)
-    act = block.output_bytes / share
+    act = stored_activation_bytes(block, mode, training.sequence_parallel)
     # the weight gradient needs the inputs of the weight matmuls: about half the saved tensors
     act_w = act / 2 if has_weights else 0.0
+    if training.recompute == "selective":
+        # Korthikanti et al. 2022 section 5: the attention core's forward runs again before its backward; its
+        # scores (QK^T, softmax, dropout) are not stored (a fused Attention op never writes them)
+        i += attention_core_time(block, share, cluster, training.dtype)
+        act = max(0.0, act - block.attention_scores_bytes / share)
+        act_w = min(act_w, act)
     if training.recompute == "full":
-        # Megatron's full recomputation: keep only the block's input, run its forward again before I
+        # Megatron's full recomputation: keep only the block's input, run its forward again before I; the input
+        # is the residual stream, held whole by every tensor-parallel rank unless sequence parallelism splits it
         i += f
-        kept = (block.output_bytes if token_bytes is None else token_bytes) / share
+        whole = share if training.sequence_parallel else share // mode.tp
+        kept = (block.output_bytes if token_bytes is None else token_bytes) / whole
         act, act_w = min(act, kept), min(act_w, kept)
     return BlockCost(F=f, I=i, W=w, param_bytes=param_bytes, act_bytes=act, act_w_bytes=act_w, grad_sync=sync)
+
+
+def stored_activation_bytes(block: Block, mode: Mode, sequence_parallel: bool = True) -> float:
+    """Bytes one device stores from the block's forward for its backward, per microbatch (no recomputation).
+
+    Every output the block writes, split over the mode's devices, except
+    that without sequence parallelism a tensor-parallel rank holds whole
+    what lies outside the column-/row-parallel pairs (``tp_replicated_bytes``:
+    norms, residual adds, row-parallel outputs): Korthikanti et al. 2022,
+    Table 2, ``sbh(10 + 24/t)`` without and ``34·sbh/t`` with it.
+
+    >>> b = Block(0, "layer", (), (), param_count=9, output_bytes=34.0, tp_replicated_bytes=10.0)
+    >>> stored_activation_bytes(b, Mode(tp=2)), stored_activation_bytes(b, Mode(tp=2), sequence_parallel=False)
+    (17.0, 22.0)
+    """
+    split = block.output_bytes - block.tp_replicated_bytes
+    replicated_over = mode.size if sequence_parallel or mode.tp == 1 else mode.size // mode.tp
+    return split / mode.size + block.tp_replicated_bytes / replicated_over
+
+
+def attention_core_time(block: Block, share: int, cluster: Cluster, dtype: str) -> float:
+    """One device's forward time for ``1/share`` of the block's attention core (what selective recomputation repeats).
+
+    The attention operators' part of :func:`compute_time`: their FLOPs and
+    traffic at the attention efficiency, or at the cluster's one efficiency
+    when it sets none by kind.
+
+    >>> from opsched.cluster import preset
+    >>> b = Block(0, "attn", (), (), flops=3 * 989e12, attention_flops=989e12 / 2)
+    >>> attention_core_time(b, 1, preset("h100-sxm"), "bf16")   # half a second of peak at 0.5 efficiency
+    1.0
+    """
+    if block.attention_flops <= 0 and block.attention_io_bytes <= 0:
+        return 0.0
+    core = Block(block.id, block.name, block.scope, (), flops=block.attention_flops,
+                 io_bytes=block.attention_io_bytes, attention_flops=block.attention_flops,
+                 attention_io_bytes=block.attention_io_bytes)
+    return compute_time(core, share, cluster, dtype)
+
+
+@dataclass(frozen=True)
+class RingExchange:
+    """Context parallelism's key/value ring for one block and microbatch, on one device (s).
+
+    ``forward`` / ``backward``: what is left exposed after overlapping each
+    ring step with the attention computed on the keys and values already
+    held; ``total_*``: the transfers themselves.
+    """
+
+    forward: float
+    backward: float
+    total_forward: float
+    total_backward: float
+
+
+def context_ring_time(block: Block, tp: int, cp: int, attention_time: float, bandwidth: float,
+                      latency: float) -> RingExchange:
+    """Ring attention's K/V exchange over ``cp`` context-parallel ranks (Liu et al. 2023; Megatron-Core's CP).
+
+    Each rank holds ``1/cp`` of the sequence and ``1/tp`` of the heads, so
+    ``n = attention_kv_bytes / (tp·cp)`` bytes of keys and values; the
+    forward passes them ``cp - 1`` times round the ring, each step a
+    point-to-point ``α + n/β`` overlapped with the attention of one chunk
+    (``attention_time / cp``, ``attention_time`` being the rank's whole
+    attention forward); the backward passes keys, values and their
+    gradients (``2n``) against the same attention time (opsched's backward
+    costs a pass like the forward). Only the part of each step the
+    attention does not hide is exposed.
+
+    >>> b = Block(0, "attn", (), (), attention_kv_bytes=8e9)
+    >>> r = context_ring_time(b, tp=1, cp=4, attention_time=4.0, bandwidth=1e9, latency=0.0)
+    >>> r.total_forward, r.forward, r.backward   # 3 steps of 2 s against 1 s of attention each; then 4 s each
+    (6.0, 3.0, 9.0)
+    """
+    if cp <= 1 or block.attention_kv_bytes <= 0:
+        return RingExchange(0.0, 0.0, 0.0, 0.0)
+    n = block.attention_kv_bytes / (tp * cp)
+    per_chunk = attention_time / cp
+    step_f, step_b = latency + n / bandwidth, latency + 2 * n / bandwidth
+    return RingExchange(forward=(cp - 1) * max(0.0, step_f - per_chunk),
+                        backward=(cp - 1) * max(0.0, step_b - per_chunk),
+                        total_forward=(cp - 1) * step_f, total_backward=(cp - 1) * step_b)
 
 
 def transfer_time(nbytes: float, cluster: Cluster, src: tuple[int, ...], dst: tuple[int, ...]) -> float:

@@ -31,14 +31,15 @@ from dataclasses import dataclass
 import networkx as nx
 
 from opsched.baselines import run_baseline
-from opsched.cluster import Cluster, Training
-from opsched.cost import Mode, alltoall_time, allreduce_time, block_cost, expert_count, held_param_bytes
+from opsched.cluster import RECOMPUTE_MODES, Cluster, Training
+from opsched.cost import (Mode, alltoall_time, allreduce_time, attention_core_time, block_cost, context_ring_time,
+                          expert_count, held_param_bytes)
 from opsched.errors import OpschedError, Unsupported
 from opsched.graph import Block
 from opsched.schedule import Edge, Schedule, Stage, StageGraph, metrics
 from opsched.upper.stages import LAYER_COMPONENT, layer_path
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = RECOMPUTE_MODES
 
 #: bytes an Adam step reads and writes per parameter it updates: fp32 master weight, two moments
 #: (read + write, 3 x 8), the bf16 gradient read and the bf16 weight written (2 + 2)
@@ -53,8 +54,11 @@ class ParallelLayout:
     replicas (Megatron's distributed optimizer); 2 gradients too; 3
     parameters too (FSDP's full shard). ``recompute``: ``full`` keeps only
     each layer's input and runs the forward again in the backward;
-    ``selective`` is costed as ``none`` (recomputing attention's core is
-    cheap and its memory saving is not modelled: conservative on memory).
+    ``selective`` runs the attention core's forward again (Korthikanti et
+    al. 2022). ``sp``: sequence parallelism, what tensor-parallel ranks
+    would hold whole is split along the sequence. ``cp``: context
+    parallelism, each microbatch's sequence split over ``cp`` ranks (tp
+    innermost, then cp, then dp) that pass keys and values round a ring.
     ``etp``: the tensor-parallel size of the expert layers (Megatron's
     ``expert_tensor_parallel_size``); 0 means ``tp``, Megatron's default.
     The expert grid ``ep x etp`` must divide the ``tp x dp`` devices of a
@@ -118,8 +122,8 @@ class ParallelLayout:
 
         Needs no model, so the command checks it before the import; :meth:`check_model` does the rest.
         """
-        if self.cp > 1:
-            raise OpschedError("context parallelism (cp > 1) is not modelled yet; evaluate the layout with cp=1")
+        if self.cp > 1 and self.ep > 1:
+            raise OpschedError("ep > 1 with cp > 1 is not modelled yet: evaluate one of them at a time")
         per_replica = self.tp * self.pp * self.cp
         dp = self.dp or devices // per_replica
         if per_replica * dp != devices:
@@ -154,6 +158,7 @@ class ParallelLayout:
 
     def __str__(self) -> str:
         text = f"tp{self.tp} pp{self.pp}" + (f" vpp{self.vpp}" if self.vpp > 1 else "") + \
+            (f" cp{self.cp}" if self.cp > 1 else "") + \
             (f" ep{self.ep}" if self.ep > 1 else "") + (f" etp{self.etp}" if self.etp else "") + f" dp{self.dp}"
         return text + (" sp" if self.sp else "") + (f" zero{self.zero}" if self.zero else "") + \
             (f" recompute={self.recompute}" if self.recompute != "none" else "")
@@ -277,13 +282,32 @@ def layer_chunks(bg: nx.DiGraph, chunks: int, index: ModelIndex | None = None) -
     return out
 
 
-def _rank_devices(layout: ParallelLayout, devices: int, rank: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-    """(tensor group, expert group, data-parallel group) of pipeline rank ``rank``'s first replica."""
+@dataclass(frozen=True)
+class RankGroups:
+    """The device groups of one pipeline rank's first ranks (tp innermost, then cp, then dp: Megatron's order)."""
+
+    tensor: tuple[int, ...]  # the tensor-parallel ranks of the first context rank of the first replica
+    context: tuple[int, ...]  # the first tensor rank of each context-parallel rank of the first replica
+    expert: tuple[int, ...]  # the first rank of each replica sharing the experts
+    sequence: tuple[int, ...]  # every rank splitting one microbatch: tp x cp of the first replica
+    weights: tuple[int, ...]  # the first tensor rank of every rank holding the same weights: cp x dp
+
+
+def _rank_devices(layout: ParallelLayout, devices: int, rank: int) -> RankGroups:
+    """The :class:`RankGroups` of pipeline rank ``rank``.
+
+    >>> _rank_devices(ParallelLayout(tp=2, pp=2, cp=2, dp=2), 16, 1).context
+    (8, 10)
+    """
     base = rank * (devices // layout.pp)
-    tensor = tuple(range(base, base + layout.tp))
-    expert = tuple(base + j * layout.tp for j in range(layout.ep))
-    data = tuple(base + j * layout.tp for j in range(layout.dp))
-    return tensor, expert, data
+    replica = layout.tp * layout.cp
+    return RankGroups(
+        tensor=tuple(range(base, base + layout.tp)),
+        context=tuple(base + k * layout.tp for k in range(layout.cp)),
+        expert=tuple(base + j * replica for j in range(layout.ep)),
+        sequence=tuple(range(base, base + replica)),
+        weights=tuple(base + k * layout.tp for k in range(layout.cp * layout.dp)),
+    )
 
 
 def evaluate_layout(
@@ -323,7 +347,7 @@ def evaluate_layout(
     name = schedule or ("interleaved-1f1b" if layout.vpp > 1 else "1f1b")
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
     chunks = layer_chunks(bg, layout.pp * layout.vpp, index)
-    stages, sync, optimizer = _chunk_stages(bg, index, chunks, layout, cluster, training)
+    stages, sync, optimizer, ring = _chunk_stages(bg, index, chunks, layout, cluster, training)
     if above is not None:
         work = [M * sum(s.duration("F") + s.duration("I") + s.duration("W") for s in stages if s.devices == (r,))
                 for r in range(layout.pp)]
@@ -350,13 +374,8 @@ def evaluate_layout(
     step = pipeline_end + max(optimizer)
     tokens = global_batch * tokens_per_sequence
     model_flops = 3.0 * index.forward_flops * global_batch / micro_batch_size
-    compute = max(m.busy) if m.busy else 0.0
-    breakdown = {
-        "compute_and_exposed_parallel_comm": compute,
-        "pipeline_bubbles": m.makespan - compute,
-        "exposed_gradient_sync": pipeline_end - m.makespan,
-        "optimizer_step": max(optimizer),
-    }
+    breakdown = _breakdown(m.busy, [M * r for r in ring] if layout.cp > 1 else None, m.makespan, pipeline_end,
+                           max(optimizer))
     return Evaluation(
         layout=layout, schedule_name=name, microbatches=M, global_batch=global_batch, tokens_per_step=tokens,
         step_time=step, tokens_per_second_per_device=tokens / step / cluster.devices,
@@ -367,12 +386,31 @@ def evaluate_layout(
     )
 
 
+def _breakdown(busy: list[float], context: list[float] | None, makespan: float, pipeline_end: float,
+               optimizer: float) -> dict[str, float]:
+    """Where the step goes, summing to it: the busiest rank's work (its exposed K/V ring apart when ``context``), ...
+
+    >>> parts = _breakdown([3.0, 4.0], [0.5, 1.0], makespan=5.0, pipeline_end=5.5, optimizer=0.5)
+    >>> parts["compute_and_exposed_parallel_comm"], parts["context_comm"], sum(parts.values())
+    (3.0, 1.0, 6.0)
+    """
+    busiest = max(range(len(busy)), key=busy.__getitem__) if busy else 0
+    compute = busy[busiest] if busy else 0.0
+    ring = context[busiest] if context else 0.0  # within the busiest rank's busy time
+    out = {"compute_and_exposed_parallel_comm": compute - ring}
+    if context is not None:
+        out["context_comm"] = ring
+    out.update({"pipeline_bubbles": makespan - compute, "exposed_gradient_sync": pipeline_end - makespan,
+                "optimizer_step": optimizer})
+    return out
+
+
 def _chunk_stages(
     bg: nx.DiGraph, index: ModelIndex, chunks: list[list[int]], layout: ParallelLayout, cluster: Cluster,
     training: Training,
-) -> tuple[list[Stage], list[float], list[float]]:
-    """One stage per chunk on its pipeline rank, with each rank's gradient sync and optimizer step."""
-    stages, sync, optimizer = [], [0.0] * layout.pp, [0.0] * layout.pp
+) -> tuple[list[Stage], list[float], list[float], list[float]]:
+    """One stage per chunk on its pipeline rank, with each rank's gradient sync, optimizer step and exposed K/V ring."""
+    stages, sync, optimizer, ring = [], [0.0] * layout.pp, [0.0] * layout.pp, [0.0] * layout.pp
     for c, members in enumerate(chunks):
         rank = c % layout.pp
         cost = _chunk_cost(bg, index, members, layout, cluster, training, rank)
@@ -381,7 +419,8 @@ def _chunk_stages(
                             name=f"chunk{c}"))
         sync[rank] += cost.grad_sync
         optimizer[rank] += cost.optimizer
-    return stages, sync, optimizer
+        ring[rank] += cost.context_ring
+    return stages, sync, optimizer, ring
 
 
 @dataclass
@@ -394,26 +433,36 @@ class _ChunkCost:
     act_w_bytes: float = 0.0
     grad_sync: float = 0.0
     optimizer: float = 0.0
+    context_ring: float = 0.0  # exposed K/V ring time per microbatch, in F and I (part of them)
 
 
 def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: ParallelLayout, cluster: Cluster,
                 training: Training, rank: int) -> _ChunkCost:
     """One device's share of a chunk: pass times per microbatch, memory, gradient sync and optimizer step."""
-    tensor, expert, data = _rank_devices(layout, cluster.devices, rank)
-    # selective recomputation is costed as none (module docstring)
-    training = dataclasses.replace(training, recompute="full" if layout.recompute == "full" else "none")
+    groups = _rank_devices(layout, cluster.devices, rank)
+    training = dataclasses.replace(training, recompute=layout.recompute, sequence_parallel=layout.sp)
+    # a context rank takes 1/cp of each sequence: costed like a replica taking 1/cp of the microbatch
+    mode = Mode(tp=layout.tp, dp=layout.cp)
+    again = training.recompute != "none"  # a recomputed attention forward passes the keys and values round again
     out = _ChunkCost()
     weights = 0.0  # bytes of this device's share of the chunk's weights, unsharded
     for b in members:
         block: Block = bg.nodes[b]["block"]
         tokens = index.tokens_in[b]
-        c = block_cost(block, Mode(tp=layout.tp), tensor, cluster, training, token_bytes=tokens)
+        c = block_cost(block, mode, groups.sequence, cluster, training, token_bytes=tokens)
         params = block.param_count / layout.tp
-        replicas = layout.dp  # the replicas holding the same parameters: what ZeRO shards over
+        replicas = layout.dp * layout.cp  # the ranks holding the same parameters: what ZeRO shards over
         f, i = c.F, c.I
+        if layout.cp > 1:
+            bw, lat = cluster.link(groups.context, groups.context)
+            attention = attention_core_time(block, mode.size, cluster, training.dtype)
+            ring = context_ring_time(block, layout.tp, layout.cp, attention, bw, lat)
+            f += ring.forward
+            i += ring.backward + (ring.forward if again else 0.0)
+            out.context_ring += ring.forward + ring.backward + (ring.forward if again else 0.0)
         if index.experts_of[b] > 0 and layout.ep > 1:
             # folded over the data-parallel replicas: each holds 1/ep of the experts and swaps routed tokens
-            bw, lat = cluster.link(expert, expert)
+            bw, lat = cluster.link(groups.expert, groups.expert)
             a2a = 2 * alltoall_time(tokens / layout.tp, layout.ep, bw, lat)  # dispatch and combine
             f += a2a
             i += a2a * (2 if training.recompute == "full" else 1)  # a recomputed forward swaps them again
@@ -427,7 +476,7 @@ def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: P
         out.act_bytes += c.act_bytes
         out.act_w_bytes += c.act_w_bytes
         if replicas > 1 and block.param_count > 0:
-            group = data[:: layout.dp // replicas]  # every ep-th replica holds the same experts
+            group = groups.weights[:: (layout.dp * layout.cp) // replicas]  # every ep-th replica: the same experts
             bw, lat = cluster.link(group, group)
             # all-reduce, or reduce-scatter + all-gather with ZeRO: the same ring volume
             out.grad_sync += allreduce_time(params * training.grad_bytes, replicas, bw, lat)
@@ -435,8 +484,8 @@ def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: P
         out.optimizer += updated * OPTIMIZER_TRAFFIC_BYTES / cluster.memory_bandwidth
     if layout.zero >= 3:
         # FSDP gathers the weights before use in F and again in I; an all-gather is half a ring all-reduce
-        bw, lat = cluster.link(data, data)
-        gather = allreduce_time(weights, layout.dp, bw, lat) / 2
+        bw, lat = cluster.link(groups.weights, groups.weights)
+        gather = allreduce_time(weights, layout.dp * layout.cp, bw, lat) / 2
         out.F += gather
         out.I += gather
     return out
@@ -453,14 +502,14 @@ def _boundary_bytes(bg: nx.DiGraph, chunks: list[list[int]]) -> list[float]:
 
 
 def _boundary_time(nbytes: float, c: int, layout: ParallelLayout, cluster: Cluster) -> float:
-    """The activation sent from chunk c to c+1 (a point-to-point transfer between pipeline ranks; each tensor rank sends its 1/tp)."""
+    """The activation sent from chunk c to c+1 (a point-to-point transfer between pipeline ranks; each rank sends its 1/(tp·cp))."""
     a, b = c % layout.pp, (c + 1) % layout.pp
-    src, _, _ = _rank_devices(layout, cluster.devices, a)
-    dst, _, _ = _rank_devices(layout, cluster.devices, b)
+    src = _rank_devices(layout, cluster.devices, a).tensor
+    dst = _rank_devices(layout, cluster.devices, b).tensor
     if src == dst:
         return 0.0
     bw, lat = cluster.link(src, dst)
-    return lat + nbytes / layout.tp / bw
+    return lat + nbytes / (layout.tp * layout.cp) / bw  # each context rank sends its part of the sequence
 
 
 def _last_backward(sched: Schedule, ranks: int) -> list[tuple[float, float]]:
@@ -484,12 +533,12 @@ def layout_grid(devices: int, devices_per_node: int, layers: int, experts: int, 
 
     tp up to a node (tensor groups stay on NVLink), pp dividing the layers,
     vpp from :data:`SEARCH_VPP` dividing the layers per rank, ep the experts'
-    divisors that divide dp (folded over the replicas), and ZeRO level
-    ``zero`` (default 1, the distributed optimizer: the same gradient traffic
-    as an all-reduce, less memory).
+    divisors that divide dp (folded over the replicas), sequence parallelism
+    whenever tp > 1, and ZeRO level ``zero`` (default 1, the distributed
+    optimizer: the same gradient traffic as an all-reduce, less memory).
 
     >>> [str(l) for l in layout_grid(4, 4, layers=2, experts=0)]
-    ['tp1 pp1 dp4 zero1', 'tp1 pp2 dp2 zero1', 'tp2 pp1 dp2 zero1', 'tp2 pp2 dp1 zero1', 'tp4 pp1 dp1 zero1']
+    ['tp1 pp1 dp4 zero1', 'tp1 pp2 dp2 zero1', 'tp2 pp1 dp2 sp zero1', 'tp2 pp2 dp1 sp zero1', 'tp4 pp1 dp1 sp zero1']
     """
     grid = []
     tps = [t for t in range(1, min(devices, devices_per_node) + 1) if devices % t == 0 and devices_per_node % t == 0]
@@ -500,7 +549,8 @@ def layout_grid(devices: int, devices_per_node: int, layers: int, experts: int, 
             eps = [e for e in range(1, experts + 1) if experts % e == 0 and dp % e == 0] if experts else [1]
             for vpp in vpps:
                 for ep in eps:
-                    grid.append(ParallelLayout(tp=tp, pp=pp, vpp=vpp, ep=ep, dp=dp, zero=zero))
+                    # sequence parallel with tensor parallel, as Megatron recommends and opsched exports plans
+                    grid.append(ParallelLayout(tp=tp, pp=pp, vpp=vpp, ep=ep, dp=dp, sp=tp > 1, zero=zero))
     return grid
 
 

@@ -53,6 +53,14 @@ class OpNode:
     matmul_io_bytes: float = 0.0
     attention_flops: float = 0.0
     attention_io_bytes: float = 0.0
+    #: of ``output_bytes``: what a tensor-parallel group holds whole on every rank unless sequence parallelism
+    #: splits it (outputs outside the column-/row-parallel pairs: norms, residual adds, row-parallel outputs)
+    tp_replicated_bytes: float = 0.0
+    #: bytes of the keys and values an attention reads: what context parallelism's ring passes around
+    attention_kv_bytes: float = 0.0
+    #: of ``output_bytes``: an unfused attention's scores (QKᵀ, scaling, mask, softmax, dropout), which
+    #: selective recomputation does not store (a fused Attention never writes them)
+    attention_scores_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -73,11 +81,15 @@ class Block:
     matmul_io_bytes: float = 0.0
     attention_flops: float = 0.0
     attention_io_bytes: float = 0.0
+    tp_replicated_bytes: float = 0.0
+    attention_kv_bytes: float = 0.0
+    attention_scores_bytes: float = 0.0
     op_types: dict[str, int] = field(default_factory=dict, compare=False)
 
 
 COST_FIELDS = ("flops", "param_count", "param_bytes", "output_bytes", "io_bytes", "tp_comm_bytes", "matmul_flops",
-               "matmul_io_bytes", "attention_flops", "attention_io_bytes")
+               "matmul_io_bytes", "attention_flops", "attention_io_bytes", "tp_replicated_bytes", "attention_kv_bytes",
+               "attention_scores_bytes")
 
 
 def common_scope(scopes) -> tuple[str, ...]:

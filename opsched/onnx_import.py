@@ -114,6 +114,7 @@ constants and weights only (no data input reaches them).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import graphlib
 import math
 import os
@@ -949,6 +950,8 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
             if x:
                 readers.setdefault(x, []).append(n)
     nodes: list[tuple[str, dict]] = []
+    split_tensors: set[str] = set()  # activations each tensor-parallel rank holds a part of (see _split_over_tensor_ranks)
+    unfused = _UnfusedAttention(nodes)
     edges: dict[tuple[str, str], dict] = {}  # (writer, reader) -> bytes and tensors, in the order met
     for i in order:
         n = g_onnx.node[i]
@@ -968,15 +971,21 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
         row_parallel = param_count > 0 and (op_type == "Gather" or op_type in ("MatMul", "Gemm") and _feeds_residual(
             n.output[0], readers, const_tensors))
         kind = {"matmul": op_type in MATMUL_OPS, "attention": op_type == "Attention"}
+        split = _split_over_tensor_ranks(op_type, inputs, param_count, row_parallel, split_tensors)
+        if split:
+            split_tensors.update(outputs)
         op = OpNode(key, op_type, scopes[i], flops=float(flops), param_count=int(param_count),
                     param_bytes=float(param_bytes), output_bytes=float(out_bytes), io_bytes=float(in_bytes + out_bytes),
                     tp_comm_bytes=float(out_bytes) if row_parallel else 0.0,
                     matmul_flops=float(flops) if kind["matmul"] else 0.0,
                     matmul_io_bytes=float(in_bytes + out_bytes) if kind["matmul"] else 0.0,
                     attention_flops=float(flops) if kind["attention"] else 0.0,
-                    attention_io_bytes=float(in_bytes + out_bytes) if kind["attention"] else 0.0)
+                    attention_io_bytes=float(in_bytes + out_bytes) if kind["attention"] else 0.0,
+                    tp_replicated_bytes=0.0 if split else float(out_bytes),
+                    attention_kv_bytes=float(sum(bytes_of[x] for x in inputs[1:3] if x)) if kind["attention"] else 0.0)
         is_const = all((not x) or x in const_tensors for x in inputs)
         nodes.append((key, {"op": op, "const": is_const}))
+        unfused.see(len(nodes) - 1, inputs, outputs, is_const, bytes_of)
         if is_const:
             const_tensors.update(outputs)
         _add_input_edges(edges, op_type, inputs, key, producer, bytes_of, tensor_bytes)
@@ -990,6 +999,74 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
 
 #: ops that only reshape or pass a tensor on, between a linear layer and the residual Add
 _PASS_THROUGH = frozenset({"Reshape", "Identity", "Dropout", "Cast", "Squeeze", "Unsqueeze", "Flatten"})
+
+
+class _UnfusedAttention:
+    """Marks attention cores an exporter wrote as operators: ``MatMul(Q, Kᵀ)`` → ... → ``Softmax`` → ... → ``MatMul(·, V)``.
+
+    A MatMul of two activations (no weight, not constant) starts a chain;
+    operators other than matmuls reading a chain's tensor extend it (scaling,
+    mask, softmax, dropout, casts); a second such MatMul reading it after a
+    Softmax closes it. The closed chain's operators become attention
+    (``attention_flops``, ``attention_io_bytes``), the tensors before the
+    closing MatMul its scores (``attention_scores_bytes``: Korthikanti et
+    al.'s ``5·a·s²·b``), and the two MatMuls' second inputs its keys and
+    values (``attention_kv_bytes``). A router's Softmax reads a weight
+    matmul's output, so it never starts a chain.
+    """
+
+    def __init__(self, nodes: list[tuple[str, dict]]):
+        self.nodes = nodes
+        self.chains: dict[str, tuple[tuple[int, ...], bool, float]] = {}  # tensor -> (node indices, softmax seen, K bytes)
+
+    def see(self, index: int, inputs: list[str], outputs: list[str], is_const: bool, bytes_of) -> None:
+        op = self.nodes[index][1]["op"]
+        found = next((self.chains[x] for x in inputs if x in self.chains), None)
+        activations_matmul = op.op_type in ("MatMul", "Einsum") and op.param_count == 0 and not is_const
+        if activations_matmul and found is not None:
+            if found[1]:  # attention over V closes the chain
+                self._mark(found[0], index, found[2] + (bytes_of[inputs[1]] if len(inputs) > 1 else 0.0))
+            return
+        if activations_matmul:
+            found = ((), False, bytes_of[inputs[1]] if len(inputs) > 1 else 0.0)
+        elif found is None or op.op_type in MATMUL_OPS:
+            return
+        chain = (found[0] + (index,), found[1] or op.op_type == "Softmax", found[2])
+        self.chains.update((o, chain) for o in outputs)
+
+    def _mark(self, scores: tuple[int, ...], closing: int, kv_bytes: float) -> None:
+        for i in (*scores, closing):
+            data = self.nodes[i][1]
+            op = data["op"]
+            data["op"] = dataclasses.replace(
+                op, attention_flops=op.flops, attention_io_bytes=op.io_bytes,
+                attention_scores_bytes=op.output_bytes if i != closing else 0.0,
+                attention_kv_bytes=kv_bytes if i == closing else 0.0)
+
+
+def _split_over_tensor_ranks(op_type: str, inputs: list[str], param_count: float, row_parallel: bool,
+                             split_tensors: set[str]) -> bool:
+    """Whether Megatron's tensor parallelism leaves each rank a part of this op's output (else every rank holds it whole).
+
+    A column-parallel layer (a weight matmul that is not row-parallel) splits
+    its output over the ranks, and so does every op reading a split tensor,
+    up to the row-parallel layer whose all-reduce makes the output whole
+    again (Shoeybi et al. 2019). What is left whole (norms, residual adds,
+    row-parallel outputs, the embedding) is what sequence parallelism splits
+    along the sequence (Korthikanti et al. 2022, section 4.2.2).
+
+    >>> _split_over_tensor_ranks("MatMul", ["x", "w"], 16, False, set())   # column-parallel
+    True
+    >>> _split_over_tensor_ranks("MatMul", ["h", "w2"], 16, True, {"h"})   # row-parallel: all-reduced
+    False
+    >>> _split_over_tensor_ranks("Add", ["x", "y"], 0, False, set())       # residual stream
+    False
+    """
+    if row_parallel:
+        return False
+    if param_count > 0 and op_type in MATMUL_OPS:
+        return True
+    return any(x in split_tensors for x in inputs if x)
 
 
 def _feeds_residual(tensor: str, readers: dict[str, list], const_tensors: set[str], depth: int = 3) -> bool:

@@ -189,5 +189,53 @@ def test_full_recomputation_keeps_the_input_and_runs_the_forward_again():
     assert full.F == plain.F and full.W == plain.W
     assert full.I == pytest.approx(plain.I + plain.F)  # the forward, its all-reduce included, before the input gradient
     assert full.act_bytes == pytest.approx(4e8 / 4) and full.act_bytes < plain.act_bytes  # the input, split 4 ways
-    with pytest.raises(OpschedError, match="recompute must be"):
-        Training(recompute="selective")
+    with pytest.raises(OpschedError, match="recompute must be one of none, selective, full"):
+        Training(recompute="some")
+    # without sequence parallelism the kept input (the residual stream) is whole on each tensor rank
+    whole = block_cost(block(out=5e9), Mode(tp=4), (0, 1, 2, 3), C,
+                       replace(T, recompute="full", sequence_parallel=False), token_bytes=4e8)
+    assert whole.act_bytes == pytest.approx(4e8)
+
+
+def test_selective_recomputation_runs_the_attention_core_again_and_nothing_else():
+    from dataclasses import replace
+
+    layer = Block(0, "layer", ("layers.0",), (), flops=60e12, param_count=10, output_bytes=1e9, tp_comm_bytes=1e8,
+                  attention_flops=10e12, attention_io_bytes=0.0)
+    plain = block_cost(layer, Mode(tp=2), (0, 1), C, T)
+    selective = block_cost(layer, Mode(tp=2), (0, 1), C, replace(T, recompute="selective"))
+    core = 10e12 / 2 / C.flops_per_second("bf16")  # the attention's half on each of 2 ranks, at the one efficiency
+    assert selective.I == pytest.approx(plain.I + core) and core > 0
+    assert (selective.F, selective.W) == (plain.F, plain.W)
+    # a fused attention never writes its scores: nothing more is dropped; a block without attention costs as before
+    assert selective.act_bytes == plain.act_bytes
+    # an unfused one's scores (Korthikanti's 5as^2b) are dropped, split over the ranks like the rest
+    unfused = replace(layer, attention_scores_bytes=6e8)
+    kept = block_cost(unfused, Mode(tp=2), (0, 1), C, replace(T, recompute="selective"))
+    assert kept.act_bytes == pytest.approx(plain.act_bytes - 3e8) and kept.act_w_bytes <= kept.act_bytes
+    assert block_cost(block(), Mode(), (0,), C, replace(T, recompute="selective")) == block_cost(block(), Mode(), (0,), C, T)
+
+
+def test_sequence_parallelism_splits_what_tensor_ranks_hold_whole():
+    from dataclasses import replace
+
+    # Korthikanti et al. 2022 Table 2, per layer in units of sbh: 34 stored, 10 of them outside the tp regions
+    layer = Block(0, "layer", ("layers.0",), (), flops=1e12, param_count=10, output_bytes=34.0, tp_replicated_bytes=10.0)
+    for t in (2, 4, 8):
+        devices = tuple(range(t))
+        sp = block_cost(layer, Mode(tp=t), devices, C, T)
+        no_sp = block_cost(layer, Mode(tp=t), devices, C, replace(T, sequence_parallel=False))
+        assert sp.act_bytes == pytest.approx(34 / t) and no_sp.act_bytes == pytest.approx(10 + 24 / t)
+        # reduce-scatter + all-gather move what the all-reduce moves on a ring: the same time
+        assert sp.F == no_sp.F and sp.I == no_sp.I
+
+
+def test_context_ring_is_hidden_behind_enough_attention():
+    from opsched.cost import context_ring_time
+
+    attn = Block(0, "attn", ("layers.0",), (), attention_kv_bytes=4e9)
+    fast = context_ring_time(attn, tp=1, cp=4, attention_time=100.0, bandwidth=1e9, latency=1e-5)
+    assert fast.forward == fast.backward == 0.0 and fast.total_forward == pytest.approx(3 * (1e-5 + 1.0))
+    slow = context_ring_time(attn, tp=2, cp=4, attention_time=0.0, bandwidth=1e9, latency=0.0)
+    assert slow.forward == pytest.approx(3 * 0.5) and slow.backward == pytest.approx(2 * slow.forward)
+    assert context_ring_time(attn, tp=1, cp=1, attention_time=0.0, bandwidth=1e9, latency=0.0).total_backward == 0.0

@@ -51,7 +51,8 @@ def test_malformed_layouts_are_refused(text, message):
     ("tp=2,pp=2,dp=4", 8, "= 16, not the 8 devices"),
     ("pp=1,vpp=2", 8, "vpp > 1 needs pp >= 2"),
     ("ep=3", 8, "must divide dp=8"),
-    ("cp=2", 8, "not modelled yet"),
+    ("cp=2,ep=2", 8, "not modelled yet"),
+    ("tp=2,cp=3", 8, "tp x pp x cp x dp = 2 x 1 x 3 x 1 = 6, not the 8"),
 ])
 def test_layouts_that_do_not_match_the_devices_are_refused(text, devices, message):
     with pytest.raises(OpschedError, match=message):
@@ -143,7 +144,7 @@ def test_layout_search_prunes_without_losing_the_best(llama):
     assert all(e.fits for e in every)
     assert [e.step_time for e in every] == sorted(e.step_time for e in every)
     grid = {str(l) for l in layout_grid(8, 8, layers=32, experts=0)}
-    assert "tp1 pp4 vpp8 dp2 zero1" in grid and "tp8 pp1 dp1 zero1" in grid
+    assert "tp1 pp4 vpp8 dp2 zero1" in grid and "tp8 pp1 dp1 sp zero1" in grid
 
 
 def test_layout_search_finds_mixtrals_published_layout(mixtral):
@@ -171,3 +172,73 @@ def test_layout_search_on_fewer_devices_never_loses_to_the_search_on_all(llama):
     on_all = best(128, 1, fewer=False)
     assert on_all.layout.devices == 128 and on_128.layout.devices < 128
     assert on_128.step_time < on_all.step_time and on_128.step_time <= on_64.step_time
+
+
+def test_import_marks_the_residual_stream_and_the_attention_keys_and_values(llama):
+    """Per Llama layer: 2 norms, 2 row-parallel outputs and 2 residual adds are whole on every tensor rank."""
+    hidden = 4096 * 4096 * 2  # one [seq, d] bf16 activation
+    layers = [llama.nodes[b]["block"] for b in model_index(llama).order if "layers." in llama.nodes[b]["block"].name]
+    assert len(layers) == 32
+    for block in layers[1:-1]:  # the first holds the embedding too, the last the final norm
+        assert block.tp_replicated_bytes == 6 * hidden  # Korthikanti's "10 sbh" counts dropout masks we do not have
+        assert block.attention_kv_bytes == 2 * hidden  # 32 key and 32 value heads of 128
+        assert block.tp_replicated_bytes < block.output_bytes
+
+
+def test_selective_recomputation_repeats_the_attention_core(llama):
+    base, selective, full = (run(llama, 8, f"tp=1,pp=2,recompute={r}") for r in ("none", "selective", "full"))
+    assert base.step_time < selective.step_time < full.step_time
+    assert selective.mfu < base.mfu  # the recomputed attention is not model FLOPs
+    # the fused Attention stores no scores: selective keeps what no recomputation keeps
+    assert selective.peak_memory_bytes == base.peak_memory_bytes > full.peak_memory_bytes
+
+
+def test_sequence_parallelism_saves_activation_memory_not_time(llama):
+    plain, sp = run(llama, 8, "tp=2,pp=2"), run(llama, 8, "tp=2,pp=2,sp=1")
+    assert sp.step_time == plain.step_time
+    assert sp.peak_memory_bytes < plain.peak_memory_bytes
+    # and nothing to split without tensor parallelism
+    assert run(llama, 8, "tp=1,pp=2,sp=1").peak_memory_bytes == run(llama, 8, "tp=1,pp=2").peak_memory_bytes
+
+
+def test_context_parallelism_splits_each_sequence_and_passes_keys_and_values_round(llama):
+    alone = run(llama, 4, "tp=1,pp=2")  # dp 2
+    cp2 = run(llama, 8, "tp=1,pp=2,cp=2")  # dp 2 as well: the same microbatches, each sequence split in two
+    assert cp2.layout.dp == 2 and cp2.microbatches == alone.microbatches
+    assert 0.45 < cp2.step_time / alone.step_time < 0.6
+    assert cp2.peak_memory_bytes < alone.peak_memory_bytes  # activations halved, weights the same
+    assert "context_comm" not in alone.breakdown and cp2.breakdown["context_comm"] >= 0.0
+    # eight context ranks strided over two nodes: the ring crosses the slow link and far outlasts the attention
+    wide = run(llama, 16, "tp=2,pp=1,cp=8")
+    assert wide.breakdown["context_comm"] > 10 * cp2.breakdown["context_comm"]
+    assert wide.breakdown["context_comm"] > 0.2 * wide.step_time
+    for e in (cp2, wide):
+        assert e.step_time == pytest.approx(sum(e.breakdown.values()), rel=1e-9)
+
+
+def test_selective_recomputation_drops_the_scores_of_attention_written_as_operators():
+    from conftest import real_export
+
+    bg = coarsen(import_onnx(real_export("deepseek_lm_2L_sh1_r4.dynamo.onnx")))
+    scores = sum(bg.nodes[b]["block"].attention_scores_bytes for b in bg)
+
+    def evaluate(recompute):
+        return evaluate_layout(bg, preset("h100-sxm", 2), Training(), ParallelLayout(pp=2, recompute=recompute),
+                               global_batch=4, micro_batch_size=1, tokens_per_sequence=8)
+
+    none, selective, full = evaluate("none"), evaluate("selective"), evaluate("full")
+    stored = [sum(s.act_bytes for s in e.schedule.stage_graph.stages) for e in (none, selective, full)]
+    assert scores > 0 and stored[0] - stored[1] == pytest.approx(scores)  # one microbatch's scores, no more
+    assert stored[1] > stored[2]
+    assert none.step_time < selective.step_time < full.step_time
+
+
+@pytest.mark.parametrize("layout, message", [
+    ("tp=2,cp=3", "tp x pp x cp x dp = 2 x 1 x 3 x 1 = 6, not the 8 devices"),
+    ("cp=2,ep=2", "ep > 1 with cp > 1 is not modelled yet"),
+])
+def test_command_refuses_context_parallel_layouts_it_cannot_cost_before_the_import(tmp_path, capsys, layout, message):
+    assert main(["evaluate", str(tmp_path / "missing.onnx"), "--devices", "8", "--layout", layout,
+                 "--global-batch", "8"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -501,3 +501,23 @@ def test_row_parallel_layers_are_marked_for_tensor_parallel_all_reduces():
     marked = Counter(op.name.split("/")[-2] for op in ops(g) if op.tp_comm_bytes > 0)
     assert marked == {"out_proj": 36, "fc2": 36, "token_embedding": 1}  # 24 vision + 12 text layers
     assert all(op.tp_comm_bytes == op.output_bytes for op in ops(g) if op.tp_comm_bytes > 0)
+
+
+@pytest.mark.parametrize("name", ["deepseek_lm_2L_sh1_r4.dynamo.onnx", "deepseek_lm_2L_sh1_r4.legacy.onnx",
+                                  "mixtral_batched_experts.dynamo.onnx"])
+def test_unfused_attention_is_marked_and_routers_are_not(name):
+    """QK^T, its scaling / mask / softmax, and attention over V are attention; a router's Softmax is not."""
+    records = list(ops(import_onnx(real_export(name))))
+    softmax = [op for op in records if op.op_type == "Softmax"]
+    marked = [op for op in softmax if op.attention_flops > 0]
+    assert len(marked) == 2  # one attention per layer of the two
+    assert all("attn" in "/".join(op.scope) for op in marked)
+    routers = [op for op in softmax if op not in marked]
+    assert len(routers) == 2  # each layer's MoE router
+    assert all(op.attention_flops == 0 and op.attention_scores_bytes == 0 for op in routers)
+    core = [op for op in records if op.attention_flops > 0]
+    assert sum(op.op_type == "MatMul" and op.param_count == 0 for op in core) == 4  # QK^T and AV, twice
+    # the scores are what the core writes before attention over V; its output is not one of them
+    assert 0 < sum(op.attention_scores_bytes for op in core) < sum(op.output_bytes for op in core)
+    assert sum(op.attention_kv_bytes for op in core) > 0
+    assert all(op.attention_flops == op.flops for op in core)

@@ -2,26 +2,28 @@
 
 Imports the ONNX model (shapes only) at --micro-batch-size sequences of
 --seq-len tokens, splits its layers evenly into pp x vpp pipeline chunks,
-costs every block under the layout (tensor parallel, expert parallel folded
-over data parallel, ZeRO, recomputation) and times one step with the named
-pipeline schedule: the same cost model and simulator `opsched plan` uses,
-so a plan and your layout compare like with like.
+costs every block under the layout (tensor, sequence and context parallel,
+expert parallel folded over data parallel, ZeRO, recomputation) and times
+one step with the named pipeline schedule: the same cost model and
+simulator `opsched plan` uses, so a plan and your layout compare like with
+like.
 
 The layout is comma-separated KEY=VALUE, Megatron's names:
   tp  tensor-parallel size          pp   pipeline-parallel size
   vpp virtual pipeline chunks       ep   expert-parallel size (folded over dp)
-  cp  context-parallel size (only 1 is modelled yet)
+  cp  context-parallel size: each sequence split over cp ranks, K/V passed round a ring (with ep=1)
   etp expert tensor-parallel size (only the default, tp, is modelled yet)
   dp  data-parallel size (default: devices / (tp x pp x cp))
   sp  sequence parallel, 0 or 1     zero 0-3 (1 = Megatron's distributed optimizer, 3 = FSDP full shard)
-  recompute none | selective | full
+  recompute none | selective (the attention core again) | full (the whole forward again)
 Microbatches per pipeline = global batch / (dp x micro-batch size).
 
 Prints the step time, tokens/s per device, MFU (model FLOPs = 3 x the
 forward FLOPs, no recompute: PaLM's 6ND + attention), peak memory per device
 and whether it fits, and where the time goes. With --json, one object with
 step_time (s), tokens_per_second_per_device, mfu, peak_memory_bytes, fits,
-breakdown (s), layout, schedule and microbatches.
+breakdown (s; context_comm, the exposed K/V ring, when cp > 1), layout,
+schedule and microbatches.
 
 examples:
   opsched evaluate models/mixtral_8x7b.onnx --devices 64 --layout tp=1,pp=4,vpp=8,ep=8,zero=1 --seq-len 4096 --global-batch 256
