@@ -160,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
     training = Training(microbatches=microbatches, microbatch_size=int(used_dims.get("batch", 1)),
                         zero=args.zero, recompute="full" if args.recompute == "full" else "none",
                         whole_sequences=args.global_batch is not None)
+    bg = coarsen(og)
+    check_runtime_model(args.runtime, args.model, bg)  # a model the runtime cannot run fails before the search
     dims_text = ", ".join(f"{k}={v}" for k, v in used_dims.items())
     log.info("import: %s: %s; %s", args.model, plural(og.number_of_nodes(), "operator"),
              f"symbolic dims {dims_text}" if dims_text else "no symbolic dims")
@@ -171,8 +173,6 @@ def run(args: argparse.Namespace) -> int:
         log.warning("import: assumes %s", sentence)
     for sentence in og.graph.get("warnings") or []:
         log.warning("import: warning: %s", sentence)
-    bg = coarsen(og)
-    check_runtime_model(args.runtime, args.model, bg)  # a model the runtime cannot run fails before the search
     log.info("coarsen: the operators merged into %s (the units the planner places)",
              plural(bg.number_of_nodes(), "block"))
     log.info("cluster: %s, %s (%d per node), memory limit %s per device, %s per step",

@@ -65,16 +65,16 @@ def refusal(runtime: str, schedule: Schedule, doc: Mapping) -> str | None:
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; one of {', '.join(RUNTIMES)}")
     doc = dict(doc)
-    try:
+    try:  # in the export's order: the framework's file is made before the CSV
+        if runtime == "megatron":
+            megatron_file(schedule, doc, _PLAN)
+        elif runtime == "torchtitan":
+            torchtitan_file(schedule, doc, _PLAN, csv=_CSV, torch_check=False)
         if runtime in ("torch", "torchtitan"):  # torchtitan runs the order from torch's CSV
             if schedule.events:
                 torch_rows(schedule.stage_graph, order_from_schedule(schedule), schedule.microbatches)
             else:
                 check_expressible(schedule.stage_graph, schedule.microbatches)
-        if runtime == "megatron":
-            megatron_file(schedule, doc, _PLAN)
-        elif runtime == "torchtitan":
-            torchtitan_file(schedule, doc, _PLAN, csv=_CSV, torch_check=False)
     except OpschedError as exc:
         return str(exc)
     return None
