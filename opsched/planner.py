@@ -347,6 +347,8 @@ Words of the progress lines and the report:
   estimated only        not scheduled: its estimate is over {round(100 * (LOWER_WITHIN - 1))} % above the best layout's,
                         or {LOWER_AT_MOST} layouts with better estimates were scheduled
   skipped, not scheduled  the time limit was spent before this step's turn
+  not scheduled: R cannot run this plan: ...  left out for --runtime: the reason R's export
+                        (`opsched export`) gives for these stages
   no fit                no placement on this layout fits in the memory limit
   source                upper: the placement MIP's stages; contiguous: the best baseline's split,
                         rescheduled by the lower MIP; baseline NAME: that schedule as it is

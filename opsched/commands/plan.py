@@ -21,12 +21,24 @@ output directory can be written, --memory-limit has a unit (a bare 80 is
 4,096 (far above real jobs; the search grows with both); and right after the
 import, every --dim names one of the model's symbolic dimensions.
 
+--runtime R keeps only plans runtime R can run, asked with `opsched export`'s
+own checks, so the chosen plan always exports to it: torch (--torch-csv),
+megatron (--megatron) or torchtitan (--torchtitan with --torch-csv); any
+(default) keeps every plan. Megatron-LM and torchtitan need whole layers per
+stage, one parallel configuration for the whole model and whole samples per
+data-parallel replica, so with them the fastest Megatron-style layout joins
+the search even without --global-batch; a model they cannot run at all (two
+stacks of layers, e.g. CLIP's towers) is refused right after the import.
+plan.json (`runtimes`), the summary and report.md list the runtimes that can
+run the chosen plan; report.md says why each other one cannot.
+
 With --json, stdout is one JSON object instead of the summary: model,
 cluster, devices, microbatches, microbatch_size, source and layout (the chosen
 plan), stages, step_time (s), throughput (samples/s), bubble_ratio,
 peak_memory_bytes (per device), lower_bound (s) and gap of the lower MIP
 (null for a baseline), best_baseline (method, layout, step_time, speedup;
-null when none fits), refused_baselines (method -> reason), warnings (what
+null when none fits), refused_baselines (method -> reason), runtimes (those
+that can run the plan), runtimes_refused (runtime -> why not), warnings (what
 the import assumed about the model, e.g. balanced MoE routing, and any
 other import warning; also in report.md and plan.json) and files (the paths
 written). Progress stays on stderr.
@@ -34,6 +46,7 @@ written). Progress stays on stderr.
 examples:
   opsched plan models/mixtral_8x7b.onnx --devices 16 -o out/
   opsched plan models/clip_vit_l14.onnx --devices 8 --preset a100-80g --microbatches 16 -o out/clip
+  opsched plan models/llama_7b.onnx --devices 8 --runtime megatron -o out/llama
 """
 
 from __future__ import annotations
