@@ -144,6 +144,24 @@ def test_a_model_with_two_layer_stacks_is_refused_before_the_search(runtime, tmp
     assert _snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
+def test_no_runnable_plan_says_why_and_how_to_widen_the_search(tmp_path, capsys):
+    """A model without a batch dimension: no Megatron-style layout is searched, and the block-level splits cut a
+    layer; one line names the first reason and the way out, exit 2, nothing written."""
+    from conftest import real_export
+
+    before = _snapshot(tmp_path)
+    code = main(["plan", str(real_export("deepseek_lm_2L_sh1_r4.dynamo.onnx")), "--devices", "4", "--time-limit", "2",
+                 "--runtime", "torchtitan", "-o", str(tmp_path / "out"), "--quiet"])
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and captured.out == "", captured.err
+    assert lines[0].startswith("opsched: error: no plan found can run on torchtitan (opsched export --torchtitan ")
+    assert "torchtitan cannot run this plan: " in lines[0] and "no symbolic batch dimension" in lines[0]
+    assert lines[0].endswith("plan with --runtime any for the fastest plan of any shape")
+    assert _snapshot(tmp_path) == before
+
+
 # --------------------------------------------------------------------------- end to end, one per runtime
 
 

@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
     if global_batch is None and args.runtime in ("megatron", "torchtitan") and "batch" in used_dims:
         global_batch = training.microbatches * training.microbatch_size  # the plan's samples per step
     today = megatron_layouts(args, dims, cluster, training, limit, global_batch) if global_batch else []
-    training, result = plan_with_recompute(args, bg, cluster, training, limit, deadline, today)
+    training, result = plan_with_recompute(args, bg, cluster, training, limit, deadline, today, bool(global_batch))
     log.info("validate: %s on %s", result.source, result.layout)
     split = split_sequences(result, training)
     if split:
@@ -222,10 +222,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def plan_with_recompute(args: argparse.Namespace, bg, cluster, training, limit: float, deadline: float, today: list):
+def plan_with_recompute(args: argparse.Namespace, bg, cluster, training, limit: float, deadline: float, today: list,
+                        searched: bool):
     """(training as planned, :class:`opsched.planner.PlanResult`): the planner's search, once more with full
     recomputation when nothing fits without it and ``--recompute auto``; for ``--runtime R`` only plans R can run,
-    and :class:`NoRunnablePlan` says why none can, and how to widen the search."""
+    and :class:`NoRunnablePlan` says why none can, and how to widen the search. ``today``: the Megatron-style
+    layouts found (``searched``: whether they were looked for)."""
     from opsched.errors import MemoryTooSmall, NoRunnablePlan, OpschedError
     from opsched.planner import plan_block_graph
     from opsched.units import seconds_text
@@ -248,9 +250,10 @@ def plan_with_recompute(args: argparse.Namespace, bg, cluster, training, limit: 
     except NoRunnablePlan as exc:
         hint = "plan with --runtime any for the fastest plan of any shape"
         if runtime in ("megatron", "torchtitan") and not today:
-            hint = ("no Megatron-style layout (whole layers, one configuration) fits or could be searched (that "
-                    "needs the model's batch dimension): pass --global-batch G, a larger --memory-limit or more "
-                    f"--devices, or {hint}")
+            hint = ("no Megatron-style layout (whole layers, one configuration) fits: pass a larger --memory-limit or "
+                    f"more --devices, or {hint}" if searched else
+                    "the model has no symbolic batch dimension, so no Megatron-style layout (whole layers, one "
+                    f"configuration) was searched; {hint}")
         raise OpschedError(f"{exc}; {hint}") from None
 
 
