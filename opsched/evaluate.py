@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Callable
 
 import networkx as nx
 
@@ -502,6 +503,7 @@ def layout_grid(devices: int, devices_per_node: int, layers: int, experts: int, 
 def search_layouts(
     bg: nx.DiGraph, cluster: Cluster, training: Training, *, global_batch: int, tokens_per_sequence: int,
     memory_limit: float | None = None, recompute: tuple[str, ...] = ("none", "full"), keep: int = 1, zero: int = 1,
+    accept: Callable[[Evaluation], bool] | None = None,
 ) -> list[Evaluation]:
     """The ``keep`` fastest layouts of :func:`layout_grid` that fit, evaluated at micro-batch size 1.
 
@@ -509,7 +511,8 @@ def search_layouts(
     tried with each ``recompute`` setting in turn and kept with the first that
     fits; layouts whose replicas do not divide the global batch are skipped.
     With ``keep=1`` a layout whose busiest rank's work alone is not below the
-    best step so far is not simulated (it cannot win).
+    best step so far is not simulated (it cannot win). ``accept``: a layout
+    that fits but is not accepted (a runtime that cannot run it) is left out.
     """
     index = model_index(bg)
     found: list[Evaluation] = []
@@ -527,6 +530,7 @@ def search_layouts(
             if e is None:
                 break  # cannot beat the best so far, with more work (recomputation) even less
             if e.fits:
-                found.append(e)
+                if accept is None or accept(e):
+                    found.append(e)
                 break
     return sorted(found, key=lambda e: (e.step_time, str(e.layout)))[:keep]

@@ -6,7 +6,7 @@ schedules the best few with the lower MIP, and compares the plan with every
 hand-written schedule on the best contiguous layer split of the same model
 at the same memory. Writes, into OUTDIR:
 
-  plan.json    the plan (validated before writing), with `baselines`, `candidates` and `warnings`
+  plan.json    the plan (validated before writing), with `baselines`, `candidates`, `warnings` and `runtimes`
   trace.json   Perfetto / chrome://tracing timeline
   gantt.svg    Gantt picture;  gantt.html  the same, interactive
   report.md    the plan against every baseline: step time, throughput, bubbles, memory, solve time;
@@ -191,12 +191,11 @@ def run(args: argparse.Namespace) -> int:
     log.info("cluster: %s, %s (%d per node), memory limit %s per device, %s per step",
              cluster.name, plural(cluster.devices, "device"), cluster.devices_per_node, bytes_text(limit),
              plural(training.microbatches, "microbatch", "microbatches"))
-    # with a global batch (or a runtime that needs whole layers), the Megatron-style layouts users run
-    # (micro-batch 1, replicas, EP folded over them, interleaved 1F1B) join the baselines, so a plan is never
-    # slower than the best of them
-    global_batch = args.global_batch
-    if global_batch is None and args.runtime in ("megatron", "torchtitan") and "batch" in used_dims:
-        global_batch = training.microbatches * training.microbatch_size  # the plan's samples per step
+    # with a global batch (or a runtime that needs whole layers: the plan's samples per step), the
+    # Megatron-style layouts users run (micro-batch 1, replicas, EP folded over them, interleaved 1F1B) join
+    # the baselines, so a plan is never slower than the best of them
+    whole_layers = args.runtime in ("megatron", "torchtitan") and "batch" in used_dims
+    global_batch = args.global_batch or (training.microbatches * training.microbatch_size if whole_layers else None)
     today = megatron_layouts(args, dims, cluster, training, limit, global_batch) if global_batch else []
     training, result = plan_with_recompute(args, bg, cluster, training, limit, deadline, today, bool(global_batch))
     log.info("validate: %s on %s", result.source, result.layout)
@@ -293,7 +292,8 @@ def runtimes_fields(runtimes: dict[str, str | None]) -> dict:
 
 def megatron_layouts(args: argparse.Namespace, dims: dict[str, int], cluster, training, limit: float,
                      global_batch: int) -> list:
-    """The fastest Megatron-style layout that fits (:func:`opsched.evaluate.search_layouts`) as a baseline row.
+    """The fastest Megatron-style layout that fits (:func:`opsched.evaluate.search_layouts`) as a baseline row;
+    with ``--runtime R``, the fastest R can run (:func:`opsched.export.runtimes.refusal`).
 
     The model is imported again with one sequence per microbatch (Megatron's
     micro-batch size 1); its step is counted as the planner counts every
@@ -301,44 +301,60 @@ def megatron_layouts(args: argparse.Namespace, dims: dict[str, int], cluster, tr
     with like. Empty when no such layout fits.
     """
     from opsched.coarsen import coarsen
-    from opsched.contiguous import Baseline, on_real_devices
-    from opsched.cost import Mode, expert_count
     from opsched.evaluate import search_layouts
+    from opsched.export.runtimes import layout_fields, refusal
     from opsched.onnx_import import import_onnx
-    from opsched.schedule import metrics
-    from opsched.upper.layouts import Layout
     from opsched.units import seconds_text
-    from opsched.upper.stages import stage_contents
 
     t0 = time.perf_counter()
     og = import_onnx(args.model, dims={**dims, "batch": 1}, capacity_factor=args.capacity_factor, strict_dims=True)
     bg = coarsen(og)
     modes = ("none", "full") if args.recompute == "auto" else (training.recompute,)
+
+    def runs(e) -> bool:  # the runtime asked for can run the layout as plan.json would hold it
+        if args.runtime == "any":
+            return True
+        row = layout_row(e, bg, cluster, t0)
+        return refusal(args.runtime, row.schedule, layout_fields(row.contents, row.microbatch_size, training.zero,
+                                                                 row.recompute)) is None
+
     found = search_layouts(bg, cluster, training, global_batch=global_batch,
                            tokens_per_sequence=int(og.graph.get("dims", {}).get("seq", 1)), memory_limit=limit,
-                           recompute=modes, zero=training.zero)
+                           recompute=modes, zero=training.zero, accept=runs)
     rows = []
     for e in found:
-        lay = e.layout
-        m = metrics(e.schedule)
-        # the modes' own names: experts folded over the replicas hold 1/ep of them each
-        dense, expert = str(Mode(tp=lay.tp, dp=lay.dp)), str(Mode(tp=lay.tp, dp=lay.dp // lay.ep, ep=lay.ep))
-        contents = {
-            c: stage_contents([(bg.nodes[b]["block"].name,
-                                expert if lay.ep > 1 and expert_count(bg.nodes[b]["block"]) else dense)
-                               for b in blocks])
-            for c, blocks in enumerate(e.chunks)
-        }
-        rows.append(Baseline(
-            method=f"megatron {e.schedule_name}", layout=f"{lay}, micro-batch 1",
-            schedule=on_real_devices(e.schedule, Layout(cluster.devices, lay.pp)),
-            makespan=m.makespan, step_time=m.makespan + e.grad_sync, bubble_ratio=m.bubble_ratio,
-            peak_memory_bytes=e.peak_memory_bytes, grad_sync=e.grad_sync, solve_seconds=time.perf_counter() - t0,
-            contents=contents, microbatch_size=lay.dp, recompute=lay.recompute,  # one sequence per replica
-        ))
+        rows.append(layout_row(e, bg, cluster, t0))
         log.info("baseline: the fastest Megatron-style layout that fits, %s with %s: step time %s",
                  rows[-1].layout, e.schedule_name, seconds_text(rows[-1].step_time))
     return rows
+
+
+def layout_row(e, bg, cluster, t0: float):
+    """A Megatron-style layout's :class:`opsched.evaluate.Evaluation` as a baseline row: its schedule on the real
+    devices, what each stage holds, one sequence per data-parallel replica, its own recomputation."""
+    from opsched.contiguous import Baseline, on_real_devices
+    from opsched.cost import Mode, expert_count
+    from opsched.schedule import metrics
+    from opsched.upper.layouts import Layout
+    from opsched.upper.stages import stage_contents
+
+    lay = e.layout
+    m = metrics(e.schedule)
+    # the modes' own names: experts folded over the replicas hold 1/ep of them each
+    dense, expert = str(Mode(tp=lay.tp, dp=lay.dp)), str(Mode(tp=lay.tp, dp=lay.dp // lay.ep, ep=lay.ep))
+    contents = {
+        c: stage_contents([(bg.nodes[b]["block"].name,
+                            expert if lay.ep > 1 and expert_count(bg.nodes[b]["block"]) else dense)
+                           for b in blocks])
+        for c, blocks in enumerate(e.chunks)
+    }
+    return Baseline(
+        method=f"megatron {e.schedule_name}", layout=f"{lay}, micro-batch 1",
+        schedule=on_real_devices(e.schedule, Layout(cluster.devices, lay.pp)),
+        makespan=m.makespan, step_time=m.makespan + e.grad_sync, bubble_ratio=m.bubble_ratio,
+        peak_memory_bytes=e.peak_memory_bytes, grad_sync=e.grad_sync, solve_seconds=time.perf_counter() - t0,
+        contents=contents, microbatch_size=lay.dp, recompute=lay.recompute,  # one sequence per replica
+    )
 
 
 def split_sequences(result, training) -> list[str]:
