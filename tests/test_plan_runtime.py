@@ -119,6 +119,34 @@ def test_refusal_agrees_with_the_export_on_random_plans(tmp_path):
     assert seen["megatron"] == {True, False} and seen["torchtitan"] == {True, False}
 
 
+def test_the_schema_holds_runtimes_to_the_known_names(tmp_path):
+    from opsched.commands.plan import runtimes_fields
+
+    plan = make_plan(tmp_path, layers=[16, 16], config="tp2.dp2", microbatch_size=4)
+    schedule, doc = read_plan(plan)
+    doc.update(runtimes_fields(verdicts(schedule, doc)))
+    assert doc["runtimes"] == ["torch", "megatron", "torchtitan"] and doc["runtimes_refused"] == {}
+    assert schema_errors(doc) == []
+    assert schema_errors(dict(doc, runtimes=["tpu"])) and schema_errors(dict(doc, runtimes_refused={"tpu": "no"}))
+
+
+@pytest.mark.slow
+def test_the_planner_returns_only_what_the_runtime_runs_and_says_why_it_left_the_rest_out():
+    """Two towers: the placement MIP's best plan branches (the towers side by side); with runtime torch only a
+    chain may win, and the branching candidates say why they were left out."""
+    from opsched.cluster import Training, cluster_from_dict
+    from opsched.export.torch_csv import check_expressible
+    from opsched.planner import plan_block_graph
+    from conftest import SLOW_LINK_CLUSTER
+    from test_plan_cli import two_tower_graph
+
+    result = plan_block_graph(two_tower_graph(), cluster_from_dict(SLOW_LINK_CLUSTER), Training(microbatches=4),
+                              time_limit=4, runtime="torch")
+    check_expressible(result.schedule.stage_graph, result.schedule.microbatches)  # a chain torch runs
+    left_out = [c for c in result.candidates if c.status.startswith("not scheduled: ")]
+    assert left_out and all("the StageGraph branches" in c.status for c in left_out)
+
+
 # --------------------------------------------------------------------------- bad input
 
 
