@@ -193,18 +193,19 @@ def test_no_runnable_plan_says_why_and_how_to_widen_the_search(tmp_path, capsys)
 # --------------------------------------------------------------------------- end to end, one per runtime
 
 
-def _plan(tmp_path: Path, runtime: str, *extra: str) -> tuple[Path, dict, dict]:
+def _plan(tmp_path: Path, runtime: str, *extra: str) -> tuple[Path, dict]:
+    """Plan the bundled GPT 1.7B on 4 devices for ``runtime``: (the output directory, plan.json)."""
     out = tmp_path / "out"
     argv = ["plan", str(MODELS / "gpt_1_7b.onnx"), "--devices", "4", "--time-limit", "6", "--runtime", runtime,
             "-o", str(out), "--quiet", *extra]
     assert main(argv) == 0
-    return out, json.loads((out / "plan.json").read_text()), {}
+    return out, json.loads((out / "plan.json").read_text())
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("runtime", list(RUNTIMES))
 def test_a_plan_for_a_runtime_exports_to_it(runtime, tmp_path, capsys):
-    out, doc, _ = _plan(tmp_path, runtime, "--json")
+    out, doc = _plan(tmp_path, runtime, "--json")
     summary = json.loads(capsys.readouterr().out)
     assert schema_errors(doc) == []
     assert runtime in doc["runtimes"] and doc["runtimes"] == summary["runtimes"]
@@ -223,7 +224,7 @@ def test_a_plan_for_a_runtime_exports_to_it(runtime, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_a_torchtitan_plan_loads_in_torchtitan(tmp_path, torchtitan_config):  # noqa: F811
-    out, doc, _ = _plan(tmp_path, "torchtitan")
+    out, _doc = _plan(tmp_path, "torchtitan")
     code, _stdout, err = export(tmp_path, out / "plan.json", *FLAGS["torchtitan"](tmp_path / "files"))
     assert code == 0, err
     job, dims = torchtitan_config(tmp_path / "files" / "t.toml", 4)
