@@ -274,8 +274,8 @@ def check_runtime_model(runtime: str, model: str, bg) -> None:
 
     def refuse(reason: str) -> OpschedError:
         reason = reason.replace("its stages hold", "it has")
-        return OpschedError(f"--runtime {runtime}: {model} cannot run there: {reason}; plan with --runtime torch "
-                            "or --runtime any")
+        return OpschedError(f"--runtime {runtime}: {runtime} can run no plan of {model}: {reason}; plan with "
+                            "--runtime torch or --runtime any")
 
     one_layer_stack([s for s in stacks if s is not None], refuse)
 
