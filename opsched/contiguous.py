@@ -46,6 +46,10 @@ class Baseline:
     stage_blocks: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
     #: what each stage holds, when it comes from another import of the model (a Megatron-style layout)
     contents: dict[int, StageContents] | None = None
+    #: samples per microbatch of ``schedule`` when not the planner's (a Megatron-style layout: one per replica)
+    microbatch_size: int | None = None
+    #: activation recomputation of ``schedule`` when not the planner's (a Megatron-style layout tries both)
+    recompute: str | None = None
 
     def to_dict(self, samples_per_step: int) -> dict:
         return {

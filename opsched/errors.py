@@ -55,3 +55,15 @@ class MemoryTooSmall(OpschedError):
 
     def __str__(self) -> str:
         return self.args[0]
+
+
+class NoRunnablePlan(OpschedError):
+    """No plan the search found can run on the runtime asked for (``opsched plan --runtime``); ``reasons`` says why
+    for each kind of candidate, so the command can add how to widen the search."""
+
+    def __init__(self, message: str, reasons: list[str]):
+        super().__init__(message, reasons)  # both in args, so it survives pickling from a child process
+        self.reasons = reasons
+
+    def __str__(self) -> str:
+        return self.args[0]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Callable
 
 import networkx as nx
 
@@ -570,6 +571,7 @@ def search_layouts(
     bg: nx.DiGraph, cluster: Cluster, training: Training, *, global_batch: int, tokens_per_sequence: int,
     memory_limit: float | None = None, recompute: tuple[str, ...] = ("none", "full"), keep: int = 1, zero: int = 1,
     fewer_devices: bool = False,
+    accept: Callable[[Evaluation], bool] | None = None,
 ) -> list[Evaluation]:
     """The ``keep`` fastest layouts of :func:`layout_grid` that fit, evaluated at micro-batch size 1.
 
@@ -580,7 +582,9 @@ def search_layouts(
     best step so far is not simulated (it cannot win). With
     ``fewer_devices`` the layouts on the first half, quarter, ... of the
     devices are tried too (the rest idle): a global batch too small for
-    every device, or replicas that would straddle nodes, can make those faster.
+    every device, or replicas that would straddle nodes, can make those
+    faster. ``accept``: a layout that fits but is not accepted (a runtime
+    that cannot run it) is left out.
     """
     index = model_index(bg)
     found: list[Evaluation] = []
@@ -602,7 +606,8 @@ def search_layouts(
             if e is None:
                 break  # cannot beat the best so far, with more work (recomputation) even less
             if e.fits:
-                found.append(e)
+                if accept is None or accept(e):
+                    found.append(e)
                 break
     # on a tie the layout that uses more devices goes first: it leaves none idle for nothing
     return sorted(found, key=lambda e: (e.step_time, -e.layout.devices, str(e.layout)))[:keep]

@@ -31,7 +31,8 @@ from opsched.baselines import baseline_orders
 from opsched.cluster import Cluster, Training, memory_hint
 from opsched.contiguous import Baseline, contiguous_baselines
 from opsched.cost import expert_count
-from opsched.errors import MemoryTooSmall
+from opsched.errors import MemoryTooSmall, NoRunnablePlan
+from opsched.export.runtimes import RUNTIMES, layout_fields, refusal
 from opsched.graph import Block
 from opsched.isolate import Call, SolverCrash, run_isolated, run_isolated_all
 from opsched.lower import minimum_memory_limit, solve
@@ -92,6 +93,8 @@ class PlanResult:
     candidates: list[Candidate]
     baselines: list[Baseline]
     blocks: int  # blocks the upper MIP placed
+    microbatch_size: int  # samples per microbatch of ``schedule`` (a Megatron-style layout's: one per replica)
+    recompute: str  # activation recomputation of ``schedule`` ("none" or "full")
     seconds: dict[str, float] = field(default_factory=dict)
     refused_baselines: dict[str, str] = field(default_factory=dict)  # method -> why it fits no contiguous split
     #: devices of the cluster that hold no stage of the chosen plan
@@ -159,6 +162,8 @@ class Option:
     grad_sync: float
     stage_blocks: dict[int, list[tuple[int, str]]]  # stage id -> (block id of the reduced graph, mode name)
     contents: dict[int, StageContents] | None = None  # what each stage holds, when known directly
+    microbatch_size: int | None = None  # samples per microbatch, when not the planner's (Baseline.microbatch_size)
+    recompute: str | None = None  # activation recomputation, when not the planner's (Baseline.recompute)
 
 
 # --------------------------------------------------------------------------- the search
@@ -182,6 +187,7 @@ def plan_block_graph(
     deadline: float | None = None,
     layouts_run_today: list[Baseline] | None = None,
     workers: int = 1,
+    runtime: str | None = None,
 ) -> PlanResult:
     """Plan ``bg`` on ``cluster`` (see the module docstring) within ``time_limit`` seconds of wall clock.
 
@@ -195,6 +201,9 @@ def plan_block_graph(
     solves run at once, each in its own process and with its own work
     budget: the same plan sooner, or a better one when the clock would have
     cut solves. Progress, with the time left, goes to this module's logger.
+
+    ``runtime`` (one of :data:`opsched.export.runtimes.RUNTIMES`): only plans
+    it can run are scheduled and returned (:class:`RuntimeFilter`).
     """
     require(solver)
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
@@ -208,26 +217,21 @@ def plan_block_graph(
     problems = {str(lay): upper_problem(small, lay, cluster, training, limit, table) for lay in all_layouts}
     solutions, candidates = _solve_layouts(problems, clock, solver, workers)
     t_upper = time.perf_counter()
-    baselines, best_split, refused = contiguous_baselines(small, cluster, training, limit, table,
-                                                          deadline=clock.share(BASELINE_SHARE))
-    # Megatron-style layouts (opsched.evaluate.search_layouts), offered like the hand-written baselines
-    baselines = sorted(baselines + list(layouts_run_today or []), key=lambda b: (b.step_time, b.method))
+    runnable = RuntimeFilter(runtime, training, members, bg)
+    baselines, best_split, refused = runnable.all_baselines(small, cluster, limit, layouts_run_today, table,
+                                                            deadline=clock.share(BASELINE_SHARE))
     t_base = time.perf_counter()
     if not solutions and not baselines:
-        smallest = _smallest_memory(problems, solver)
-        raise MemoryTooSmall(
-            f"no layout fits in {bytes_text(limit)} per device; the smallest memory that works is about "
-            f"{bytes_text(smallest)} ({memory_hint(smallest, cluster)})", smallest
-        )
+        runnable.none_left()
+        raise _too_small("no layout fits in", _smallest_memory(problems, solver), limit, cluster)
     jobs, unscheduled = _lower_jobs(solutions, problems, best_split)
+    jobs = runnable.jobs(jobs, training.microbatches)
     _schedule_jobs(jobs, training.microbatches, limit, clock, solver, keep, workers)
     options = [_job_option(j) for j in jobs if j.schedule is not None] + [_baseline_option(b) for b in baselines]
+    options = runnable.options(options)
     if not options:
         smallest = min((minimum_memory_limit(j.stage_graph, training.microbatches) for j in jobs), default=math.inf)
-        raise MemoryTooSmall(
-            f"no candidate could be scheduled within {bytes_text(limit)} per device; the smallest memory that works "
-            f"is about {bytes_text(smallest)} ({memory_hint(smallest, cluster)})", smallest
-        )
+        raise _too_small("no candidate could be scheduled within", smallest, limit, cluster)
     best = min(options, key=lambda o: o.step_time)
     validate(best.schedule)
     idle, every = _idle_and_every_device_plan(best, options, cluster.devices)
@@ -238,10 +242,12 @@ def plan_block_graph(
         layout=best.layout,
         step_time=best.step_time,
         grad_sync=best.grad_sync,
-        stage_contents=best.contents or _stage_contents(best.stage_blocks, members, bg),
-        candidates=[j.candidate for j in jobs] + candidates + unscheduled,
+        stage_contents=runnable.contents(best),
+        candidates=[j.candidate for j in runnable.all_jobs] + candidates + unscheduled,
         baselines=baselines,
         blocks=small.number_of_nodes(),
+        microbatch_size=best.microbatch_size or training.microbatch_size,
+        recompute=best.recompute or training.recompute,
         seconds={"upper": t_upper - t_start, "baselines": t_base - t_upper, "lower": time.perf_counter() - t_base},
         refused_baselines=refused,
         idle_devices=idle,
@@ -276,6 +282,12 @@ def idle_devices(sg: StageGraph, devices: int) -> tuple[int, ...]:
     """
     held = {d for stage in sg.stages for d in stage.devices}
     return tuple(d for d in range(devices) if d not in held)
+
+
+def _too_small(what: str, smallest: float, limit: float, cluster: Cluster) -> MemoryTooSmall:
+    """The error for a memory limit nothing fits in (``what`` it, e.g. "no layout fits in"), with the smallest that works."""
+    return MemoryTooSmall(f"{what} {bytes_text(limit)} per device; the smallest memory "
+                          f"that works is about {bytes_text(smallest)} ({memory_hint(smallest, cluster)})", smallest)
 
 
 #: the part of the time limit the upper MIPs share
@@ -400,6 +412,8 @@ Words of the progress lines and the report:
   estimated only        not scheduled: its estimate is over {round(100 * (LOWER_WITHIN - 1))} % above the best layout's,
                         or {LOWER_AT_MOST} layouts with better estimates were scheduled
   skipped, not scheduled  the time limit was spent before this step's turn
+  not scheduled: R cannot run this plan: ...  left out for --runtime: the reason R's export
+                        (`opsched export`) gives for these stages
   no fit                no placement on this layout fits in the memory limit
   source                upper: the placement MIP's stages; contiguous: the best baseline's split,
                         rescheduled by the lower MIP; baseline NAME: that schedule as it is
@@ -600,19 +614,113 @@ def _quiet(logger_name: str):
         logger.setLevel(level)
 
 
+def _job_blocks(job: LowerJob) -> dict[int, list[tuple[int, str]]]:
+    """Stage id -> (block id of the reduced graph, mode name) of a job's stages."""
+    if job.plan is not None:
+        return {sid: [(b, job.plan.modes_of_stage[sid][b]) for b in blocks] for sid, blocks in job.plan.blocks_of_stage.items()}
+    return job.split.stage_blocks
+
+
 def _job_option(job: LowerJob) -> Option:
     cand = job.candidate
-    if job.plan is not None:
-        held = {sid: [(b, job.plan.modes_of_stage[sid][b]) for b in blocks] for sid, blocks in job.plan.blocks_of_stage.items()}
-    else:
-        held = job.split.stage_blocks
-    return Option(cand.step_time, cand.source, cand.layout, job.schedule, job.outcome.as_metrics(), job.grad_sync, held)
+    return Option(cand.step_time, cand.source, cand.layout, job.schedule, job.outcome.as_metrics(), job.grad_sync,
+                  _job_blocks(job))
 
 
 def _baseline_option(b: Baseline) -> Option:
     """A baseline itself is a plan the search may return."""
     return Option(b.step_time, f"baseline {b.method}", b.layout, b.schedule,
-                  {"solver": "none", "solve_seconds": b.solve_seconds}, b.grad_sync, b.stage_blocks, b.contents)
+                  {"solver": "none", "solve_seconds": b.solve_seconds}, b.grad_sync, b.stage_blocks, b.contents,
+                  b.microbatch_size, b.recompute)
+
+
+@dataclass
+class RuntimeFilter:
+    """Keeps only what ``runtime`` can run (every candidate when it is None), asking the export's own checks
+    (:func:`opsched.export.runtimes.refusal`) with the plan.json fields the plan would be written with."""
+
+    runtime: str | None
+    training: Training
+    members: dict[int, list[int]]  # reduced block -> the model's blocks it stands for
+    bg: nx.DiGraph
+    all_jobs: list[LowerJob] = field(default_factory=list)  # every job, kept or refused, for the candidates table
+    reasons: list[str] = field(default_factory=list)  # why each candidate left out cannot run on the runtime
+
+    def all_baselines(self, small: nx.DiGraph, cluster: Cluster, limit: float, today: list[Baseline] | None,
+                      table: CostTable | None = None, deadline: float | None = None,
+                      ) -> tuple[list[Baseline], Baseline | None, dict[str, str]]:
+        """:func:`contiguous_baselines` on ``small`` and the Megatron-style layouts (``today``), those the runtime
+        can run, by step time; the best contiguous one (the lower level's split); method -> why refused."""
+        rows, best_split, refused = contiguous_baselines(small, cluster, self.training, limit, table, deadline)
+        today = list(today or [])
+        if self.runtime is not None:
+            rows, today = self.baselines(rows, refused), self.baselines(today, refused)
+            best_split = rows[0] if rows else None
+        # Megatron-style layouts (opsched.evaluate.search_layouts), offered like the hand-written baselines
+        return sorted(rows + today, key=lambda b: (b.step_time, b.method)), best_split, refused
+
+    def contents(self, option: Option) -> dict[int, StageContents]:
+        return option.contents or _stage_contents(option.stage_blocks, self.members, self.bg)
+
+    def reason(self, option: Option) -> str | None:
+        """Why the runtime cannot run ``option`` as plan.json would have it (None: it can, or no runtime asked)."""
+        if self.runtime is None:
+            return None
+        t = self.training
+        doc = layout_fields(self.contents(option), option.microbatch_size or t.microbatch_size, t.zero,
+                            option.recompute or t.recompute)
+        return refusal(self.runtime, option.schedule, doc)
+
+    def baselines(self, rows: list[Baseline], refused: dict[str, str]) -> list[Baseline]:
+        """The rows the runtime can run; each other one's reason goes into ``refused`` (method -> reason)."""
+        kept = []
+        for b in rows:
+            why = self.reason(_baseline_option(b))
+            if why is None:
+                kept.append(b)
+            else:
+                refused[b.method] = f"{b.layout}: {why}"
+                self.reasons.append(refused[b.method])
+                log.info("baseline: %s on %s left out for --runtime %s: %s", b.method, b.layout, self.runtime, why)
+        return kept
+
+    def jobs(self, jobs: list[LowerJob], microbatches: int) -> list[LowerJob]:
+        """The upper solutions' stages the runtime can run, asked before the lower level orders them."""
+        self.all_jobs = list(jobs)
+        kept = []
+        for job in jobs:
+            unordered = Option(0.0, job.candidate.source, job.candidate.layout,
+                               Schedule(job.stage_graph, microbatches, [], name="mip"), {}, 0.0, _job_blocks(job))
+            why = self.reason(unordered) if job.plan else None
+            if why is None:
+                kept.append(job)
+            else:
+                job.candidate.status = f"not scheduled: {why}"
+                self.reasons.append(f"{job.candidate.source} {job.candidate.layout}: {why}")
+                log.info("lower: %s left out for --runtime %s: %s", _job_name(job.candidate), self.runtime, why)
+        return kept
+
+    def options(self, options: list[Option]) -> list[Option]:
+        """The finished plans the runtime can run, their orders checked too (:meth:`none_left` when none is)."""
+        if self.runtime is None:
+            return options
+        kept = []
+        for o in options:
+            why = self.reason(o)
+            if why is None:
+                kept.append(o)
+            else:
+                self.reasons.append(f"{o.source} {o.layout}: {why}")
+        if not kept:
+            self.none_left()
+        return kept
+
+    def none_left(self) -> None:
+        """Raise :class:`NoRunnablePlan` when candidates were left out for the runtime (else the caller says
+        that nothing fits)."""
+        if self.reasons:
+            raise NoRunnablePlan(f"no plan found can run on {self.runtime} (opsched export {RUNTIMES[self.runtime]}): "
+                                 f"{self.reasons[0]}", list(self.reasons))
 
 
 def _stage_contents(

@@ -100,6 +100,7 @@ CASES = {
     "plan cluster file missing": (PLAN + ["--cluster", "{tmp}/nope.json"] + OUT, "nope.json"),
     "plan cluster with a million devices": (PLAN + ["--cluster", "{tmp}/huge.json"] + OUT, "at most 65,536"),
     "plan unknown solver": (PLAN + ["--devices", "8", "--solver", "gurobi"] + OUT, "invalid choice"),
+    "plan unknown runtime": (PLAN + ["--devices", "8", "--runtime", "tpu"] + OUT, "invalid choice: 'tpu'"),
     "plan no devices": (PLAN + OUT, "--devices N"),
     "plan no output": (PLAN + ["--devices", "8"], "required"),
     "plan unknown flag": (PLAN + ["--devices", "8", "--frobnicate"] + OUT, "unrecognized arguments"),

@@ -147,6 +147,19 @@ def test_layout_search_prunes_without_losing_the_best(llama):
     assert "tp1 pp4 vpp8 dp2 zero1" in grid and "tp8 pp1 dp1 sp zero1" in grid
 
 
+def test_layout_search_keeps_only_accepted_layouts_and_still_the_fastest_of_them(llama):
+    """``accept`` (a runtime that cannot run a layout, for `plan --runtime`) leaves layouts out before pruning
+    against them, so the result is the fastest accepted layout, as the unpruned search ranks them."""
+    from opsched.evaluate import search_layouts
+
+    c = preset("h100-sxm", 8)
+    every = search_layouts(llama, c, Training(), global_batch=32, tokens_per_sequence=4096, keep=1000)
+    banned = str(every[0].layout)  # the fastest layout, refused
+    best = search_layouts(llama, c, Training(), global_batch=32, tokens_per_sequence=4096,
+                          accept=lambda e: str(e.layout) != banned)
+    assert len(best) == 1 and str(best[0].layout) == str(every[1].layout) != banned
+
+
 def test_layout_search_finds_mixtrals_published_layout(mixtral):
     """Megatron-Core's Mixtral run (TP1 EP8 PP4 VPP8 on 64 H100, GBS 256) is the best the search finds."""
     from opsched.evaluate import search_layouts

@@ -6,7 +6,7 @@ schedules the best few with the lower MIP, and compares the plan with every
 hand-written schedule on the best contiguous layer split of the same model
 at the same memory. Writes, into OUTDIR:
 
-  plan.json    the plan (validated before writing), with `baselines`, `candidates` and `warnings`
+  plan.json    the plan (validated before writing), with `baselines`, `candidates`, `warnings` and `runtimes`
   trace.json   Perfetto / chrome://tracing timeline
   gantt.svg    Gantt picture;  gantt.html  the same, interactive
   report.md    the plan against every baseline: step time, throughput, bubbles, memory, solve time;
@@ -21,12 +21,24 @@ output directory can be written, --memory-limit has a unit (a bare 80 is
 4,096 (far above real jobs; the search grows with both); and right after the
 import, every --dim names one of the model's symbolic dimensions.
 
+--runtime R keeps only plans runtime R can run, asked with `opsched export`'s
+own checks, so the chosen plan always exports to it: torch (--torch-csv),
+megatron (--megatron) or torchtitan (--torchtitan with --torch-csv); any
+(default) keeps every plan. Megatron-LM and torchtitan need whole layers per
+stage, one parallel configuration for the whole model and whole samples per
+data-parallel replica, so with them the fastest Megatron-style layout joins
+the search even without --global-batch; a model they cannot run at all (two
+stacks of layers, e.g. CLIP's towers) is refused right after the import.
+plan.json (`runtimes`), the summary and report.md list the runtimes that can
+run the chosen plan; report.md says why each other one cannot.
+
 With --json, stdout is one JSON object instead of the summary: model,
 cluster, devices, microbatches, microbatch_size, source and layout (the chosen
 plan), stages, step_time (s), throughput (samples/s), bubble_ratio,
 peak_memory_bytes (per device), lower_bound (s) and gap of the lower MIP
 (null for a baseline), best_baseline (method, layout, step_time, speedup;
-null when none fits), refused_baselines (method -> reason), warnings (what
+null when none fits), refused_baselines (method -> reason), runtimes (those
+that can run the plan), runtimes_refused (runtime -> why not), warnings (what
 the import assumed about the model, e.g. balanced MoE routing, and any
 other import warning; also in report.md and plan.json) and files (the paths
 written). Progress stays on stderr.
@@ -34,13 +46,15 @@ written). Progress stays on stderr.
 examples:
   opsched plan models/mixtral_8x7b.onnx --devices 16 -o out/
   opsched plan models/clip_vit_l14.onnx --devices 8 --preset a100-80g --microbatches 16 -o out/clip
+  opsched plan models/llama_7b.onnx --devices 8 --runtime megatron -o out/llama
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import contextlib
+import dataclasses
+import functools
 import json
 import logging
 import shutil
@@ -59,6 +73,7 @@ from opsched.commands.args import (
     positive_float,
     positive_int,
 )
+from opsched.export.runtimes import RUNTIMES
 from opsched.planner import GLOSSARY
 from opsched.solver import SOLVERS
 from opsched.upper.layouts import NOTATION
@@ -72,6 +87,9 @@ log = logging.getLogger(__name__)
 ZERO_WORDS = {0: "held whole by every data-parallel replica (ZeRO 0)",
               1: "sharded over data-parallel replicas (ZeRO-1, Megatron's distributed optimizer)",
               2: "sharded over data-parallel replicas, gradients too (ZeRO-2)"}
+
+#: what --runtime takes: a runtime of opsched.export.runtimes.RUNTIMES, or any
+RUNTIME_CHOICES = ("any", *RUNTIMES)
 
 #: the part of --time-limit kept for validating the plan and writing its files
 EXPORT_SHARE = 0.05
@@ -114,6 +132,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="activation recomputation: none; full (each block keeps its input and runs its forward "
                              "again in the backward); auto (default) plans without it and with full recomputation "
                              "only if nothing fits")
+    parser.add_argument("--runtime", choices=RUNTIME_CHOICES, default="any",
+                        help="keep only plans this runtime can run, so that `opsched export` writes its files: "
+                             "torch (--torch-csv), megatron (--megatron), torchtitan (--torchtitan with --torch-csv); "
+                             "any (default) keeps every plan. With megatron or torchtitan, Megatron-style layouts "
+                             "(whole layers, one configuration) join the search even without --global-batch")
     parser.add_argument("--solver", default="cbc", choices=SOLVERS, help="MIP solver (default cbc; highs needs pip install highsbox)")
     parser.add_argument("-o", "--out", required=True, metavar="OUTDIR",
                         help="directory for the plan files (made if missing; checked before any work)")
@@ -124,13 +147,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from opsched.cluster import Training, resolve_cluster
     from opsched.coarsen import coarsen
-    from opsched.errors import MemoryTooSmall, OpschedError
+    from opsched.errors import OpschedError
+    from opsched.export.runtimes import verdicts
     from opsched.fileio import check_output_dir
-    from opsched.isolate import usable_cores
     from opsched.onnx_import import import_onnx, routing_assumptions
-    from opsched.planner import plan_block_graph
     from opsched.solver import require
-    from opsched.units import bytes_text, plural, seconds_text
+    from opsched.units import bytes_text, plural
     from opsched.upper.layouts import layouts
 
     # the time limit is the whole command's: the import counts, and a part is kept for writing the files
@@ -156,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
     training = Training(microbatches=microbatches, microbatch_size=int(used_dims.get("batch", 1)),
                         zero=args.zero, recompute="full" if args.recompute == "full" else "none",
                         whole_sequences=args.global_batch is not None)
+    bg = coarsen(og)
+    check_runtime_model(args.runtime, args.model, bg)  # a model the runtime cannot run fails before the search
     dims_text = ", ".join(f"{k}={v}" for k, v in used_dims.items())
     log.info("import: %s: %s; %s", args.model, plural(og.number_of_nodes(), "operator"),
              f"symbolic dims {dims_text}" if dims_text else "no symbolic dims")
@@ -167,47 +191,112 @@ def run(args: argparse.Namespace) -> int:
         log.warning("import: assumes %s", sentence)
     for sentence in og.graph.get("warnings") or []:
         log.warning("import: warning: %s", sentence)
-    bg = coarsen(og)
     log.info("coarsen: the operators merged into %s (the units the planner places)",
              plural(bg.number_of_nodes(), "block"))
     log.info("cluster: %s, %s (%d per node), memory limit %s per device, %s per step",
              cluster.name, plural(cluster.devices, "device"), cluster.devices_per_node, bytes_text(limit),
              plural(training.microbatches, "microbatch", "microbatches"))
-    # with a global batch, the Megatron-style layouts users run (micro-batch 1, replicas, EP folded over
-    # them, interleaved 1F1B) join the baselines, so a plan is never slower than the best of them
-    today = megatron_layouts(args, dims, cluster, training, limit) if training.whole_sequences else []
-    workers = args.jobs or usable_cores()
-    # the planner logs its own progress (opsched.planner)
-    try:
-        result = plan_block_graph(bg, cluster, training, memory_limit=limit, time_limit=args.time_limit,
-                                  solver=args.solver, deadline=deadline, layouts_run_today=today, workers=workers)
-    except MemoryTooSmall:
-        if args.recompute != "auto":
-            raise
-        log.info("plan: nothing fits without recomputation; planning again with full recomputation, %s left",
-                 seconds_text(max(0.0, deadline - time.monotonic())))
-        # the Megatron-style layouts already tried recomputation themselves (--recompute auto): kept as found
-        training = dataclasses.replace(training, recompute="full")
-        result = plan_block_graph(bg, cluster, training, memory_limit=limit, time_limit=args.time_limit,
-                                  solver=args.solver, deadline=max(deadline, time.monotonic() + 1.0),
-                                  layouts_run_today=today, workers=workers)
+    # with a global batch (or a runtime that needs whole layers: the plan's samples per step), the
+    # Megatron-style layouts users run (micro-batch 1, replicas, EP folded over them, interleaved 1F1B) join
+    # the baselines, so a plan is never slower than the best of them
+    whole_layers = args.runtime in ("megatron", "torchtitan") and "batch" in used_dims
+    global_batch = args.global_batch or (training.microbatches * training.microbatch_size if whole_layers else None)
+    today = megatron_layouts(args, dims, cluster, training, limit, global_batch) if global_batch else []
+    training, result = plan_with_recompute(args, bg, cluster, training, limit, deadline, today, bool(global_batch))
     log.info("validate: %s on %s", result.source, result.layout)
     for sentence in plan_warnings(result, training, cluster):
         warnings.append(sentence)
         log.warning("plan: %s", sentence)
     samples = training.microbatches * training.microbatch_size
     extra = plan_extra(args.model, cluster, training, result, warnings, dims=used_dims)
-    names = write_outputs(out, result, extra, report_text(args.model, cluster, training, limit, result, warnings))
+    runtimes = verdicts(result.schedule, extra)  # the export's own checks, on the plan as written
+    extra.update(runtimes_fields(runtimes))
+    report = report_text(args.model, cluster, training, limit, result, warnings, runtimes)
+    names = write_outputs(out, result, extra, report)
     log.info("export: %s in %s", ", ".join(names), out)
     if args.json:
-        print(json.dumps(summary_dict(args.model, cluster, training, result, out, names, warnings), indent=2))
+        print(json.dumps(summary_dict(args.model, cluster, training, result, out, names, warnings, runtimes),
+                         indent=2))
     else:
-        print(summary_text(args.model, cluster, training, result, samples, out, names, warnings))
+        print(summary_text(args.model, cluster, training, result, samples, out, names, warnings, runtimes))
     return 0
 
 
-def megatron_layouts(args: argparse.Namespace, dims: dict[str, int], cluster, training, limit: float) -> list:
-    """The fastest Megatron-style layout that fits (:func:`opsched.evaluate.search_layouts`) as a baseline row.
+def plan_with_recompute(args: argparse.Namespace, bg, cluster, training, limit: float, deadline: float, today: list,
+                        searched: bool):
+    """(training as planned, :class:`opsched.planner.PlanResult`): the planner's search, once more with full
+    recomputation when nothing fits without it and ``--recompute auto``; for ``--runtime R`` only plans R can run,
+    and :class:`NoRunnablePlan` says why none can, and how to widen the search. ``today``: the Megatron-style
+    layouts found (``searched``: whether they were looked for)."""
+    from opsched.errors import MemoryTooSmall, NoRunnablePlan, OpschedError
+    from opsched.isolate import usable_cores
+    from opsched.planner import plan_block_graph
+    from opsched.units import seconds_text
+
+    runtime = None if args.runtime == "any" else args.runtime
+    plan = functools.partial(plan_block_graph, bg, cluster, memory_limit=limit, time_limit=args.time_limit,
+                             solver=args.solver, layouts_run_today=today, runtime=runtime,
+                             workers=args.jobs or usable_cores())
+    # the planner logs its own progress (opsched.planner)
+    try:
+        try:
+            return training, plan(training, deadline=deadline)
+        except (MemoryTooSmall, NoRunnablePlan) as exc:
+            if args.recompute != "auto" or (isinstance(exc, NoRunnablePlan) and not _memory_bound(exc)):
+                raise
+            log.info("plan: nothing%s fits without recomputation; planning again with full recomputation, %s left",
+                     "" if runtime is None else f" {runtime} can run", seconds_text(max(0.0, deadline - time.monotonic())))
+            # the Megatron-style layouts already tried recomputation themselves (--recompute auto): kept as found
+            training = dataclasses.replace(training, recompute="full")
+            return training, plan(training, deadline=max(deadline, time.monotonic() + 1.0))
+    except NoRunnablePlan as exc:
+        hint = "plan with --runtime any for the fastest plan of any shape"
+        if runtime in ("megatron", "torchtitan") and not today:
+            hint = ("no Megatron-style layout (whole layers, one configuration) fits: pass a larger --memory-limit or "
+                    f"more --devices, or {hint}" if searched else
+                    "the model has no symbolic batch dimension, so no Megatron-style layout (whole layers, one "
+                    f"configuration) was searched; {hint}")
+        raise OpschedError(f"{exc}; {hint}") from None
+
+
+def _memory_bound(exc) -> bool:
+    """Whether a :class:`NoRunnablePlan` had candidates refused for memory, which recomputation may fit."""
+    return any("memory" in reason for reason in exc.reasons)
+
+
+def check_runtime_model(runtime: str, model: str, bg) -> None:
+    """Refuse, before the search, a model ``runtime`` can run no plan of: Megatron-LM and torchtitan split one
+    stack of numbered layers (:func:`opsched.export.plan_layout.one_layer_stack`, the export's own rule)."""
+    from opsched.errors import OpschedError
+    from opsched.export.plan_layout import layer_stack_of, one_layer_stack
+    from opsched.upper.stages import layer_path
+
+    if runtime not in ("megatron", "torchtitan"):
+        return
+    stacks = [layer_stack_of(layer_path(bg.nodes[b]["block"].name)) for b in bg.nodes]
+
+    def refuse(reason: str) -> OpschedError:
+        reason = reason.replace("its stages hold", "it has")
+        return OpschedError(f"--runtime {runtime}: {runtime} can run no plan of {model}: {reason}; plan with "
+                            "--runtime torch or --runtime any")
+
+    one_layer_stack([s for s in stacks if s is not None], refuse)
+
+
+def runtimes_fields(runtimes: dict[str, str | None]) -> dict:
+    """plan.json's ``runtimes`` (those that can run the plan) and ``runtimes_refused`` (runtime -> why not).
+
+    >>> runtimes_fields({"torch": None, "megatron": "Megatron-LM cannot run this plan: a V"})
+    {'runtimes': ['torch'], 'runtimes_refused': {'megatron': 'Megatron-LM cannot run this plan: a V'}}
+    """
+    return {"runtimes": [r for r, why in runtimes.items() if why is None],
+            "runtimes_refused": {r: why for r, why in runtimes.items() if why is not None}}
+
+
+def megatron_layouts(args: argparse.Namespace, dims: dict[str, int], cluster, training, limit: float,
+                     global_batch: int) -> list:
+    """The fastest Megatron-style layout that fits (:func:`opsched.evaluate.search_layouts`) as a baseline row;
+    with ``--runtime R``, the fastest R can run (:func:`opsched.export.runtimes.refusal`).
 
     The model is imported again with one sequence per microbatch (Megatron's
     micro-batch size 1); its step is counted as the planner counts every
@@ -215,42 +304,30 @@ def megatron_layouts(args: argparse.Namespace, dims: dict[str, int], cluster, tr
     with like. Empty when no such layout fits.
     """
     from opsched.coarsen import coarsen
-    from opsched.contiguous import Baseline, on_real_devices
-    from opsched.cost import Mode, expert_count
     from opsched.evaluate import search_layouts
+    from opsched.export.runtimes import layout_fields, refusal
     from opsched.onnx_import import import_onnx
-    from opsched.schedule import metrics
-    from opsched.upper.layouts import Layout
     from opsched.units import seconds_text
-    from opsched.upper.stages import stage_contents
 
     t0 = time.perf_counter()
     og = import_onnx(args.model, dims={**dims, "batch": 1}, capacity_factor=args.capacity_factor, strict_dims=True)
     bg = coarsen(og)
     modes = ("none", "full") if args.recompute == "auto" else (training.recompute,)
-    found = search_layouts(bg, cluster, training, global_batch=args.global_batch,
+
+    def runs(e) -> bool:  # the runtime asked for can run the layout as plan.json would hold it
+        if args.runtime == "any":
+            return True
+        row = layout_row(e, bg, cluster, t0)
+        return refusal(args.runtime, row.schedule, layout_fields(row.contents, row.microbatch_size, training.zero,
+                                                                 row.recompute)) is None
+
+    found = search_layouts(bg, cluster, training, global_batch=global_batch,
                            tokens_per_sequence=int(og.graph.get("dims", {}).get("seq", 1)), memory_limit=limit,
-                           recompute=modes, zero=training.zero, fewer_devices=True)
+                           recompute=modes, zero=training.zero, accept=runs,
+                           fewer_devices=True)
     rows = []
     for e in found:
-        lay = e.layout
-        m = metrics(e.schedule)
-        # the modes' own names: experts folded over the replicas hold 1/ep of them each
-        dense, expert = str(Mode(tp=lay.tp, dp=lay.dp)), str(Mode(tp=lay.tp, dp=lay.dp // lay.ep, ep=lay.ep))
-        contents = {
-            c: stage_contents([(bg.nodes[b]["block"].name,
-                                expert if lay.ep > 1 and expert_count(bg.nodes[b]["block"]) else dense)
-                               for b in blocks])
-            for c, blocks in enumerate(e.chunks)
-        }
-        used = "" if lay.devices == cluster.devices else f", on {lay.devices} of the {cluster.devices} devices"
-        rows.append(Baseline(
-            method=f"megatron {e.schedule_name}", layout=f"{lay}, micro-batch 1{used}",
-            schedule=on_real_devices(e.schedule, Layout(lay.devices, lay.pp)),
-            makespan=m.makespan, step_time=m.makespan + e.grad_sync, bubble_ratio=m.bubble_ratio,
-            peak_memory_bytes=e.peak_memory_bytes, grad_sync=e.grad_sync, solve_seconds=time.perf_counter() - t0,
-            contents=contents,
-        ))
+        rows.append(layout_row(e, bg, cluster, t0))
         log.info("baseline: the fastest Megatron-style layout that fits, %s with %s: step time %s",
                  rows[-1].layout, e.schedule_name, seconds_text(rows[-1].step_time))
     return rows
@@ -264,7 +341,7 @@ def plan_warnings(result, training, cluster) -> list[str]:
     split = split_sequences(result, training)
     if split:
         out.append(f"the plan's data-parallel modes {', '.join(split)} split a microbatch of "
-                   f"{plural(training.microbatch_size, 'sequence')}: that is context parallelism, whose traffic "
+                   f"{plural(result.microbatch_size, 'sequence')}: that is context parallelism, whose traffic "
                    "is not costed; pass --global-batch G (and --micro-batch-size B) so that replicas take whole "
                    "sequences")
     if result.idle_devices:
@@ -284,6 +361,35 @@ def plan_warnings(result, training, cluster) -> list[str]:
     return out
 
 
+def layout_row(e, bg, cluster, t0: float):
+    """A Megatron-style layout's :class:`opsched.evaluate.Evaluation` as a baseline row: its schedule on the real
+    devices, what each stage holds, one sequence per data-parallel replica, its own recomputation."""
+    from opsched.contiguous import Baseline, on_real_devices
+    from opsched.cost import Mode, expert_count
+    from opsched.schedule import metrics
+    from opsched.upper.layouts import Layout
+    from opsched.upper.stages import stage_contents
+
+    lay = e.layout
+    m = metrics(e.schedule)
+    # the modes' own names: experts folded over the replicas hold 1/ep of them each
+    dense, expert = str(Mode(tp=lay.tp, dp=lay.dp)), str(Mode(tp=lay.tp, dp=lay.dp // lay.ep, ep=lay.ep))
+    contents = {
+        c: stage_contents([(bg.nodes[b]["block"].name,
+                            expert if lay.ep > 1 and expert_count(bg.nodes[b]["block"]) else dense)
+                           for b in blocks])
+        for c, blocks in enumerate(e.chunks)
+    }
+    used = "" if lay.devices == cluster.devices else f", on {lay.devices} of the {cluster.devices} devices"
+    return Baseline(
+        method=f"megatron {e.schedule_name}", layout=f"{lay}, micro-batch 1{used}",
+        schedule=on_real_devices(e.schedule, Layout(lay.devices, lay.pp)),
+        makespan=m.makespan, step_time=m.makespan + e.grad_sync, bubble_ratio=m.bubble_ratio,
+        peak_memory_bytes=e.peak_memory_bytes, grad_sync=e.grad_sync, solve_seconds=time.perf_counter() - t0,
+        contents=contents, microbatch_size=lay.dp, recompute=lay.recompute,  # one sequence per replica
+    )
+
+
 def split_sequences(result, training) -> list[str]:
     """The chosen plan's modes whose data-parallel degree exceeds a microbatch's sequences (none with --global-batch).
 
@@ -294,7 +400,7 @@ def split_sequences(result, training) -> list[str]:
     from opsched.cost import Mode
 
     modes = {m for contents in result.stage_contents.values() for m in contents.modes}
-    return sorted(m for m in modes if Mode.parse(m).dp > training.microbatch_size)
+    return sorted(m for m in modes if Mode.parse(m).dp > result.microbatch_size)
 
 
 def batch_dims(args: argparse.Namespace) -> tuple[dict[str, int], int]:
@@ -334,6 +440,8 @@ def plan_extra(model: str, cluster, training, result, warnings: list[str] | None
                dims: dict[str, int] | None = None) -> dict:
     """The fields plan.json holds beyond the schedule contract (``warnings``: the import's assumptions and warnings;
     ``dims``: the model's symbolic dims as planned, e.g. batch and seq, which a framework's batch settings need)."""
+    from opsched.export.runtimes import layout_fields
+
     samples = training.microbatches * training.microbatch_size
     return {
         "model": str(model),
@@ -349,11 +457,8 @@ def plan_extra(model: str, cluster, training, result, warnings: list[str] | None
         "step_time": result.step_time,
         "grad_sync_seconds": result.grad_sync,
         "throughput": samples / result.step_time if result.step_time > 0 else 0.0,
-        "microbatch_size": training.microbatch_size,
-        "zero": training.zero,
-        "recompute": training.recompute,
+        **layout_fields(result.stage_contents, result.microbatch_size, training.zero, result.recompute),
         "stage_blocks": {str(k): c.blocks for k, c in result.stage_contents.items()},
-        "stage_contents": {str(k): c.to_dict() for k, c in result.stage_contents.items()},
         "baselines": [b.to_dict(samples) for b in result.baselines],
         "refused_baselines": [{"method": k, "reason": v} for k, v in result.refused_baselines.items()],
         "candidates": [c.to_dict() for c in result.candidates],
@@ -411,7 +516,8 @@ def write_outputs(out: Path, result, extra: dict, report: str) -> list[str]:
     return names
 
 
-def report_text(model: str, cluster, training, limit: float, result, warnings: list[str] | None = None) -> str:
+def report_text(model: str, cluster, training, limit: float, result, warnings: list[str] | None = None,
+                runtimes: dict[str, str | None] | None = None) -> str:
     """report.md: the plan against every baseline, every candidate tried, the stages, and how to read it all.
 
     Times and memory sizes carry units chosen per magnitude (one unit per
@@ -430,9 +536,9 @@ def report_text(model: str, cluster, training, limit: float, result, warnings: l
         "",
         f"- cluster: {cluster.name}, {plural(cluster.devices, 'device')}, {cluster.devices_per_node} per node",
         f"- memory limit: {bytes_text(limit)} per device (parameters + gradients + optimizer state + activations)",
-        f"- microbatches: {training.microbatches} of {plural(training.microbatch_size, 'sample')} each; "
+        f"- microbatches: {result.schedule.microbatches} of {plural(result.microbatch_size, 'sample')} each; "
         f"dtype {training.dtype}",
-        f"- optimizer states: {ZERO_WORDS[training.zero]}; activation recomputation: {training.recompute}",
+        f"- optimizer states: {ZERO_WORDS[training.zero]}; activation recomputation: {result.recompute}",
         f"- chosen: {result.source} on layout {result.layout} ({describe_layout(result.layout)}), "
         f"{plural(stages, 'pipeline stage')}",
         f"- step time {seconds_text(result.step_time)} (makespan {seconds_text(m.makespan)} + gradient sync "
@@ -440,6 +546,8 @@ def report_text(model: str, cluster, training, limit: float, result, warnings: l
         f"- upper MIP placed {plural(result.blocks, 'block')}; time spent: upper {seconds_text(result.seconds.get('upper', 0))}, "
         f"baselines {seconds_text(result.seconds.get('baselines', 0))}, lower {seconds_text(result.seconds.get('lower', 0))}",
     ]
+    if runtimes:
+        lines.append(f"- runtimes that can run it: {runtimes_line(runtimes)} (section Runtimes)")
     if warnings:
         lines += ["", "## Assumptions and warnings", "",
                   "What the import had to assume about the model; the plan is only as right as these are.", ""]
@@ -476,11 +584,41 @@ def report_text(model: str, cluster, training, limit: float, result, warnings: l
     else:
         lines += ["", "No hand-written baseline fits in this memory on any contiguous split."]
     if result.refused_baselines:
-        lines += ["", "Baselines refused on every contiguous split (groups = pipeline depth tried):", ""]
+        lines += ["", "Baselines refused on every contiguous split (groups = pipeline depth tried), or left out because "
+                  "the runtime asked for (--runtime) cannot run them:", ""]
         lines += [f"- {method}: {reason}" for method, reason in result.refused_baselines.items()]
-    lines += candidates_table(result) + stages_table(result)
+    lines += candidates_table(result) + stages_table(result) + runtimes_table(runtimes or {})
     lines += ["", "## How to read this report", "", "```", NOTATION.rstrip(), "", GLOSSARY.rstrip(), "```"]
     return "\n".join(lines) + "\n"
+
+
+def runtimes_line(runtimes: dict[str, str | None]) -> str:
+    """The runtimes that can run the plan, in a line.
+
+    >>> runtimes_line({"torch": None, "megatron": "a V", "torchtitan": None})
+    'torch, torchtitan; not megatron'
+    >>> runtimes_line({"torch": "branches", "megatron": "branches"})
+    'none'
+    """
+    can = [r for r, why in runtimes.items() if why is None]
+    cannot = [r for r, why in runtimes.items() if why is not None]
+    return (", ".join(can) or "none") + (f"; not {', '.join(cannot)}" if can and cannot else "")
+
+
+def runtimes_table(runtimes: dict[str, str | None]) -> list[str]:
+    """The report's Runtimes section: each runtime, the export that writes its files, or why it cannot run the plan."""
+    from opsched.export.runtimes import RUNTIMES
+
+    if not runtimes:
+        return []
+    lines = ["", "## Runtimes", "",
+             "Whether `opsched export` writes each runtime's files for this plan (its own checks; docs/export.md).",
+             "`opsched plan --runtime R` keeps only plans R can run.", "",
+             "| runtime | can run it | export, or why not |", "|---|---|---|"]
+    for runtime, why in runtimes.items():
+        lines.append(f"| {runtime} | {'yes' if why is None else 'no'} | "
+                     + (f"`opsched export plan.json {RUNTIMES[runtime]}` |" if why is None else f"{why} |"))
+    return lines
 
 
 def candidates_table(result) -> list[str]:
@@ -532,7 +670,7 @@ def stages_table(result) -> list[str]:
 
 
 def summary_text(model: str, cluster, training, result, samples: int, out: Path, names: list[str],
-                 warnings: list[str] | None = None) -> str:
+                 warnings: list[str] | None = None, runtimes: dict[str, str | None] | None = None) -> str:
     """The one-screen summary printed at the end; its step time is the one the Gantt titles show."""
     from opsched.schedule import metrics
     from opsched.units import bytes_text, plain, plural, seconds_text
@@ -540,7 +678,7 @@ def summary_text(model: str, cluster, training, result, samples: int, out: Path,
     m = metrics(result.schedule)
     stages = len(result.schedule.stage_graph.stages)
     lines = [
-        f"opsched plan {Path(model).name} on {cluster.devices} x {cluster.name}, {plural(training.microbatches, 'microbatch', 'microbatches')}",
+        f"opsched plan {Path(model).name} on {cluster.devices} x {cluster.name}, {plural(result.schedule.microbatches, 'microbatch', 'microbatches')}",
         f"  chosen      {result.source} on layout {result.layout}, {plural(stages, 'stage')}",
         f"  step time   {seconds_text(result.step_time)} (makespan {seconds_text(m.makespan)} + gradient sync "
         f"{seconds_text(result.grad_sync)})   throughput {plain(samples / result.step_time)} samples/s",
@@ -558,6 +696,9 @@ def summary_text(model: str, cluster, training, result, samples: int, out: Path,
         )
     if result.refused_baselines:
         lines.append(f"  refused     {', '.join(result.refused_baselines)} (reasons in report.md)")
+    if runtimes:
+        lines.append(f"  runtimes    {runtimes_line(runtimes)}"
+                     + (" (reasons in report.md)" if any(why for why in runtimes.values()) else ""))
     if warnings:
         lines.append(f"  import      {plural(len(warnings), 'note')} on what the plan assumes about the model "
                      "(in report.md and plan.json)")
@@ -566,7 +707,7 @@ def summary_text(model: str, cluster, training, result, samples: int, out: Path,
 
 
 def summary_dict(model: str, cluster, training, result, out: Path, names: list[str],
-                 warnings: list[str] | None = None) -> dict:
+                 warnings: list[str] | None = None, runtimes: dict[str, str | None] | None = None) -> dict:
     """What ``--json`` prints: the summary's figures with plan.json's names and units (seconds, bytes)."""
     from opsched.schedule import metrics
 
@@ -577,8 +718,8 @@ def summary_dict(model: str, cluster, training, result, out: Path, names: list[s
         "model": str(model),
         "cluster": cluster.name,
         "devices": cluster.devices,
-        "microbatches": training.microbatches,
-        "microbatch_size": training.microbatch_size,
+        "microbatches": result.schedule.microbatches,
+        "microbatch_size": result.microbatch_size,
         "source": result.source,
         "layout": result.layout,
         "stages": len(result.schedule.stage_graph.stages),
@@ -596,5 +737,6 @@ def summary_dict(model: str, cluster, training, result, out: Path, names: list[s
         },
         "refused_baselines": dict(result.refused_baselines),
         "warnings": list(warnings or []),
+        **runtimes_fields(runtimes or {}),
         "files": [str(out / name) for name in names],
     }

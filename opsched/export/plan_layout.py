@@ -234,12 +234,7 @@ def _layer_split(contents: list[dict], refuse) -> tuple[str, list[int]]:
             indices.append(layer[1])
         per_stage.append(indices)
         _check_ends(entry["modules"], k, last, refuse)
-    if not stacks:
-        raise refuse("its stages hold no numbered layers (model.layers.N, h.N, ...) to split into pipeline stages")
-    if len(stacks) > 1:
-        raise refuse(f"the model has {len(stacks)} stacks of numbered layers ({', '.join(stacks)}); "
-                     "a framework's pipeline splits one decoder stack")
-    stack = next(iter(stacks))
+    stack = one_layer_stack(stacks, refuse)
     done = -1  # the last layer of the stages before
     for k, indices in enumerate(per_stage):
         if indices and (indices != sorted(indices) or indices[0] < done):
@@ -252,6 +247,36 @@ def _layer_split(contents: list[dict], refuse) -> tuple[str, list[int]]:
         missing = sorted(set(range(flat[-1] + 1)) - set(flat))
         raise refuse(f"no stage holds {summarize_layers([f'{stack}.{i}' for i in missing])}")
     return stack, [len(indices) for indices in per_stage]
+
+
+def one_layer_stack(stacks, refuse) -> str:
+    """The one stack of numbered layers a framework's pipeline splits, from the stacks a model's modules belong
+    to in model order (``stacks``), or ``refuse(reason)`` raised: none, or two (a vision tower and a language
+    model). ``opsched plan --runtime`` asks it before the search, with the model's own layers.
+
+    >>> one_layer_stack(["model.layers"], OpschedError)
+    'model.layers'
+    >>> one_layer_stack(["vision.layers", "model.layers"], OpschedError)
+    Traceback (most recent call last):
+    opsched.errors.OpschedError: the model has 2 stacks of numbered layers (vision.layers, model.layers); a framework's pipeline splits one decoder stack
+    """
+    stacks = list(dict.fromkeys(stacks))
+    if not stacks:
+        raise refuse("its stages hold no numbered layers (model.layers.N, h.N, ...) to split into pipeline stages")
+    if len(stacks) > 1:
+        raise refuse(f"the model has {len(stacks)} stacks of numbered layers ({', '.join(stacks)}); "
+                     "a framework's pipeline splits one decoder stack")
+    return stacks[0]
+
+
+def layer_stack_of(path: str) -> str | None:
+    """The stack a module path's numbered layer belongs to (``model.layers.3`` -> ``model.layers``), else None.
+
+    >>> layer_stack_of("model.layers.3"), layer_stack_of("lm_head")
+    ('model.layers', None)
+    """
+    layer = _layer_number(path)
+    return None if layer is None else layer[0]
 
 
 def _check_ends(modules: list[str], k: int, last: int, refuse) -> None:

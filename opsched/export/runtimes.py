@@ -1,0 +1,100 @@
+"""Which runtimes can execute a plan: the export's own checks, asked before anything is written.
+
+One home for "can runtime R run this plan": :func:`refusal` runs exactly the
+code ``opsched export`` runs for R and returns its one-line refusal, or None
+when the export would succeed. ``opsched plan --runtime R`` keeps only the
+candidates R can run, and plan.json, report.md and the summary list the
+runtimes that can run the chosen plan (:func:`verdicts`).
+
+========== ===================================================== =============================================
+runtime    the export that must succeed                          what it runs
+========== ===================================================== =============================================
+torch      ``opsched export PLAN --torch-csv F.csv``             the plan's own order, torch.distributed.pipelining
+megatron   ``opsched export PLAN --megatron F``                  the layout; Megatron runs its own (interleaved) 1F1B
+torchtitan ``opsched export PLAN --torchtitan F.toml --torch-csv F.csv``  the layout and the plan's own order
+========== ===================================================== =============================================
+
+torchtitan is asked with the CSV beside the TOML, since that runs any order
+torch can run (a plan made by the MIP has no torch schedule by name); a plan
+whose method has one exports without the CSV too.
+
+>>> from dataclasses import replace
+>>> from opsched.schedule import Schedule, StageGraph, chain_stage_graph
+>>> chain = chain_stage_graph(2)        # stage k on devices 2k and 2k+1:
+>>> sg = StageGraph([replace(s, devices=(2 * s.id, 2 * s.id + 1)) for s in chain.stages], chain.edges, num_devices=4)
+>>> doc = {"microbatch_size": 1, "zero": 1, "recompute": "none",
+...        "stage_contents": {"0": {"modules": ["model.embed_tokens", "model.layers.0"], "config": "tp2"},
+...                           "1": {"modules": ["model.layers.1", "model.norm", "lm_head"], "config": "dp2"}}}
+>>> refusal("torch", Schedule(sg, 8, [], name="1f1b"), doc) is None
+True
+>>> print(refusal("megatron", Schedule(sg, 8, [], name="1f1b"), doc))
+Megatron-LM cannot run this plan: its stages use different parallel configurations (stage 0: tp2, stage 1: dp2); a framework sets one for the whole model
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from opsched.errors import OpschedError
+from opsched.export.megatron import megatron_file
+from opsched.export.torch_csv import check_expressible, torch_rows
+from opsched.export.torchtitan import torchtitan_file
+from opsched.schedule import Schedule, order_from_schedule
+from opsched.upper.stages import StageContents
+
+#: every runtime ``opsched plan --runtime`` knows, with the export that writes its files (docs/export.md)
+RUNTIMES = {
+    "torch": "--torch-csv F.csv",
+    "megatron": "--megatron F",
+    "torchtitan": "--torchtitan F.toml --torch-csv F.csv",
+}
+
+#: the place names in the files the export would write; nothing is written when only asking
+_PLAN, _CSV = "plan.json", "schedule.csv"
+
+
+def refusal(runtime: str, schedule: Schedule, doc: Mapping) -> str | None:
+    """Why ``opsched export`` refuses ``schedule`` (with the plan.json fields ``doc``) for ``runtime``; None if not.
+
+    ``doc`` needs what the export reads besides the schedule:
+    ``stage_contents``, ``microbatch_size``, ``zero``, ``recompute``
+    (:func:`layout_fields`). A schedule without events (a candidate's stages
+    before the lower level orders them) is asked about its layout only; with
+    events, torch's checks of the order (complete, no deadlock) run too.
+    """
+    if runtime not in RUNTIMES:
+        raise ValueError(f"unknown runtime {runtime!r}; one of {', '.join(RUNTIMES)}")
+    doc = dict(doc)
+    try:  # in the export's order: the framework's file is made before the CSV
+        if runtime == "megatron":
+            megatron_file(schedule, doc, _PLAN)
+        elif runtime == "torchtitan":
+            torchtitan_file(schedule, doc, _PLAN, csv=_CSV, torch_check=False)
+        if runtime in ("torch", "torchtitan"):  # torchtitan runs the order from torch's CSV
+            if schedule.events:
+                torch_rows(schedule.stage_graph, order_from_schedule(schedule), schedule.microbatches)
+            else:
+                check_expressible(schedule.stage_graph, schedule.microbatches)
+    except OpschedError as exc:
+        return str(exc)
+    return None
+
+
+def verdicts(schedule: Schedule, doc: Mapping) -> dict[str, str | None]:
+    """Runtime -> why it cannot run the plan (None: it can), for every runtime of :data:`RUNTIMES`."""
+    return {runtime: refusal(runtime, schedule, doc) for runtime in RUNTIMES}
+
+
+def layout_fields(contents: Mapping[int, StageContents], microbatch_size: int, zero: int, recompute: str) -> dict:
+    """The plan.json fields besides the schedule that a runtime's export reads (``opsched plan`` writes them so).
+
+    >>> from opsched.upper.stages import stage_contents
+    >>> sorted(layout_fields({0: stage_contents([("model/layers.0", "tp2")])}, 1, 1, "none"))
+    ['microbatch_size', 'recompute', 'stage_contents', 'zero']
+    """
+    return {
+        "microbatch_size": microbatch_size,
+        "zero": zero,
+        "recompute": recompute,
+        "stage_contents": {str(k): c.to_dict() for k, c in contents.items()},
+    }
