@@ -137,7 +137,9 @@ def test_plan_input_compares_on_the_plans_stage_graph(tmp_path, capsys):
         (["--stages", "4", "--microbatches", "4", "--w", "3"], "exceeds the full backward"),
         (["--stages", "4", "--microbatches", "4", "--methods", "nope"], "--methods: unknown method nope"),
         (["--stages", "4", "--microbatches", "4", "--memory-limit", "lots"], "--memory-limit: give a number or a method"),
-        (["--stages", "4", "--microbatches", "4", "--devices", "2"], "placement chain puts one stage per device"),
+        (["--stages", "4", "--microbatches", "4", "--devices", "2", "--placement", "chain"],
+         "placement chain puts one stage per device"),
+        (["--stages", "4", "--microbatches", "4", "--placement", "diagonal"], "--placement: invalid choice: 'diagonal'"),
         (["--stages", "4", "--microbatches", "4", "--overlap-gain", "2"], "--overlap-gain: must be a finite number between 0 and 1"),
         (["--stages", "4", "--microbatches", "4", "--act", "1", "--act-w", "2"], "act_w"),
         (["--stages", "4", "--microbatches", "4", "--comm", "-1"], "--comm: must be a finite number >= 0"),
@@ -191,7 +193,7 @@ def test_mip_hook_adds_a_row_with_bound_and_gap(tmp_path, capsys, monkeypatch, i
     out = tmp_path / "cmp"
     code, stdout, err = run_cli(
         capsys, "--stages", "4", "--microbatches", "8", "--methods", "1f1b,mip", "--time-limit", "5",
-        "--solver", "highs", "--quiet", "--json", "-o", str(out),
+        "--solver", "highs", "--quiet", "--json", "--placement", "chain", "-o", str(out),
     )
     assert code == 0, err
     rows = {r["method"]: r for r in json.loads(stdout)}
@@ -200,9 +202,10 @@ def test_mip_hook_adds_a_row_with_bound_and_gap(tmp_path, capsys, monkeypatch, i
     assert calls == [(4, 8, None, 5.0, "highs", sorted(baseline_orders(chain_stage_graph(4), 8)), "makespan")]
     assert in_process == [3 * 5.0 + 60]  # a hung solver is stopped after 3 x the time limit + 60 s
     assert rows["mip"]["objective"] == "makespan" and rows["mip"]["status"] == "feasible"
-    code, table_out, _ = run_cli(capsys, "--stages", "4", "--microbatches", "8", "--methods", "mip", "--quiet")
+    code, table_out, _ = run_cli(capsys, "--stages", "4", "--microbatches", "8", "--methods", "mip", "--quiet",
+                                 "--placement", "chain")
     assert code == 0
-    assert table_out.splitlines()[2].endswith("as given (4 stages); lower bound 20, gap 10.0%, cbc 0.5 s")
+    assert table_out.splitlines()[2].endswith("chain, stage k on device k (4 stages); lower bound 20, gap 10.0%, cbc 0.5 s")
     _, doc = read_plan(out / "mip" / "plan.json")
     assert doc["metrics"]["lower_bound"] == 20.0 and doc["metrics"]["solve_seconds"] == 0.5
 
@@ -249,7 +252,7 @@ def test_objective_reaches_the_mip_and_its_row(tmp_path, capsys, monkeypatch, in
     monkeypatch.setattr(lower, "solve", _fake_solve(calls))
     out = tmp_path / "cmp"
     rows = run_json(capsys, "--stages", "4", "--microbatches", "8", "--methods", "mip", "--objective", "zb-span",
-                    "-o", str(out))
+                    "--placement", "chain", "-o", str(out))
     assert [c[-1] for c in calls] == ["zb-span"]
     mip = rows["mip"]
     assert mip["objective"] == "zb-span" and mip["objective_value"] == 24.0 and mip["lower_bound"] == 20.0
@@ -258,9 +261,9 @@ def test_objective_reaches_the_mip_and_its_row(tmp_path, capsys, monkeypatch, in
     assert "lower_bound" not in doc["metrics"]
     assert doc["metrics"]["objective"] == "zb-span" and doc["metrics"]["objective_lower_bound"] == 20.0
     code, table_out, _ = run_cli(capsys, "--stages", "4", "--microbatches", "8", "--methods", "mip",
-                                 "--objective", "zb-span", "--quiet")
+                                 "--objective", "zb-span", "--quiet", "--placement", "chain")
     assert code == 0
-    assert table_out.splitlines()[2].endswith("as given (4 stages); zb-span 24, lower bound 20, gap 10.0%, cbc 0.5 s")
+    assert table_out.splitlines()[2].endswith("chain, stage k on device k (4 stages); zb-span 24, lower bound 20, gap 10.0%, cbc 0.5 s")
     code, _, err = run_cli(capsys, "--stages", "4", "--microbatches", "8", "--objective", "throughput")
     assert code == 2 and "--objective" in err
 
@@ -270,7 +273,7 @@ def test_zb_span_objective_end_to_end(capsys, monkeypatch):
     from opsched.lower.solve import solve as real_solve
     monkeypatch.setattr(lower, "solve", real_solve)
     rows = run_json(capsys, "--stages", "3", "--microbatches", "4", "--memory-limit", "3", "--methods", "mip",
-                    "--objective", "zb-span", "--time-limit", "10", "--quiet")
+                    "--objective", "zb-span", "--time-limit", "10", "--quiet", "--placement", "chain")
     mip = rows["mip"]
     assert mip["objective"] == "zb-span" and mip["lower_bound"] <= mip["objective_value"] + 1e-9
     assert mip["objective_value"] <= mip["makespan"] + 1e-9

@@ -220,9 +220,10 @@ def run_mip(sg, microbatches: int, limit: float | None, args) -> tuple:
         "gap": result.gap,
         "lower_bound_all_placements": found.lower_bound_all,
         "placements_tried": [tried_row(t) for t in found.tried],
-        "status": str(result.status),
+        # the winner's status, for its placement; a search the clock cut before every placement ran says so
+        "status": str(Status.TIME_LIMIT if found.cut else result.status),
         "solver": result.solver,
-        "solve_seconds": sum(t.result.solve_seconds for t in found.tried if t.result is not None),
+        "solve_seconds": found.seconds,
     }
     return schedule, extra
 
@@ -247,7 +248,7 @@ def tried_row(tried) -> dict:
         return {"placement": tried.placement, "objective_value": None, "lower_bound": None, "status": None,
                 "error": tried.refused}
     r = tried.result
-    return {"placement": tried.placement, "objective_value": r.value, "makespan": r.makespan,
+    return {"placement": tried.placement, "objective_value": r.value,
             "lower_bound": r.lower_bound, "status": str(r.status), "error": None}
 
 
@@ -426,7 +427,8 @@ def search_note(tried: list[dict]) -> str:
     """
     if len(tried) < 2:
         return ""
-    parts = [f"{t['placement']} " + ("refused" if t["error"] else _g(t["objective_value"])) for t in tried]
+    parts = [f"{t['placement']} " + (("not tried" if t["error"].startswith("not tried") else "refused")
+                                      if t["error"] else _g(t["objective_value"])) for t in tried]
     return "; best of " + ", ".join(parts)
 
 

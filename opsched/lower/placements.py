@@ -12,7 +12,10 @@ Budgets: each placement gets the work budget a solve of that placement alone
 would get (same sub-MIP and node counts), so when no clock binds the result
 is exactly the best of the fixed placements' results, deterministically. The
 time limit is shared: each placement may use the time left divided by the
-placements left, so time one did not need passes to the next.
+placements left, so time one did not need passes to the next; a placement
+whose turn comes after the limit is not tried (:attr:`PlacementSearch.cut`).
+Each solve's own work past its share (building the job set, re-timing and
+validating its result) is what the whole can overrun the limit by.
 
 Bounds: a solve's lower bound holds for every schedule *of its placement*.
 :attr:`PlacementSearch.lower_bound_all` is the least bound over the
@@ -38,6 +41,9 @@ from opsched.lower.solve import LowerResult, solve
 from opsched.schedule import Order, StageGraph
 
 log = logging.getLogger(__name__)
+
+#: why a placement has no result when the time limit ran out before its turn
+NOT_STARTED = "not tried: the time limit ran out before its turn"
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,16 @@ class PlacementSearch:
     tried: tuple[Tried, ...]
 
     @property
+    def seconds(self) -> float:
+        """Seconds the placements' solves took, together (each solve's own wall clock)."""
+        return sum(t.result.solve_seconds for t in self.tried if t.result is not None)
+
+    @property
+    def cut(self) -> bool:
+        """Whether the time limit ran out before every placement was tried."""
+        return any(t.refused == NOT_STARTED for t in self.tried)
+
+    @property
     def lower_bound_all(self) -> float:
         """The least lower bound over the placements that ran: a bound on every schedule of any of them."""
         return min(t.result.lower_bound for t in self.tried if t.result is not None)
@@ -100,17 +116,25 @@ def solve_placements(
     if not candidates:
         raise ValueError("solve_placements needs at least one candidate placement")
     run = solve if solve_one is None else solve_one
-    deadline = time.monotonic() + float(time_limit)
+    started = time.monotonic()
+    deadline = started + float(time_limit)
     tried: list[Tried] = []
     too_small: list[MemoryTooSmall] = []
     best: Tried | None = None
+    attempted = False
     for k, candidate in enumerate(candidates):
         if candidate.stage_graph is None:
             tried.append(Tried(candidate.placement, None, candidate.refused))
             continue
-        share = max(deadline - time.monotonic(), 0.0) / (len(candidates) - k)
+        # the first solve gets its share of the whole limit exactly; later ones share what is left
+        left = deadline - time.monotonic() if attempted else float(time_limit)
+        if left <= 0:  # the clock binds: placements not started are reported, and the search counts as cut
+            tried.append(Tried(candidate.placement, None, NOT_STARTED))
+            continue
+        share = left / (len(candidates) - k)
+        attempted = True
         try:
-            result = run(candidate.stage_graph, microbatches, time_limit=max(share, 0.01),
+            result = run(candidate.stage_graph, microbatches, time_limit=share,
                          warm_orders=candidate.warm_orders, **solve_options)
         except OpschedError as exc:  # this placement does not fit (e.g. its minimum memory is over the limit)
             if isinstance(exc, MemoryTooSmall):
