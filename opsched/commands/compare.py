@@ -146,12 +146,17 @@ def stage_graph_from_args(args: argparse.Namespace):
 
 
 def given_placement(stages: int, devices: int, choice: str) -> str:
-    """How ``--stages`` sit on ``--devices`` as given: ``choice`` when it is a single-copy rule, else the natural one.
+    """How ``--stages`` sit on ``--devices`` as given (for --schedule files): ``choice`` where its rule holds them.
 
-    >>> given_placement(8, 4, "auto"), given_placement(8, 8, "bidirectional"), given_placement(8, 4, "interleaved")
+    Otherwise (auto, bidirectional, or a rule for another stage count: mip
+    re-places the chain anyway) the chain when P = D, else the V when P = 2D,
+    else interleaved.
+
+    >>> given_placement(8, 4, "auto"), given_placement(8, 8, "v"), given_placement(8, 4, "interleaved")
     ('v', 'chain', 'interleaved')
     """
-    if choice in ("chain", "v", "interleaved"):
+    fits = {"chain": stages == devices, "v": stages == 2 * devices, "interleaved": stages % devices == 0}
+    if fits.get(choice):
         return choice
     return "chain" if stages == devices else "v" if stages == 2 * devices else "interleaved"
 

@@ -131,7 +131,7 @@ def solve_placements(
         if left <= 0:  # the clock binds: placements not started are reported, and the search counts as cut
             tried.append(Tried(candidate.placement, None, NOT_STARTED))
             continue
-        share = left / (len(candidates) - k)
+        share = left / sum(1 for c in candidates[k:] if c.stage_graph is not None)
         attempted = True
         try:
             result = run(candidate.stage_graph, microbatches, time_limit=share,
