@@ -5,7 +5,11 @@ plan file (--plan). Every method re-places the same chain the way it needs
 on the same devices (see docs/baselines.md) and goes through the one
 simulator and validator; a method whose preconditions fail, or that needs
 more memory than --memory-limit, is listed with the reason. When every method
-is refused, the table is still printed and the exit code is 2.
+is refused, the table is still printed and the exit code is 2. The mip
+method tries the chain, the V, interleaved and DualPipe's two-copy
+(bidirectional) placements at the same memory and keeps the best
+(--placement auto; a name fixes it): its lower bound and gap are the winning
+placement's, for that placement only.
 
 F, B, W, A and AW take one value or a comma list with one value per stage;
 B is the full backward, so the input-gradient part is I = B - W. Memory is in
@@ -13,7 +17,8 @@ the units of A (activation per microbatch per stage; AW of it is held until W).
 
 examples:
   opsched compare --stages 8 --microbatches 16 --f 1 --b 2 --w 1
-  opsched compare --stages 8 --devices 4 --placement v --microbatches 16 --methods zb-v,dualpipev
+  opsched compare --stages 8 --devices 4 --placement v --microbatches 16 --methods zb-v,dualpipev,mip
+  opsched compare --stages 8 --microbatches 16 --memory-limit dualpipe --methods zb-v,dualpipe,mip
   opsched compare --stages 4 --microbatches 12 --f 1,1,2,1 --memory-limit dualpipe --json
   opsched compare --stages 8 --microbatches 20 -o out/   # out/<method>/plan.json + Gantt pictures
 """
@@ -60,8 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--placement", default="auto", choices=PLACEMENT_CHOICES,
         help="where mip puts the chain: auto (default) solves the chain, the V, interleaved (v >= 2) and DualPipe's "
              "two-copy bidirectional layout at the same memory and keeps the best; a name fixes it (each baseline "
-             "re-places the chain its own way). With --stages it also places the P stages as given, for --schedule "
-             "(auto and bidirectional: chain if P = D, else V if P = 2D, else interleaved)",
+             "re-places the chain its own way). The P stages as given, which --schedule files use, follow its rule "
+             "where that holds P stages, else the chain if P = D, the V if P = 2D, interleaved otherwise",
     )
     src.add_argument("--comm", type=non_negative_float, default="0", metavar="C",
                      help="transfer time between stages on different devices")
@@ -77,7 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run_.add_argument("--memory-limit", metavar="X",
                       help="per-device memory limit: a number, or a method name meaning that method's peak")
     run_.add_argument("--time-limit", type=positive_float, default="120", metavar="S",
-                      help="wall-clock limit of the MIP in seconds (default 120): it returns the best schedule "
+                      help="wall-clock limit of the MIP in seconds (default 120), shared by the placements it tries: it "
+                           "returns the best schedule "
                            "found by then, with status 'time limit reached'; when the limit does not bind, work "
                            "budgets decide the result, so it is deterministic")
     run_.add_argument("--objective", default="makespan", choices=[o.value for o in Objective],
