@@ -343,3 +343,35 @@ def test_a_bug_in_the_isolated_solve_fails_compare_with_its_traceback(capsys, mo
     code, _, err = run_cli(capsys, "--stages", "2", "--microbatches", "2", "--methods", "1f1b",
                            "--memory-limit", "mip")
     assert code == 2 and err.count("\n") == 1 and "--memory-limit mip: the solver was lost" in err
+
+
+def test_auto_placement_row_names_the_winner_and_every_placement_tried(capsys, monkeypatch, in_process):
+    """A fake solve that runs each placement's first warm order: the row is the placement with the least makespan."""
+    from opsched.schedule import Schedule, simulate
+
+    def first_order_solve(sg, microbatches, memory_limit=None, time_limit=30, solver="cbc", warm_orders=None,
+                          objective="makespan"):
+        name, order = sorted(warm_orders.items())[0]
+        schedule = Schedule(sg, microbatches, simulate(sg, order, microbatches), name="mip")
+        value = metrics(schedule).makespan
+        return SimpleNamespace(schedule=schedule, lower_bound=value - 1, gap=1 / value, solver=solver,
+                               solve_seconds=0.25, objective=objective, value=value, status="feasible")
+
+    monkeypatch.setattr(lower, "solve", first_order_solve)
+    rows = run_json(capsys, "--stages", "4", "--microbatches", "8", "--methods", "1f1b,dualpipe,dualpipev,mip")
+    mip = rows["mip"]
+    tried = {t["placement"]: t for t in mip["placements_tried"]}
+    assert list(tried) == ["chain", "v", "interleaved", "bidirectional"]
+    # chain: 1F1B's order first (sorted names); v: DualPipeV's; bidirectional: DualPipe's
+    assert tried["chain"]["objective_value"] == rows["1f1b"]["makespan"]
+    assert tried["v"]["objective_value"] == rows["dualpipev"]["makespan"]
+    assert tried["bidirectional"]["objective_value"] == rows["dualpipe"]["makespan"]
+    best = min(tried, key=lambda p: tried[p]["objective_value"])
+    assert mip["placement_name"] == best and mip["makespan"] == tried[best]["objective_value"]
+    assert mip["lower_bound"] == tried[best]["lower_bound"]  # the winner's bound, for its placement
+    assert mip["lower_bound_all_placements"] == min(t["lower_bound"] for t in tried.values())
+    assert mip["solve_seconds"] == 4 * 0.25
+    code, out, _ = run_cli(capsys, "--stages", "4", "--microbatches", "8", "--methods", "mip")
+    line = out.splitlines()[2]
+    assert code == 0 and "; best of chain " in line and ", bidirectional " in line
+    assert f"on this placement ({mip['lower_bound_all_placements']:.4g} over the 4 tried)" in line
