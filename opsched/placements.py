@@ -72,12 +72,13 @@ def candidates(sg: StageGraph, microbatches: int, choice: str = "auto", *, as_gi
 
     ``as_given``: also try ``sg`` exactly as it is placed, first (a plan's
     stage graph, which may branch or use device groups, so that no
-    re-placement holds it). A placement that cannot hold the chain is a
-    candidate with the reason in ``refused``.
+    re-placement holds it), unless one of the placements tried is that same
+    graph. A placement that cannot hold the chain is a candidate with the
+    reason in ``refused``.
     """
     if choice not in CHOICES:
         raise OpschedError(f"--placement: unknown placement {choice!r}; choose from {', '.join(CHOICES)}")
-    out = [Candidate(AS_GIVEN, sg, baseline_orders(sg, microbatches))] if as_given else []
+    out = []
     for name in SEARCHED if choice == "auto" else (choice,):
         try:
             graph = placed(sg, microbatches, name, comm)
@@ -85,4 +86,6 @@ def candidates(sg: StageGraph, microbatches: int, choice: str = "auto", *, as_gi
             out.append(Candidate(name, None, refused=str(exc)))
             continue
         out.append(Candidate(name, graph, baseline_orders(graph, microbatches)))
+    if as_given and all(c.stage_graph != sg for c in out):
+        out.insert(0, Candidate(AS_GIVEN, sg, baseline_orders(sg, microbatches)))
     return out

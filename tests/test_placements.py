@@ -117,3 +117,15 @@ def test_issue_example_auto_is_no_worse_than_zb_v_or_dualpipe(capsys):
     assert list(tried) == list(SEARCHED)
     assert mip["objective_value"] == min(t["objective_value"] for t in tried.values() if t["error"] is None)
     assert mip["lower_bound_all_placements"] <= mip["lower_bound"] + 1e-9
+
+
+def test_a_plans_own_placement_is_tried_first_unless_a_placement_tried_is_the_same_graph():
+    from opsched.schedule import Edge, Stage, StageGraph
+
+    chain = chain_stage_graph(4)
+    assert [c.placement for c in candidates(chain, 8, as_given=True)] == list(SEARCHED)  # chain == as given
+    t = {"F": 1.0, "I": 1.0, "W": 1.0}
+    towers = StageGraph([Stage(k, (k,), t) for k in range(3)], [Edge(0, 2, 0.5), Edge(1, 2, 0.5)], num_devices=3)
+    tries = candidates(towers, 4, as_given=True)
+    assert tries[0].placement == "as given" and tries[0].stage_graph is towers
+    assert all(c.stage_graph is None and "branches" in c.refused for c in tries[1:])
