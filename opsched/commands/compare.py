@@ -255,12 +255,8 @@ def placement_text(placement: str, sg) -> str:
 
 def tried_row(tried) -> dict:
     """The JSON object of one placement the MIP tried: its figures, or why it could not run."""
-    if tried.result is None:
-        return {"placement": tried.placement, "objective_value": None, "lower_bound": None, "status": None,
-                "error": tried.refused}
-    r = tried.result
-    return {"placement": tried.placement, "objective_value": r.value,
-            "lower_bound": r.lower_bound, "status": str(r.status), "error": None}
+    return {"placement": tried.placement, "objective_value": tried.value, "lower_bound": tried.lower_bound,
+            "status": None if tried.status is None else str(tried.status), "error": tried.refused or None}
 
 
 def solve_timeout(time_limit: float) -> float:

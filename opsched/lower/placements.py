@@ -39,6 +39,7 @@ from typing import Callable
 from opsched.errors import MemoryTooSmall, OpschedError
 from opsched.lower.solve import LowerResult, solve
 from opsched.schedule import Order, StageGraph
+from opsched.solver import Status
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +63,22 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Tried:
-    """What one placement gave: its solve's result, or the reason it was refused."""
+    """What one placement gave: its solve's figures (not its schedule: only the winner's is kept), or why not.
+
+    ``value``, ``lower_bound``, ``status`` and ``seconds`` are ``None`` when
+    the placement did not run; ``refused`` then says why.
+    """
 
     placement: str
-    result: LowerResult | None
+    value: float | None = None
+    lower_bound: float | None = None
+    status: Status | None = None
+    seconds: float | None = None
     refused: str = ""
+
+    @classmethod
+    def of(cls, placement: str, result: LowerResult) -> "Tried":
+        return cls(placement, result.value, result.lower_bound, result.status, result.solve_seconds)
 
 
 @dataclass(frozen=True)
@@ -80,7 +92,7 @@ class PlacementSearch:
     @property
     def seconds(self) -> float:
         """Seconds the placements' solves took, together (each solve's own wall clock)."""
-        return sum(t.result.solve_seconds for t in self.tried if t.result is not None)
+        return sum(t.seconds for t in self.tried if t.seconds is not None)
 
     @property
     def cut(self) -> bool:
@@ -90,7 +102,7 @@ class PlacementSearch:
     @property
     def lower_bound_all(self) -> float:
         """The least lower bound over the placements that ran: a bound on every schedule of any of them."""
-        return min(t.result.lower_bound for t in self.tried if t.result is not None)
+        return min(t.lower_bound for t in self.tried if t.lower_bound is not None)
 
 
 def solve_placements(
@@ -120,16 +132,16 @@ def solve_placements(
     deadline = started + float(time_limit)
     tried: list[Tried] = []
     too_small: list[MemoryTooSmall] = []
-    best: Tried | None = None
+    best: tuple[str, LowerResult] | None = None
     attempted = False
     for k, candidate in enumerate(candidates):
         if candidate.stage_graph is None:
-            tried.append(Tried(candidate.placement, None, candidate.refused))
+            tried.append(Tried(candidate.placement, refused=candidate.refused))
             continue
         # the first solve gets its share of the whole limit exactly; later ones share what is left
         left = deadline - time.monotonic() if attempted else float(time_limit)
         if left <= 0:  # the clock binds: placements not started are reported, and the search counts as cut
-            tried.append(Tried(candidate.placement, None, NOT_STARTED))
+            tried.append(Tried(candidate.placement, refused=NOT_STARTED))
             continue
         share = left / sum(1 for c in candidates[k:] if c.stage_graph is not None)
         attempted = True
@@ -139,17 +151,16 @@ def solve_placements(
         except OpschedError as exc:  # this placement does not fit (e.g. its minimum memory is over the limit)
             if isinstance(exc, MemoryTooSmall):
                 too_small.append(exc)
-            tried.append(Tried(candidate.placement, None, str(exc)))
+            tried.append(Tried(candidate.placement, refused=str(exc)))
             continue
-        this = Tried(candidate.placement, result)
-        tried.append(this)
+        tried.append(Tried.of(candidate.placement, result))
         log.info("[placement] %s: %g (bound %g, %s)", candidate.placement, result.value, result.lower_bound,
                  result.status)
-        if best is None or result.value < best.result.value - 1e-9 * max(1.0, abs(best.result.value)):
-            best = this
+        if best is None or result.value < best[1].value - 1e-9 * max(1.0, abs(best[1].value)):
+            best = (candidate.placement, result)  # only the best schedule is kept (they are large at scale)
     if best is None:
         raise _nothing_ran(tried, too_small)
-    return PlacementSearch(best.placement, best.result, tuple(tried))
+    return PlacementSearch(best[0], best[1], tuple(tried))
 
 
 def _nothing_ran(tried: list[Tried], too_small: list[MemoryTooSmall]) -> OpschedError:
