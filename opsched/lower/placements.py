@@ -3,7 +3,7 @@
 A placement is a way the same chain of work sits on the devices (the chain,
 the V, interleaved chunks, DualPipe's two copies); the caller builds each
 one's StageGraph and warm orders (the lower level knows no hand-written
-schedule: ``opsched compare`` and the planner use
+schedule: ``opsched compare`` uses
 :func:`opsched.placements.candidates`) and :func:`solve_placements` runs
 :func:`opsched.lower.solve` on each, in the order given, at the same memory
 limit. The schedule with the lowest objective wins (ties keep the earliest).
