@@ -137,7 +137,8 @@ def test_plan_input_compares_on_the_plans_stage_graph(tmp_path, capsys):
         (["--stages", "4", "--microbatches", "4", "--w", "3"], "exceeds the full backward"),
         (["--stages", "4", "--microbatches", "4", "--methods", "nope"], "--methods: unknown method nope"),
         (["--stages", "4", "--microbatches", "4", "--memory-limit", "lots"], "--memory-limit: give a number or a method"),
-        (["--stages", "4", "--microbatches", "4", "--devices", "2"], "placement chain puts one stage per device"),
+        (["--stages", "6", "--microbatches", "4", "--devices", "4"], "placement interleaved needs stages (6) divisible"),
+        (["--stages", "4", "--microbatches", "4", "--placement", "diagonal"], "--placement: invalid choice: 'diagonal'"),
         (["--stages", "4", "--microbatches", "4", "--overlap-gain", "2"], "--overlap-gain: must be a finite number between 0 and 1"),
         (["--stages", "4", "--microbatches", "4", "--act", "1", "--act-w", "2"], "act_w"),
         (["--stages", "4", "--microbatches", "4", "--comm", "-1"], "--comm: must be a finite number >= 0"),
@@ -191,7 +192,7 @@ def test_mip_hook_adds_a_row_with_bound_and_gap(tmp_path, capsys, monkeypatch, i
     out = tmp_path / "cmp"
     code, stdout, err = run_cli(
         capsys, "--stages", "4", "--microbatches", "8", "--methods", "1f1b,mip", "--time-limit", "5",
-        "--solver", "highs", "--quiet", "--json", "-o", str(out),
+        "--solver", "highs", "--quiet", "--json", "--placement", "chain", "-o", str(out),
     )
     assert code == 0, err
     rows = {r["method"]: r for r in json.loads(stdout)}
@@ -200,9 +201,10 @@ def test_mip_hook_adds_a_row_with_bound_and_gap(tmp_path, capsys, monkeypatch, i
     assert calls == [(4, 8, None, 5.0, "highs", sorted(baseline_orders(chain_stage_graph(4), 8)), "makespan")]
     assert in_process == [3 * 5.0 + 60]  # a hung solver is stopped after 3 x the time limit + 60 s
     assert rows["mip"]["objective"] == "makespan" and rows["mip"]["status"] == "feasible"
-    code, table_out, _ = run_cli(capsys, "--stages", "4", "--microbatches", "8", "--methods", "mip", "--quiet")
+    code, table_out, _ = run_cli(capsys, "--stages", "4", "--microbatches", "8", "--methods", "mip", "--quiet",
+                                 "--placement", "chain")
     assert code == 0
-    assert table_out.splitlines()[2].endswith("as given (4 stages); lower bound 20, gap 10.0%, cbc 0.5 s")
+    assert table_out.splitlines()[2].endswith("chain, stage k on device k (4 stages); lower bound 20, gap 10.0%, cbc 0.5 s")
     _, doc = read_plan(out / "mip" / "plan.json")
     assert doc["metrics"]["lower_bound"] == 20.0 and doc["metrics"]["solve_seconds"] == 0.5
 
@@ -249,7 +251,7 @@ def test_objective_reaches_the_mip_and_its_row(tmp_path, capsys, monkeypatch, in
     monkeypatch.setattr(lower, "solve", _fake_solve(calls))
     out = tmp_path / "cmp"
     rows = run_json(capsys, "--stages", "4", "--microbatches", "8", "--methods", "mip", "--objective", "zb-span",
-                    "-o", str(out))
+                    "--placement", "chain", "-o", str(out))
     assert [c[-1] for c in calls] == ["zb-span"]
     mip = rows["mip"]
     assert mip["objective"] == "zb-span" and mip["objective_value"] == 24.0 and mip["lower_bound"] == 20.0
@@ -258,9 +260,9 @@ def test_objective_reaches_the_mip_and_its_row(tmp_path, capsys, monkeypatch, in
     assert "lower_bound" not in doc["metrics"]
     assert doc["metrics"]["objective"] == "zb-span" and doc["metrics"]["objective_lower_bound"] == 20.0
     code, table_out, _ = run_cli(capsys, "--stages", "4", "--microbatches", "8", "--methods", "mip",
-                                 "--objective", "zb-span", "--quiet")
+                                 "--objective", "zb-span", "--quiet", "--placement", "chain")
     assert code == 0
-    assert table_out.splitlines()[2].endswith("as given (4 stages); zb-span 24, lower bound 20, gap 10.0%, cbc 0.5 s")
+    assert table_out.splitlines()[2].endswith("chain, stage k on device k (4 stages); zb-span 24, lower bound 20, gap 10.0%, cbc 0.5 s")
     code, _, err = run_cli(capsys, "--stages", "4", "--microbatches", "8", "--objective", "throughput")
     assert code == 2 and "--objective" in err
 
@@ -270,7 +272,7 @@ def test_zb_span_objective_end_to_end(capsys, monkeypatch):
     from opsched.lower.solve import solve as real_solve
     monkeypatch.setattr(lower, "solve", real_solve)
     rows = run_json(capsys, "--stages", "3", "--microbatches", "4", "--memory-limit", "3", "--methods", "mip",
-                    "--objective", "zb-span", "--time-limit", "10", "--quiet")
+                    "--objective", "zb-span", "--time-limit", "10", "--quiet", "--placement", "chain")
     mip = rows["mip"]
     assert mip["objective"] == "zb-span" and mip["lower_bound"] <= mip["objective_value"] + 1e-9
     assert mip["objective_value"] <= mip["makespan"] + 1e-9
@@ -341,3 +343,35 @@ def test_a_bug_in_the_isolated_solve_fails_compare_with_its_traceback(capsys, mo
     code, _, err = run_cli(capsys, "--stages", "2", "--microbatches", "2", "--methods", "1f1b",
                            "--memory-limit", "mip")
     assert code == 2 and err.count("\n") == 1 and "--memory-limit mip: the solver was lost" in err
+
+
+def test_auto_placement_row_names_the_winner_and_every_placement_tried(capsys, monkeypatch, in_process):
+    """A fake solve that runs each placement's first warm order: the row is the placement with the least makespan."""
+    from opsched.schedule import Schedule, simulate
+
+    def first_order_solve(sg, microbatches, memory_limit=None, time_limit=30, solver="cbc", warm_orders=None,
+                          objective="makespan"):
+        name, order = sorted(warm_orders.items())[0]
+        schedule = Schedule(sg, microbatches, simulate(sg, order, microbatches), name="mip")
+        value = metrics(schedule).makespan
+        return SimpleNamespace(schedule=schedule, lower_bound=value - 1, gap=1 / value, solver=solver,
+                               solve_seconds=0.25, objective=objective, value=value, status="feasible")
+
+    monkeypatch.setattr(lower, "solve", first_order_solve)
+    rows = run_json(capsys, "--stages", "4", "--microbatches", "8", "--methods", "1f1b,dualpipe,dualpipev,mip")
+    mip = rows["mip"]
+    tried = {t["placement"]: t for t in mip["placements_tried"]}
+    assert list(tried) == ["chain", "v", "interleaved", "bidirectional"]
+    # chain: 1F1B's order first (sorted names); v: DualPipeV's; bidirectional: DualPipe's
+    assert tried["chain"]["objective_value"] == rows["1f1b"]["makespan"]
+    assert tried["v"]["objective_value"] == rows["dualpipev"]["makespan"]
+    assert tried["bidirectional"]["objective_value"] == rows["dualpipe"]["makespan"]
+    best = min(tried, key=lambda p: tried[p]["objective_value"])
+    assert mip["placement_name"] == best and mip["makespan"] == tried[best]["objective_value"]
+    assert mip["lower_bound"] == tried[best]["lower_bound"]  # the winner's bound, for its placement
+    assert mip["lower_bound_all_placements"] == min(t["lower_bound"] for t in tried.values())
+    assert mip["solve_seconds"] == 4 * 0.25
+    code, out, _ = run_cli(capsys, "--stages", "4", "--microbatches", "8", "--methods", "mip")
+    line = out.splitlines()[2]
+    assert code == 0 and "; best of chain " in line and ", bidirectional " in line
+    assert f"on this placement ({mip['lower_bound_all_placements']:.4g} over the 4 tried)" in line

@@ -306,7 +306,8 @@ def test_compare_mip_twice_gives_the_same_output():
     import subprocess
 
     cmd = [*OPSCHED, "compare", "--stages", "3", "--microbatches", "4", "--b", "2.5",
-           "--w", "1", "--comm", "0.3", "--memory-limit", "2", "--methods", "mip", "--json", "--quiet"]
+           "--w", "1", "--comm", "0.3", "--memory-limit", "2", "--methods", "mip", "--placement", "chain", "--json",
+           "--quiet"]
     outs = []
     for _ in range(2):
         run = subprocess.run(cmd, capture_output=True, text=True, check=True)

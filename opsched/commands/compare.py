@@ -5,7 +5,11 @@ plan file (--plan). Every method re-places the same chain the way it needs
 on the same devices (see docs/baselines.md) and goes through the one
 simulator and validator; a method whose preconditions fail, or that needs
 more memory than --memory-limit, is listed with the reason. When every method
-is refused, the table is still printed and the exit code is 2.
+is refused, the table is still printed and the exit code is 2. The mip
+method tries the chain, the V, interleaved and DualPipe's two-copy
+(bidirectional) placements at the same memory and keeps the best
+(--placement auto; a name fixes it): its lower bound and gap are the winning
+placement's, for that placement only.
 
 F, B, W, A and AW take one value or a comma list with one value per stage;
 B is the full backward, so the input-gradient part is I = B - W. Memory is in
@@ -13,7 +17,8 @@ the units of A (activation per microbatch per stage; AW of it is held until W).
 
 examples:
   opsched compare --stages 8 --microbatches 16 --f 1 --b 2 --w 1
-  opsched compare --stages 8 --devices 4 --placement v --microbatches 16 --methods zb-v,dualpipev
+  opsched compare --stages 8 --devices 4 --placement v --microbatches 16 --methods zb-v,dualpipev,mip
+  opsched compare --stages 8 --microbatches 16 --memory-limit dualpipe --methods zb-v,dualpipe,mip
   opsched compare --stages 4 --microbatches 12 --f 1,1,2,1 --memory-limit dualpipe --json
   opsched compare --stages 8 --microbatches 20 -o out/   # out/<method>/plan.json + Gantt pictures
 """
@@ -37,6 +42,7 @@ from opsched.commands.args import (
 )
 from opsched.errors import OpschedError, Unsupported
 from opsched.isolate import SolverCrash
+from opsched.placements import CHOICES as PLACEMENT_CHOICES
 from opsched.solver import SOLVERS, Objective, Status, require
 
 log = logging.getLogger(__name__)
@@ -56,8 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--w", type=per_stage, default="1", metavar="W", help="weight-gradient part of B (default 1)")
     src.add_argument("--devices", type=device_count, metavar="D", help="devices, at most 65,536 (default P)")
     src.add_argument(
-        "--placement", default="chain", choices=("chain", "v", "interleaved"),
-        help="how the P stages sit on the D devices as given (the MIP uses it; each baseline re-places)",
+        "--placement", default="auto", choices=PLACEMENT_CHOICES,
+        help="where mip puts the chain: auto (default) solves the chain, the V, interleaved (v >= 2) and DualPipe's "
+             "two-copy bidirectional layout at the same memory and keeps the best; a name fixes it (each baseline "
+             "re-places the chain its own way). The P stages as given, which --schedule files use, follow its rule "
+             "where that holds P stages, else the chain if P = D, the V if P = 2D, interleaved otherwise",
     )
     src.add_argument("--comm", type=non_negative_float, default="0", metavar="C",
                      help="transfer time between stages on different devices")
@@ -73,7 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run_.add_argument("--memory-limit", metavar="X",
                       help="per-device memory limit: a number, or a method name meaning that method's peak")
     run_.add_argument("--time-limit", type=positive_float, default="120", metavar="S",
-                      help="wall-clock limit of the MIP in seconds (default 120): it returns the best schedule "
+                      help="wall-clock limit of the MIP in seconds (default 120), shared by the placements it tries: it "
+                           "returns the best schedule "
                            "found by then, with status 'time limit reached'; when the limit does not bind, work "
                            "budgets decide the result, so it is deterministic")
     run_.add_argument("--objective", default="makespan", choices=[o.value for o in Objective],
@@ -129,7 +139,7 @@ def stage_graph_from_args(args: argparse.Namespace):
         b=args.b,
         w=args.w,
         devices=args.devices if args.devices is not None else args.stages,
-        placement=args.placement,
+        placement=given_placement(args.stages, args.devices or args.stages, args.placement),
         comm=args.comm,
         act=args.act,
         act_w=args.act_w,
@@ -139,6 +149,22 @@ def stage_graph_from_args(args: argparse.Namespace):
         if s.act_w_bytes > s.act_bytes:
             raise OpschedError(f"stage {s.id}: --act-w {s.act_w_bytes:g} exceeds --act {s.act_bytes:g}; AW is part of A")
     return sg, args.microbatches
+
+
+def given_placement(stages: int, devices: int, choice: str) -> str:
+    """How ``--stages`` sit on ``--devices`` as given (for --schedule files): ``choice`` where its rule holds them.
+
+    Otherwise (auto, bidirectional, or a rule for another stage count: mip
+    re-places the chain anyway) the chain when P = D, else the V when P = 2D,
+    else interleaved.
+
+    >>> given_placement(8, 4, "auto"), given_placement(8, 8, "v"), given_placement(8, 4, "interleaved")
+    ('v', 'chain', 'interleaved')
+    """
+    fits = {"chain": stages == devices, "v": stages == 2 * devices, "interleaved": stages % devices == 0}
+    if fits.get(choice):
+        return choice
+    return "chain" if stages == devices else "v" if stages == 2 * devices else "interleaved"
 
 
 # --------------------------------------------------------------------------- running
@@ -158,32 +184,11 @@ def describe_placement(name: str, sg) -> str:
 
 def run_method(name: str, sg, microbatches: int, limit: float | None, args):
     """(schedule, extra metrics) of one method; raises OpschedError with the reason it cannot run."""
-    from opsched import lower
-    from opsched.baselines import baseline_orders, run_baseline
+    from opsched.baselines import run_baseline
     from opsched.schedule import validate
 
     if name == "mip":
-        from opsched import isolate
-
-        # the solve holds --time-limit itself (its search runs in a watched child that it stops at the limit);
-        # this outer child, as the planner's, is the backstop: a native abort or hang anywhere costs this row
-        # (SolverCrash), not the command. The hand-written orders that apply to the graph as given start it.
-        result = isolate.run_isolated(
-            lower.solve, sg, microbatches, memory_limit=limit, time_limit=args.time_limit, solver=args.solver,
-            warm_orders=baseline_orders(sg, microbatches), objective=args.objective,
-            timeout=solve_timeout(args.time_limit),
-        )
-        extra = {
-            "objective": str(result.objective),
-            "objective_value": result.value,
-            "lower_bound": result.lower_bound,
-            "gap": result.gap,
-            "status": str(result.status),
-            "solver": result.solver,
-            "solve_seconds": result.solve_seconds,
-        }
-        schedule = result.schedule
-        schedule.name = schedule.name or "mip"
+        schedule, extra = run_mip(sg, microbatches, limit, args)
     else:
         from opsched.baselines.placement import is_chain, linearize, on_group_devices, onto_groups
 
@@ -197,6 +202,61 @@ def run_method(name: str, sg, microbatches: int, limit: float | None, args):
         extra = {} if chain is pseudo else {"linearized": True}
     validate(schedule)
     return schedule, extra
+
+
+def run_mip(sg, microbatches: int, limit: float | None, args) -> tuple:
+    """(schedule, extra row fields) of the MIP over the placements ``--placement`` names, at memory ``limit``."""
+    from opsched import isolate, lower
+    from opsched.lower.placements import solve_placements
+    from opsched.placements import candidates
+
+    # with --plan the plan's own placement is tried too (first): it may branch or use device groups
+    tries = candidates(sg, microbatches, args.placement, as_given=bool(args.plan))
+    # each solve holds its share of --time-limit itself (its search runs in a watched child that it stops at the
+    # limit); this outer child, as the planner's, is the backstop: a native abort or hang anywhere costs this row
+    # (SolverCrash), not the command. The hand-written orders that run on a placement start its solve.
+    found = isolate.run_isolated(
+        solve_placements, tries, microbatches, memory_limit=limit, time_limit=args.time_limit, solver=args.solver,
+        objective=args.objective, solve_one=lower.solve, timeout=solve_timeout(args.time_limit),
+    )
+    result = found.result
+    schedule = result.schedule
+    schedule.name = schedule.name or "mip"
+    extra = {
+        "placement": placement_text(found.placement, schedule.stage_graph),
+        "placement_name": found.placement,
+        "objective": str(result.objective),
+        "objective_value": result.value,
+        "lower_bound": result.lower_bound,
+        "gap": result.gap,
+        "lower_bound_all_placements": found.lower_bound_all,
+        "placements_tried": [tried_row(t) for t in found.tried],
+        # the winner's status, for its placement; a search the clock cut before every placement ran says so
+        "status": str(Status.TIME_LIMIT if found.cut else result.status),
+        "solver": result.solver,
+        "solve_seconds": found.seconds,
+    }
+    return schedule, extra
+
+
+def placement_text(placement: str, sg) -> str:
+    """'V, device i holds stages i and 2D-1-i (16 stages)' for a placement the MIP searched.
+
+    >>> from opsched.schedule import chain_stage_graph
+    >>> placement_text("chain", chain_stage_graph(4))
+    'chain, stage k on device k (4 stages)'
+    """
+    from opsched.baselines import PLACEMENTS
+    from opsched.placements import AS_GIVEN
+
+    key = "dual" if placement == "bidirectional" else placement
+    return f"{PLACEMENTS.get(key, AS_GIVEN)} ({len(sg.stages)} stages)"
+
+
+def tried_row(tried) -> dict:
+    """The JSON object of one placement the MIP tried: its figures, or why it could not run."""
+    return {"placement": tried.placement, "objective_value": tried.value, "lower_bound": tried.lower_bound,
+            "status": None if tried.status is None else str(tried.status), "error": tried.refused or None}
 
 
 def solve_timeout(time_limit: float) -> float:
@@ -358,7 +418,25 @@ def solver_note(row: dict) -> str:
     time_text = "" if secs is None else f", {row.get('solver', '')} {secs:.1f} s"
     status = row.get("status")
     status_text = f", {status}" if status in (str(Status.TIME_LIMIT), str(Status.ERROR)) else ""
-    return f"{value_text or ';'} lower bound {_g(row['lower_bound'])}{gap_text}{time_text}{status_text}"
+    tried = row.get("placements_tried") or []
+    bound_text = f"lower bound {_g(row['lower_bound'])}"
+    if len(tried) > 1:  # the bound and gap hold for the winning placement; the least over all tried is separate
+        bound_text += f" on this placement ({_g(row['lower_bound_all_placements'])} over the {len(tried)} tried)"
+    return f"{search_note(tried)}{value_text or ';'} {bound_text}{gap_text}{time_text}{status_text}"
+
+
+def search_note(tried: list[dict]) -> str:
+    """'; best of chain 55, v 51.5, bidirectional refused' when the MIP tried several placements, else ''.
+
+    >>> search_note([{"placement": "chain", "objective_value": 55.0, "error": None},
+    ...              {"placement": "v", "objective_value": None, "error": "too small"}])
+    '; best of chain 55, v refused'
+    """
+    if len(tried) < 2:
+        return ""
+    parts = [f"{t['placement']} " + (("not tried" if t["error"].startswith("not tried") else "refused")
+                                      if t["error"] else _g(t["objective_value"])) for t in tried]
+    return "; best of " + ", ".join(parts)
 
 
 def table(rows: list[dict], header: str) -> str:
