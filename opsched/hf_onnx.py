@@ -23,7 +23,7 @@ text's ``seq``, the image size is fixed by the config); ``--batch`` and
 ``--seq-len`` become the file's defaults (metadata ``opsched.default_dims``),
 which ``opsched plan --dim`` overrides.
 
-Supported models (:func:`model_kind`):
+Supported models:
 
 * **causal language models**: every config transformers' ``AutoModelForCausalLM``
   knows (Llama, Mistral, Mixtral, Qwen2/3(-MoE), DeepSeek-V3, GPT-2, ...);
@@ -71,6 +71,8 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 TWO_TOWER_TYPES = frozenset({"clip", "siglip"})
 #: the traced example sizes of the symbolic dims: 2, not 1 (torch.export fixes a dim whose example is 0 or 1)
 EXAMPLE_BATCH, EXAMPLE_SEQ = 2, 8
+#: --seq-len when not given, unless the model's positions are fewer
+DEFAULT_SEQ_LEN = 4096
 
 
 @dataclass(frozen=True)
@@ -82,10 +84,6 @@ class HfExportRequest:
     seq_len: int | None = None  # None: the model's longest sequence, at most DEFAULT_SEQ_LEN
     batch: int = 1
     dtype: str = "bf16"
-
-
-#: --seq-len when not given, unless the model's positions are fewer
-DEFAULT_SEQ_LEN = 4096
 
 
 @dataclass
@@ -124,7 +122,7 @@ def read_config_json(path: str) -> dict:
 BACKENDS = {"torch": "torch", "transformers": "hf", "onnxscript": "hf"}
 
 
-def import_backends() -> tuple[Any, Any]:
+def _import_backends() -> tuple[Any, Any]:
     """``(torch, transformers)``, or :class:`OpschedError` saying how to install what is missing.
 
     Each is looked up before any is imported (torch alone takes seconds), so a missing one is refused at once.
@@ -141,7 +139,7 @@ def import_backends() -> tuple[Any, Any]:
     return torch, transformers
 
 
-def build_config(data: dict, path: str, transformers) -> Any:
+def _build_config(data: dict, path: str, transformers) -> Any:
     """The transformers config object of ``data``; unknown ``model_type`` or bad values are :class:`OpschedError`."""
     from transformers import CONFIG_MAPPING
 
@@ -149,7 +147,10 @@ def build_config(data: dict, path: str, transformers) -> Any:
     if model_type not in CONFIG_MAPPING:
         raise OpschedError(f"--hf-config {path}: model_type {model_type!r} is unknown to transformers "
                            f"{transformers.__version__} (check the spelling, or upgrade transformers)")
-    fields = {k: v for k, v in data.items() if k != "model_type"}
+    # a checkpoint's storage format (e.g. DeepSeek-V3's fp8 blocks) is no part of training in --dtype
+    fields = {k: v for k, v in data.items() if k not in ("model_type", "quantization_config")}
+    if "quantization_config" in data:
+        log.info("hf: the config's quantization_config is left out: the model is built in --dtype")
     try:
         config = CONFIG_MAPPING[model_type].from_dict(fields)
     except Exception as exc:  # transformers validates values in many ways; any refusal is the file's
@@ -160,7 +161,7 @@ def build_config(data: dict, path: str, transformers) -> Any:
     return config
 
 
-def model_kind(config) -> str:
+def _model_kind(config) -> str:
     """``"causal-lm"`` or ``"two-tower"`` (see the module docstring); :class:`OpschedError` for other models."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -173,7 +174,7 @@ def model_kind(config) -> str:
                        "export other models with torch.onnx.export (docs/export.md)")
 
 
-def build_empty_model(config, kind: str, dtype: str, torch) -> Any:
+def _build_empty_model(config, kind: str, dtype: str, torch) -> Any:
     """The model with its parameters on the meta device (no storage) and its buffers real, on the CPU.
 
     Buffers are made again on the CPU and filled by the model's own
@@ -198,7 +199,7 @@ def build_empty_model(config, kind: str, dtype: str, torch) -> Any:
     return model.eval()
 
 
-def example_inputs(config, kind: str, request: HfExportRequest, torch) -> ExampleInputs:
+def _example_inputs(config, kind: str, request: HfExportRequest, torch) -> ExampleInputs:
     """The traced inputs of ``kind`` and the file's default dims (``--batch``, ``--seq-len`` or the model's limit)."""
     text = config.text_config if kind == "two-tower" else config
     limit = getattr(text, "max_position_embeddings", None) or DEFAULT_SEQ_LEN
@@ -241,7 +242,7 @@ def _forward_module(model, output: str, torch):
     return (TextForward if output == "logits" else TextImageForward)(model).eval()
 
 
-def export_empty(model, inputs: ExampleInputs, torch):
+def _export_empty(model, inputs: ExampleInputs, torch):
     """The ``onnx.ModelProto`` of ``model`` (meta parameters) with each parameter an initializer whose data is absent."""
     started = time.monotonic()
     try:
@@ -339,6 +340,9 @@ def export_hf_config(request: HfExportRequest) -> Path:
     """Build the model of ``request.config_path`` without weights and write its ONNX graph to ``request.output``.
 
     Every input is checked before the export; the file is written whole or not at all.
+
+    >>> export_hf_config(HfExportRequest("llama/config.json", "llama.onnx", seq_len=4096))  # doctest: +SKIP
+    PosixPath('llama.onnx')
     """
     import onnx
 
@@ -346,19 +350,19 @@ def export_hf_config(request: HfExportRequest) -> Path:
 
     data = read_config_json(request.config_path)
     parent = Path(request.output).parent
-    if not parent.is_dir():
+    if not parent.exists():  # unlike a plan's directory, not made: a mistyped path would be hard to find
         raise OpschedError(f"-o {request.output}: directory {parent} does not exist (create it first)")
     check_output_file(request.output, "-o", example="model.onnx")
-    torch, transformers = import_backends()
-    config = build_config(data, request.config_path, transformers)
-    kind = model_kind(config)
-    inputs = example_inputs(config, kind, request, torch)
+    torch, transformers = _import_backends()
+    config = _build_config(data, request.config_path, transformers)
+    kind = _model_kind(config)
+    inputs = _example_inputs(config, kind, request, torch)
     log.info("hf: building %s (%s) from %s with parameters on the meta device", type(config).__name__, kind,
              request.config_path)
-    model = build_empty_model(config, kind, request.dtype, torch)
+    model = _build_empty_model(config, kind, request.dtype, torch)
     params = sum(p.numel() for p in model.parameters())
     log.info("hf: %s parameters, none allocated", f"{params:,}")
-    proto = export_empty(model, inputs, torch)
+    proto = _export_empty(model, inputs, torch)
     onnx.helper.set_model_props(proto, {
         DEFAULT_DIMS_KEY: ",".join(f"{k}={v}" for k, v in inputs.default_dims.items()),
         DATA_INPUTS_KEY: ",".join(inputs.names),
