@@ -71,6 +71,10 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 TWO_TOWER_TYPES = frozenset({"clip", "siglip"})
 #: the traced example sizes of the symbolic dims: 2, not 1 (torch.export fixes a dim whose example is 0 or 1)
 EXAMPLE_BATCH, EXAMPLE_SEQ = 2, 8
+#: ONNX opset of the export: 23 has Attention and RMSNormalization, so torch's exporter writes SDPA as one
+#: Attention op (FLOPs and bytes of a fused kernel, as training runs it) instead of its [batch, heads, seq, seq]
+#: score matrices, which would put tens of GiB of activations per layer into the memory model at seq 4096
+OPSET = 23
 #: --seq-len when not given, unless the model's positions are fewer
 DEFAULT_SEQ_LEN = 4096
 
@@ -249,7 +253,8 @@ def _export_empty(model, inputs: ExampleInputs, torch):
         with _exporter_quiet():
             program = torch.onnx.export(_forward_module(model, inputs.output, torch), inputs.tensors, dynamo=True,
                                         dynamic_shapes=inputs.dynamic, input_names=inputs.names,
-                                        output_names=[inputs.output], optimize=False, verbose=False)
+                                        output_names=[inputs.output], optimize=False, verbose=False,
+                                        opset_version=OPSET)
     except Exception as exc:
         raise OpschedError(f"torch.onnx.export could not export this model ({_one_line(exc)})") from None
     log.info("hf: traced the model in %.1f s: %d ONNX nodes before optimising", time.monotonic() - started,

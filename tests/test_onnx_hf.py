@@ -57,6 +57,13 @@ def hf_counts(name: str) -> tuple[int, int, int]:
     return sum(p.numel() for p in model.parameters()), rotary, uncounted
 
 
+def _attention_layers(name: str) -> int:
+    cfg = CONFIGS[name]
+    if name == "clip":
+        return cfg["text_config"]["num_hidden_layers"] + cfg["vision_config"]["num_hidden_layers"]
+    return cfg["num_hidden_layers"]
+
+
 def export(tmp_path: Path, name: str, *extra: str) -> Path:
     pytest.importorskip("transformers")
     pytest.importorskip("onnxscript")
@@ -83,8 +90,12 @@ def test_import_counts_every_parameter_of_the_config(tmp_path, name):
     assert written == params  # every parameter is in the file, once (shapes only)
     assert g.graph["dims"] == {"batch": 2, "seq": 16}
     assert g.graph["warnings"] == []
+    # attention is one fused op (opset 23), not score matrices of [batch, heads, seq, seq]
+    assert sum(n.op_type == "Attention" for n in model.graph.node) == _attention_layers(name)
+    assert not any(n.op_type == "Softmax" for n in model.graph.node)
     weights = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
     assert weights and all(not t.raw_data for t in weights)  # shapes only: no weight was written
+    assert {t.data_type for t in weights} == {onnx.TensorProto.BFLOAT16}  # --dtype bf16, the default
     assert path.stat().st_size < 200_000
     assert not list(tmp_path.glob("*.data"))
 
