@@ -1,7 +1,7 @@
 """`opsched onnx --hf-config`: a Hugging Face config -> an ONNX graph without weights, ready for `opsched plan`.
 
 Tiny configs (2 layers, hidden 32) of a dense decoder (Llama), an MoE decoder
-(Mixtral, experts as stacked weights) and a two-tower image-text model (CLIP)
+(Mixtral, experts as stacked weights) and two-tower image-text models (CLIP, SigLIP)
 are exported with parameters on the meta device; the importer's parameter
 count must equal the count transformers gives the same config. Each export
 traces the model with torch.export (10-20 s on a shared CPU), so those tests
@@ -31,6 +31,13 @@ CONFIGS = {
                  vision_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                                     image_size=32, patch_size=8)),
 }
+# SigLIP: the same towers; its image tower ends in an attention-pooling head (a probe and nn.MultiheadAttention)
+CONFIGS["siglip"] = dict(CONFIGS["clip"], model_type="siglip")
+del CONFIGS["siglip"]["projection_dim"]
+TWO_TOWERS = ("clip", "siglip")
+#: parameters the import's rules leave out (onnx_import rule 6): scalars, a weight read only by Expand (CLIP's class
+#: embedding, SigLIP's probe), and the packed q/k/v projection of nn.MultiheadAttention, read through a Split
+UNCOUNTED = ("logit_scale", "logit_bias", "class_embedding", "probe", "in_proj_weight", "in_proj_bias")
 
 
 def write_config(tmp_path: Path, name: str) -> Path:
@@ -41,25 +48,23 @@ def write_config(tmp_path: Path, name: str) -> Path:
 
 def hf_counts(name: str) -> tuple[int, int, int]:
     """Of the config, built by transformers on meta: sum(p.numel()), the rotary inv_freq buffers' elements, and the
-    elements of the parameters the importer's rules leave out (a scalar, a weight read only by Expand)."""
+    elements of the parameters the importer's rules leave out (:data:`UNCOUNTED`)."""
     torch = pytest.importorskip("torch")
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
     fields = dict(CONFIGS[name])
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
-    auto = AutoModel if name == "clip" else AutoModelForCausalLM
+    auto = AutoModel if name in TWO_TOWERS else AutoModelForCausalLM
     with torch.device("meta"):
         model = auto.from_config(config)
     rotary = sum(b.numel() for n, b in model.named_buffers() if n.endswith(".inv_freq"))
-    # CLIP's logit_scale is a scalar (the importer counts tensors of 2 or more elements) and its class
-    # embedding is read by Expand to the batch, not in a weight position (onnx_import rule 6)
-    uncounted = sum(p.numel() for n, p in model.named_parameters() if n.endswith(("logit_scale", "class_embedding")))
+    uncounted = sum(p.numel() for n, p in model.named_parameters() if n.endswith(UNCOUNTED))
     return sum(p.numel() for p in model.parameters()), rotary, uncounted
 
 
 def _attention_layers(name: str) -> int:
     cfg = CONFIGS[name]
-    if name == "clip":
+    if name in TWO_TOWERS:
         return cfg["text_config"]["num_hidden_layers"] + cfg["vision_config"]["num_hidden_layers"]
     return cfg["num_hidden_layers"]
 
@@ -73,7 +78,7 @@ def export(tmp_path: Path, name: str, *extra: str) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["llama", "llama-tied", "mixtral", "clip"])
+@pytest.mark.parametrize("name", ["llama", "llama-tied", "mixtral", "clip", "siglip"])
 def test_import_counts_every_parameter_of_the_config(tmp_path, name):
     from opsched.graph import totals
     from opsched.onnx_import import import_onnx
@@ -84,7 +89,7 @@ def test_import_counts_every_parameter_of_the_config(tmp_path, name):
     # the rotary inv_freq (head_dim / 2 floats) is an initializer the graph reads, counted like a weight;
     # a tied embedding is one parameter in transformers and one initializer in the file
     assert totals(g)["param_count"] == params + rotary - uncounted
-    assert (rotary > 0) == (name != "clip") and (uncounted > 0) == (name == "clip")
+    assert (rotary > 0) == (name not in TWO_TOWERS) and (uncounted > 0) == (name in TWO_TOWERS)
     model = onnx.load(str(path), load_external_data=False)
     written = sum(math.prod(t.dims) for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL)
     assert written == params  # every parameter is in the file, once (shapes only)
@@ -92,8 +97,9 @@ def test_import_counts_every_parameter_of_the_config(tmp_path, name):
     assert g.graph["warnings"] == []
     # attention is one fused op (opset 23), not score matrices of [batch, heads, seq, seq]
     assert sum(n.op_type == "Attention" for n in model.graph.node) == _attention_layers(name)
-    routers = CONFIGS[name]["num_hidden_layers"] if name == "mixtral" else 0  # the router's softmax over experts
-    assert sum(n.op_type == "Softmax" for n in model.graph.node) == routers
+    # the other softmaxes: Mixtral's routers (over experts), SigLIP's pooling head (nn.MultiheadAttention)
+    others = {"mixtral": CONFIGS["mixtral"]["num_hidden_layers"], "siglip": 1}.get(name, 0)
+    assert sum(n.op_type == "Softmax" for n in model.graph.node) == others
     weights = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
     assert weights and all(not t.raw_data for t in weights)  # shapes only: no weight was written
     assert {t.data_type for t in weights} == {onnx.TensorProto.BFLOAT16}  # --dtype bf16, the default
