@@ -25,8 +25,9 @@ which ``opsched plan --dim`` overrides.
 
 Supported models:
 
-* **causal language models**: every config transformers' ``AutoModelForCausalLM``
-  knows (Llama, Mistral, Mixtral, Qwen2/3(-MoE), DeepSeek-V3, GPT-2, ...);
+* **causal language models**: the configs transformers' ``AutoModelForCausalLM``
+  knows (tried: Llama, Mixtral, Qwen2-MoE, GPT-2; DeepSeek-V3 does not trace
+  yet: a CPU tensor meets a meta one in its router, and the export says so);
   input ``input_ids [batch, seq]``, output the logits. MoE experts use
   transformers' ``batched_mm`` implementation (stacked ``[experts, ...]``
   weights read by expert index), whose routed experts the importer counts
