@@ -26,8 +26,7 @@ which ``opsched plan --dim`` overrides.
 Supported models:
 
 * **causal language models**: the configs transformers' ``AutoModelForCausalLM``
-  knows (tried: Llama, Mixtral, Qwen2-MoE, GPT-2; DeepSeek-V3 does not trace
-  yet: a CPU tensor meets a meta one in its router, and the export says so);
+  knows (tried: Llama, Mixtral, Qwen2-MoE, DeepSeek-V3, GPT-2);
   input ``input_ids [batch, seq]``, output the logits. MoE experts use
   transformers' ``batched_mm`` implementation (stacked ``[experts, ...]``
   weights read by expert index), whose routed experts the importer counts
@@ -38,8 +37,8 @@ Supported models:
 
 The parameter count the importer reads is the model's ``sum(p.numel())``
 plus the float buffers the graph reads (the rotary ``inv_freq``: head_dim / 2
-floats per rotary module, which the exporter writes as an initializer like a
-weight); tied embeddings are one parameter in both.
+floats per rotary module; DeepSeek-V3's router score bias), which the file
+holds as initializers like weights; tied embeddings are one parameter in both.
 
 >>> read_config_json("no/such/config.json")
 Traceback (most recent call last):
@@ -183,7 +182,10 @@ def _build_empty_model(config, kind: str, dtype: str, torch) -> Any:
     """The model with its parameters on the meta device (no storage) and its buffers real, on the CPU.
 
     Buffers are made again on the CPU and filled by the model's own
-    ``_init_weights``, as transformers does after building on the meta device.
+    ``_init_weights``, as transformers does after building on the meta device;
+    except a float buffer of a module with weights of its own (DeepSeek-V3's
+    router score bias), which meets those weights in an op that takes one
+    device: it stays on meta, an initializer like a weight in the file.
     """
     from transformers import AutoModel, AutoModelForCausalLM
 
@@ -197,6 +199,8 @@ def _build_empty_model(config, kind: str, dtype: str, torch) -> Any:
     for name, buffer in list(model.named_buffers()):
         module_name, _, leaf = name.rpartition(".")
         module = model.get_submodule(module_name)
+        if buffer.is_floating_point() and next(module.parameters(recurse=False), None) is not None:
+            continue
         module._buffers[leaf] = torch.empty_like(buffer, device="cpu")
         owners[module_name] = module
     for module in owners.values():

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import NamedTuple
 
 import onnx
 import pytest
@@ -25,6 +26,11 @@ CONFIGS = {
     "llama": dict(model_type="llama", intermediate_size=48, tie_word_embeddings=False, **COMMON),
     "llama-tied": dict(model_type="llama", intermediate_size=48, tie_word_embeddings=True, **COMMON),
     "mixtral": dict(model_type="mixtral", intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, **COMMON),
+    # DeepSeek-V3: MLA attention, a dense first layer, then 4 routed + 1 shared experts with grouped routing
+    "deepseek_v3": dict(model_type="deepseek_v3", intermediate_size=48, moe_intermediate_size=16, n_routed_experts=4,
+                        n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1,
+                        q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+                        **dict(COMMON, num_key_value_heads=4)),
     "clip": dict(model_type="clip", projection_dim=16,
                  text_config=dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                   num_attention_heads=4, max_position_embeddings=16),
@@ -46,9 +52,16 @@ def write_config(tmp_path: Path, name: str) -> Path:
     return path
 
 
-def hf_counts(name: str) -> tuple[int, int, int]:
-    """Of the config, built by transformers on meta: sum(p.numel()), the rotary inv_freq buffers' elements, and the
-    elements of the parameters the importer's rules leave out (:data:`UNCOUNTED`)."""
+class Counts(NamedTuple):
+    """Of a config's model as transformers builds it (on meta)."""
+
+    params: int  # sum(p.numel())
+    float_buffers: int  # buffers the file holds as float initializers, counted like weights by the import
+    meta_buffers: int  # of those, the ones left on meta by the export (DeepSeek-V3's router score bias)
+    uncounted: int  # parameters the import's rules leave out (UNCOUNTED)
+
+
+def hf_counts(name: str) -> Counts:
     torch = pytest.importorskip("torch")
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
@@ -57,9 +70,11 @@ def hf_counts(name: str) -> tuple[int, int, int]:
     auto = AutoModel if name in TWO_TOWERS else AutoModelForCausalLM
     with torch.device("meta"):
         model = auto.from_config(config)
-    rotary = sum(b.numel() for n, b in model.named_buffers() if n.endswith(".inv_freq"))
+    buffers = dict(model.named_buffers())
+    routed_bias = sum(b.numel() for n, b in buffers.items() if n.endswith(".e_score_correction_bias"))
+    rotary = sum(b.numel() for n, b in buffers.items() if n.endswith(".inv_freq"))
     uncounted = sum(p.numel() for n, p in model.named_parameters() if n.endswith(UNCOUNTED))
-    return sum(p.numel() for p in model.parameters()), rotary, uncounted
+    return Counts(sum(p.numel() for p in model.parameters()), rotary + routed_bias, routed_bias, uncounted)
 
 
 def _attention_layers(name: str) -> int:
@@ -78,31 +93,35 @@ def export(tmp_path: Path, name: str, *extra: str) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["llama", "llama-tied", "mixtral", "clip", "siglip"])
+@pytest.mark.parametrize("name", ["llama", "llama-tied", "mixtral", "deepseek_v3", "clip", "siglip"])
 def test_import_counts_every_parameter_of_the_config(tmp_path, name):
     from opsched.graph import totals
     from opsched.onnx_import import import_onnx
 
     path = export(tmp_path, name, "--seq-len", "16", "--batch", "2")
-    params, rotary, uncounted = hf_counts(name)
+    params, float_buffers, meta_buffers, uncounted = hf_counts(name)
     g = import_onnx(path)
-    # the rotary inv_freq (head_dim / 2 floats) is an initializer the graph reads, counted like a weight;
-    # a tied embedding is one parameter in transformers and one initializer in the file
-    assert totals(g)["param_count"] == params + rotary - uncounted
-    assert (rotary > 0) == (name not in TWO_TOWERS) and (uncounted > 0) == (name in TWO_TOWERS)
+    # float buffers (the rotary inv_freq, head_dim / 2 floats) are initializers the graph reads, counted like
+    # weights; a tied embedding is one parameter in transformers and one initializer in the file
+    assert totals(g)["param_count"] == params + float_buffers - uncounted
+    assert (float_buffers > 0) == (name not in TWO_TOWERS) and (uncounted > 0) == (name in TWO_TOWERS)
     model = onnx.load(str(path), load_external_data=False)
     written = sum(math.prod(t.dims) for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL)
-    assert written == params  # every parameter is in the file, once (shapes only)
+    assert written == params + meta_buffers  # every parameter is in the file, once (shapes only)
     assert g.graph["dims"] == {"batch": 2, "seq": 16}
     assert g.graph["warnings"] == []
     # attention is one fused op (opset 23), not score matrices of [batch, heads, seq, seq]
     assert sum(n.op_type == "Attention" for n in model.graph.node) == _attention_layers(name)
-    # the other softmaxes: Mixtral's routers (over experts), SigLIP's pooling head (nn.MultiheadAttention)
+    # the other softmaxes: Mixtral's routers (over experts), SigLIP's pooling head (nn.MultiheadAttention);
+    # DeepSeek-V3's router scores by sigmoid
     others = {"mixtral": CONFIGS["mixtral"]["num_hidden_layers"], "siglip": 1}.get(name, 0)
     assert sum(n.op_type == "Softmax" for n in model.graph.node) == others
     weights = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
     assert weights and all(not t.raw_data for t in weights)  # shapes only: no weight was written
-    assert {t.data_type for t in weights} == {onnx.TensorProto.BFLOAT16}  # --dtype bf16, the default
+    # --dtype bf16, the default, but where transformers keeps fp32 (DeepSeek-V3's router, weight and bias)
+    fp32_router = {f"model.model.layers.1.mlp.gate.{w}" for w in ("weight", "e_score_correction_bias")}
+    kept = {t.name for t in weights if t.data_type != onnx.TensorProto.BFLOAT16}
+    assert kept == (fp32_router if name == "deepseek_v3" else set())
     assert path.stat().st_size < 200_000
     assert not list(tmp_path.glob("*.data"))
 

@@ -11,9 +11,9 @@ read. Nothing is fetched from the network.
 The graph has symbolic dims batch and seq; --batch and --seq-len become the
 file's defaults (`opsched plan --dim seq=...` overrides them). Models:
 causal language models (model types AutoModelForCausalLM knows; tried:
-llama, mixtral, qwen2_moe, gpt2; MoE experts as stacked weights, every routed
-expert counted; deepseek_v3 does not export yet) and the image-text
-two-tower models clip and siglip. A model that does not trace is one error
+llama, mixtral, qwen2_moe, deepseek_v3, gpt2; MoE experts as stacked
+weights, every routed expert counted) and the image-text two-tower models
+clip and siglip. A model that does not trace is one error
 line. Needs torch, transformers and onnxscript
 (pip install 'opsched[torch,hf]').
 
