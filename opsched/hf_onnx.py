@@ -175,7 +175,7 @@ def _model_kind(config) -> str:
         return "causal-lm"
     raise OpschedError(f"model_type {config.model_type!r} is not supported by opsched onnx --hf-config yet: it exports "
                        f"causal language models and the two-tower types {', '.join(sorted(TWO_TOWER_TYPES))}; "
-                       "export other models with torch.onnx.export (docs/export.md)")
+                       "export other models with torch.onnx.export yourself (any of its files plans, weights or not)")
 
 
 def _build_empty_model(config, kind: str, dtype: str, torch) -> Any:
