@@ -35,6 +35,7 @@ from opsched.errors import OpschedError
 
 #: subcommand name -> one-line help. Order is the order shown in ``--help``.
 COMMANDS = {
+    "onnx": "write the ONNX graph of a Hugging Face model from its config.json (no weights, no download)",
     "inspect": "summarise an ONNX model: operators, parameters, FLOPs, branches, blocks",
     "plan": "plan a model on a cluster: device groups, parallel modes and a pipeline schedule",
     "evaluate": "predict the step time, MFU and memory of a given tp/pp/vpp/ep/dp layout",
@@ -46,6 +47,7 @@ COMMANDS = {
 
 EPILOG = """\
 examples:
+  opsched onnx --hf-config llama/config.json -o models/llama.onnx --seq-len 4096
   opsched inspect models/mixtral_8x7b.onnx --dim batch=1 --dim seq=4096
   opsched compare --stages 8 --microbatches 16 --f 1 --b 2 --w 1
   opsched plan models/mixtral_8x7b.onnx --devices 16 -o out/

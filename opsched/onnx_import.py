@@ -92,7 +92,9 @@ What the importer does, in order:
    by a matmul batched over the expert axis makes the operators of that
    layer's expert computation split into E per-expert copies (scope
    ``.../experts.e``), each with 1/E of the weight and, for the gather style,
-   ``ceil(capacity_factor * rows / E)`` of the S = tokens x top_k rows. Graph
+   ``ceil(capacity_factor * rows / E)`` of the S = tokens x top_k rows; the
+   gathered copy of the weights (one matrix per row) is no activation, each
+   expert matmul reads its weight in place. Graph
    attribute ``stacked_experts`` lists them (region scope -> experts, rows,
    rows per expert).
 

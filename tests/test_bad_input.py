@@ -67,6 +67,7 @@ def place(tmp_path):
     (tmp_path / "adir.csv").mkdir()
     (tmp_path / "notonnx.onnx").write_text("not a model\n")
     (tmp_path / "notjson.json").write_text("{not json\n")
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "hidden_size": 32}\n')
     (tmp_path / "huge.json").write_text(json.dumps(dict(SLOW_LINK_CLUSTER, devices=1_000_000)))
     return {"tmp": tmp_path, "model": model, "plan": plan, "bad_plan": bad_plan, "file": a_file,
             "readonly": _readonly_dir(tmp_path)}
@@ -161,6 +162,24 @@ CASES = {
     "run odd width": (["run", "{plan}", "--dim", "15"], "--dim: must be an even number"),
     "run steps zero": (["run", "{plan}", "--steps", "0"], "--steps: must be at least 1"),
     "run timeout negative": (["run", "{plan}", "--timeout", "-1"], "--timeout"),
+    # onnx --hf-config: each refusal comes before transformers is imported
+    "onnx config missing": (["onnx", "--hf-config", "{tmp}/nope.json", "-o", "{tmp}/m.onnx"], "file not found"),
+    "onnx config not json": (["onnx", "--hf-config", "{tmp}/notjson.json", "-o", "{tmp}/m.onnx"], "not valid JSON"),
+    "onnx config without model_type": (["onnx", "--hf-config", "{tmp}/huge.json", "-o", "{tmp}/m.onnx"],
+                                       'no "model_type" key'),
+    "onnx config is a directory": (["onnx", "--hf-config", "{tmp}/adir.svg", "-o", "{tmp}/m.onnx"], "is a directory"),
+    "onnx out directory missing": (["onnx", "--hf-config", "{tmp}/config.json", "-o", "{tmp}/no/m.onnx"],
+                                   "does not exist"),
+    "onnx out under a file": (["onnx", "--hf-config", "{tmp}/config.json", "-o", "{file}/m.onnx"],
+                              "is a file, not a directory"),
+    "onnx out is a directory": (["onnx", "--hf-config", "{tmp}/config.json", "-o", "{tmp}/adir.svg"], "is a directory"),
+    "onnx out read-only": (["onnx", "--hf-config", "{tmp}/config.json", "-o", "{readonly}/m.onnx"],
+                           "cannot write there"),
+    "onnx no output": (["onnx", "--hf-config", "{tmp}/config.json"], "required"),
+    "onnx seq-len zero": (["onnx", "--hf-config", "{tmp}/config.json", "-o", "{tmp}/m.onnx", "--seq-len", "0"],
+                          "--seq-len: must be at least 1"),
+    "onnx unknown dtype": (["onnx", "--hf-config", "{tmp}/config.json", "-o", "{tmp}/m.onnx", "--dtype", "int4"],
+                           "invalid choice"),
     # the command itself
     "unknown command": (["frobnicate"], "invalid choice"),
 }

@@ -431,14 +431,21 @@ def test_batched_experts_flops_follow_the_per_expert_routing_rule(tmp_path, name
 
 @pytest.mark.parametrize("name", sorted(BATCHED))
 def test_splitting_batched_experts_keeps_the_totals(name, monkeypatch):
-    # At capacity factor 1 with the experts dividing the rows, the split only redistributes:
-    # every cost total equals that of the unsplit batched ops (up to float rounding).
+    # At capacity factor 1 with the experts dividing the rows, the split only redistributes FLOPs and
+    # parameters: those totals equal the unsplit batched ops'. The bytes lose exactly the gathered copies
+    # of the expert weights (GatherND of a stacked weight: one weight matrix per routed row), written by
+    # the gather and read by its matmul in the unsplit graph; an expert matmul reads its weight in place.
     g = import_onnx(real_export(name))
     monkeypatch.setattr("opsched.onnx_import.split_families", lambda *args: None)
     whole = import_onnx(real_export(name))
     assert g.number_of_nodes() > whole.number_of_nodes()
-    for field in ("flops", "output_bytes", "io_bytes", "param_bytes"):
+    gathered = sum(o.output_bytes for _, o in whole.nodes(data="op")
+                   if o.op_type == "GatherND" and o.param_count and "experts" in o.scope)
+    assert gathered > totals(whole)["output_bytes"] / 2  # most of the unsplit graph's bytes, at this tiny size
+    for field in ("flops", "param_bytes"):
         assert totals(g)[field] == pytest.approx(totals(whole)[field], rel=1e-12)
+    assert totals(g)["output_bytes"] == pytest.approx(totals(whole)["output_bytes"] - gathered, rel=1e-12)
+    assert totals(g)["io_bytes"] == pytest.approx(totals(whole)["io_bytes"] - 2 * gathered, rel=1e-12)
     assert totals(g)["param_count"] == totals(whole)["param_count"]
 
 
