@@ -418,7 +418,10 @@ def uniform_families(p: UpperProblem) -> list[tuple[str, dict[int, Mode]]]:
     """
     k = p.layout.group_size
     families = []
+    weighted = [b for b in p.blocks if any(p.cost[(b, 0, m)].param_bytes > 0 for m in p.modes[b])]
     for t in [d for d in range(1, k + 1) if k % d == 0]:
+        if weighted and not any(Mode(tp=t, dp=k // t) in p.modes[b] for b in weighted):
+            continue  # no block may take it (replicas would split a sequence): not a configuration to name
         for with_ep in (False, True):
             if with_ep and not any(m.ep > 1 for b in p.blocks for m in p.modes[b]):
                 continue
