@@ -133,7 +133,7 @@ def contiguous_chain(p: UpperProblem, uniform: bool = True) -> ContiguousChain |
     for k in range(len(used) - 1):
         crossing = sum(n for (u, v), n in p.edges.items() if index[start[u][0]] <= k < index[start[v][0]])
         a, c = used[k], used[k + 1]
-        time_ = 0.0 if p.group(a) == p.group(c) else p.transfer_latency[(a, c)] + crossing * p.transfer_rate[(a, c)]
+        time_ = 0.0 if p.group(a) == p.group(c) else p.links.latency(a, c) + crossing * p.links.rate(a, c)
         edges.append(Edge(k, k + 1, time=time_, bytes=crossing))
     return ContiguousChain(StageGraph(stages, edges, num_devices=G), syncs, config, blocks_of_stage)
 

@@ -58,8 +58,7 @@ class UpperProblem:
     cost: dict[tuple[int, int, Mode], BlockCost]  # (block, group, mode)
     microbatches: int
     memory_limit: float
-    transfer_rate: dict[tuple[int, int], float]  # (slot a, slot b) -> seconds per byte
-    transfer_latency: dict[tuple[int, int], float]  # (slot a, slot b) -> seconds per message
+    links: SlotLinks  # seconds per byte and per message between two slots
     names: dict[int, str] = field(default_factory=dict)
     domain: dict[int, list[int]] | None = None  # block -> slots it may take (None: all)
 
@@ -175,7 +174,6 @@ def upper_problem(
     modes = {b: modes_for(records[b], layout.group_size, samples) for b in blocks}
     groups = [layout.devices_of_group(g) for g in range(layout.groups)]
     cost = {(b, g, m): table.cost(b, m, groups[g]) for g in range(layout.groups) for b in blocks for m in modes[b]}
-    rate, latency = _slot_links(layout, cluster, groups)
     edges = {(u, v): float(d.get("bytes", 0.0)) for u, v, d in bg.edges(data=True)}
     return UpperProblem(
         blocks=blocks,
@@ -185,30 +183,63 @@ def upper_problem(
         cost=cost,
         microbatches=training.microbatches,
         memory_limit=float(cluster.memory_bytes if memory_limit is None else memory_limit),
-        transfer_rate=rate,
-        transfer_latency=latency,
+        links=SlotLinks(layout, cluster),
         names={b: records[b].name for b in blocks},
     )
 
 
-def _slot_links(layout: Layout, cluster: Cluster, groups: list[tuple[int, ...]]):
-    """(seconds per byte, seconds per message) between every two slots: the terms of cost.transfer_time.
+class SlotLinks:
+    """The terms of cost.transfer_time between two slots: 0 within one group, else the link between the groups.
 
-    0 within one group; else the slowest link between the two groups,
-    found once per pair of groups (many slots share a group).
+    Found once per pair of groups, and only for the pairs asked about: a
+    layout of S slots has S²/2 pairs, most of which no block edge joins.
+
+    >>> from opsched.cluster import preset
+    >>> links = SlotLinks(Layout(16, 4, 2, "v"), preset("h100-sxm", 16))
+    >>> links.rate(0, 7), links.rate(0, 1) == 1 / preset("h100-sxm").intra_node_bandwidth
+    (0.0, True)
     """
-    by_groups: dict[tuple[int, int], tuple[float, float]] = {}
-    rate, latency = {}, {}
-    for a, c in itertools.combinations(range(layout.slots), 2):
-        ga, gc = layout.group_of_slot(a), layout.group_of_slot(c)
+
+    def __init__(self, layout: Layout, cluster: Cluster):
+        self.layout, self.cluster = layout, cluster
+        self._groups: dict[tuple[int, int], tuple[float, float]] = {}
+
+    def _pair(self, a: int, c: int) -> tuple[float, float]:
+        ga, gc = self.layout.group_of_slot(a), self.layout.group_of_slot(c)
         if ga == gc:
-            rate[(a, c)] = latency[(a, c)] = 0.0
-            continue
-        if (ga, gc) not in by_groups:
-            bw, lat = cluster.link(groups[ga], groups[gc])
-            by_groups[(ga, gc)] = (1.0 / bw, lat)
-        rate[(a, c)], latency[(a, c)] = by_groups[(ga, gc)]
-    return rate, latency
+            return 0.0, 0.0
+        key = (min(ga, gc), max(ga, gc))
+        if key not in self._groups:
+            bw, lat = self.cluster.link(self.layout.devices_of_group(ga), self.layout.devices_of_group(gc))
+            self._groups[key] = (1.0 / bw, lat)
+        return self._groups[key]
+
+    def rate(self, a: int, c: int) -> float:
+        """Seconds per byte from slot ``a`` to slot ``c``."""
+        return self._pair(a, c)[0]
+
+    def latency(self, a: int, c: int) -> float:
+        """Seconds per message from slot ``a`` to slot ``c``."""
+        return self._pair(a, c)[1]
+
+    def max_rate(self) -> float:
+        """The largest rate over every pair of slots (0 with one group)."""
+        if self.layout.groups < 2:
+            return 0.0
+        return max(self._pair(a, c)[0] for a, c in self._group_pair_slots())
+
+    def latency_sum(self) -> float:
+        """The sum of the latencies over every pair of slots ``a < c``: each pair of groups has v² of them."""
+        v = self.layout.virtual
+        return v * v * sum(self._pair(a, c)[1] for a, c in self._group_pair_slots())
+
+    def _group_pair_slots(self):
+        """One slot pair per pair of distinct groups (a slot of each)."""
+        first = {}
+        for s in range(self.layout.slots):
+            first.setdefault(self.layout.group_of_slot(s), s)
+        slots = [first[g] for g in sorted(first)]
+        return itertools.combinations(slots, 2)
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -240,7 +271,7 @@ def estimate(p: UpperProblem, assignment: Assignment) -> dict[str, float]:
         a, c = assignment[u][0], assignment[v][0]
         if a < c:
             pair_bytes[(a, c)] = pair_bytes.get((a, c), 0.0) + nbytes
-    tau = {pair: p.transfer_latency[pair] + n * p.transfer_rate[pair] for pair, n in pair_bytes.items()}
+    tau = {(a, c): p.links.latency(a, c) + n * p.links.rate(a, c) for (a, c), n in pair_bytes.items()}
     bottleneck = max(group_work + [2 * t for t in tau.values()])
     finish = [0.0] * S
     for s in range(S):
@@ -315,7 +346,7 @@ def cut_edge_transfers(model: mip.Model, p: UpperProblem, X):
                 if (a, c) not in y:
                     y[a, c] = model.add_var(lb=0.0, ub=1.0, name=f"y_{a}_{c}")
                     terms[a, c] = []
-                rate, lat = p.transfer_rate[(a, c)], p.transfer_latency[(a, c)]
+                rate, lat = p.links.rate(a, c), p.links.latency(a, c)
                 if rate > 0 or lat > 0:
                     z = model.add_var(lb=0.0, ub=1.0, name=f"z_{u}_{v}_{a}_{c}")
                     model.add_constr(z >= X[u, a] + X[v, c] - 1)
@@ -323,7 +354,7 @@ def cut_edge_transfers(model: mip.Model, p: UpperProblem, X):
                     terms[a, c].append(nbytes * rate * z)
                 else:
                     model.add_constr(y[a, c] >= X[u, a] + X[v, c] - 1)
-    tau = {ac: p.transfer_latency[ac] * y[ac] + mip.xsum(terms[ac]) for ac in y}
+    tau = {ac: p.links.latency(*ac) * y[ac] + mip.xsum(terms[ac]) for ac in y}
     return y, tau
 
 
@@ -662,6 +693,6 @@ def _big_m(p: UpperProblem) -> float:
     work = sum(
         max(p.cost[(b, g, m)].work for g in range(p.layout.groups) for m in p.modes[b]) for b in p.blocks
     )
-    rate = max(p.transfer_rate.values(), default=0.0)
-    lat = sum(p.transfer_latency.values())
+    rate = p.links.max_rate()
+    lat = p.links.latency_sum()
     return work + 2 * (lat + rate * sum(p.edges.values())) + 1e-9

@@ -85,7 +85,7 @@ def build_stage_graph(p: UpperProblem, assignment: Assignment) -> StagePlan:
         Edge(
             stage_of_slot[a],
             stage_of_slot[c],
-            time=p.transfer_latency[(a, c)] + nbytes * p.transfer_rate[(a, c)],
+            time=p.links.latency(a, c) + nbytes * p.links.rate(a, c),
             bytes=nbytes,
         )
         for (a, c), nbytes in sorted(pair_bytes.items())
