@@ -386,3 +386,17 @@ def test_the_page_zooms_pans_and_relabels(tmp_path):
     # a drag 100 px to the left moves every bar 100 px left
     assert [b[0] for b in seen["panned"]["bars"]] == pytest.approx([b[0] - 100 for b in wheel], abs=0.02)
     assert seen["reset"] == seen["start"]
+
+
+def test_the_devices_of_a_group_share_one_row():
+    """A plan on 1,024 devices in groups of 64 draws 16 rows: the devices of a group run the same jobs."""
+    from opsched.export.gantt_bars import device_rows
+    from opsched.export.gantt_image import ROW_INCHES, figure_size
+    from opsched.schedule import Edge, Schedule, Stage, StageGraph, simulate, Job
+
+    stages = [Stage(k, tuple(range(4 * k, 4 * k + 4)), {"F": 1.0, "I": 1.0, "W": 1.0}) for k in range(2)]
+    sg = StageGraph(stages, [Edge(0, 1)])
+    order = {d: [Job(d // 4, 0, p) for p in ("F", "I", "W")] for d in range(8)}
+    schedule = Schedule(sg, 1, simulate(sg, order, 1))
+    assert device_rows(schedule) == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    assert figure_size(schedule)[1] == pytest.approx(1.6 + 2 * ROW_INCHES)

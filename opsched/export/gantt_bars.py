@@ -73,6 +73,40 @@ def gantt_bars(schedule: Schedule) -> list[Bar]:
     return bars
 
 
+def device_rows(schedule: Schedule) -> list[tuple[int, ...]]:
+    """The devices drawn as one row: runs of consecutive devices that host the same stages (so the same bars).
+
+    A stage on a device group runs every job on all of its devices at once, so
+    a plan on 1,024 devices in groups of 64 draws 16 rows, not 1,024.
+
+    >>> from opsched.schedule import Stage, StageGraph, Edge
+    >>> sg = StageGraph([Stage(0, (0, 1), {"F": 1, "I": 1, "W": 1}), Stage(1, (2,), {"F": 1, "I": 1, "W": 1})],
+    ...                 [Edge(0, 1)], num_devices=4)
+    >>> device_rows(Schedule(sg, 1, []))
+    [(0, 1), (2,), (3,)]
+    """
+    sg = schedule.stage_graph
+    rows: list[list[int]] = []
+    last = None
+    for d in range(sg.num_devices or 0):
+        hosted = tuple(sg.stages_on(d))
+        if rows and hosted == last:
+            rows[-1].append(d)
+        else:
+            rows.append([d])
+        last = hosted
+    return [tuple(r) for r in rows]
+
+
+def row_label(devices: tuple[int, ...]) -> str:
+    """A row's name: ``device 3`` or ``devices 0-63``.
+
+    >>> row_label((3,)), row_label((0, 1, 2))
+    ('device 3', 'devices 0-2')
+    """
+    return f"device {devices[0]}" if len(devices) == 1 else f"devices {devices[0]}-{devices[-1]}"
+
+
 def lighten(hex_colour: str, amount: float) -> str:
     """Mix a ``#rrggbb`` colour with white; ``amount`` 0 keeps it, 1 gives white.
 

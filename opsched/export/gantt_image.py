@@ -1,6 +1,7 @@
 """SVG / PNG Gantt chart of a timed schedule, drawn with matplotlib (Agg backend).
 
-One row per device (device 0 on top), one bar per job coloured by pass (F
+One row per device (device 0 on top; the devices of a group, which run the
+same jobs at the same times, share one row named ``devices 0-63``), one bar per job coloured by pass (F
 blue, I orange, W green, B red; a device's second stage -- a later model
 chunk or DualPipe's reverse direction -- in a lighter shade), the microbatch
 number on every bar wide enough to hold it (in a smaller font when the
@@ -23,9 +24,11 @@ from opsched.export.gantt_bars import (
     PASS_NAMES,
     bar_colour,
     chart_time_unit,
+    device_rows,
     gantt_bars,
     label_font,
     lighten,
+    row_label,
     title_text,
 )
 from opsched.fileio import atomic_path
@@ -35,8 +38,8 @@ ROW_INCHES = 0.42
 
 
 def figure_size(schedule: Schedule, width: float | None = None, height: float | None = None) -> tuple[float, float]:
-    """Default size in inches: 14 wide, 1.6 + 0.42 per device high."""
-    n = schedule.stage_graph.num_devices or 1
+    """Default size in inches: 14 wide, 1.6 + 0.42 per row high (a row: the devices of one group, :func:`device_rows`)."""
+    n = len(device_rows(schedule)) or 1
     return (width or 14.0, height or 1.6 + ROW_INCHES * n)
 
 
@@ -82,18 +85,22 @@ def write_image(
 
 
 def _draw(fig, schedule: Schedule, title: str | None, step_time: float | None, Patch, FuncFormatter) -> None:
-    sg = schedule.stage_graph
-    n = sg.num_devices or 1
-    bars = gantt_bars(schedule)
+    rows = device_rows(schedule) or [(0,)]
+    n = len(rows)
+    row_of = {row[0]: k for k, row in enumerate(rows)}  # the devices of a row draw the same bars: the first's are drawn
+    bars = [b for b in gantt_bars(schedule) if b.device in row_of]
     makespan = max((b.end for b in bars), default=1.0) or 1.0
     width_in, height_in = fig.get_size_inches()
     # fixed margins in inches, so rows keep their size whatever the device count
-    left, right, top, bottom = 0.9 / width_in, 0.2 / width_in, 0.45 / height_in, 0.95 / height_in
+    labels = [row_label(row) for row in rows]
+    # the left margin holds the longest row name ("devices 960-1023" is about 1.3 inches at 10 pt)
+    left_in = max(0.9, 0.2 + 0.075 * max(len(t) for t in labels))
+    left, right, top, bottom = left_in / width_in, 0.2 / width_in, 0.45 / height_in, 0.95 / height_in
     ax = fig.add_axes([left, bottom, 1 - left - right, 1 - top - bottom])
     ax.set_xlim(0, makespan)
     ax.set_ylim(n - 0.5, -0.5)
     ax.set_yticks(range(n))
-    ax.set_yticklabels([f"device {d}" for d in range(n)])
+    ax.set_yticklabels(labels)
     unit = chart_time_unit(schedule)
     ax.set_xlabel(f"time ({unit.name})")
     # tick labels in the chart's unit; a formatter of its own also keeps matplotlib's "1e-5" offset text away
@@ -114,7 +121,7 @@ def _draw(fig, schedule: Schedule, title: str | None, step_time: float | None, P
         halves = b.events if b.is_pair else b.events[:1]
         part = h / len(halves)
         for k, e in enumerate(halves):
-            y0 = b.device - h / 2 + k * part
+            y0 = row_of[b.device] - h / 2 + k * part
             key = (y0, part, bar_colour(e.pass_, b.chunks[k]), b.is_pair)
             groups.setdefault(key, []).append((b.start, b.end - b.start))
             text = str(e.microbatch)
