@@ -15,22 +15,26 @@ the last one the full ``...ForCausalLM`` head on top. The single-process
 reference runs the unsplit model on the whole batch with the model's own loss
 (``labels=input_ids``: cross-entropy on shifted tokens).
 
->>> stage_layer_ranges({0: ["model.model.embed_tokens", "model.model.layers.0", "model.model.layers.1"],
-...                     1: ["model.model.layers.2", "model.lm_head"]}, 3, "model.model.layers.")
-[(0, 2), (2, 3)]
+>>> spec = HfModelSpec('{"model_type": "llama"}', ((0, 2), (2, 4)))
+>>> spec.num_stages, spec.dtype
+(2, 'float64')
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import json
-import re
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from opsched.errors import OpschedError
+from opsched.export.plan_layout import layer_split
+
+#: this runtime's name in refusals, and what to plan instead of DualPipe's two copies of every stage
+RUNTIME = ("opsched run --hf-config", "use DualPipeV, which torch runs")
 
 
 @dataclass(frozen=True)
@@ -149,7 +153,7 @@ def hf_spec_for_plan(config_path: str, plan: dict, stages: int, dtype: str = "fl
     Everything is checked here, before any process starts: the config builds a
     causal language model of the supported shape, its embedding is not tied to
     the head across stages, and the plan's module paths name its layers (see
-    :func:`stage_layer_ranges`).
+    :func:`opsched.export.plan_layout.layer_split`).
     """
     from opsched.hf_onnx import _forward_module, _model_kind, read_config_json
 
@@ -171,14 +175,16 @@ def hf_spec_for_plan(config_path: str, plan: dict, stages: int, dtype: str = "fl
     if stages > 1 and getattr(config, "tie_word_embeddings", False):
         raise OpschedError(f"--hf-config {config_path}: tie_word_embeddings is true, so the first and last stages "
                            "would share the embedding; set it to false to run the plan")
-    contents = plan.get("stage_contents")
-    if not isinstance(contents, dict) or sorted(contents, key=int) != [str(k) for k in range(stages)]:
-        raise OpschedError("the plan does not record its stages' module paths (stage_contents); plan the ONNX from "
-                           "`opsched onnx --hf-config` again with this opsched")
+    stack, counts = layer_split(plan, stages, RUNTIME)
+    # the plan's module paths are those of the module hf_onnx exported: the model inside its forward wrapper
     wrapper = _forward_module(model, "logits", torch)
-    prefix = next(name for name, module in wrapper.named_modules() if module is base.layers) + "."
-    ranges = stage_layer_ranges({int(k): list(v.get("modules", [])) for k, v in contents.items()},
-                                len(base.layers), prefix)
+    own_stack = next(name for name, module in wrapper.named_modules() if module is base.layers)
+    if stack != own_stack or sum(counts) != len(base.layers):
+        planned = f"{stack}.0-{sum(counts) - 1}"
+        raise OpschedError(f"the plan's stages hold {planned}, but --hf-config {config_path} builds "
+                           f"{own_stack}.0-{len(base.layers) - 1}; give the config the plan's ONNX was exported from")
+    ends = list(itertools.accumulate(counts))
+    ranges = [(end - count, end) for count, end in zip(counts, ends)]
     limit = getattr(config, "max_position_embeddings", None) or DEFAULT_RUN_SEQ
     seq = min(int((plan.get("dims") or {}).get("seq", DEFAULT_RUN_SEQ)), limit)
     return HfModelSpec(json.dumps(data), tuple(ranges), seq=seq, dtype=dtype,
@@ -197,54 +203,3 @@ def build_hf_config(data: dict, path: str = "(config)"):
     config = _build_config(data, path, transformers)
     config._attn_implementation = "sdpa"
     return config
-
-
-LAYER_INDEX = re.compile(r"^(?P<prefix>.*\.)(?P<index>\d+)$")
-
-
-def stage_layer_ranges(modules_of_stage: dict[int, list[str]], num_layers: int,
-                       layers_prefix: str) -> list[tuple[int, int]]:
-    """Each stage's decoder layers [first, end), from the module paths the plan records for it.
-
-    Paths under ``layers_prefix`` (the model's own layer list, e.g.
-    ``model.model.layers.``) name layers; other paths (embedding, norm, head,
-    glue) are placed by the chain's rule (first / last stage). Refused with
-    :class:`OpschedError` when a path names a layer the model does not have,
-    when a layer is split over stages or missing, or when the ranges are not in
-    stage order.
-    """
-    ranges = []
-    seen: dict[int, int] = {}
-    for sid in sorted(modules_of_stage):
-        layers = []
-        for path in modules_of_stage[sid]:
-            match = LAYER_INDEX.match(path)
-            if not match or match["prefix"] != layers_prefix:
-                if match and match["prefix"].endswith((".layers.", ".h.", ".layer.", ".blocks.")):
-                    raise OpschedError(f"the plan's stage {sid} holds {path}, which this config's model does not "
-                                       f"have (its layers are {layers_prefix}0-{num_layers - 1}); give the config "
-                                       "the plan was made from")
-                continue
-            index = int(match["index"])
-            if index >= num_layers:
-                raise OpschedError(f"the plan's stage {sid} holds {path}, but the config's model has {num_layers} "
-                                   "layers; give the config the plan was made from")
-            if index in seen:
-                raise OpschedError(f"layer {path} is split between stages {seen[index]} and {sid}; `opsched run "
-                                   "--hf-config` runs whole layers per stage (plan it with --runtime torch)")
-            seen[index] = sid
-            layers.append(index)
-        if not layers:
-            raise OpschedError(f"the plan's stage {sid} holds no decoder layer; `opsched run --hf-config` needs "
-                               "at least one layer per stage")
-        ranges.append((min(layers), max(layers) + 1))
-    expected = 0
-    for sid, (first, end) in zip(sorted(modules_of_stage), ranges):
-        if first != expected or end - first != sum(1 for s in seen.values() if s == sid):
-            raise OpschedError(f"the plan's stages do not hold the layers in order (stage {sid} holds "
-                               f"{layers_prefix}{first}-{end - 1}, expected to start at {expected})")
-        expected = end
-    if expected != num_layers:
-        raise OpschedError(f"the plan's stages hold layers 0-{expected - 1}, the config's model has {num_layers}; "
-                           "give the config the plan was made from")
-    return ranges

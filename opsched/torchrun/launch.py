@@ -283,8 +283,14 @@ def _check_job(job: RunJob) -> None:
         raise OpschedError(f"unknown schedule {job.schedule!r}; choose csv or one of {sorted(BUILTINS)}")
 
 
-def compare_with_reference(job: RunJob, results: list[RankResult], rtol: float = 1e-9, atol: float = 1e-12) -> dict:
+def compare_with_reference(job: RunJob, results: list[RankResult], rtol: float = 1e-9, atol: float = 1e-12,
+                           grad_rtol_of_max: float = 0.0) -> dict:
     """Check the run's losses and every gradient against one process running the same steps.
+
+    A loss matches within ``atol + rtol * |reference|``; a gradient matches
+    element by element within ``atol + rtol * |reference|`` or, when
+    ``grad_rtol_of_max`` is set, as a whole within ``grad_rtol_of_max * max |reference|``
+    (float32, where summation order alone moves single elements by more).
 
     Returns ``{"ok", "steps", "params", "max_loss_diff", "max_grad_diff", "max_rel_grad_diff", "problems"}``;
     ``max_rel_grad_diff`` is the largest over parameters of max |diff| / max |reference gradient|;
@@ -323,7 +329,7 @@ def compare_with_reference(job: RunJob, results: list[RankResult], rtol: float =
                     max_grad = max(max_grad, diff)
                     scale = float(ref.abs().max())
                     max_rel = max(max_rel, diff / scale if scale > 0 else diff)
-                    if not torch.allclose(g, ref, rtol=rtol, atol=atol):
+                    if not (torch.allclose(g, ref, rtol=rtol, atol=atol) or diff <= grad_rtol_of_max * scale):
                         problems.append(f"step {step}: gradient of {name} differs by {diff:.3g}")
             sgd_update(modules, job.lr)
     finally:
