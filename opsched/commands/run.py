@@ -1,16 +1,29 @@
 """Execute a plan on CPU processes with torch.distributed.pipelining and check it.
 
-The plan is exported to a compute-only CSV (as `opsched export` does), a tiny
-MoE transformer is split into the plan's stages (each stage gets 1 to 4 blocks,
-in proportion to its planned forward time), and one process per pipeline rank
-(gloo backend, one thread each) loads the CSV into torch's
-``_PipelineScheduleRuntime`` and runs a few training steps. The losses and
-every parameter gradient are compared with a single-process run of the same
-model and data; the exit code is 0 when they match, 1 when they do not.
+The plan is exported to a compute-only CSV (as `opsched export` does) and one
+process per pipeline rank (gloo backend, one thread each) loads it into
+torch's ``_PipelineScheduleRuntime`` and runs a few training steps of a model
+split into the plan's stages:
 
-Needs torch (``pip install "opsched[torch]"``).
+  --hf-config CONFIG.json  the Hugging Face model the plan was made from (the
+                           config given to `opsched onnx --hf-config`), random
+                           weights from a fixed seed, each stage holding the
+                           layers plan.json's stage_contents names (embedding
+                           on the first, norm and head on the last); loss:
+                           cross-entropy on the next token of random token ids
+  without it               a synthetic stand-in for timing studies: a tiny MoE
+                           transformer, 1 to 4 blocks per stage in proportion
+                           to its planned forward time
 
-example:
+The losses and every parameter gradient are compared with a single-process
+run of the same model and data; the exit code is 0 when they match, 1 when
+they do not. A plan the run cannot split (branching, a layer split between
+stages, a config with other layers) is refused before any process starts.
+
+Needs torch (``pip install "opsched[torch]"``; with --hf-config also transformers, the ``hf`` extra).
+
+examples:
+  opsched run out/plan.json --hf-config tiny-llama.json --steps 2
   opsched run out/plan.json --steps 2
 """
 
