@@ -19,10 +19,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed.pipelining")
 pytest.importorskip("transformers")
 
-from opsched.cli import main  # noqa: E402
-from opsched.export.plan_json import write_plan  # noqa: E402
-from opsched.schedule import Schedule, chain_stage_graph, validate  # noqa: E402
-from opsched.torchrun.hf_model import HfModelSpec, hf_spec_for_plan  # noqa: E402
+from opsched.cli import main
+from opsched.export.plan_json import write_plan
+from opsched.schedule import Schedule, chain_stage_graph, validate
+from opsched.torchrun.hf_model import HfModelSpec, hf_spec_for_plan
 
 LLAMA = dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)

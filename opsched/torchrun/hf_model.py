@@ -68,7 +68,7 @@ class HfModelSpec:
             torch.random.set_rng_state(state)
         return model.train()
 
-    def build_stage_modules(self) -> "HfStages":
+    def build_stage_modules(self) -> HfStages:
         """One module per stage, sharing the parameters of one full model (kept as ``.full_model``)."""
         full = self.build_full_model()
         base = full.base_model
@@ -101,7 +101,7 @@ class HfModelSpec:
         vocab = logits.shape[-1]
         return nn.functional.cross_entropy(logits[:, :-1].reshape(-1, vocab), target[:, 1:].reshape(-1))
 
-    def reference_step(self, modules: "HfStages", x, y, microbatches: int):
+    def reference_step(self, modules: HfStages, x, y, microbatches: int):
         """The unsplit model on the whole batch: per-microbatch losses, every stage's gradients.
 
         The loss is :meth:`loss_fn`, the definition of transformers' own
