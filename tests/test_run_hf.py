@@ -144,10 +144,24 @@ def test_two_tower_config_is_refused(tmp_path, capsys):
     refused(capsys, ["run", str(plan), "--hf-config", str(clip)], "two-tower", "causal language models")
 
 
+def test_missing_transformers_is_refused(tmp_path, capsys, monkeypatch):
+    import sys
+
+    plan = write_hf_plan(tmp_path, contents([f"{STACK}.0", f"{STACK}.1"], [f"{STACK}.2", f"{STACK}.3"]))
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
+    refused(capsys, ["run", str(plan), "--hf-config", str(write_config(tmp_path))],
+            "opsched run --hf-config` needs transformers", "pip install")
+
+
 @pytest.mark.slow
-def test_config_to_onnx_to_plan_to_run(tmp_path, capsys):
-    """The user's path: a config, its ONNX, a torch plan on 2 devices, and that plan run on 2 gloo ranks."""
-    config = write_config(tmp_path, hidden_size=64, intermediate_size=96)
+@pytest.mark.parametrize("model", ["llama", "mixtral"])
+def test_config_to_onnx_to_plan_to_run(tmp_path, capsys, model):
+    """The user's path: a config, its ONNX, a torch plan on 2 devices, and that plan run on 2 gloo ranks.
+
+    Mixtral's layers hold a router and stacked experts (routed top-2 of 4): 9 parameters a layer, as Llama's.
+    """
+    extra = {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2} if model == "mixtral" else {}
+    config = write_config(tmp_path, hidden_size=64, intermediate_size=96, **extra)
     onnx_path = tmp_path / "llama.onnx"
     assert main(["onnx", "--hf-config", str(config), "-o", str(onnx_path), "--seq-len", "16"]) == 0
     out = tmp_path / "plan"
@@ -162,7 +176,7 @@ def test_config_to_onnx_to_plan_to_run(tmp_path, capsys):
     # the plan's own layer split, and all 39 parameters (4 layers x 9, embedding, norm, head) checked
     held = [[p for p in doc["stage_contents"][str(k)]["modules"] if p.startswith(STACK)] for k in range(2)]
     assert f"layers [(0, {len(held[0])}), ({len(held[0])}, 4)] per stage" in text
-    assert "losses and 39 parameter gradients match" in text, text
+    assert f"ran {model} (" in text and "losses and 39 parameter gradients match" in text, text
     rel = float(re.search(r"max relative grad diff ([0-9.e+-]+)", text).group(1))
     assert rel <= 1e-5
     rows = (tmp_path / "schedule.csv").read_text().splitlines()

@@ -157,6 +157,10 @@ def hf_spec_for_plan(config_path: str, plan: dict, stages: int, dtype: str = "fl
     """
     from opsched.hf_onnx import _forward_module, _model_kind, read_config_json
 
+    try:
+        import transformers  # noqa: F401  (asked here so the message names this command)
+    except ImportError:
+        raise OpschedError("`opsched run --hf-config` needs transformers: pip install 'opsched[hf]'") from None
     data = read_config_json(config_path)
     config = build_hf_config(data, config_path)
     if _model_kind(config) != "causal-lm":
