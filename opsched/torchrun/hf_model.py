@@ -12,8 +12,10 @@ parameters, so its forward is transformers' own code (the causal mask, the
 rotary embedding, the layers) run on fewer layers: the first stage's base
 model from token ids, the middle ones from hidden states (``inputs_embeds``),
 the last one the full ``...ForCausalLM`` head on top. The single-process
-reference runs the unsplit model on the whole batch with the model's own loss
-(``labels=input_ids``: cross-entropy on shifted tokens).
+reference runs the unsplit model on the whole batch; the loss is the
+cross-entropy on shifted tokens that transformers' ``labels=`` loss computes
+(an MoE router's auxiliary loss is left out of both). Dropout and router
+noise are off (eval mode; gradients still flow), so both runs compute the same function.
 
 >>> spec = HfModelSpec('{"model_type": "llama"}', ((0, 2), (2, 4)))
 >>> spec.num_stages, spec.dtype
@@ -66,7 +68,7 @@ class HfModelSpec:
             model = AutoModelForCausalLM.from_config(config, dtype=self.torch_dtype())
         finally:
             torch.random.set_rng_state(state)
-        return model.train()
+        return model.eval()  # no dropout or router jitter: the pipeline and the reference must agree
 
     def build_stage_modules(self) -> HfStages:
         """One module per stage, sharing the parameters of one full model (kept as ``.full_model``)."""
