@@ -181,3 +181,28 @@ def test_config_to_onnx_to_plan_to_run(tmp_path, capsys, model):
     assert rel <= 1e-5
     rows = (tmp_path / "schedule.csv").read_text().splitlines()
     assert len(rows) == 2 and rows[0].startswith("0F0")
+
+
+@pytest.mark.slow
+def test_device_groups_run_as_one_process_each(tmp_path, capsys):
+    """Stages on groups of 2 devices: one process per group, and the run says their modes are not executed."""
+    from dataclasses import replace
+
+    from opsched.schedule import Job, StageGraph, simulate
+
+    chain = chain_stage_graph(2)
+    sg = StageGraph([replace(s, devices=(2 * s.id, 2 * s.id + 1)) for s in chain.stages], chain.edges, num_devices=4)
+    first = [Job(0, m, p) for p in ("F", "B") for m in range(4)]  # GPipe on stage 0, 1F1B's steady state on 1
+    last = [Job(1, m, p) for m in range(4) for p in ("F", "B")]
+    schedule = Schedule(sg, 4, simulate(sg, {0: first, 1: first, 2: last, 3: last}, 4))
+    validate(schedule)
+    plan = tmp_path / "plan.json"
+    write_plan(plan, schedule)
+    doc = json.loads(plan.read_text())
+    doc.update(stage_contents=contents(["model", f"{STACK}.0"], [f"{STACK}.1", f"{STACK}.2", f"{STACK}.3", "model"]),
+               dims={"batch": 1, "seq": 8})
+    plan.write_text(json.dumps(doc))
+    assert main(["run", str(plan), "--hf-config", str(write_config(tmp_path)), "--steps", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "each device group runs as one process (groups [(0, 1), (2, 3)]" in text
+    assert "layers [(0, 1), (1, 4)] per stage" in text and "39 parameter gradients match" in text, text
