@@ -80,7 +80,9 @@ def test_reference_check_notices_a_wrong_hf_gradient():
     losses, grads = spec.reference_step(spec.build_stage_modules(), x, y, 2)
     ok = compare_with_reference(job, [RankResult(0, [0, 1], losses=[losses], grads=[grads])])
     assert ok["ok"], ok["problems"]
-    name = next(k for k in sorted(grads) if k.startswith("1.") and "layers.1" in k)
+    # stage 1 holds layers 2-3, named as in the model
+    assert not any(k.startswith("1.") and ".layers.1." in k for k in grads)
+    name = next(k for k in sorted(grads) if k.startswith("1.inner.model.layers.3."))
     grads[name] = grads[name] * (1 + 1e-6)
     bad = compare_with_reference(job, [RankResult(0, [0, 1], losses=[losses], grads=[grads])])
     assert not bad["ok"] and name in bad["problems"][0]

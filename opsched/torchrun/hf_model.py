@@ -78,7 +78,7 @@ class HfModelSpec:
         stages = HfStages(full)
         for k, (first, end) in enumerate(self.layer_ranges):
             part = _shallow(base)
-            part.layers = nn.ModuleList(base.layers[i] for i in range(first, end))
+            part.layers = LayerSlice({i: base.layers[i] for i in range(first, end)})
             if k > 0:
                 part.embed_tokens = None
             if k < last:
@@ -140,6 +140,23 @@ class HfStage(nn.Module):
         kwargs = {"input_ids": x} if self.takes_ids else {"inputs_embeds": x}
         out = self.inner(**kwargs, use_cache=False)
         return out.logits if self.head else out.last_hidden_state
+
+
+class LayerSlice(nn.ModuleList):
+    """Some of a model's layers under their own numbers, so a stage's parameters keep the model's names.
+
+    Iterating, ``len`` and slicing (what a model's forward does with its
+    layers) work as on any ModuleList; indexing by position does not.
+
+    >>> [name for name, _ in LayerSlice({2: nn.Linear(1, 1), 3: nn.Identity()}).named_modules()][1:]
+    ['2', '3']
+    """
+
+    def __init__(self, layers: dict[int, nn.Module] | list[nn.Module] | None = None):
+        super().__init__()
+        items = layers.items() if isinstance(layers, dict) else enumerate(layers or [])
+        for index, layer in items:
+            self.add_module(str(index), layer)
 
 
 def _shallow(module: nn.Module) -> nn.Module:
