@@ -141,6 +141,23 @@ def plan_layout(schedule: Schedule, doc: dict, runtime: Runtime) -> PlanLayout:
     )
 
 
+def layer_split(doc: dict, stages: int, runtime: Runtime) -> tuple[str, list[int]]:
+    """(the layer stack's module path, layers per stage) of a plan with ``stages`` stages, by the rules of
+    :func:`plan_layout` (whole layers in model order, the rest at either end) and nothing else of it: for a
+    runtime that sets no parallel configuration (``opsched run --hf-config``).
+
+    >>> layer_split({"stage_contents": {"0": {"modules": ["embed", "model.layers.0"], "config": "single"},
+    ...                                 "1": {"modules": ["model.layers.1", "model.layers.2", "lm_head"],
+    ...                                       "config": "dp2"}}}, 2, ("torch", ""))
+    ('model.layers', [1, 2])
+    """
+
+    def refuse(reason: str) -> OpschedError:
+        return OpschedError(f"{runtime[0]} cannot run this plan: {reason}")
+
+    return _layer_split(_stage_contents(doc, stages, refuse), refuse)
+
+
 def _stage_contents(doc: dict, stages: int, refuse) -> list[dict]:
     """Each stage's ``stage_contents`` entry, in stage order; refused when the plan does not say what stages hold."""
     raw = doc.get("stage_contents")

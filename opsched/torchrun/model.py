@@ -51,6 +51,20 @@ class ModelSpec:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    # what opsched.torchrun.launch asks of a model (opsched.torchrun.hf_model.HfModelSpec answers the same)
+    def build_stage_modules(self) -> list["StageModule"]:
+        return build_stage_modules(self)
+
+    def batch(self, size: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return batch(self, size, step)
+
+    @staticmethod
+    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return loss_fn(output, target)
+
+    def reference_step(self, modules, x, y, microbatches: int):
+        return reference_step(modules, x, y, microbatches)
+
 
 class MoE(nn.Module):
     """Top-k routed mixture of small MLP experts (dense compute, static shapes)."""

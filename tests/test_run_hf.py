@@ -1,0 +1,210 @@
+"""`opsched run PLAN --hf-config CONFIG.json`: the planned Hugging Face model, split at the plan's stages, on gloo ranks.
+
+The end-to-end test (config -> `opsched onnx --hf-config` -> `opsched plan
+--runtime torch` -> `opsched run --hf-config`) exports with torch.export and
+starts two processes, so it is slow. The split itself (stages sharing the full
+model's weights reproduce its logits) and the refusals run in one process, in
+the default suite.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torch.distributed.pipelining")
+pytest.importorskip("transformers")
+
+from opsched.cli import main
+from opsched.export.plan_json import write_plan
+from opsched.schedule import Schedule, chain_stage_graph, validate
+from opsched.torchrun.hf_model import HfModelSpec, hf_spec_for_plan
+
+LLAMA = dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+STACK = "model.model.layers"  # the layers' path in the module `opsched onnx --hf-config` exports
+
+
+def contents(*stages: list[str]) -> dict:
+    return {str(k): {"modules": mods, "config": "single"} for k, mods in enumerate(stages)}
+
+
+def write_hf_plan(tmp_path: Path, stage_contents: dict, stages: int = 2, **graph) -> Path:
+    """A 1F1B plan of ``stages`` stages (opsched's own baseline) with the given stage_contents, as plan.json."""
+    from opsched.baselines import run_baseline
+
+    sg = chain_stage_graph(stages, **graph)
+    schedule = run_baseline("1f1b", sg, 4)
+    validate(schedule)
+    path = tmp_path / "plan.json"
+    write_plan(path, schedule)
+    doc = json.loads(path.read_text())
+    doc.update(stage_contents=stage_contents, dims={"batch": 1, "seq": 8}, microbatch_size=1)
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def write_config(tmp_path: Path, **changes) -> Path:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**LLAMA, **changes}))
+    return path
+
+
+def test_stages_reproduce_the_full_model():
+    """The stages, run one after the other, give the unsplit model's logits, and hold each weight once."""
+    spec = HfModelSpec(json.dumps(LLAMA), ((0, 1), (1, 3), (3, 4)), seq=8)
+    stages = spec.build_stage_modules()
+    ids, _ = spec.batch(2, step=0)
+    out = ids
+    for stage in stages:
+        out = stage(out)
+    assert torch.equal(out, stages.full_model(input_ids=ids).logits)
+    held = [id(p) for s in stages for p in s.parameters()]
+    assert sorted(held) == sorted(id(p) for p in stages.full_model.parameters())
+    # the loss is transformers' own labels= loss (which it computes in float32)
+    ours = spec.loss_fn(out, ids)
+    theirs = stages.full_model(input_ids=ids, labels=ids).loss
+    assert float(ours.detach()) == pytest.approx(float(theirs.detach()), rel=1e-6)
+
+
+def test_reference_check_notices_a_wrong_hf_gradient():
+    from opsched.torchrun.launch import RankResult, RunJob, compare_with_reference
+
+    spec = HfModelSpec(json.dumps(LLAMA), ((0, 2), (2, 4)), seq=8)
+    job = RunJob(spec, {0: 0, 1: 1}, microbatches=2, microbatch_size=1, steps=1)
+    x, y = spec.batch(2, 0)
+    losses, grads = spec.reference_step(spec.build_stage_modules(), x, y, 2)
+    ok = compare_with_reference(job, [RankResult(0, [0, 1], losses=[losses], grads=[grads])])
+    assert ok["ok"], ok["problems"]
+    # stage 1 holds layers 2-3, named as in the model
+    assert not any(k.startswith("1.") and ".layers.1." in k for k in grads)
+    name = next(k for k in sorted(grads) if k.startswith("1.inner.model.layers.3."))
+    grads[name] = grads[name] * (1 + 1e-6)
+    bad = compare_with_reference(job, [RankResult(0, [0, 1], losses=[losses], grads=[grads])])
+    assert not bad["ok"] and name in bad["problems"][0]
+
+
+def test_plan_split_is_read_from_the_module_paths(tmp_path):
+    doc = {"stage_contents": contents(["_hook", "model", f"{STACK}.0"], [f"{STACK}.1", f"{STACK}.2", f"{STACK}.3",
+                                                                           "model"]),
+           "dims": {"seq": 8}}
+    spec = hf_spec_for_plan(str(write_config(tmp_path)), doc, 2)
+    assert spec.layer_ranges == ((0, 1), (1, 4)) and spec.seq == 8
+
+
+def refused(capsys, argv: list[str], *words: str) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for word in words:
+        assert word in err, err
+    return err
+
+
+@pytest.mark.parametrize("stages, config, words", [
+    # a config with 6 layers for a plan made from 4
+    ([[f"{STACK}.0", f"{STACK}.1"], [f"{STACK}.2", f"{STACK}.3"]], dict(num_hidden_layers=6),
+     ["model.model.layers.0-3", "model.model.layers.0-5", "give the config"]),
+    # a GPT-2 plan's layers for a Llama config
+    ([["model.transformer.h.0", "model.transformer.h.1"], ["model.transformer.h.2", "model.transformer.h.3"]], {},
+     ["model.transformer.h.0-3", "model.model.layers.0-3"]),
+    # layer 1 in both stages
+    ([[f"{STACK}.0", f"{STACK}.1"], [f"{STACK}.1", f"{STACK}.2", f"{STACK}.3"]], {}, ["split between stages 0 and 1"]),
+    # the stages' layers out of order
+    ([[f"{STACK}.2", f"{STACK}.3"], [f"{STACK}.0", f"{STACK}.1"]], {}, ["out of model order"]),
+    # an embedding tied to the head, on two stages
+    ([[f"{STACK}.0", f"{STACK}.1"], [f"{STACK}.2", f"{STACK}.3"]], dict(tie_word_embeddings=True),
+     ["tie_word_embeddings"]),
+])
+def test_unrunnable_plan_or_config_is_refused_before_any_process(tmp_path, capsys, stages, config, words):
+    plan = write_hf_plan(tmp_path, contents(*stages))
+    refused(capsys, ["run", str(plan), "--hf-config", str(write_config(tmp_path, **config))], *words)
+
+
+def test_branching_plan_is_refused(tmp_path, capsys):
+    """A stage feeding two stages (CLIP's towers, as `opsched plan` may choose): torch's runtime runs a chain."""
+    from opsched.schedule import Edge, Job, Stage, StageGraph, simulate
+
+    sg = StageGraph([Stage(i, (i,), {"F": 1.0, "I": 1.0, "W": 1.0}) for i in range(3)],
+                    [Edge(0, 1), Edge(0, 2)], num_devices=3)
+    order = {s: [Job(s, m, p) for p in ("F", "B") for m in range(2)] for s in range(3)}
+    schedule = Schedule(sg, 2, simulate(sg, order, 2))
+    validate(schedule)
+    plan = tmp_path / "plan.json"
+    write_plan(plan, schedule)
+    refused(capsys, ["run", str(plan), "--hf-config", str(write_config(tmp_path))], "branches", "chain")
+
+
+def test_two_tower_config_is_refused(tmp_path, capsys):
+    plan = write_hf_plan(tmp_path, contents([f"{STACK}.0", f"{STACK}.1"], [f"{STACK}.2", f"{STACK}.3"]))
+    clip = tmp_path / "clip.json"
+    clip.write_text(json.dumps({"model_type": "clip"}))
+    refused(capsys, ["run", str(plan), "--hf-config", str(clip)], "two-tower", "causal language models")
+
+
+def test_missing_transformers_is_refused(tmp_path, capsys, monkeypatch):
+    import sys
+
+    plan = write_hf_plan(tmp_path, contents([f"{STACK}.0", f"{STACK}.1"], [f"{STACK}.2", f"{STACK}.3"]))
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
+    refused(capsys, ["run", str(plan), "--hf-config", str(write_config(tmp_path))],
+            "opsched run --hf-config` needs transformers", "pip install")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["llama", "mixtral"])
+def test_config_to_onnx_to_plan_to_run(tmp_path, capsys, model):
+    """The user's path: a config, its ONNX, a torch plan on 2 devices, and that plan run on 2 gloo ranks.
+
+    Mixtral's layers hold a router and stacked experts (routed top-2 of 4): 9 parameters a layer, as Llama's.
+    """
+    extra = {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2} if model == "mixtral" else {}
+    config = write_config(tmp_path, hidden_size=64, intermediate_size=96, **extra)
+    onnx_path = tmp_path / "llama.onnx"
+    assert main(["onnx", "--hf-config", str(config), "-o", str(onnx_path), "--seq-len", "16"]) == 0
+    out = tmp_path / "plan"
+    assert main(["plan", str(onnx_path), "--devices", "2", "--runtime", "torch", "--microbatches", "4",
+                 "--time-limit", "20", "-o", str(out), "-q"]) == 0
+    doc = json.loads((out / "plan.json").read_text())
+    assert len(doc["stages"]) == 2 and all(len(s["devices"]) == 1 for s in doc["stages"])
+    capsys.readouterr()
+    assert main(["run", str(out / "plan.json"), "--hf-config", str(config), "--steps", "2",
+                 "--torch-csv", str(tmp_path / "schedule.csv")]) == 0
+    text = capsys.readouterr().out
+    # the plan's own layer split, and all 39 parameters (4 layers x 9, embedding, norm, head) checked
+    held = [[p for p in doc["stage_contents"][str(k)]["modules"] if p.startswith(STACK)] for k in range(2)]
+    assert f"layers [(0, {len(held[0])}), ({len(held[0])}, 4)] per stage" in text
+    assert f"ran {model} (" in text and "losses and 39 parameter gradients match" in text, text
+    rel = float(re.search(r"max relative grad diff ([0-9.e+-]+)", text).group(1))
+    assert rel <= 1e-5
+    rows = (tmp_path / "schedule.csv").read_text().splitlines()
+    assert len(rows) == 2 and rows[0].startswith("0F0")
+
+
+@pytest.mark.slow
+def test_device_groups_run_as_one_process_each(tmp_path, capsys):
+    """Stages on groups of 2 devices: one process per group, and the run says their modes are not executed."""
+    from dataclasses import replace
+
+    from opsched.schedule import Job, StageGraph, simulate
+
+    chain = chain_stage_graph(2)
+    sg = StageGraph([replace(s, devices=(2 * s.id, 2 * s.id + 1)) for s in chain.stages], chain.edges, num_devices=4)
+    first = [Job(0, m, p) for p in ("F", "B") for m in range(4)]  # GPipe on stage 0, 1F1B's steady state on 1
+    last = [Job(1, m, p) for m in range(4) for p in ("F", "B")]
+    schedule = Schedule(sg, 4, simulate(sg, {0: first, 1: first, 2: last, 3: last}, 4))
+    validate(schedule)
+    plan = tmp_path / "plan.json"
+    write_plan(plan, schedule)
+    doc = json.loads(plan.read_text())
+    doc.update(stage_contents=contents(["model", f"{STACK}.0"], [f"{STACK}.1", f"{STACK}.2", f"{STACK}.3", "model"]),
+               dims={"batch": 1, "seq": 8})
+    plan.write_text(json.dumps(doc))
+    assert main(["run", str(plan), "--hf-config", str(write_config(tmp_path)), "--steps", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "each device group runs as one process (groups [(0, 1), (2, 3)]" in text
+    assert "layers [(0, 1), (1, 4)] per stage" in text and "39 parameter gradients match" in text, text
