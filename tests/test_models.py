@@ -467,6 +467,7 @@ def deepseek_v3(tmp_path_factory):
     return model, path
 
 
+@pytest.mark.slow  # builds the 180,000-node graph (5 s); test_frontier_expected_counts_are_the_published_ones stays quick
 def test_deepseek_v3_generator_counts_the_published_parameters(deepseek_v3):
     model, _ = deepseek_v3
     meta = metadata(model)

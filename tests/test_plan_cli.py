@@ -369,7 +369,7 @@ def test_recompute_auto_plans_with_full_recomputation_only_when_nothing_fits(tmp
     from conftest import real_export
 
     model = str(real_export("clip.legacy.onnx"))
-    base = ["plan", model, "--devices", "2", "--memory-limit", "1.5MiB", "--time-limit", "6", "--quiet"]
+    base = ["plan", model, "--devices", "2", "--memory-limit", "1.5MiB", "--time-limit", "4", "--quiet"]
     assert main([*base, "--recompute", "none", "-o", str(tmp_path / "none")]) == 2
     assert "smallest memory that works" in capsys.readouterr().err
     assert main([*base, "-o", str(tmp_path / "auto")]) == 0
@@ -377,7 +377,7 @@ def test_recompute_auto_plans_with_full_recomputation_only_when_nothing_fits(tmp
     assert doc["recompute"] == "full" and doc["zero"] == 1
     assert "activation recomputation: full" in (tmp_path / "auto" / "report.md").read_text()
     # with room to spare, auto plans without it
-    assert main(["plan", model, "--devices", "2", "--time-limit", "6", "--quiet", "-o", str(tmp_path / "roomy")]) == 0
+    assert main(["plan", model, "--devices", "2", "--time-limit", "4", "--quiet", "-o", str(tmp_path / "roomy")]) == 0
     assert json.loads((tmp_path / "roomy" / "plan.json").read_text())["recompute"] == "none"
 
 
@@ -421,13 +421,13 @@ def test_plan_says_when_its_data_parallel_modes_split_a_sequence(tmp_path):
     from conftest import real_export
 
     model = str(real_export("clip.legacy.onnx"))
-    assert main(["plan", model, "--devices", "8", "--time-limit", "6", "-o", str(tmp_path / "a"), "--quiet"]) == 0
+    assert main(["plan", model, "--devices", "8", "--time-limit", "4", "-o", str(tmp_path / "a"), "--quiet"]) == 0
     doc = json.loads((tmp_path / "a" / "plan.json").read_text())
     modes = {m for c in doc["stage_contents"].values() for m in c["modes"]}
     splits = any(re.search(r"dp(\d+)", m) and int(re.search(r"dp(\d+)", m).group(1)) > doc["microbatch_size"]
                  for m in modes)
     assert splits == any("context parallelism" in w for w in doc["warnings"])
-    assert main(["plan", str(MODELS / "clip_vit_l14.onnx"), "--devices", "8", "--time-limit", "6",
+    assert main(["plan", str(MODELS / "clip_vit_l14.onnx"), "--devices", "8", "--time-limit", "4",
                  "--global-batch", "64", "--quiet", "-o", str(tmp_path / "b")]) == 0
     doc = json.loads((tmp_path / "b" / "plan.json").read_text())
     assert doc["microbatches"] * doc["microbatch_size"] == 64
@@ -442,7 +442,7 @@ def test_with_a_global_batch_the_fastest_megatron_layout_is_a_baseline_the_plan_
     """Issue 12: a plan is at least as fast as the best Megatron-style layout (counted the planner's way)."""
     out = tmp_path / "out"
     assert main(["plan", str(MODELS / "llama_7b.onnx"), "--devices", "8", "--global-batch", "32", "--seq-len", "1024",
-                 "--time-limit", "10", "-o", str(out), "--quiet"]) == 0
+                 "--time-limit", "6", "-o", str(out), "--quiet"]) == 0
     doc = json.loads((out / "plan.json").read_text())
     megatron = [b for b in doc["baselines"] if b["method"].startswith("megatron ")]
     assert len(megatron) == 1 and "micro-batch 1" in megatron[0]["layout"]
