@@ -32,6 +32,18 @@ from opsched.schedule import Edge, Job, Schedule, Stage, StageGraph, chain_stage
 # --------------------------------------------------------------------------- plans to export
 
 
+def chain_modules(layers: list[int]) -> list[list[str]]:
+    """The module paths of each stage of a Llama-style chain: ``layers[k]`` layers on stage k, the embedding on
+    the first stage, the final norm and head on the last."""
+    modules, first = [], 0
+    for k, n in enumerate(layers):
+        held = [f"model.layers.{i}" for i in range(first, first + n)]
+        first += n
+        modules.append((["model.embed_tokens"] if k == 0 else []) + held
+                       + (["model.norm", "lm_head"] if k == len(layers) - 1 else []))
+    return modules
+
+
 def make_plan(
     tmp_path: Path,
     *,
@@ -57,12 +69,7 @@ def make_plan(
     sched = onto_groups(sched, [tuple(range(g * group_size, (g + 1) * group_size)) for g in range(groups)],
                         groups * group_size)
     if modules is None:
-        modules, first = [], 0
-        for k, n in enumerate(layers):
-            held = [f"model.layers.{i}" for i in range(first, first + n)]
-            first += n
-            modules.append((["model.embed_tokens"] if k == 0 else []) + held
-                           + (["model.norm", "lm_head"] if k == stages - 1 else []))
+        modules = chain_modules(layers)
     configs = config if isinstance(config, list) else [config] * len(sched.stage_graph.stages)
     contents = {
         str(k): {"layers": ", ".join(mods), "modules": mods, "modes": {str(configs[k]).split("+")[0]: ", ".join(mods)},

@@ -22,6 +22,7 @@ from test_export_frameworks import (  # noqa: F401  (torchtitan_config is a fixt
     LLAMA,
     REFUSALS,
     _snapshot,
+    chain_modules,
     export,
     make_plan,
     megatron_argv,
@@ -92,12 +93,7 @@ def _random_plan(tmp_path: Path, rng: random.Random, k: int) -> Path:
         per_stage[rng.randrange(stages)] = rng.choice([None, f"tp{group_size}"])
     modules = None
     if stages > 1 and rng.random() < 0.3:  # a layer on two stages, as a block-level cut leaves it
-        modules, first = [], 0
-        for s, n in enumerate(layers):
-            held = [f"model.layers.{i}" for i in range(first, first + n)]
-            first += n
-            modules.append((["model.embed_tokens"] if s == 0 else []) + held
-                           + (["model.norm", "lm_head"] if s == stages - 1 else []))
+        modules = chain_modules(layers)
         modules[1].insert(0, modules[0][-1])
     return make_plan(tmp_path, layers=layers, groups=groups, group_size=group_size, method=method, config=per_stage,
                      microbatch_size=rng.choice([1, 2, 4, 8]), microbatches=rng.choice([4, 6, 8]),
