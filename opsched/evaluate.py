@@ -32,7 +32,7 @@ from typing import Callable
 import networkx as nx
 
 from opsched.baselines import run_baseline
-from opsched.cluster import RECOMPUTE_MODES, Cluster, Training
+from opsched.cluster import RECOMPUTE_MODES, Cluster, Training, with_devices
 from opsched.cost import (Mode, alltoall_time, allreduce_time, attention_core_time, block_cost, context_ring_time,
                           expert_count, held_param_bytes)
 from opsched.errors import OpschedError, Unsupported
@@ -596,7 +596,7 @@ def search_layouts(
             continue
         for mode in recompute:
             try:
-                e = evaluate_layout(bg, dataclasses.replace(cluster, devices=layout.devices), training,
+                e = evaluate_layout(bg, with_devices(cluster, layout.devices), training,
                                     dataclasses.replace(layout, recompute=mode),
                                     global_batch=global_batch, micro_batch_size=1,
                                     tokens_per_sequence=tokens_per_sequence, memory_limit=memory_limit, index=index,

@@ -143,12 +143,14 @@ def run_isolated_all(next_call: Callable[[int, int], Call | None], count: int, j
     results: list[Any] = [None] * count
     running: dict[int, _Child] = {}
     started = 0
+    fork = _can_fork()  # else each call runs here, directly (no process to watch)
     try:
         while started < count or running:
             while started < count and len(running) < jobs:
                 call = next_call(started, len(running))
                 if call is not None:
-                    running[started] = _start(call) if _can_fork() else _Done(call)
+                    running[started] = (_Child(call.fn, call.args, call.kwargs, call.timeout, None) if fork
+                                        else _Done(call))
                 started += 1
             if not running:
                 continue
@@ -190,10 +192,6 @@ def _can_fork() -> bool:
     except ValueError:
         return False
     return True
-
-
-def _start(call: Call) -> _Child:
-    return _Child(call.fn, call.args, call.kwargs, call.timeout, None)
 
 
 class _Done:

@@ -359,13 +359,13 @@ def _solve_layouts(problems: dict[str, UpperProblem], clock: Clock, solver: str,
     for each layout without one.
     """
     names, share = list(problems), clock.share(UPPER_SHARE)
-    parts: dict[int, float] = {}
+    tried: set[int] = set()  # the layouts whose turn came while time was left
 
     def call(k: int, running: int) -> Call | None:
         part = clock.part(share, len(names) - k, running, jobs)
         if part < LEAST_PART:
             return None
-        parts[k] = part
+        tried.add(k)
         return Call(_upper_for_layout, (problems[names[k]], part, solver), timeout=clock.timeout(part))
 
     def progress(k: int, found) -> None:
@@ -382,7 +382,7 @@ def _solve_layouts(problems: dict[str, UpperProblem], clock: Clock, solver: str,
     candidates: list[Candidate] = []
     for k, found in enumerate(run_isolated_all(call, len(names), jobs, on_result=progress)):
         name = names[k]
-        if k not in parts:
+        if k not in tried:
             candidates.append(Candidate("upper", name, "skipped: the time limit was spent"))
         elif isinstance(found, SolverCrash):
             candidates.append(Candidate("upper", name, f"upper failed: {found}"))
@@ -503,7 +503,7 @@ def _schedule_all(jobs: list[LowerJob], microbatches: int, limit: float, clock: 
     time limit stops a solve that would not); a longer pass starts from the
     job's quick schedule.
     """
-    given: dict[int, float] = {}
+    tried: set[int] = set()  # the jobs whose turn came while time was left
 
     def call(k: int, running: int) -> Call | None:
         job = jobs[k]
@@ -511,7 +511,7 @@ def _schedule_all(jobs: list[LowerJob], microbatches: int, limit: float, clock: 
         time_limit = clock.lower_limit(part)
         if part < LEAST_PART or time_limit < LEAST_PART:
             return None
-        given[k] = part
+        tried.add(k)
         warm = job.start if quick else job.schedule
         return Call(_lower_solve, (job.stage_graph, microbatches, limit, time_limit, solver, warm,
                                      10 if quick else None), timeout=clock.timeout(part))
@@ -527,7 +527,7 @@ def _schedule_all(jobs: list[LowerJob], microbatches: int, limit: float, clock: 
 
     run_isolated_all(call, len(jobs), workers, on_result=take)
     for k, job in enumerate(jobs):
-        if k not in given and job.schedule is None:
+        if k not in tried and job.schedule is None:
             job.candidate.status = "not scheduled: the time limit was spent"
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from opsched.schedule import PASSES, Event, Metrics, Schedule, metrics
-from opsched.units import Unit, seconds_text, time_unit
+from opsched.units import Unit, ranges_text, seconds_text, time_unit
 
 #: base colour of each pass (colour-blind-safe palette)
 PASS_COLOURS = {"F": "#3b75af", "I": "#ef8636", "W": "#519e3e", "B": "#c53a32"}
@@ -104,7 +104,7 @@ def row_label(devices: tuple[int, ...]) -> str:
     >>> row_label((3,)), row_label((0, 1, 2))
     ('device 3', 'devices 0-2')
     """
-    return f"device {devices[0]}" if len(devices) == 1 else f"devices {devices[0]}-{devices[-1]}"
+    return ("device " if len(devices) == 1 else "devices ") + ranges_text(devices)
 
 
 def lighten(hex_colour: str, amount: float) -> str:
