@@ -20,25 +20,28 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 from opsched.lower.jobs import EPS, JobSet, order_fits
 from opsched.lower.timeindexed import (
     SlotProblem,
+    add_pair_options,
+    model_size,
+    pair_length,
     slot_problem,
     slotted_stage_graph,
     solve_slot_problem,
     starts_to_order,
 )
-from opsched.schedule import Job, simulate
+from opsched.schedule import Order, Pair, StageGraph, simulate
 from opsched.solver import Objective
 
 
 @dataclass
 class Incumbent:
-    """An order with its objective value, makespan and sum of job ends (the acceptance key)."""
+    """An order (overlapped pairs allowed) with its objective value, makespan and sum of job ends (the acceptance key)."""
 
-    order: dict[int, list[Job]]
+    order: Order
     value: float
     makespan: float
     total_end: float
@@ -67,22 +70,56 @@ def evaluate(js: JobSet, order: dict, objective: Objective = Objective.MAKESPAN)
     return Incumbent(order, objective_value(js, events, objective), max(e.end for e in events), sum(e.end for e in events))
 
 
-def slotted_starts(js: JobSet, order: dict[int, list[Job]], slot: float) -> dict[int, int]:
+def slotted_starts(js: JobSet, order: Order, slot: float) -> dict[int, int]:
     """Start slot of every job when ``order`` runs with slot-rounded durations."""
-    ssg = slotted_stage_graph(js.sg, slot)
+    return slotted_timing(js, order, slot).starts
+
+
+@dataclass
+class SlottedTiming:
+    """An order timed on the slotted StageGraph: start slots, the horizon and its pairs (job numbers)."""
+
+    starts: dict[int, int]
+    horizon: int
+    #: (forward, backward) -> the pair's length in slots
+    pairs: dict[tuple[int, int], int]
+
+
+def slotted_timing(js: JobSet, order: Order, slot: float, ssg: StageGraph | None = None) -> SlottedTiming:
+    """Time ``order`` with slot-rounded durations (``ssg``: the slotted StageGraph, when the caller has it).
+
+    Pair lengths must be whole slots (:func:`opsched.lower.timeindexed.exact_slot` with ``pairs``).
+    """
+    ssg = ssg or slotted_stage_graph(js.sg, slot)
     events = simulate(ssg, {d: list(a) for d, a in order.items()}, js.microbatches)
-    return {js.index[e.job]: int(round(e.start)) for e in events}
+    pairs: dict[tuple[int, int], int] = {}
+    for acts in order.values():
+        for a in acts:
+            if isinstance(a, Pair):
+                forward, backward = (a.first, a.second) if a.first.pass_ == "F" else (a.second, a.first)
+                length = pair_length(ssg, forward, backward)
+                assert length is not None, "pairs are searched only with an exact slot for them"
+                pairs[js.index[forward], js.index[backward]] = length
+    return SlottedTiming({js.index[e.job]: int(round(e.start)) for e in events},
+                         int(round(max(e.end for e in events))), pairs)
 
 
 def neighbourhood(
     js: JobSet, base: SlotProblem, starts: dict[int, int], horizon: int, lo: int, hi: int,
-    devices: set[int] | None = None,
+    devices: set[int] | None = None, *, pairs: Mapping[tuple[int, int], int] | None = None,
+    pair_graph: StageGraph | None = None,
 ) -> SlotProblem | None:
     """Free the jobs starting in ``[lo, hi)`` (on ``devices`` if given); fix the rest.
 
     Windows: a freed job starts no earlier than ``lo`` nor before its fixed
     predecessors allow, and late enough for its fixed successors and the
     horizon. Returns ``None`` when nothing is freed.
+
+    ``pairs``: the incumbent's overlapped pairs ((forward, backward) -> length
+    in slots); both jobs of a pair start together, so they are freed or fixed
+    together, and a fixed pair keeps its length. With ``pair_graph`` (the
+    slotted StageGraph) the freed jobs may form new pairs
+    (:func:`opsched.lower.timeindexed.add_pair_options`).
     """
     free = {
         k for k, s in starts.items()
@@ -92,6 +129,7 @@ def neighbourhood(
         return None
     sp = SlotProblem(js, base.p, base.preds, base.budgets)
     sp.fixed = {k: s for k, s in starts.items() if k not in free}
+    sp.fix_pairs({pair: n for pair, n in (pairs or {}).items() if pair[0] in sp.fixed})
     es: dict[int, int] = {}
     ls: dict[int, int] = {}
     succs: dict[int, list[tuple[int, int]]] = {k: [] for k in free}
@@ -103,7 +141,7 @@ def neighbourhood(
     for k in topo:
         e = lo
         for i, c in base.preds[k]:
-            e = max(e, (es[i] if i in free else sp.fixed[i]) + base.p[i] + c)
+            e = max(e, es[i] + base.p[i] + c if i in free else sp.fixed[i] + sp.length(i) + c)
         es[k] = e
     fixed_succ: dict[int, list[tuple[int, int]]] = {k: [] for k in free}
     for j, ps in enumerate(base.preds):
@@ -122,6 +160,8 @@ def neighbourhood(
         if not es[k] <= starts[k] <= ls[k]:  # pragma: no cover - the incumbent is always inside
             return None
     sp.es, sp.ls = es, ls
+    if pair_graph is not None:
+        add_pair_options(sp, pair_graph, starts, (pairs or {}).keys())
     return sp
 
 
@@ -155,6 +195,7 @@ def large_neighbourhood_search(
     on_improve: Callable[[Incumbent], None] | None = None,
     on_solve: Callable[[SearchLog], None] | None = None,
     log: SearchLog | None = None,
+    pairs: bool = False,
 ) -> Incumbent:
     """Improve ``incumbent`` window by window until ``rounds`` sweeps give nothing or time runs out.
 
@@ -169,17 +210,21 @@ def large_neighbourhood_search(
     ``target`` (a proven lower bound) stops the search once reached.
     ``on_improve`` gets each better incumbent, ``on_solve`` the log after
     each sub-MIP that found nothing better.
+
+    The incumbent may hold overlapped pairs; with ``pairs`` the freed jobs
+    of a window may also form new ones and part old ones (the slot must
+    make every pair length whole: :func:`opsched.lower.timeindexed.exact_slot`).
     """
     log = log or SearchLog()
     base = slot_problem(js, slot, budgets)
+    ssg = slotted_stage_graph(js.sg, slot)
     t0 = time.monotonic()
     width = None
     for _ in range(rounds):  # a round is one sweep of windows
         improved_round = False
-        starts = slotted_starts(js, incumbent.order, slot)
-        horizon = max(starts[k] + base.p[k] for k in starts)
+        horizon = slotted_timing(js, incumbent.order, slot, ssg).horizon
         if width is None:
-            width = base_width = _initial_width(js, base, starts, horizon, max_variables)
+            width = base_width = _initial_width(js, base, horizon, max_variables)
         # windows much larger than the first sweep's make sub-MIPs CBC cannot finish: skipped
         size_cap = min(4 * max_variables, 2 * max_variables * (width / base_width) ** 2)
         for lo, hi, devices in _windows(js, horizon, width):
@@ -187,7 +232,7 @@ def large_neighbourhood_search(
                 return incumbent
             solves_before = log.solves
             candidate = _window_candidate(
-                js, base, incumbent, slot, (lo, hi, devices), size_cap, log,
+                js, base, incumbent, ssg, pairs, slot, (lo, hi, devices), size_cap, log,
                 solver=solver, threads=threads, max_nodes=max_nodes, objective=objective,
                 time_limit=max(0.05, min(max_seconds_per_solve, deadline - time.monotonic())),
             )
@@ -218,25 +263,29 @@ def _search_done(incumbent: Incumbent, target: float, deadline: float, max_solve
     return max_solves is not None and log.solves >= max_solves
 
 
-def _window_candidate(js: JobSet, base: SlotProblem, incumbent: Incumbent, slot: float,
-                      window: tuple[int, int, set[int] | None], size_cap: float, log: SearchLog,
+def _window_candidate(js: JobSet, base: SlotProblem, incumbent: Incumbent, ssg: StageGraph, pairs: bool,
+                      slot: float, window: tuple[int, int, set[int] | None], size_cap: float, log: SearchLog,
                       **solve_options) -> Incumbent | None:
-    """Re-solve the jobs of one window with everything else fixed; ``None`` when nothing was solved or found."""
+    """Re-solve the jobs of one window with everything else fixed; ``None`` when nothing was solved or found.
+
+    ``ssg`` is the slotted StageGraph; with ``pairs`` the freed jobs may form overlapped pairs.
+    """
     lo, hi, devices = window
-    starts = slotted_starts(js, incumbent.order, slot)
-    horizon = max(starts[k] + base.p[k] for k in starts)
-    sp = neighbourhood(js, base, starts, horizon, lo, hi, devices)
-    size = 0 if sp is None else sum(sp.ls[j] - sp.es[j] for j in sp.es)
+    timing = slotted_timing(js, incumbent.order, slot, ssg)
+    sp = neighbourhood(js, base, timing.starts, timing.horizon, lo, hi, devices, pairs=timing.pairs,
+                       pair_graph=ssg if pairs else None)
+    size = 0 if sp is None else model_size(sp)
     if size == 0 or size > size_cap:
         return None
     # jobs with a long tail after them weigh more: moving them earlier shortens the rest of the schedule
     weights = {k: 1.0 + js.tail[k] / max(slot, 1e-12) for k in sp.es}
-    out = solve_slot_problem(sp, incumbent=starts, flow=True, weights=weights, **solve_options)
+    out = solve_slot_problem(sp, incumbent=timing.starts, incumbent_pairs=frozenset(timing.pairs), flow=True,
+                             weights=weights, **solve_options)
     log.solves += 1
     log.timed_out = log.timed_out or out.timed_out
     if out.starts is None:
         return None
-    return evaluate(js, starts_to_order(js, out.starts), solve_options["objective"])
+    return evaluate(js, starts_to_order(js, out.starts, out.pairs), solve_options["objective"])
 
 
 def better(a: Incumbent, b: Incumbent) -> bool:
@@ -247,7 +296,7 @@ def better(a: Incumbent, b: Incumbent) -> bool:
     return abs(a.value - b.value) <= tol and a.total_end < b.total_end - 1e-9 * max(1.0, abs(b.total_end))
 
 
-def _initial_width(js: JobSet, base: SlotProblem, starts: dict[int, int], horizon: int, budget: int) -> int:
+def _initial_width(js: JobSet, base: SlotProblem, horizon: int, budget: int) -> int:
     """A window width (slots) whose neighbourhoods have about ``budget`` variables."""
     devices = max(1, len(js.on_device))
     longest = max(base.p) if base.p else 1

@@ -35,7 +35,7 @@ from opsched.isolate import SolverCrash, TimedOut, run_isolated
 from opsched.lower.bounds import lower_bound as combinatorial_bound
 from opsched.lower.bounds import own_orders_hold_every_schedule, span_lower_bound
 from opsched.lower.jobs import JobSet, activation_budgets, check_memory_limit, order_fits
-from opsched.lower.listsched import Variant, default_variants, job_order, list_schedule
+from opsched.lower.listsched import Variant, default_variants, list_schedule
 from opsched.lower.lns import (
     Incumbent,
     SearchLog,
@@ -63,6 +63,9 @@ log = logging.getLogger(__name__)
 FULL_MODEL_VARIABLES = 4000
 #: node limit of the whole MIP (a deterministic budget; the time limit only stops it when it binds)
 FULL_MODEL_NODES = 2000
+#: neighbourhood sub-MIPs with pair options start at about this many variables (800 without): CBC needed
+#: 5-14 s for 600-variable windows of paired orders, about 1 s at this size
+PAIR_SUBMIP_VARIABLES = 300
 #: default number of neighbourhood sub-MIPs (a deterministic budget; see :func:`solve`)
 SEARCH_BUDGET = 100
 #: what the end of a solve costs here (re-timing and validating the final order, about as much as building the
@@ -145,8 +148,10 @@ class _Search:
     deadline: float  # time.monotonic() instant where the search stops itself (the solve stops it there anyway)
     bound: float  # holds for every schedule of the graph (what is reported)
     report: Callable[[_News], None]
-    best: Incumbent | None = None  # None while the best order has overlapped pairs (not searched)
-    #: holds for the orders this search can reach (its job set, no pairs): may be above ``bound``
+    best: Incumbent | None = None  # None while the best order is not searched (pairs the search cannot move)
+    #: the neighbourhood search may form and part overlapped pairs (see :func:`_pairs_searched`)
+    pairs: bool = False
+    #: holds for the orders this search can reach: may be above ``bound``
     search_bound: float = -math.inf
     timed_out: bool = False
     slot: float | None = None
@@ -223,7 +228,7 @@ def solve(
     *,
     memory_limit: float | None = None,
     split_backward: bool = True,
-    allow_pairs: bool = False,
+    allow_pairs: bool = True,
     slot: float | None = None,
     time_limit: float = 30.0,
     solver: str = "cbc",
@@ -286,7 +291,8 @@ def solve(
     stop = t0 + float(time_limit) - min(RESERVE_SHARE * float(time_limit), RESERVE_FACTOR * setup)
     deadline = stop - min(GRACE_SHARE * float(time_limit), GRACE)
     crash = _run_search(watch, stop, _search, js, budgets, objective, solver, threads, allow_pairs, slot,
-                        warm_orders, search_budget, bound, _search_bound(js, budgets, objective, bound), deadline)
+                        warm_orders, search_budget, bound, _search_bound(js, budgets, objective, bound, allow_pairs),
+                        deadline)
     # work that ran up to the deadline was cut by it (every loop of the search checks it)
     cut = watch.done is None or watch.done >= deadline
     if watch.order is None:  # nothing came in time: a cheap order, made here
@@ -325,27 +331,41 @@ def _search(
     pieces of work (the solve stops the process there anyway).
     """
     run = _Search(js, budgets, objective, solver, threads, deadline, bound, report, search_bound=search_bound)
-    name, start, value = _best_start(run, allow_pairs, warm_orders)
-    if _has_pairs(start):  # the slotted MIP has no pairs: the order is kept as it is
+    name, start, _ = _best_start(run, allow_pairs, warm_orders)
+    best = evaluate(js, start, objective)
+    pairs = _pairs_searched(js, allow_pairs, objective)
+    slot = slot or auto_slot(js.sg, best.makespan, pairs=pairs)
+    run.pairs = pairs and _divides(slot, js.sg, pairs=True)
+    if _has_pairs(start) and not run.pairs:  # the MIP cannot move these pairs: the order is kept as it is
         run.send(f"warm start {name}")
         return run.news(done=True)
-    run.best = evaluate(js, job_order(start), objective)
+    run.best = best
     run.send(f"warm start {name}")
     if not run.searched_out():
-        run.slot = slot or auto_slot(js.sg, run.best.makespan)
-        _solve_whole_mip(run)
+        run.slot = slot
+        if not _has_pairs(start):  # the whole MIP has no pair options
+            _solve_whole_mip(run)
     if not run.searched_out():
         _neighbourhood_search(run, search_budget)
     return run.news(done=True)
 
 
-def _search_bound(js: JobSet, budgets, objective: Objective, bound: float) -> float:
-    """A bound on the orders the MIP search reaches (``js``'s own jobs, no pairs), where the search may stop.
+def _pairs_searched(js: JobSet, allow_pairs: bool, objective: Objective) -> bool:
+    """Whether the search may use overlapped F&B pairs: allowed, a positive overlap gain, the makespan objective.
 
-    ``bound`` itself when every schedule is such an order; else the same
-    combinatorial bounds on ``js`` as it is, without pair shares.
+    (The span objective's device spans are written for single jobs.)
     """
-    if own_orders_hold_every_schedule(js):
+    return allow_pairs and js.sg.overlap_gain > 0 and objective == Objective.MAKESPAN
+
+
+def _search_bound(js: JobSet, budgets, objective: Objective, bound: float, allow_pairs: bool) -> float:
+    """A bound on the orders the search reaches, where it may stop.
+
+    ``bound`` itself when every schedule is such an order, or when the search
+    may use pairs; else the same combinatorial bounds on ``js`` as it is,
+    without pair shares (the search makes ``js``'s jobs one at a time).
+    """
+    if own_orders_hold_every_schedule(js) or _pairs_searched(js, allow_pairs, objective):
         return bound
     if objective == Objective.MAKESPAN:
         return combinatorial_bound(js, budgets, own_orders=True)
@@ -368,7 +388,8 @@ def _solve_whole_mip(run: _Search) -> None:
     every schedule of the graph it is also reported (``bound``).
     """
     js, best = run.js, run.best
-    exact = _divides(run.slot, js.sg)
+    # the whole MIP has no pair options: with pairs in reach its bound is not one on the search's orders
+    exact = _divides(run.slot, js.sg) and not run.pairs
     sp = slot_problem(js, run.slot, run.budgets)
     starts = slotted_starts(js, best.order, run.slot)
     horizon = max(s + sp.p[k] for k, s in starts.items())
@@ -421,7 +442,8 @@ def _neighbourhood_search(run: _Search, search_budget: int | None) -> None:
     run.best = large_neighbourhood_search(
         run.js, run.best, run.slot, run.budgets, deadline=run.deadline, solver=run.solver, threads=run.threads,
         target=max(run.bound, run.search_bound), log=search, objective=run.objective, max_solves=search_budget,
-        on_improve=improved, on_solve=solved,
+        on_improve=improved, on_solve=solved, pairs=run.pairs,
+        max_variables=PAIR_SUBMIP_VARIABLES if run.pairs else 800,
     )
     run.timed_out = run.timed_out or search.timed_out
     run.solves = search.solves
@@ -487,9 +509,14 @@ def _mip_covers_every_schedule(js: JobSet, objective: Objective) -> bool:
     return objective == Objective.MAKESPAN and own_orders_hold_every_schedule(js)
 
 
-def _divides(slot: float, sg) -> bool:
-    """Whether ``slot`` divides every pass and transfer time exactly (so slotting loses nothing)."""
+def _divides(slot: float, sg, pairs: bool = False) -> bool:
+    """Whether ``slot`` divides every pass and transfer time exactly (so slotting loses nothing).
+
+    With ``pairs``, also ``gain x`` for every pass time ``x`` (every overlapped pair's length).
+    """
     values = [float(s.time[p]) for s in sg.stages for p in s.timed_passes()] + [e.time for e in sg.edges]
+    if pairs:
+        values += [sg.overlap_gain * float(s.time[p]) for s in sg.stages for p in s.timed_passes()]
     return all(abs(v / slot - round(v / slot)) <= 1e-7 * max(1.0, v / slot) for v in values)
 
 

@@ -14,6 +14,14 @@ classic "starts at t" variable; the step form keeps the memory rows sparse
 strong (disaggregated) precedence rows. The formulation is written out in
 ``docs/formulation.md`` with the same symbols.
 
+Overlapped F&B pairs (DualPipe's) are decisions: a :class:`PairOption`
+joins a free F with a free backward (I or B) of a stage on the same devices;
+its step variables ``z[q, t]`` say the pair has started by ``t``, and a job
+with options runs in exactly one mode, alone or in one of its pairs. A pair
+lasts its own length (:func:`opsched.schedule.pair_duration` in slots) and
+both its jobs start and end with it. Pairs fixed in a neighbourhood keep
+their start and length.
+
 Constraint families, one function each:
 :func:`each_job_starts_once`, :func:`one_job_per_device_per_slot`,
 :func:`precedence_with_transfers`, :func:`activation_memory_limit`,
@@ -25,12 +33,12 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Iterable, Mapping
 
 import mip
 
 from opsched.lower.jobs import JobSet, topological_order
-from opsched.schedule import Edge, Job, Stage, StageGraph
+from opsched.schedule import Action, Edge, Job, Pair, Stage, StageGraph, pair_duration
 from opsched.solver import Objective, Status, collector_paused, new_model
 
 
@@ -69,9 +77,21 @@ def slotted_stage_graph(sg: StageGraph, slot: float) -> StageGraph:
     return StageGraph(stages, edges, num_devices=sg.num_devices, overlap_gain=sg.overlap_gain)
 
 
-def exact_slot(sg: StageGraph) -> float | None:
-    """The largest slot that divides every pass and transfer time exactly, if a sensible one exists."""
+def exact_slot(sg: StageGraph, pairs: bool = False) -> float | None:
+    """The largest slot that divides every pass and transfer time exactly, if a sensible one exists.
+
+    With ``pairs`` (and a positive overlap gain) it also divides ``gain x``
+    for every pass time ``x``, so every overlapped pair's length
+    (``a + b - gain * min(a, b)``) is a whole number of slots too.
+
+    >>> from opsched.schedule import chain_stage_graph
+    >>> sg = chain_stage_graph(2, f=1, b=2, w=1, overlap_gain=0.5)
+    >>> exact_slot(sg), exact_slot(sg, pairs=True)
+    (1.0, 0.5)
+    """
     values = [float(s.time[p]) for s in sg.stages for p in s.timed_passes() if float(s.time[p]) > 0]
+    if pairs and sg.overlap_gain > 0:
+        values += [sg.overlap_gain * v for v in values]
     values += [e.time for e in sg.edges if e.time > 0]
     if not values:
         return None
@@ -87,15 +107,15 @@ def exact_slot(sg: StageGraph) -> float | None:
     return None
 
 
-def auto_slot(sg: StageGraph, horizon: float, budget: int = 400) -> float:
+def auto_slot(sg: StageGraph, horizon: float, budget: int = 400, pairs: bool = False) -> float:
     """Slot length: exact when the times share a divisor, else the shortest pass cut evenly.
 
     The slot is the largest exact divisor of all times when the horizon then
     needs at most ``budget`` slots; otherwise the shortest pass divided into
     ``q`` equal parts, with ``q`` the largest whole number keeping the horizon
-    within ``budget`` slots (at least 1).
+    within ``budget`` slots (at least 1). ``pairs``: see :func:`exact_slot`.
     """
-    g = exact_slot(sg)
+    g = exact_slot(sg, pairs)
     if g is not None and horizon / g <= budget:
         return g
     shortest = min(float(s.time[p]) for s in sg.stages for p in s.timed_passes() if float(s.time[p]) > 0)
@@ -106,9 +126,29 @@ def auto_slot(sg: StageGraph, horizon: float, budget: int = 400) -> float:
 # --------------------------------------------------------------------------- problem
 
 
+@dataclass(frozen=True)
+class PairOption:
+    """A free F and a free backward (I or B) of stages on the same devices that may run as one overlapped pair.
+
+    The pair starts both jobs at once, occupies the devices for ``length``
+    slots and both jobs end with it; ``es``..``ls`` is its start window.
+    """
+
+    forward: int
+    backward: int
+    length: int
+    es: int
+    ls: int
+
+
 @dataclass
 class SlotProblem:
-    """A (sub)problem in slots: free jobs with start windows, fixed jobs with start slots."""
+    """A (sub)problem in slots: free jobs with start windows, fixed jobs with start slots.
+
+    ``options`` are the overlapped pairs the free jobs may form (none: every
+    job runs alone); ``fixed_pairs`` are pairs (forward, backward) among the
+    fixed jobs, which keep their common start and the pair's length.
+    """
 
     js: JobSet
     p: list[int]
@@ -120,20 +160,90 @@ class SlotProblem:
     fixed: dict[int, int] = field(default_factory=dict)
     #: pairs (a, b) of free jobs where a must start no later than b (symmetry breaking)
     before: list[tuple[int, int]] = field(default_factory=list)
+    #: set through :meth:`set_options` (it indexes them by job)
+    options: list[PairOption] = field(default_factory=list)
+    #: fixed pairs: (forward, backward) -> length in slots; set through :meth:`fix_pairs`
+    fixed_pairs: dict[tuple[int, int], int] = field(default_factory=dict)
+    _options_by_job: dict[int, list[PairOption]] = field(default_factory=dict, repr=False)
+    _fixed_length: dict[int, int] = field(default_factory=dict, repr=False)
 
     @property
     def free(self) -> list[int]:
         return sorted(self.es)
 
-    def started_by(self, z: dict, j: int, t: int):
-        """0, 1 or the variable saying whether job ``j`` has started by slot ``t``."""
+    def set_options(self, options: list[PairOption]) -> None:
+        self.options = list(options)
+        self._options_by_job = {}
+        for q in self.options:
+            self._options_by_job.setdefault(q.forward, []).append(q)
+            self._options_by_job.setdefault(q.backward, []).append(q)
+
+    def fix_pairs(self, pairs: Mapping[tuple[int, int], int]) -> None:
+        self.fixed_pairs = dict(pairs)
+        self._fixed_length = {j: n for pair, n in self.fixed_pairs.items() for j in pair}
+
+    def options_of(self, j: int) -> list[PairOption]:
+        """The pair options job ``j`` takes part in."""
+        return self._options_by_job.get(j, [])
+
+    def length(self, j: int) -> int:
+        """How long fixed job ``j`` keeps its devices and its successors waiting: its pair's length, or its own."""
+        return self._fixed_length.get(j, self.p[j])
+
+    def counted_busy(self, j: int) -> bool:
+        """Whether fixed job ``j``'s device time is counted on its own: a fixed pair counts once, with its F."""
+        return not any(j == b for _, b in self.fixed_pairs) if j in self._fixed_length else True
+
+    def alone_started_by(self, z: dict, j: int, t: int):
+        """0, 1 or the variable saying whether job ``j`` has started by slot ``t`` running alone.
+
+        From ``ls[j]`` on it is 1 for a job without pair options, else the
+        variable ``z[j, ls[j]]`` (1 exactly when it runs alone).
+        """
         if j in self.fixed:
             return 1 if t >= self.fixed[j] else 0
         if t < self.es[j]:
             return 0
         if t >= self.ls[j]:
-            return 1
+            return z[j, self.ls[j]] if self.options_of(j) else 1
         return z[j, t]
+
+    def option_started_by(self, z: dict, q: PairOption, t: int):
+        """0 or the variable saying whether pair ``q`` runs and has started by slot ``t``."""
+        return 0 if t < q.es else z[q, min(t, q.ls)]
+
+    def started_by(self, z: dict, j: int, t: int):
+        """0, 1, a variable or an expression: job ``j`` has started by slot ``t`` (alone or in a pair)."""
+        return _combine([self.alone_started_by(z, j, t)] + [self.option_started_by(z, q, t) for q in self.options_of(j)])
+
+    def done_by(self, z: dict, j: int, t: int):
+        """0, 1, a variable or an expression: job ``j`` has ended by slot ``t`` (alone or in a pair)."""
+        if j in self.fixed:
+            return 1 if t >= self.fixed[j] + self.length(j) else 0
+        terms = [self.alone_started_by(z, j, t - self.p[j])]
+        return _combine(terms + [self.option_started_by(z, q, t - q.length) for q in self.options_of(j)])
+
+    def start_range(self, j: int) -> tuple[int, int]:
+        """Earliest and latest start slot of free job ``j`` over its modes."""
+        opts = self.options_of(j)
+        return min([self.es[j]] + [q.es for q in opts]), max([self.ls[j]] + [q.ls for q in opts])
+
+    def end_range(self, j: int) -> tuple[int, int]:
+        """Earliest and latest end slot of free job ``j`` over its modes."""
+        opts = self.options_of(j)
+        return (min([self.es[j] + self.p[j]] + [q.es + q.length for q in opts]),
+                max([self.ls[j] + self.p[j]] + [q.ls + q.length for q in opts]))
+
+
+def _combine(terms: list):
+    """The sum of ``terms`` (ints, variables, expressions): an int when every term is one."""
+    constant = sum(x for x in terms if isinstance(x, int))
+    variables = [x for x in terms if not isinstance(x, int)]
+    if not variables:
+        return constant
+    if len(variables) == 1 and constant == 0:
+        return variables[0]
+    return mip.xsum(variables) + constant
 
 
 def slot_problem(js: JobSet, slot: float, budgets: Mapping[int, float] | None) -> SlotProblem:
@@ -205,41 +315,116 @@ def full_windows(sp: SlotProblem, horizon: int, symmetry: bool = True) -> None:
     sp.ls = {k: ls[k] for k in range(len(js))}
 
 
+def pair_length(ssg: StageGraph, forward: Job, backward: Job) -> int | None:
+    """The slots an overlapped pair lasts on the slotted StageGraph ``ssg``, ``None`` when not a whole number.
+
+    The one rule is :func:`opsched.schedule.pair_duration`; an exact slot for
+    pairs (:func:`exact_slot` with ``pairs``) makes every length whole.
+    """
+    n = pair_duration(ssg, Pair(forward, backward))
+    return int(round(n)) if abs(n - round(n)) <= 1e-7 * max(1.0, n) else None
+
+
+def add_pair_options(sp: SlotProblem, ssg: StageGraph, starts: Mapping[int, int],
+                     pairs: Iterable[tuple[int, int]] = ()) -> None:
+    """Let the free jobs pair: F and backward (I or B) of stages on the same devices, as DualPipe pairs them.
+
+    Every pair of ``pairs`` (the incumbent's, forward and backward job
+    numbers) among the free jobs, and each free F with the free backward
+    whose incumbent start (``starts``) is nearest to its own, and each free
+    backward with the nearest free F. Offering every F with every backward
+    makes sub-MIPs CBC cannot finish (their relaxation splits jobs between
+    modes); the search moves the pairing step by step instead. An option's
+    window is where both jobs may start and the pair still ends within both
+    jobs' latest ends; options whose window is empty, or whose length is not
+    a whole number of slots, are left out.
+    """
+    js = sp.js
+    groups: dict[frozenset, tuple[list[int], list[int]]] = {}
+    for k in sp.free:
+        forwards, backwards = groups.setdefault(frozenset(js.devices[k]), ([], []))
+        if js.jobs[k].pass_ == "F":
+            forwards.append(k)
+        elif js.jobs[k].pass_ in ("I", "B"):
+            backwards.append(k)
+    wanted = {(a, b) for a, b in pairs if a in sp.es and b in sp.es}
+    for forwards, backwards in groups.values():
+        for mine, theirs, flip in ((forwards, backwards, False), (backwards, forwards, True)):
+            for k in mine:
+                candidates = [x for x in theirs if not _same_pass_owner(js, k, x)]
+                if candidates:
+                    x = min(candidates, key=lambda x: (abs(starts[x] - starts[k]), x))
+                    wanted.add((x, k) if flip else (k, x))
+    options = []
+    for a, b in sorted(wanted):
+        n = pair_length(ssg, js.jobs[a], js.jobs[b])
+        if n is None:
+            continue
+        es = max(sp.es[a], sp.es[b])
+        ls = min(sp.ls[a] + sp.p[a], sp.ls[b] + sp.p[b]) - n
+        if es <= ls:
+            options.append(PairOption(a, b, n, es, ls))
+    sp.set_options(options)
+
+
+def _same_pass_owner(js: JobSet, a: int, b: int) -> bool:
+    """Whether two jobs belong to the same stage and microbatch (a backward waits for its own F)."""
+    return (js.jobs[a].stage, js.jobs[a].microbatch) == (js.jobs[b].stage, js.jobs[b].microbatch)
+
+
 # --------------------------------------------------------------------------- constraint families
 
 
 def each_job_starts_once(model: mip.Model, sp: SlotProblem, z: dict) -> None:
-    """Started-by is a step: ``z[j,t] <= z[j,t+1]``; with ``z[j,ls]=1`` each job starts exactly once."""
+    """Started-by is a step: ``z[j,t] <= z[j,t+1]``; with ``z[j,ls]=1`` each job starts exactly once.
+
+    A job with pair options runs in one mode: ``z[j,ls_j] + sum_q z[q,ls_q] = 1``
+    (alone, or in one of its pairs), each mode's variables a step.
+    """
     for j in sp.free:
-        for t in range(sp.es[j], sp.ls[j] - 1):
+        last = sp.ls[j] if sp.options_of(j) else sp.ls[j] - 1
+        for t in range(sp.es[j], last):
             model.add_constr(z[j, t] <= z[j, t + 1], name=f"once_{j}_{t}")
+        if sp.options_of(j):
+            modes = [z[j, sp.ls[j]]] + [z[q, q.ls] for q in sp.options_of(j)]
+            model.add_constr(mip.xsum(modes) == 1, name=f"mode_{j}")
+    for q in sp.options:
+        for t in range(q.es, q.ls):
+            model.add_constr(z[q, t] <= z[q, t + 1], name=f"pair_once_{q.forward}_{q.backward}_{t}")
 
 
 def one_job_per_device_per_slot(model: mip.Model, sp: SlotProblem, z: dict) -> None:
     """At most one job runs on a device in a slot: ``sum_j z[j,t] - z[j,t-p_j] <= 1``.
 
     A stage on a device group appears in the row of every device of the group.
+    A pair option counts as one job of its own length (``z[q,t] - z[q,t-L_q]``);
+    its two jobs count only when they run alone; a fixed pair counts once.
     """
     js = sp.js
     for d, ks in sorted(js.on_device.items()):
         free = [k for k in ks if k in sp.es]
         if not free:
             continue
+        free_set = set(free)
+        options = [q for q in sp.options if q.forward in free_set]
         lo = min(sp.es[k] for k in free)
-        hi = max(sp.ls[k] + sp.p[k] for k in free)
+        hi = max([sp.ls[k] + sp.p[k] for k in free] + [q.ls + q.length for q in options])
         fixed_busy = [0] * (hi - lo)
         for k in ks:
-            if k in sp.fixed:
-                for t in range(max(lo, sp.fixed[k]), min(hi, sp.fixed[k] + sp.p[k])):
+            if k in sp.fixed and sp.counted_busy(k):
+                for t in range(max(lo, sp.fixed[k]), min(hi, sp.fixed[k] + sp.length(k))):
                     fixed_busy[t - lo] += 1
         for t in range(lo, hi):
             terms = []
             for k in free:
                 if sp.p[k] == 0 or t < sp.es[k] or t >= sp.ls[k] + sp.p[k]:
                     continue
-                terms.append(sp.started_by(z, k, t))
-                after = sp.started_by(z, k, t - sp.p[k])
-                terms.append(-after if not isinstance(after, int) else -after)
+                terms.append(sp.alone_started_by(z, k, t))
+                terms.append(-sp.alone_started_by(z, k, t - sp.p[k]))
+            for q in options:
+                if q.es <= t < q.ls + q.length:
+                    terms.append(sp.option_started_by(z, q, t))
+                    terms.append(-sp.option_started_by(z, q, t - q.length))
             variables = [x for x in terms if not isinstance(x, int)]
             if not variables:
                 continue
@@ -255,12 +440,14 @@ def precedence_with_transfers(model: mip.Model, sp: SlotProblem, z: dict) -> Non
     ``c_ij`` is the transfer time in slots (0 on shared devices): F along the
     StageGraph, I backwards along it, W after I, and a stage's backward after
     its own F.
+    With pairs, "i has ended" counts i's pair length when it runs in one.
     """
     for j, ps in enumerate(sp.preds):
         if j in sp.fixed:
             times = [sp.fixed[j]]
         elif j in sp.es:
-            times = list(range(sp.es[j], sp.ls[j] + 1))
+            first, last = sp.start_range(j)
+            times = list(range(first, last + 1))
         else:
             continue
         for i, c in ps:
@@ -268,7 +455,7 @@ def precedence_with_transfers(model: mip.Model, sp: SlotProblem, z: dict) -> Non
                 continue
             for t in times:
                 lhs = sp.started_by(z, j, t)
-                rhs = sp.started_by(z, i, t - sp.p[i] - c)
+                rhs = sp.done_by(z, i, t - c)
                 if isinstance(lhs, int) and isinstance(rhs, int):
                     if lhs > rhs:
                         raise AssertionError("fixed jobs violate a dependency")  # a bug in the caller
@@ -284,7 +471,8 @@ def activation_memory_limit(model: mip.Model, sp: SlotProblem, z: dict) -> None:
     Held at slot t = sum over F started by t of ``act`` minus, for each
     backward finished by t (started by ``t - p``), what it frees (I:
     ``act - act_w``, W: ``act_w``, B: ``act``). Rows are needed only where a
-    free F could start, since only starts of F raise the level.
+    free F could start, since only starts of F raise the level. In a pair the
+    F allocates at the pair's start and the backward frees at its end.
     """
     if sp.budgets is None:
         return
@@ -293,10 +481,10 @@ def activation_memory_limit(model: mip.Model, sp: SlotProblem, z: dict) -> None:
         free_forwards = [k for k in ks if k in sp.es and js.mem[k] > 0]
         if not any(k in sp.es for k in ks):
             continue
-        slots = {t for k in free_forwards for t in range(sp.es[k], sp.ls[k] + 1)}
+        slots = {t for k in free_forwards for t in range(sp.start_range(k)[0], sp.start_range(k)[1] + 1)}
         # a fixed F starting where a free backward might now end later also needs a row
         lo = min(sp.es[k] for k in ks if k in sp.es)
-        hi = max(sp.ls[k] + sp.p[k] for k in ks if k in sp.es)
+        hi = max(sp.end_range(k)[1] for k in ks if k in sp.es)
         slots |= {sp.fixed[k] for k in ks if k in sp.fixed and js.mem[k] > 0 and lo <= sp.fixed[k] <= hi}
         slots = sorted(slots)
         # bytes can be ~1e10: rows are scaled to the largest change so the solver sees O(1) numbers
@@ -304,8 +492,9 @@ def activation_memory_limit(model: mip.Model, sp: SlotProblem, z: dict) -> None:
         for t in slots:
             terms, constant = [], 0.0
             for k in ks:
-                at = t if js.mem[k] > 0 else t - sp.p[k]
-                s = sp.started_by(z, k, at) if (k in sp.es or k in sp.fixed) else 0
+                if k not in sp.es and k not in sp.fixed:
+                    continue
+                s = sp.started_by(z, k, t) if js.mem[k] > 0 else sp.done_by(z, k, t)
                 if isinstance(s, int):
                     constant += js.mem[k] * s
                 else:
@@ -322,9 +511,9 @@ def makespan_definition(model: mip.Model, sp: SlotProblem, z: dict, C: mip.Var) 
     js = sp.js
     for j in js.sinks():
         if j in sp.fixed:
-            model.add_constr(C >= sp.fixed[j] + sp.p[j], name=f"span_{j}")
+            model.add_constr(C >= sp.fixed[j] + sp.length(j), name=f"span_{j}")
         elif j in sp.es:
-            model.add_constr(C >= start_expr(sp, z, j) + sp.p[j], name=f"span_{j}")
+            model.add_constr(C >= end_expr(sp, z, j), name=f"span_{j}")
 
 
 def device_span_definition(model: mip.Model, sp: SlotProblem, z: dict) -> mip.Var:
@@ -358,13 +547,25 @@ def symmetry_breaking(model: mip.Model, sp: SlotProblem, z: dict) -> None:
     """Interchangeable microbatches start the first source stage in microbatch order."""
     for a, b in sp.before:
         if a in sp.es and b in sp.es:
-            for t in range(sp.es[b], sp.ls[b]):
-                model.add_constr(z[b, t] <= sp.started_by(z, a, t), name=f"sym_{a}_{b}_{t}")
+            first, last = sp.start_range(b)
+            for t in range(first, last):
+                model.add_constr(sp.started_by(z, b, t) <= sp.started_by(z, a, t), name=f"sym_{a}_{b}_{t}")
 
 
 def start_expr(sp: SlotProblem, z: dict, j: int):
-    """Start slot of free job ``j`` as a linear expression."""
-    return sp.es[j] + mip.xsum(1 - z[j, t] for t in range(sp.es[j], sp.ls[j]))
+    """Start slot of free job ``j`` as a linear expression (whatever its mode)."""
+    if not sp.options_of(j):
+        return sp.es[j] + mip.xsum(1 - z[j, t] for t in range(sp.es[j], sp.ls[j]))
+    first, last = sp.start_range(j)
+    return first + mip.xsum(1 - sp.started_by(z, j, t) for t in range(first, last))
+
+
+def end_expr(sp: SlotProblem, z: dict, j: int):
+    """End slot of free job ``j`` as a linear expression (whatever its mode)."""
+    if not sp.options_of(j):
+        return start_expr(sp, z, j) + sp.p[j]
+    first, last = sp.end_range(j)
+    return first + mip.xsum(1 - sp.done_by(z, j, t) for t in range(first, last))
 
 
 # --------------------------------------------------------------------------- model
@@ -381,8 +582,11 @@ def build_model(
     tie-breaker that pushes work early (used by the neighbourhood search).
     """
     model = new_model(solver, threads=threads)
-    z = {(j, t): model.add_var(var_type=mip.BINARY, name=f"z_{j}_{t}") for j in sp.free for t in range(sp.es[j], sp.ls[j])}
-    horizon = max([sp.ls[j] + sp.p[j] for j in sp.free] + [sp.fixed[j] + sp.p[j] for j in sp.fixed] + [0])
+    z = {(j, t): model.add_var(var_type=mip.BINARY, name=f"z_{j}_{t}") for j in sp.free for t in _alone_slots(sp, j)}
+    for q in sp.options:
+        for t in range(q.es, q.ls + 1):
+            z[q, t] = model.add_var(var_type=mip.BINARY, name=_pair_var(q, t))
+    horizon = max([sp.end_range(j)[1] for j in sp.free] + [sp.fixed[j] + sp.length(j) for j in sp.fixed] + [0])
     C = model.add_var(name="C", lb=0.0, ub=horizon)
     each_job_starts_once(model, sp, z)
     one_job_per_device_per_slot(model, sp, z)
@@ -397,17 +601,49 @@ def build_model(
         w = weights or {}
         free = sp.free
         # the flow term stays below one slot, so it never trades against the main objective
-        scale = 1.0 / (1 + sum(w.get(j, 1.0) * sp.ls[j] for j in free))
+        scale = 1.0 / (1 + sum(w.get(j, 1.0) * sp.start_range(j)[1] for j in free))
         model.objective = mip.minimize(main + scale * mip.xsum(w.get(j, 1.0) * start_expr(sp, z, j) for j in free))
     return model, z, C
 
 
-def warm_start(sp: SlotProblem, z: dict, starts: Mapping[int, int]) -> list[tuple[mip.Var, float]]:
-    """``model.start`` entries for slotted start times of the free jobs."""
-    return [(z[j, t], 1.0 if t >= starts[j] else 0.0) for j in sp.free for t in range(sp.es[j], sp.ls[j])]
+def _alone_slots(sp: SlotProblem, j: int) -> range:
+    """The slots of free job ``j``'s alone variables (with pair options, ``ls`` too: 1 when it runs alone)."""
+    return range(sp.es[j], sp.ls[j] + 1 if sp.options_of(j) else sp.ls[j])
 
 
-def complete_warm_start(model: mip.Model, sp: SlotProblem, z: dict, starts: Mapping[int, int]) -> list[tuple[mip.Var, float]]:
+def _pair_var(q: PairOption, t: int) -> str:
+    return f"y_{q.forward}_{q.backward}_{t}"
+
+
+def warm_start(
+    sp: SlotProblem, z: dict, starts: Mapping[int, int], pairs: frozenset[tuple[int, int]] = frozenset()
+) -> list[tuple[mip.Var, float]]:
+    """``model.start`` entries for slotted start times of the free jobs, ``pairs`` (forward, backward) paired."""
+    paired = {j for pair in pairs for j in pair}
+    out = [(z[j, t], 0.0 if j in paired else 1.0 if t >= starts[j] else 0.0)
+           for j in sp.free for t in _alone_slots(sp, j)]
+    for q in sp.options:
+        on = (q.forward, q.backward) in pairs
+        out += [(z[q, t], 1.0 if on and t >= starts[q.forward] else 0.0) for t in range(q.es, q.ls + 1)]
+    return out
+
+
+def warm_start_fits(sp: SlotProblem, starts: Mapping[int, int], pairs: frozenset[tuple[int, int]] = frozenset()) -> bool:
+    """Whether the slotted starts (and pairs) lie inside the free jobs' windows and pair options."""
+    options = {(q.forward, q.backward): q for q in sp.options}
+    paired = {j for pair in pairs for j in pair}
+    for a, b in pairs:
+        if a in sp.es or b in sp.es:
+            q = options.get((a, b))
+            if q is None or starts[a] != starts[b] or not q.es <= starts[a] <= q.ls:
+                return False
+    return all(sp.es[j] <= starts[j] <= sp.ls[j] for j in sp.free if j not in paired)
+
+
+def complete_warm_start(
+    model: mip.Model, sp: SlotProblem, z: dict, starts: Mapping[int, int],
+    pairs: frozenset[tuple[int, int]] = frozenset(),
+) -> list[tuple[mip.Var, float]]:
     """A MIP start with a value for every variable of ``model``, all within bounds.
 
     CBC has been seen to abort ("double free or corruption") on a start that
@@ -417,8 +653,10 @@ def complete_warm_start(model: mip.Model, sp: SlotProblem, z: dict, starts: Mapp
     """
     js = sp.js
     at = {j: (sp.fixed[j] if j in sp.fixed else starts[j]) for j in range(len(js))}
-    values = {v.name: x for v, x in warm_start(sp, z, starts)}
-    values["C"] = float(max([at[j] + sp.p[j] for j in js.sinks()] + [0]))
+    values = {v.name: x for v, x in warm_start(sp, z, starts, pairs)}
+    lengths = {j: n for q in sp.options if (q.forward, q.backward) in pairs for j, n in
+               ((q.forward, q.length), (q.backward, q.length))}
+    values["C"] = float(max([at[j] + lengths.get(j, sp.length(j)) for j in js.sinks()] + [0]))
     spans = [0.0]
     for d, ks in js.on_device.items():
         firsts = [at[k] for k in ks if js.jobs[k].pass_ == "F"]
@@ -434,30 +672,59 @@ def complete_warm_start(model: mip.Model, sp: SlotProblem, z: dict, starts: Mapp
     return out
 
 
+def _is_set(var) -> bool:
+    return var.x is not None and var.x > 0.5
+
+
+def solution_pairs(sp: SlotProblem, z: dict) -> list[tuple[int, int]]:
+    """Every pair (forward, backward) of the solution: the fixed ones and the options it chose."""
+    return list(sp.fixed_pairs) + [(q.forward, q.backward) for q in sp.options if _is_set(z[q, q.ls])]
+
+
 def solution_starts(sp: SlotProblem, z: dict) -> dict[int, int]:
-    """Start slot of every job (free ones read from the solution)."""
+    """Start slot of every job (free ones read from the solution, in the mode it chose)."""
     out = dict(sp.fixed)
+    for q in sp.options:
+        if _is_set(z[q, q.ls]):
+            s = next(t for t in range(q.es, q.ls + 1) if _is_set(z[q, t]))
+            out[q.forward] = out[q.backward] = s
     for j in sp.free:
+        if j in out:
+            continue
         s = sp.ls[j]
         for t in range(sp.es[j], sp.ls[j]):
-            if z[j, t].x is not None and z[j, t].x > 0.5:
+            if _is_set(z[j, t]):
                 s = t
                 break
         out[j] = s
     return out
 
 
-def starts_to_order(js: JobSet, starts: Mapping[int, int]) -> dict[int, list[Job]]:
-    """Per-device job order by start slot (ties by job number, which only zero-length jobs have)."""
-    order: dict[int, list[Job]] = {d: [] for d in js.on_device}
+def starts_to_order(
+    js: JobSet, starts: Mapping[int, int], pairs: Iterable[tuple[int, int]] = ()
+) -> dict[int, list[Action]]:
+    """Per-device actions by start slot (ties by job number, which only zero-length jobs have).
+
+    Each of ``pairs`` (forward, backward job numbers) is one overlapped
+    :class:`~opsched.schedule.Pair` action, F first, where its jobs start.
+    """
+    partner = {a: b for a, b in pairs}
+    in_pair = set(partner) | set(partner.values())
+    order: dict[int, list[Action]] = {d: [] for d in js.on_device}
     for d, ks in js.on_device.items():
-        order[d] = [js.jobs[k] for k in sorted(ks, key=lambda k: (starts[k], k))]
+        acts: list[Action] = []
+        for k in sorted(ks, key=lambda k: (starts[k], k)):
+            if k in partner:
+                acts.append(Pair(js.jobs[k], js.jobs[partner[k]]))
+            elif k not in in_pair:
+                acts.append(js.jobs[k])
+        order[d] = acts
     return order
 
 
 def model_size(sp: SlotProblem) -> int:
     """Number of step variables the model would have."""
-    return sum(sp.ls[j] - sp.es[j] for j in sp.free)
+    return sum(len(_alone_slots(sp, j)) for j in sp.free) + sum(q.ls - q.es + 1 for q in sp.options)
 
 
 # --------------------------------------------------------------------------- driver
@@ -474,12 +741,15 @@ class MipOutcome:
     variables: int
     #: the solve stopped on its time limit (not its node limit): the outcome depends on the machine
     timed_out: bool = False
+    #: the solution's overlapped pairs (forward, backward job numbers), fixed ones included
+    pairs: list[tuple[int, int]] = field(default_factory=list)
 
 
 def solve_slot_problem(
     sp: SlotProblem,
     *,
     incumbent: Mapping[int, int] | None = None,
+    incumbent_pairs: frozenset[tuple[int, int]] = frozenset(),
     solver: str = "cbc",
     threads: int = 1,
     time_limit: float = 30.0,
@@ -490,13 +760,19 @@ def solve_slot_problem(
 ) -> MipOutcome:
     """Build and solve the MIP of ``sp``, warm-started from ``incumbent`` start slots when given.
 
+    ``incumbent_pairs``: the incumbent's overlapped pairs (forward, backward job numbers).
+
     ``max_nodes`` is the deterministic work budget; ``time_limit`` is a
     safety cap, and the outcome says when it stopped the solve (``timed_out``).
     """
     with collector_paused():
         model, z, C = build_model(sp, solver=solver, threads=threads, objective=objective, flow=flow, weights=weights)
-        if incumbent is not None and all(sp.es[j] <= incumbent[j] <= sp.ls[j] for j in sp.free):
-            model.start = complete_warm_start(model, sp, z, incumbent)
+        if sp.options:
+            # with pair options CBC's root cut loop took 4-5 s on 250-variable sub-MIPs and cut the bound
+            # by little; without it the same sub-MIPs end in about 1 s with the same optimum
+            model.cuts = 0
+        if incumbent is not None and warm_start_fits(sp, incumbent, incumbent_pairs):
+            model.start = complete_warm_start(model, sp, z, incumbent, incumbent_pairs)
         kwargs = {"max_seconds": max(0.01, time_limit)}
         if max_nodes is not None:
             kwargs["max_nodes"] = max_nodes
@@ -509,5 +785,6 @@ def solve_slot_problem(
         bound = model.objective_bound if model.objective_bound is not None else 0.0
         name = Status.of_mip(status)
         if status in (mip.OptimizationStatus.OPTIMAL, mip.OptimizationStatus.FEASIBLE) and model.num_solutions:
-            return MipOutcome(solution_starts(sp, z), name, model.objective_value, bound, len(z), timed_out)
+            return MipOutcome(solution_starts(sp, z), name, model.objective_value, bound, len(z), timed_out,
+                              solution_pairs(sp, z))
         return MipOutcome(None, name, None, bound, len(z), timed_out)

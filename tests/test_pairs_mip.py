@@ -1,0 +1,122 @@
+"""Overlapped F&B pairs as decisions of the lower level's MIP and neighbourhood search (issue 11, item 1).
+
+The property test tries to break the claims on random small graphs with a
+positive overlap gain: every schedule ``solve`` returns is valid, never
+worse than any start it had (list-scheduler orders with pairs, baselines
+such as DualPipeV), never better than the exhaustive optimum over device
+orders with pairs, and "optimal" only when it equals that optimum.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_bounds import Instance, baseline_values, brute_force, instances, list_values
+
+from opsched.baselines import baseline_orders
+from opsched.lower import solve
+from opsched.lower.jobs import JobSet, activation_budgets, minimum_memory_limit
+from opsched.lower.lns import neighbourhood, slotted_timing
+from opsched.lower.timeindexed import build_model, complete_warm_start, slot_problem, slotted_stage_graph
+from opsched.schedule import Pair, chain_stage_graph, validate
+from opsched.solver import Status
+
+TOL = 1e-9
+
+
+def check_pairs(inst: Instance, cap: int, budget: int) -> None:
+    sg, m = inst.sg, inst.microbatches
+    budgets = activation_budgets(sg, inst.limit)
+    starts = {**baseline_values(inst, budgets), **list_values(inst, budgets)}  # list values: "split ..."/"fused ..."
+    # solve makes split schedules: the exhaustive optimum over split device orders (with pairs) is below them
+    exact = brute_force(inst, budgets, True, cap)
+    r = solve(sg, m, memory_limit=inst.limit, time_limit=60, search_budget=budget, warm_orders=baseline_orders(sg, m))
+    validate(r.schedule)
+    # the split solve's starts: split list orders, and every warm order as the solve took it in (a fused
+    # warm order is split first, which can make it longer: a pair with a whole B hides more than with its I)
+    split_starts = [v[0] for name, v in starts.items() if name.startswith("split")]
+    assert r.makespan <= min(split_starts + list(r.candidates.values())) + TOL, (r.makespan, starts, r.candidates)
+    assert r.lower_bound <= r.makespan + TOL
+    if exact is not None:
+        optimum = exact[0]
+        assert r.makespan >= optimum - TOL, (r.makespan, optimum)
+        assert r.lower_bound <= optimum + TOL
+        if r.status is Status.OPTIMAL:
+            assert r.makespan == pytest.approx(optimum), (r.makespan, optimum)
+
+
+@st.composite
+def overlap_instances(draw) -> Instance:
+    inst = draw(instances())
+    gain = draw(st.sampled_from([0.5, 1.0]))
+    inst.sg.overlap_gain = gain
+    return inst
+
+
+@settings(max_examples=10, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(overlap_instances())
+def test_solve_with_pairs_is_valid_never_worse_than_its_starts_never_below_the_optimum(inst):
+    check_pairs(inst, cap=400, budget=1)
+
+
+@pytest.mark.slow
+@settings(max_examples=200, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(overlap_instances())
+def test_solve_with_pairs_holds_on_200_instances(inst):
+    check_pairs(inst, cap=2000, budget=10)
+
+
+def test_search_improves_a_paired_start():
+    """The neighbourhood search re-times and re-pairs a list order with pairs (41 -> 37 at this size)."""
+    sg = chain_stage_graph(4, f=2, b=3, w=1, devices=2, placement="v", overlap_gain=1.0)
+    limit = minimum_memory_limit(sg, 4) + 2
+    r = solve(sg, 4, memory_limit=limit, time_limit=60, search_budget=10, warm_orders=baseline_orders(sg, 4))
+    validate(r.schedule)
+    start = r.candidates[r.warm_start]
+    assert r.warm_start.endswith("-pairs") and r.makespan < start
+    assert any(e.pair is not None for e in r.schedule.events)
+
+
+@pytest.mark.slow
+def test_search_moves_pairs_below_dualpipev():
+    """Issue 11's example: DualPipeV's pairs give 76 at gain 1; the search starts there (75 on an idle machine)."""
+    sg = chain_stage_graph(8, f=1, b=2, w=1, devices=4, placement="v", overlap_gain=1.0)
+    r = solve(sg, 16, memory_limit=9.0, time_limit=60, warm_orders=baseline_orders(sg, 16))
+    validate(r.schedule)
+    assert r.makespan <= 76.0 and r.lower_bound <= 75.0 + 1e-9
+    assert sum(isinstance(a, Pair) for acts in r.order.values() for a in acts) > 0
+
+
+def test_without_pairs_the_search_keeps_single_jobs():
+    """``allow_pairs=False``: no pair in the result, and DualPipeV's order is not a start."""
+    sg = chain_stage_graph(8, f=1, b=2, w=1, devices=4, placement="v", overlap_gain=1.0)
+    r = solve(sg, 8, memory_limit=9.0, time_limit=30, allow_pairs=False, warm_orders=baseline_orders(sg, 8),
+              search_budget=5)
+    assert not any(e.pair is not None for e in r.schedule.events)
+    assert "dualpipev" not in r.candidates
+
+
+def test_neighbourhood_keeps_fixed_pairs_and_offers_new_ones():
+    """A window of a paired order: fixed pairs keep their length, freed jobs get options, the start is complete."""
+    sg = chain_stage_graph(4, f=1, b=2, w=1, devices=2, placement="v", overlap_gain=0.5)
+    js = JobSet(sg, 4)
+    order = baseline_orders(sg, 4)["dualpipev"]
+    from opsched.lower.solve import split_fused_backward
+
+    order = split_fused_backward(order)
+    slot = 0.5
+    timing = slotted_timing(js, order, slot)
+    assert timing.pairs, "DualPipeV's order has pairs"
+    base = slot_problem(js, slot, None)
+    ssg = slotted_stage_graph(sg, slot)
+    lo = timing.horizon // 3
+    sp = neighbourhood(js, base, timing.starts, timing.horizon, lo, lo + 12, pairs=timing.pairs, pair_graph=ssg)
+    assert sp is not None and sp.options
+    for (a, b), n in sp.fixed_pairs.items():
+        assert sp.length(a) == sp.length(b) == n > max(base.p[a], base.p[b])
+    model, z, _ = build_model(sp, flow=True)
+    start = complete_warm_start(model, sp, z, timing.starts, frozenset(timing.pairs))
+    assert {v.name for v, _ in start} == {v.name for v in model.vars}
