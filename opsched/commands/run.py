@@ -37,6 +37,7 @@ from pathlib import Path
 
 from opsched.commands.args import positive_float, positive_int
 from opsched.errors import OpschedError
+from opsched.units import plural
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         if wide:
             print(f"note: each device group runs as one process (groups {wide} of the plan); their tensor/data/"
                   "expert parallel modes are not executed, the pipeline schedule is")
-        what = f"{spec.model_name}, layers {list(spec.layer_ranges)} per stage, seq {spec.seq}"
+        what = f"{spec.model_name}, {spec.split_text()}, seq {spec.seq}"
     else:
         from opsched.torchrun.model import ModelSpec
 
@@ -157,6 +158,9 @@ def _run_and_check(args: argparse.Namespace, schedule, spec, what: str) -> int:
     print(f"losses and {report['params']} parameter gradients {verdict} the single-process reference "
           f"(max |loss diff| {report['max_loss_diff']:.2g}, max |grad diff| {report['max_grad_diff']:.2g}, "
           f"max relative grad diff {report['max_rel_grad_diff']:.2g})")
+    if report["zero_grads"]:
+        print(f"  {plural(report['zero_grads'], 'gradient')} zero but for rounding in the reference (e.g. attention "
+              "key biases, which the softmax cancels): checked by the absolute tolerance, not in the relative figure")
     for problem in report["problems"][:10]:
         print(f"  {problem}")
     return 0 if report["ok"] else 1
