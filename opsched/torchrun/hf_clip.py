@@ -11,14 +11,14 @@ layers of each tower in model order along the chain, whole layers, as
 A pipeline stage passes one tuple on, ``(vision, text, input_ids)``, so the two
 towers travel side by side through the chain:
 
-* ``vision``: the pixel values until the stage of the image tower's first
-  layer embeds them (patch embedding and pre-norm there), its hidden states
-  through its layers, then the image embedding (post-norm of the class token
-  and the visual projection, on the stage of its last layer);
-* ``text``: the token ids until the stage of the text tower's first layer
-  embeds them, its hidden states through its (causal) layers, then the text
-  embedding (final norm, the end-of-text token's state, the text projection,
+* ``vision``: the image tower's hidden states (the first stage embeds the
+  pixel values: patch embedding and pre-norm) through its layers, then the
+  image embedding (post-norm of the class token and the visual projection,
   on the stage of its last layer);
+* ``text``: the text tower's hidden states (the first stage embeds the token
+  ids) through its causal layers, then the text embedding (final norm, the
+  end-of-text token's state, the text projection, on the stage of its last
+  layer);
 * ``input_ids``: the token ids, which the text pooling reads (an integer
   tensor: it carries no gradient).
 
@@ -28,14 +28,23 @@ The last stage holds the similarity head (``logit_scale``) and returns
 computes), over the samples of one microbatch: a pipeline accumulates
 microbatch gradients, so each microbatch's images are contrasted with its own
 texts, and the reference (transformers' ``CLIPModel`` on one process)
-computes the same mean of microbatch losses. Where the run puts the small
-modules outside the layer stacks (embeddings beside a tower's first layer,
-final norms and projections beside its last, the head on the last stage) is
-its own rule: a plan may have costed a tower's final norm on the next stage.
+computes the same mean of microbatch losses.
+
+Where the small modules outside the layer stacks run is the run's own rule,
+not the plan's: both towers' embeddings on the first stage (as a causal LM's
+token embedding), each tower's final norm and projection beside its last
+layer, the similarity head on the last stage. A plan may put the second
+tower's embedding on a later stage, but torch's split backward (the I and W
+passes of zero-bubble orders, ``stage_backward_input`` in torch 2.6 to 2.13)
+finds a stage's weights by the paths from its inputs that carry gradients:
+an embedding looked up from token ids received by a later stage (integers,
+no gradient) would get no gradient there. So the first stage holds that
+table, and the text tower's hidden states, not its ids, travel until its
+layers start.
 
 >>> spec = ClipSpec('{"model_type": "clip"}', {"vision": ((0, 2), (2, 2)), "text": ((0, 0), (0, 2))})
->>> spec.num_stages, spec.embeds_on("text"), spec.pools_on("vision")
-(2, 1, 0)
+>>> spec.num_stages, spec.pools_on("vision"), spec.pools_on("text")
+(2, 0, 1)
 """
 
 from __future__ import annotations
@@ -75,13 +84,9 @@ class ClipSpec:
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
 
-    def embeds_on(self, tower: str) -> int:
-        """The stage that embeds ``tower``'s input: the one holding its first layer."""
-        return next(k for k, (first, end) in enumerate(self.tower_ranges[tower]) if end > first)
-
     def pools_on(self, tower: str) -> int:
         """The stage that turns ``tower``'s hidden states into its embedding: the one holding its last layer."""
-        return max(k for k, (first, end) in enumerate(self.tower_ranges[tower]) if end > first)
+        return max((k for k, (first, end) in enumerate(self.tower_ranges[tower]) if end > first), default=0)
 
     def config(self):
         return build_hf_config(json.loads(self.config_json))
@@ -116,7 +121,7 @@ class ClipSpec:
             first, end = self.tower_ranges[tower][k]
             encoder.layers = LayerSlice({i: inner.encoder.layers[i] for i in range(first, end)})
             inner.encoder = encoder
-            if k != self.embeds_on(tower):
+            if k != 0:  # both towers embed on the first stage (the module docstring says why)
                 inner.embeddings = None
                 if tower == "vision":
                     inner.pre_layrnorm = None
@@ -175,12 +180,12 @@ class ClipStage(nn.Module):
     def __init__(self, inner: nn.Module, index: int, spec: ClipSpec):
         super().__init__()
         self.inner = inner
-        self.embeds = {tower: spec.embeds_on(tower) == index for tower, _ in TOWERS}
+        self.first = index == 0
         self.pools = {tower: spec.pools_on(tower) == index for tower, _ in TOWERS}
         self.last = index == spec.num_stages - 1
 
     def forward(self, *state: torch.Tensor):
-        vision, text, ids = state if len(state) == 3 else (state[0], state[1], state[1])
+        vision, text, ids = (state[0], state[1], state[1]) if self.first else state
         vision = self._vision(vision)
         text = self._text(text, ids)
         if self.last:
@@ -190,7 +195,7 @@ class ClipStage(nn.Module):
 
     def _vision(self, x: torch.Tensor) -> torch.Tensor:
         tower = self.inner.vision_model
-        if self.embeds["vision"]:
+        if self.first:
             x = tower.pre_layrnorm(tower.embeddings(x))
         for layer in tower.encoder.layers:
             x = layer(x, None)
@@ -202,7 +207,7 @@ class ClipStage(nn.Module):
         from transformers.masking_utils import create_causal_mask
 
         tower = self.inner.text_model
-        if self.embeds["text"]:
+        if self.first:
             x = tower.embeddings(input_ids=ids)
         if len(tower.encoder.layers):
             mask = create_causal_mask(config=tower.config, inputs_embeds=x, attention_mask=None, cache=None)
