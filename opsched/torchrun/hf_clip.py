@@ -251,20 +251,17 @@ def clip_spec_for_plan(config_path: str, data: dict, config, plan: dict, stages:
     with torch.device("meta"):
         model = AutoModel.from_config(config)
     wrapper = _forward_module(model, "logits_per_image", torch)  # the module hf_onnx exported: its paths
-    ranges = {}
-    for tower, attr in TOWERS:
-        layers = getattr(model, attr).encoder.layers
-        stack = next(name for name, module in wrapper.named_modules() if module is layers)
-        held = splits.pop(stack, [[] for _ in range(stages)])
-        if sum(map(len, held)) != len(layers):
-            planned = ", ".join(f"{name}.0-{sum(map(len, h)) - 1}" for name, h in splits.items()) or "none of it"
-            raise OpschedError(f"the plan's stages hold {sum(map(len, held))} layers of {stack} ({planned} besides), "
-                               f"but --hf-config {config_path} builds {stack}.0-{len(layers) - 1}; give the config "
-                               "the plan's ONNX was exported from")
-        ranges[tower] = _ranges(held)
-    if splits:
-        raise OpschedError(f"the plan's stages hold {', '.join(splits)}, which --hf-config {config_path} does not "
-                           "build; give the config the plan's ONNX was exported from")
+    paths = {module: name for name, module in wrapper.named_modules()}
+    stacks = {tower: paths[getattr(model, attr).encoder.layers] for tower, attr in TOWERS}
+    own = {stacks[tower]: len(getattr(model, attr).encoder.layers) for tower, attr in TOWERS}
+    planned = {stack: sum(map(len, held)) for stack, held in splits.items()}
+    if planned != own:
+        def held(counts: dict[str, int]) -> str:
+            return " and ".join(f"{stack}.0-{n - 1}" for stack, n in counts.items())
+
+        raise OpschedError(f"the plan's stages hold {held(planned)}, but --hf-config {config_path} builds "
+                           f"{held(own)}; give the config the plan's ONNX was exported from")
+    ranges = {tower: _ranges(splits[stacks[tower]]) for tower, _ in TOWERS}
     limit = config.text_config.max_position_embeddings
     seq = min(int((plan.get("dims") or {}).get("seq", DEFAULT_RUN_SEQ)), limit)
     return ClipSpec(json.dumps(data), ranges, seq=seq, dtype=dtype, model_name=f"clip ({type(model).__name__})")
