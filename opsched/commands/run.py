@@ -9,16 +9,20 @@ split into the plan's stages:
                            config given to `opsched onnx --hf-config`), random
                            weights from a fixed seed, each stage holding the
                            layers plan.json's stage_contents names (embedding
-                           on the first, norm and head on the last); loss:
-                           cross-entropy on the next token of random token ids
+                           on the first, norm and head on the last). A causal
+                           LM (Llama, Mixtral; a tied embedding's gradient is
+                           summed over its stages): cross-entropy on the next
+                           token of random token ids. CLIP: each tower's layers
+                           as planned, the contrastive loss of each microbatch
   without it               a synthetic stand-in for timing studies: a tiny MoE
                            transformer, 1 to 4 blocks per stage in proportion
                            to its planned forward time
 
 The losses and every parameter gradient are compared with a single-process
 run of the same model and data; the exit code is 0 when they match, 1 when
-they do not. A plan the run cannot split (branching, a layer split between
-stages, a config with other layers) is refused before any process starts.
+they do not. A plan the run cannot split (branching: plan with `--runtime
+torch`; a layer split between stages; a config with other layers; SigLIP) is
+refused before any process starts.
 
 Needs torch (``pip install "opsched[torch]"``; with --hf-config also transformers, the ``hf`` extra).
 

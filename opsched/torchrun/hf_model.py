@@ -5,7 +5,10 @@ the same module paths), here built with real weights: random initialisation
 from a fixed seed (never a download). Each pipeline stage holds a contiguous
 range of the decoder layers named by the plan (``stage_contents[k].modules``,
 e.g. ``model.model.layers.0``); the first stage also holds the token embedding,
-the last the final norm and the output head, as a chain of stages must.
+the last the final norm and the output head, as a chain of stages must. A
+tied embedding (``tie_word_embeddings``) is one parameter of the first and the
+last stage; the run sums its gradient over the ranks holding it
+(:mod:`opsched.torchrun.launch`).
 
 A stage is a shallow copy of the model's own modules that shares their
 parameters, so its forward is transformers' own code (the causal mask, the
@@ -137,12 +140,12 @@ class HfStage(nn.Module):
 
 
 def hf_spec_for_plan(config_path: str, plan: dict, stages: int, dtype: str = "float64") -> HfModelSpec | ClipSpec:
-    """The :class:`HfModelSpec` of ``config_path`` split as ``plan`` (a plan.json document) says.
+    """The :class:`HfModelSpec` of ``config_path`` split as ``plan`` (a plan.json document) says, or for CLIP
+    the :class:`~opsched.torchrun.hf_clip.ClipSpec`.
 
     Everything is checked here, before any process starts: the config builds a
-    causal language model of the supported shape, its embedding is not tied to
-    the head across stages, and the plan's module paths name its layers (see
-    :func:`opsched.export.plan_layout.layer_split`).
+    causal language model of the supported shape (or CLIP), and the plan's
+    module paths name its layers (see :func:`opsched.export.plan_layout.layer_split`).
     """
     from opsched.hf_onnx import _forward_module, _model_kind, read_config_json
 
