@@ -113,7 +113,7 @@ def test_clip_reference_is_the_mean_of_microbatch_losses():
     stages = spec.build_stage_modules()
     x, y = spec.batch(4, step=0)
     losses, grads = spec.reference_step(stages, x, y, microbatches=2)
-    whole = float(stages.full_model(input_ids=x[1], pixel_values=x[0], return_loss=True).loss)
+    whole = float(stages.full_model(input_ids=x[1], pixel_values=x[0], return_loss=True).loss.detach())
     assert len(losses) == 2 and whole != pytest.approx(sum(losses) / 2, rel=1e-6)
     stages.full_model.zero_grad()
     halves = [stages.full_model(input_ids=i, pixel_values=p, return_loss=True).loss
@@ -121,6 +121,25 @@ def test_clip_reference_is_the_mean_of_microbatch_losses():
     ((halves[0] + halves[1]) / 2).backward()
     scale = stages.full_model.logit_scale
     assert torch.equal(grads["0.inner.logit_scale"], scale.grad)
+
+
+def test_gradients_zero_but_for_rounding_stay_out_of_the_relative_figure():
+    """CLIP's attention key biases have a zero gradient (~1e-17 in float64): a rounding-sized difference there
+    is no relative error, but a real gradient's difference still is, and fails."""
+    from opsched.torchrun.hf_clip import ClipSpec
+    from opsched.torchrun.launch import RankResult, RunJob, compare_with_reference
+
+    spec = ClipSpec(json.dumps(CLIP), {"vision": ((0, 2),), "text": ((0, 2),)}, seq=16)
+    job = RunJob(spec, {0: 0}, microbatches=2, microbatch_size=2, steps=1)
+    x, y = spec.batch(4, 0)
+    losses, grads = spec.reference_step(spec.build_stage_modules(), x, y, 2)
+    bias = "0.inner.text_model.encoder.layers.0.self_attn.k_proj.bias"
+    near_zero = dict(grads, **{bias: grads[bias] + 1e-17})
+    report = compare_with_reference(job, [RankResult(0, [0], losses=[losses], grads=[near_zero])])
+    assert report["ok"] and report["zero_grads"] == 4 and report["max_rel_grad_diff"] < 1e-12  # 4 layers' k biases
+    weight = "0.inner.text_model.encoder.layers.0.self_attn.k_proj.weight"
+    wrong = dict(grads, **{weight: grads[weight] * (1 + 1e-6)})
+    assert not compare_with_reference(job, [RankResult(0, [0], losses=[losses], grads=[wrong])])["ok"]
 
 
 def test_tied_embedding_is_one_parameter_of_the_first_and_last_stages():

@@ -116,7 +116,8 @@ def check_expressible(sg: StageGraph, microbatches: int, runtime: tuple[str, str
             which = f"stage {s.id} feeds stages {succs}" if len(succs) > 1 else f"stages {preds} feed stage {s.id}"
             raise OpschedError(
                 f"the StageGraph branches ({which}); {name} only runs a chain of "
-                "stages 0 -> 1 -> ... -> N-1, so this plan cannot be exported (plan a chain: `opsched plan --runtime torch`)"
+                "stages 0 -> 1 -> ... -> N-1, so this plan cannot be exported "
+                "(plan a chain: `opsched plan --runtime torch`)"
             )
         want_succs = [s.id + 1] if s.id < n - 1 else []
         if succs != want_succs:

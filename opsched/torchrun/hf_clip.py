@@ -228,8 +228,10 @@ def _end_of_text(ids: torch.Tensor, eos: int | None) -> torch.Tensor:
     """The position CLIP's text tower pools in each sequence: the first end-of-text token (the highest id
     with the legacy ``eos_token_id`` 2); position 0 when there is none.
 
-    >>> _end_of_text(torch.tensor([[5, 9, 3], [9, 1, 9]]), 9).tolist(), _end_of_text(torch.tensor([[5, 9, 3]]), 2).tolist()
-    ([1, 0], [1])
+    >>> _end_of_text(torch.tensor([[5, 9, 3], [9, 1, 9]]), 9).tolist()
+    [1, 0]
+    >>> _end_of_text(torch.tensor([[5, 9, 3]]), 2).tolist()
+    [1]
     """
     if eos == 2:
         return ids.argmax(dim=-1)

@@ -318,9 +318,9 @@ def _check_job(job: RunJob) -> None:
         raise OpschedError(f"unknown schedule {job.schedule!r}; choose csv or one of {sorted(BUILTINS)}")
 
 
-#: a reference gradient at most this fraction of the step's largest is zero but for rounding (float64's
-#: rounding of the largest is ~1e-16 of it; a gradient the model really has is far above 1e-9 of it)
-ZERO_GRADIENT = 1e-9
+#: a reference gradient at most this many machine epsilons (of its dtype) times the step's largest is zero but
+#: for rounding: an attention key bias's is ~1e-18 of the largest in float64 (eps 2.2e-16), ~1e-8 in float32
+ZERO_GRADIENT_EPS = 1000
 
 
 def compare_with_reference(job: RunJob, results: list[RankResult], rtol: float = 1e-9, atol: float = 1e-12,
@@ -335,8 +335,8 @@ def compare_with_reference(job: RunJob, results: list[RankResult], rtol: float =
     Returns ``{"ok", "steps", "params", "max_loss_diff", "max_grad_diff", "max_rel_grad_diff", "zero_grads",
     "problems"}``; ``max_rel_grad_diff`` is the largest over parameters of max |diff| / max |reference
     gradient|, leaving out the ``zero_grads`` parameters whose reference gradient is zero but for rounding
-    (at most :data:`ZERO_GRADIENT` times the step's largest: an attention key bias, which the softmax
-    cancels), checked by the tolerances alone; ``problems`` lists each mismatch (empty when ``ok``).
+    (at most :data:`ZERO_GRADIENT_EPS` machine epsilons times the step's largest: an attention key bias,
+    which the softmax cancels), checked by the tolerances alone; ``problems`` lists each mismatch (empty when ``ok``).
     """
     import torch
 
@@ -372,8 +372,8 @@ def compare_with_reference(job: RunJob, results: list[RankResult], rtol: float =
                     diff = float((g - ref).abs().max())
                     max_grad = max(max_grad, diff)
                     scale = float(ref.abs().max())
-                    if scale <= ZERO_GRADIENT * largest:  # zero but for rounding: no relative error to speak of
-                        zero_grads.add(name)
+                    if scale <= ZERO_GRADIENT_EPS * torch.finfo(ref.dtype).eps * largest:
+                        zero_grads.add(name)  # no relative error to speak of
                     else:
                         max_rel = max(max_rel, diff / scale)
                     if not (torch.allclose(g, ref, rtol=rtol, atol=atol) or diff <= grad_rtol_of_max * scale):
