@@ -290,7 +290,7 @@ def torch_rows(sg: StageGraph, order: Order, microbatches: int) -> list[list[str
 def in_loss_order(rows: list[list[Action]], last_stage: int) -> list[list[Action]]:
     """``rows`` with the microbatches renumbered so that ``last_stage`` runs their forwards as 0, 1, 2, ...
 
-    torch's runtime (2.6 to 2.13, ``_PipelineScheduleRuntime``) keeps the
+    torch's runtime (``_PipelineScheduleRuntime``; seen in torch 2.13) keeps the
     losses in a list in the order the last stage computes them and reads
     microbatch m's loss at position m, so a last stage running F3 before F2
     would stop (or take another microbatch's loss). Which data chunk is called

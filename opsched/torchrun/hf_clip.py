@@ -35,7 +35,7 @@ not the plan's: both towers' embeddings on the first stage (as a causal LM's
 token embedding), each tower's final norm and projection beside its last
 layer, the similarity head on the last stage. A plan may put the second
 tower's embedding on a later stage, but torch's split backward (the I and W
-passes of zero-bubble orders, ``stage_backward_input`` in torch 2.6 to 2.13)
+passes of zero-bubble orders, ``stage_backward_input``; seen in torch 2.13)
 finds a stage's weights by the paths from its inputs that carry gradients:
 an embedding looked up from token ids received by a later stage (integers,
 no gradient) would get no gradient there. So the first stage holds that
@@ -58,7 +58,7 @@ from torch import nn
 from opsched.errors import OpschedError
 from opsched.torchrun.hf_parts import DEFAULT_RUN_SEQ, RUNTIME, HfStages, LayerSlice, build_hf_config, shallow_copy
 
-#: the towers in the order a stage runs them: (name, CLIPModel attribute, module path in the exported ONNX)
+#: the towers in the order a stage runs them: (name, CLIPModel attribute)
 TOWERS = (("vision", "vision_model"), ("text", "text_model"))
 
 
