@@ -1,4 +1,4 @@
-"""`opsched run PLAN --hf-config CONFIG.json`: the planned Hugging Face model, split at the plan's stages, on gloo ranks.
+"""`opsched run PLAN --hf-config CONFIG.json`: the planned Hugging Face model, split at its stages, on gloo ranks.
 
 The end-to-end tests (config -> `opsched onnx --hf-config` -> `opsched plan
 --runtime torch` -> `opsched run --hf-config`, for Llama, Llama with tied

@@ -40,6 +40,7 @@ from opsched.torchrun.hf_clip import ClipSpec, clip_spec_for_plan
 from opsched.torchrun.hf_parts import (DEFAULT_RUN_SEQ, RUNTIME, HfStages, LayerSlice, build_hf_config,
                                        shallow_copy)
 
+
 @dataclass(frozen=True)
 class HfModelSpec:
     """The HF model of a config and its split: layers [first, end) per stage; what every rank rebuilds."""
