@@ -110,6 +110,32 @@ def test_branching_graph_is_refused_with_the_reason(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def out_of_order_last_stage() -> dict:
+    """A 2-stage order whose last stage runs microbatch 1's forward before microbatch 0's."""
+    return {0: [J(0, 0, "F"), J(0, 1, "F"), J(0, 1, "B"), J(0, 0, "B")],
+            1: [J(1, 1, "F"), J(1, 1, "B"), J(1, 0, "F"), J(1, 0, "B")]}
+
+
+def test_microbatches_are_numbered_in_the_last_stage_forward_order(tmp_path):
+    """torch's runtime reads microbatch m's loss at position m of the losses the last stage computed, in order:
+    the export renumbers the microbatches (the same on every stage), and torch's loader accepts the file."""
+    pytest.importorskip("torch")
+    rows = write_torch_csv(tmp_path / "s.csv", sg=chain_stage_graph(2), order=out_of_order_last_stage(),
+                           microbatches=2)
+    assert rows == [["0F1", "0F0", "0B0", "0B1"], ["1F0", "1B0", "1F1", "1B1"]]
+
+
+@pytest.mark.slow
+def test_run_takes_a_plan_whose_last_stage_runs_microbatches_out_of_order(tmp_path, capsys):
+    """Before the renumbering, torch stopped with 'Loss for microbatch 1 is not available'."""
+    pytest.importorskip("torch.distributed.pipelining")
+    sg = chain_stage_graph(2)
+    schedule = Schedule(sg, 2, simulate(sg, out_of_order_last_stage(), 2))
+    write_plan(tmp_path / "plan.json", schedule)
+    assert main(["run", str(tmp_path / "plan.json"), "--steps", "1"]) == 0
+    assert "parameter gradients match the single-process reference" in capsys.readouterr().out
+
+
 def test_microbatch_subset_is_refused(tmp_path):
     t = {"F": 1, "I": 1, "W": 1}
     sg = StageGraph([Stage(0, (0,), t), Stage(1, (1,), t, microbatches=(0,))], [Edge(0, 1)])

@@ -9,16 +9,20 @@ split into the plan's stages:
                            config given to `opsched onnx --hf-config`), random
                            weights from a fixed seed, each stage holding the
                            layers plan.json's stage_contents names (embedding
-                           on the first, norm and head on the last); loss:
-                           cross-entropy on the next token of random token ids
+                           on the first, norm and head on the last). A causal
+                           LM (Llama, Mixtral; a tied embedding's gradient is
+                           summed over its stages): cross-entropy on the next
+                           token of random token ids. CLIP: each tower's layers
+                           as planned, the contrastive loss of each microbatch
   without it               a synthetic stand-in for timing studies: a tiny MoE
                            transformer, 1 to 4 blocks per stage in proportion
                            to its planned forward time
 
 The losses and every parameter gradient are compared with a single-process
 run of the same model and data; the exit code is 0 when they match, 1 when
-they do not. A plan the run cannot split (branching, a layer split between
-stages, a config with other layers) is refused before any process starts.
+they do not. A plan the run cannot split (branching: plan with `--runtime
+torch`; a layer split between stages; a config with other layers; SigLIP) is
+refused before any process starts.
 
 Needs torch (``pip install "opsched[torch]"``; with --hf-config also transformers, the ``hf`` extra).
 
@@ -37,6 +41,7 @@ from pathlib import Path
 
 from opsched.commands.args import positive_float, positive_int
 from opsched.errors import OpschedError
+from opsched.units import plural
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         if wide:
             print(f"note: each device group runs as one process (groups {wide} of the plan); their tensor/data/"
                   "expert parallel modes are not executed, the pipeline schedule is")
-        what = f"{spec.model_name}, layers {list(spec.layer_ranges)} per stage, seq {spec.seq}"
+        what = f"{spec.model_name}, {spec.split_text()}, seq {spec.seq}"
     else:
         from opsched.torchrun.model import ModelSpec
 
@@ -157,6 +162,9 @@ def _run_and_check(args: argparse.Namespace, schedule, spec, what: str) -> int:
     print(f"losses and {report['params']} parameter gradients {verdict} the single-process reference "
           f"(max |loss diff| {report['max_loss_diff']:.2g}, max |grad diff| {report['max_grad_diff']:.2g}, "
           f"max relative grad diff {report['max_rel_grad_diff']:.2g})")
+    if report["zero_grads"]:
+        print(f"  {plural(report['zero_grads'], 'gradient')} zero but for rounding in the reference (e.g. attention "
+              "key biases, which the softmax cancels): checked by the absolute tolerance, not in the relative figure")
     for problem in report["problems"][:10]:
         print(f"  {problem}")
     return 0 if report["ok"] else 1

@@ -233,37 +233,59 @@ def _training(doc: dict, refuse) -> tuple[int, str]:
 
 def _layer_split(contents: list[dict], refuse) -> tuple[str, list[int]]:
     """(the layer stack's module path, layers per stage): whole layers in model order, the rest at either end."""
-    stacks: dict[str, None] = {}
-    per_stage: list[list[int]] = []
-    owner: dict[tuple[str, int], int] = {}  # layer -> the stage holding it
-    last = len(contents) - 1
+    per_stack = _stack_splits(contents, refuse)
     for k, entry in enumerate(contents):
-        indices: list[int] = []
+        _check_ends(entry["modules"], k, len(contents) - 1, refuse)
+    stack = one_layer_stack(per_stack, refuse)
+    return stack, [len(indices) for indices in per_stack[stack]]
+
+
+def stack_splits(doc: dict, stages: int, runtime: Runtime) -> dict[str, list[list[int]]]:
+    """Every stack of numbered layers in a plan (in model order) -> the layer numbers each stage holds of it:
+    whole layers, each stack's in model order along the stages and none missing (the rules of
+    :func:`plan_layout` for one stack, here for each). For a runtime that runs two stacks side by side
+    (``opsched run --hf-config`` on CLIP's towers).
+
+    >>> stack_splits({"stage_contents": {"0": {"modules": ["vision.layers.0", "vision.layers.1"], "config": "single"},
+    ...                                  "1": {"modules": ["text.layers.0", "head"], "config": "single"}}},
+    ...              2, ("torch", ""))
+    {'vision.layers': [[0, 1], []], 'text.layers': [[], [0]]}
+    """
+
+    def refuse(reason: str) -> OpschedError:
+        return OpschedError(f"{runtime[0]} cannot run this plan: {reason}")
+
+    return _stack_splits(_stage_contents(doc, stages, refuse), refuse)
+
+
+def _stack_splits(contents: list[dict], refuse) -> dict[str, list[list[int]]]:
+    """:func:`stack_splits` of the stage_contents entries ``contents``; ``refuse(reason)`` raised when a layer is
+    split between stages, a stack's layers run out of model order or some layer is on no stage."""
+    per_stack: dict[str, list[list[int]]] = {}
+    owner: dict[tuple[str, int], int] = {}  # layer -> the stage holding it
+    for k, entry in enumerate(contents):
         for path in entry["modules"]:
             layer = _layer_number(path)
             if layer is None:
                 continue
-            stacks.setdefault(layer[0], None)
             if layer in owner and owner[layer] != k:
                 raise refuse(f"layer {layer[0]}.{layer[1]} is split between stages {owner[layer]} and {k}; "
                              "a framework puts whole layers on a pipeline stage")
             owner[layer] = k
-            indices.append(layer[1])
-        per_stage.append(indices)
-        _check_ends(entry["modules"], k, last, refuse)
-    stack = one_layer_stack(stacks, refuse)
-    done = -1  # the last layer of the stages before
-    for k, indices in enumerate(per_stage):
-        if indices and (indices != sorted(indices) or indices[0] < done):
-            held = summarize_layers([f"{stack}.{i}" for i in indices])
-            raise refuse(f"stage {k} holds {held}, out of model order; a framework's stage c holds the layers "
-                         "that follow stage c-1's")
-        done = indices[-1] if indices else done
-    flat = sorted(i for _, i in owner)
-    if flat != list(range(len(flat))):
-        missing = sorted(set(range(flat[-1] + 1)) - set(flat))
-        raise refuse(f"no stage holds {summarize_layers([f'{stack}.{i}' for i in missing])}")
-    return stack, [len(indices) for indices in per_stage]
+            per_stack.setdefault(layer[0], [[] for _ in contents])[k].append(layer[1])
+    for stack, per_stage in per_stack.items():
+        done = -1  # the last layer of the stages before
+        for k, indices in enumerate(per_stage):
+            if indices and (indices != sorted(indices) or indices[0] < done):
+                held = summarize_layers([f"{stack}.{i}" for i in indices])
+                raise refuse(f"stage {k} holds {held}, out of model order; a framework's stage c holds the layers "
+                             "that follow stage c-1's")
+            done = indices[-1] if indices else done
+        flat = sorted(i for indices in per_stage for i in indices)
+        if flat != list(range(len(flat))):
+            missing = sorted(set(range(flat[-1] + 1)) - set(flat))
+            raise refuse(f"no stage holds {summarize_layers([f'{stack}.{i}' for i in missing])}")
+    return per_stack
 
 
 def one_layer_stack(stacks, refuse) -> str:

@@ -116,7 +116,8 @@ def check_expressible(sg: StageGraph, microbatches: int, runtime: tuple[str, str
             which = f"stage {s.id} feeds stages {succs}" if len(succs) > 1 else f"stages {preds} feed stage {s.id}"
             raise OpschedError(
                 f"the StageGraph branches ({which}); {name} only runs a chain of "
-                "stages 0 -> 1 -> ... -> N-1, so this plan cannot be exported (plan it with a chain of stages)"
+                "stages 0 -> 1 -> ... -> N-1, so this plan cannot be exported "
+                "(plan a chain: `opsched plan --runtime torch`)"
             )
         want_succs = [s.id + 1] if s.id < n - 1 else []
         if succs != want_succs:
@@ -276,12 +277,41 @@ def checked_rank_rows(sg: StageGraph, order: Order, microbatches: int, name: str
 
 
 def torch_rows(sg: StageGraph, order: Order, microbatches: int) -> list[list[str]]:
-    """The compute-only CSV rows of ``order``: one list of action strings per rank.
+    """The compute-only CSV rows of ``order``: one list of action strings per rank, microbatches numbered in
+    the order the last stage runs their forwards (:func:`in_loss_order`).
 
     Raises :class:`OpschedError` when torch cannot express the plan or the
     order is incomplete or would deadlock (so a bad file is never written).
     """
-    return [[str(a) for a in row] for row in checked_rank_rows(sg, order, microbatches)]
+    rows = in_loss_order(checked_rank_rows(sg, order, microbatches), len(sg.stages) - 1)
+    return [[str(a) for a in row] for row in rows]
+
+
+def in_loss_order(rows: list[list[Action]], last_stage: int) -> list[list[Action]]:
+    """``rows`` with the microbatches renumbered so that ``last_stage`` runs their forwards as 0, 1, 2, ...
+
+    torch's runtime (``_PipelineScheduleRuntime``; seen in torch 2.13) keeps the
+    losses in a list in the order the last stage computes them and reads
+    microbatch m's loss at position m, so a last stage running F3 before F2
+    would stop (or take another microbatch's loss). Which data chunk is called
+    microbatch m is free: renumbering every stage the same way runs the same
+    order (every dependency joins jobs of one microbatch).
+
+    >>> rows = [[Job(0, 0, "F"), Job(0, 1, "F")], [Job(1, 1, "F"), Job(1, 0, "F")]]
+    >>> [[str(a) for a in row] for row in in_loss_order(rows, 1)]
+    [['0F1', '0F0'], ['1F0', '1F1']]
+    """
+    forwards = [job.microbatch for row in rows for a in row for job in jobs_of(a)
+                if job.stage == last_stage and job.pass_ == "F"]
+    number = {m: k for k, m in enumerate(forwards)}
+    if all(m == k for m, k in number.items()):
+        return rows
+
+    def renumbered(job: Job) -> Job:
+        return Job(job.stage, number[job.microbatch], job.pass_)
+
+    return [[Pair(renumbered(a.first), renumbered(a.second)) if isinstance(a, Pair) else renumbered(a) for a in row]
+            for row in rows]
 
 
 def csv_text(rows: Sequence[Sequence[str]]) -> str:

@@ -5,7 +5,10 @@ the same module paths), here built with real weights: random initialisation
 from a fixed seed (never a download). Each pipeline stage holds a contiguous
 range of the decoder layers named by the plan (``stage_contents[k].modules``,
 e.g. ``model.model.layers.0``); the first stage also holds the token embedding,
-the last the final norm and the output head, as a chain of stages must.
+the last the final norm and the output head, as a chain of stages must. A
+tied embedding (``tie_word_embeddings``) is one parameter of the first and the
+last stage; the run sums its gradient over the ranks holding it
+(:mod:`opsched.torchrun.launch`).
 
 A stage is a shallow copy of the model's own modules that shares their
 parameters, so its forward is transformers' own code (the causal mask, the
@@ -24,7 +27,6 @@ noise are off (eval mode; gradients still flow), so both runs compute the same f
 
 from __future__ import annotations
 
-import copy
 import itertools
 import json
 from dataclasses import dataclass
@@ -34,9 +36,9 @@ from torch import nn
 
 from opsched.errors import OpschedError
 from opsched.export.plan_layout import layer_split
-
-#: this runtime's name in refusals, and what to plan instead of DualPipe's two copies of every stage
-RUNTIME = ("opsched run --hf-config", "use DualPipeV, which torch runs")
+from opsched.torchrun.hf_clip import ClipSpec, clip_spec_for_plan
+from opsched.torchrun.hf_parts import (DEFAULT_RUN_SEQ, RUNTIME, HfStages, LayerSlice, build_hf_config,
+                                       shallow_copy)
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,10 @@ class HfModelSpec:
     @property
     def num_stages(self) -> int:
         return len(self.layer_ranges)
+
+    def split_text(self) -> str:
+        """The layers [first, end) per stage, for the run's summary line."""
+        return f"layers {list(self.layer_ranges)} per stage"
 
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
@@ -77,7 +83,7 @@ class HfModelSpec:
         last = self.num_stages - 1
         stages = HfStages(full)
         for k, (first, end) in enumerate(self.layer_ranges):
-            part = _shallow(base)
+            part = shallow_copy(base)
             part.layers = LayerSlice({i: base.layers[i] for i in range(first, end)})
             if k > 0:
                 part.embed_tokens = None
@@ -85,7 +91,7 @@ class HfModelSpec:
                 part.norm = nn.Identity()
                 stages.append(HfStage(part, k == 0))
             else:
-                head = _shallow(full)
+                head = shallow_copy(full)
                 setattr(head, full.base_model_prefix, part)
                 stages.append(HfStage(head, k == 0, head=True))
         return stages
@@ -121,14 +127,6 @@ class HfModelSpec:
         return losses, grads
 
 
-class HfStages(list):
-    """The stage modules, and the full model whose parameters they share (for the reference)."""
-
-    def __init__(self, full_model: nn.Module):
-        super().__init__()
-        self.full_model = full_model
-
-
 class HfStage(nn.Module):
     """One stage: token ids or hidden states in, hidden states (or, last, logits) out."""
 
@@ -142,37 +140,13 @@ class HfStage(nn.Module):
         return out.logits if self.head else out.last_hidden_state
 
 
-class LayerSlice(nn.ModuleList):
-    """Some of a model's layers under their own numbers, so a stage's parameters keep the model's names.
-
-    Iterating, ``len`` and slicing (what a model's forward does with its
-    layers) work as on any ModuleList; indexing by position does not.
-
-    >>> [name for name, _ in LayerSlice({2: nn.Linear(1, 1), 3: nn.Identity()}).named_modules()][1:]
-    ['2', '3']
-    """
-
-    def __init__(self, layers: dict[int, nn.Module] | list[nn.Module] | None = None):
-        super().__init__()
-        items = layers.items() if isinstance(layers, dict) else enumerate(layers or [])
-        for index, layer in items:
-            self.add_module(str(index), layer)
-
-
-def _shallow(module: nn.Module) -> nn.Module:
-    """A copy of ``module`` with its own child table: replacing a child leaves the original alone."""
-    twin = copy.copy(module)
-    twin._modules = dict(module._modules)
-    return twin
-
-
-def hf_spec_for_plan(config_path: str, plan: dict, stages: int, dtype: str = "float64") -> HfModelSpec:
-    """The :class:`HfModelSpec` of ``config_path`` split as ``plan`` (a plan.json document) says.
+def hf_spec_for_plan(config_path: str, plan: dict, stages: int, dtype: str = "float64") -> HfModelSpec | ClipSpec:
+    """The :class:`HfModelSpec` of ``config_path`` split as ``plan`` (a plan.json document) says, or for CLIP
+    the :class:`~opsched.torchrun.hf_clip.ClipSpec`.
 
     Everything is checked here, before any process starts: the config builds a
-    causal language model of the supported shape, its embedding is not tied to
-    the head across stages, and the plan's module paths name its layers (see
-    :func:`opsched.export.plan_layout.layer_split`).
+    causal language model of the supported shape (or CLIP), and the plan's
+    module paths name its layers (see :func:`opsched.export.plan_layout.layer_split`).
     """
     from opsched.hf_onnx import _forward_module, _model_kind, read_config_json
 
@@ -182,9 +156,8 @@ def hf_spec_for_plan(config_path: str, plan: dict, stages: int, dtype: str = "fl
         raise OpschedError("`opsched run --hf-config` needs transformers: pip install 'opsched[hf]'") from None
     data = read_config_json(config_path)
     config = build_hf_config(data, config_path)
-    if _model_kind(config) != "causal-lm":
-        raise OpschedError(f"--hf-config {config_path}: {config.model_type} is a two-tower model; `opsched run "
-                           "--hf-config` runs causal language models (a chain of decoder layers) so far")
+    if _model_kind(config) == "two-tower":
+        return clip_spec_for_plan(config_path, data, config, plan, stages, dtype)
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
@@ -195,9 +168,6 @@ def hf_spec_for_plan(config_path: str, plan: dict, stages: int, dtype: str = "fl
         raise OpschedError(f"--hf-config {config_path}: {type(model).__name__} has no {', '.join(missing) or 'layers list'}; "
                            "`opsched run --hf-config` splits models with embed_tokens, layers and norm (Llama, Mixtral, "
                            "Qwen2-MoE style)")
-    if stages > 1 and getattr(config, "tie_word_embeddings", False):
-        raise OpschedError(f"--hf-config {config_path}: tie_word_embeddings is true, so the first and last stages "
-                           "would share the embedding; set it to false to run the plan")
     stack, counts = layer_split(plan, stages, RUNTIME)
     # the plan's module paths are those of the module hf_onnx exported: the model inside its forward wrapper
     wrapper = _forward_module(model, "logits", torch)
@@ -212,17 +182,3 @@ def hf_spec_for_plan(config_path: str, plan: dict, stages: int, dtype: str = "fl
     seq = min(int((plan.get("dims") or {}).get("seq", DEFAULT_RUN_SEQ)), limit)
     return HfModelSpec(json.dumps(data), tuple(ranges), seq=seq, dtype=dtype,
                        model_name=f"{config.model_type} ({type(model).__name__})")
-
-
-#: the run's sequence length when the plan does not give one
-DEFAULT_RUN_SEQ = 16
-
-
-def build_hf_config(data: dict, path: str = "(config)"):
-    """The transformers config of a config.json's object (its rules: :mod:`opsched.hf_onnx`), for training."""
-    from opsched.hf_onnx import _build_config, _import_backends
-
-    _torch, transformers = _import_backends()
-    config = _build_config(data, path, transformers)
-    config._attn_implementation = "sdpa"
-    return config

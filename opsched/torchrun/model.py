@@ -171,9 +171,23 @@ def reference_step(modules: list[nn.Module], x, y, microbatches: int) -> tuple[l
 
 
 def sgd_update(modules: list[nn.Module], lr: float) -> None:
-    """Plain SGD on every parameter that has a gradient (the same on every process)."""
+    """Plain SGD on every parameter that has a gradient (the same on every process); a parameter that several
+    modules share (a tied embedding) is updated once."""
     with torch.no_grad():
-        for m in modules:
-            for p in m.parameters():
-                if p.grad is not None:
-                    p -= lr * p.grad
+        for p in unique_parameters(modules):
+            if p.grad is not None:
+                p -= lr * p.grad
+
+
+def unique_parameters(modules: list[nn.Module]) -> list[nn.Parameter]:
+    """The parameters of ``modules`` in order, each once, however many of them hold it.
+
+    >>> shared = nn.Linear(2, 2)
+    >>> len(unique_parameters([shared, nn.Sequential(shared)]))
+    2
+    """
+    seen: dict[int, nn.Parameter] = {}
+    for m in modules:
+        for p in m.parameters():
+            seen.setdefault(id(p), p)
+    return list(seen.values())
