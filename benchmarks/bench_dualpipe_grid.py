@@ -1,7 +1,7 @@
-"""The DualPipe grid (issue 11), a subset: `opsched compare` on 2D stages in a V, memory = DualPipeV's peak.
+"""The DualPipe grid (issue 11): `opsched compare` on 2D stages in a V, memory = DualPipeV's peak.
 
-Cases: D in {4, 8} devices, M in {2D, 4D} microbatches, F:I:W in {1:1:1,
-2:2:1}, overlap gain in {0, 0.5, 1}. Each case runs
+Cases: D in {4, 8, 16} devices (``--devices``), M in {2D, 4D} microbatches,
+F:I:W in {1:1:1, 1:1.5:0.5, 2:2:1}, overlap gain in {0, 0.5, 1}. Each case runs
 
     opsched compare --devices D --stages 2D --placement auto --microbatches M --f F --b I+W --w W
                     --overlap-gain G --memory-limit dualpipev --time-limit T --json
@@ -9,7 +9,12 @@ Cases: D in {4, 8} devices, M in {2D, 4D} microbatches, F:I:W in {1:1:1,
 and prints one markdown row: every baseline's makespan (or "-" when it is
 refused, over the memory or not applicable), mip's makespan, the placement
 it kept, its lower bound on that placement, the least bound over the
-placements tried, and its status.
+placements tried, its status, and its idle time against DualPipeV's: the
+target is at most half of DualPipeV's idle (device-time summed over
+devices); where it is not met, "makespan for half" is the makespan at which
+the devices would idle half as long as under DualPipeV with the same busy
+time, and the row says whether the least bound over the placements is above
+it (then no schedule reaches the target with that busy time).
 
 Usage::
 
@@ -28,7 +33,7 @@ import time
 from opsched.baselines import NAMES
 from opsched.cli import main
 
-RATIOS = {"1:1:1": (1.0, 1.0, 1.0), "2:2:1": (2.0, 2.0, 1.0)}
+RATIOS = {"1:1:1": (1.0, 1.0, 1.0), "1:1.5:0.5": (1.0, 1.5, 0.5), "2:2:1": (2.0, 2.0, 1.0)}
 GAINS = (0.0, 0.5, 1.0)
 
 
@@ -62,8 +67,20 @@ def row_text(d: int, m: int, ratio: str, gain: float, case: dict) -> str:
     verdict = "-" if best is None or mip["makespan"] is None else ("<=" if mip["makespan"] <= best + 1e-9 else ">")
     cells = [str(d), str(m), ratio, f"{gain:g}", *base, _g(mip["makespan"]), mip.get("placement_name", "-"),
              _g(mip.get("lower_bound")), _g(mip.get("lower_bound_all_placements")), str(mip.get("status")),
-             verdict, f"{case['seconds']:.0f}"]
+             verdict, *idle_cells(rows, d), f"{case['seconds']:.0f}"]
     return "| " + " | ".join(cells) + " |"
+
+
+def idle_cells(rows: dict, d: int) -> list[str]:
+    """mip's idle over DualPipeV's, the makespan for half DualPipeV's idle, and whether the target is met or bounded."""
+    mip, dpv = rows["mip"], rows["dualpipev"]
+    if mip["makespan"] is None or dpv["makespan"] is None or not sum(dpv["idle"]):
+        return ["-", "-", "-"]
+    ratio = sum(mip["idle"]) / sum(dpv["idle"])
+    half = dpv["makespan"] - 0.5 * sum(dpv["idle"]) / d
+    bound = mip.get("lower_bound_all_placements")
+    verdict = "met" if ratio <= 0.5 + 1e-9 else "bound above" if bound is not None and bound > half + 1e-9 else "not met"
+    return [f"{ratio:.2f}", f"{half:.4g}", verdict]
 
 
 def main_(argv: list[str] | None = None) -> None:
@@ -73,7 +90,8 @@ def main_(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
     header = ["D", "M", "F:I:W", "gain", *NAMES, "mip", "mip placement", "bound (that placement)",
-              "bound (all tried)", "status", "mip vs best baseline", "s"]
+              "bound (all tried)", "status", "mip vs best baseline", "idle / dualpipev's", "makespan for half",
+              "half idle", "s"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     results = []
