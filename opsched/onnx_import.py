@@ -1108,7 +1108,14 @@ def _node_keys(nodes) -> list[str]:
 
 
 def _matmul_padded_flops(n, shapes, flops: float) -> float:
-    """A matmul's FLOPs with its dimensions padded to the GEMM tile (``opsched.gemm``); ``flops`` when its shape is unknown."""
+    """A matmul's FLOPs with its dimensions padded to the GEMM tile (``opsched.gemm``); ``flops`` if its shape is unknown.
+
+    >>> import onnx
+    >>> n = onnx.helper.make_node("MatMul", ["x", "w"], ["y"])
+    >>> shapes = {"x": ((8, 4096), 0), "w": ((4096, 4096), 0), "y": ((8, 4096), 0)}
+    >>> _matmul_padded_flops(n, shapes, 2.0 * 8 * 4096 * 4096) == 2.0 * 128 * 4096 * 4096   # 8 rows fill a 128-row tile
+    True
+    """
     in_shapes = [shapes.get(x, (None, 0))[0] if x else None for x in n.input]
     out_shape = shapes.get(n.output[0], (None, 0))[0] if n.output else None
     shape = matmul_shape(n.op_type, in_shapes, out_shape, trans_a=bool(_attr(n, "transA", 0)))

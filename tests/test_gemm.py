@@ -2,7 +2,13 @@
 
 import pytest
 
-from opsched.gemm import GemmShape, gemm_efficiency, matmul_shape, padded_flops, shape_factor
+from opsched.gemm import (
+    GemmShape,
+    gemm_efficiency,
+    matmul_shape,
+    padded_flops,
+    shape_factor,
+)
 
 
 def test_a_large_square_gemm_reaches_the_ceiling():
@@ -41,7 +47,8 @@ def test_padding_rounds_each_dimension_up_to_its_tile():
 def test_onnx_matmul_shapes():
     # a weight matmul folds batch and sequence into M; two activations are a batch of GEMMs
     assert matmul_shape("MatMul", [(4, 512, 768), (768, 3072)], (4, 512, 3072)) == GemmShape(2048, 3072, 768)
-    assert matmul_shape("MatMul", [(2, 12, 512, 64), (2, 12, 64, 512)], (2, 12, 512, 512)) == GemmShape(512, 512, 64, 24)
+    scores = matmul_shape("MatMul", [(2, 12, 512, 64), (2, 12, 64, 512)], (2, 12, 512, 512))
+    assert scores == GemmShape(512, 512, 64, batch=24)
     assert matmul_shape("Gemm", [(64, 32), (64, 10)], (32, 10), trans_a=True) == GemmShape(32, 10, 64)
     assert matmul_shape("MatMul", [(4, None, 768), (768, 3072)], (4, None, 3072)) is None
     assert matmul_shape("Conv", [(1, 3, 8, 8), (4, 3, 3, 3)], (1, 4, 6, 6)) is None
