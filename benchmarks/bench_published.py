@@ -110,7 +110,7 @@ RUNS = [
           f"tp=1,pp=1,cp={cp},zero=3,recompute=full", seq, 8 // cp, 1, published, "tokens/s/GPU",
           "pytorch/torchtitan @ 31a17bfd benchmarks/llama3_h100_202412_torchtitan.md Table 2",
           f"FSDP {8 // cp} x CP {cp} (FSDP shards over dp x cp: zero=3), local batch 1, full AC, torch.compile, Float8 "
-          "linears (attention stays BF16, which the preset's one efficiency cannot tell apart); 500 W HBM2e H100s",
+          "linears (attention stays BF16, as the cost model keeps it under --dtype fp8); 500 W HBM2e H100s",
           dtype="fp8")
       for cp, seq, published in ((2, 65536, 2540.0), (4, 131072, 1071.0), (8, 262144, 548.0))),
     Run("Llama 3 8B, Megatron-Bridge, 8 x H100, FP8", "llama3_8b.onnx", 8, "h100-sxm", "tp=1,pp=1,zero=3",

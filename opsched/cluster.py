@@ -171,7 +171,8 @@ class Training:
 # HBM capacity and bandwidth, NVLink bandwidth per direction (half the
 # bidirectional figure), one 400 Gb/s (H100/H200) or 200 Gb/s (A100) NIC per GPU.
 # Latencies are typical small-message figures. Efficiency 0.5 is a common MFU
-# for large-model training; it applies to FLOPs of no known kind.
+# for large-model training; it applies to FLOPs of no known kind. Matrix multiplies pay their tile padding
+# on top (opsched/gemm.py), and attention stays at the BF16 rate under FP8 (attention_flops_per_second).
 # Efficiencies by kind of operator (matmul_efficiency, attention_efficiency, memory_efficiency) are
 # optional fields of a cluster file; the presets leave them out: the single efficiency predicts
 # published runs better than kernel ceilings do (docs/BENCHMARKS.md, "Against published runs";

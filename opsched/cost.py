@@ -188,22 +188,32 @@ def compute_time(block: Block, share: int, cluster: Cluster, dtype: str) -> floa
     and the kinds run one after another. A cluster without efficiencies by
     kind (the presets) costs the block as one roofline at its efficiency, and
     so does a block whose operators carry no kind (a hand-made Block).
+    Either way, matrix multiplies are charged their tile-padded FLOPs
+    (:mod:`opsched.gemm`), and attention runs at the BF16 rate under FP8
+    (:meth:`opsched.cluster.Cluster.attention_flops_per_second`).
 
-    >>> from opsched.cluster import cluster_from_dict
+    >>> from opsched.cluster import cluster_from_dict, preset
     >>> c = cluster_from_dict({"preset": "h100-sxm", "devices": 8, "matmul_efficiency": {"bf16": 0.801}})
     >>> b = Block(0, "mlp", (), (), flops=2 * 792.1e12, matmul_flops=792.1e12)
     >>> round(compute_time(b, 1, c, "bf16"), 3)   # 1 s of matmul at 0.801 of 989e12, 792.1e12 FLOPs at 0.5
     2.602
+    >>> att = Block(0, "attn", (), (), flops=989e12, attention_flops=989e12)
+    >>> compute_time(att, 1, preset("h100-sxm"), "fp8")   # attention stays at 0.5 of the BF16 peak
+    2.0
     """
+    padding = max(0.0, block.matmul_padded_flops - block.matmul_flops) if block.matmul_padded_flops > 0 else 0.0
+    attention_rate = cluster.attention_flops_per_second(dtype)
     if not cluster.costs_by_kind:
-        return roofline_time(block.flops / share, block.io_bytes / share, cluster, dtype)
+        flop_time = ((block.flops - block.attention_flops + padding) / cluster.flops_per_second(dtype)
+                     + block.attention_flops / attention_rate)
+        return max(flop_time / share, block.io_bytes / share / cluster.memory_bandwidth)
     bandwidth = cluster.memory_bandwidth * cluster.memory_efficiency
     rest_flops = max(0.0, block.flops - block.matmul_flops - block.attention_flops)
     rest_io = max(0.0, block.io_bytes - block.matmul_io_bytes - block.attention_io_bytes)
     return (
-        max(block.matmul_flops / share / cluster.matmul_flops_per_second(dtype), block.matmul_io_bytes / share / bandwidth)
-        + max(block.attention_flops / share / cluster.attention_flops_per_second(dtype),
-              block.attention_io_bytes / share / bandwidth)
+        max((block.matmul_flops + padding) / share / cluster.matmul_flops_per_second(dtype),
+            block.matmul_io_bytes / share / bandwidth)
+        + max(block.attention_flops / share / attention_rate, block.attention_io_bytes / share / bandwidth)
         + max(rest_flops / share / cluster.flops_per_second(dtype), rest_io / share / bandwidth)
     )
 

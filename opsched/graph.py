@@ -53,6 +53,9 @@ class OpNode:
     matmul_io_bytes: float = 0.0
     attention_flops: float = 0.0
     attention_io_bytes: float = 0.0
+    #: ``matmul_flops`` with each GEMM's dimensions padded to the tile it runs in (``opsched.gemm``: tile
+    #: quantisation); what ``cost.compute_time`` charges at the matmul ceiling (0: not known, ``matmul_flops``)
+    matmul_padded_flops: float = 0.0
     #: of ``output_bytes``: what a tensor-parallel group holds whole on every rank unless sequence parallelism
     #: splits it (outputs outside the column-/row-parallel pairs: norms, residual adds, row-parallel outputs)
     tp_replicated_bytes: float = 0.0
@@ -84,12 +87,13 @@ class Block:
     tp_replicated_bytes: float = 0.0
     attention_kv_bytes: float = 0.0
     attention_scores_bytes: float = 0.0
+    matmul_padded_flops: float = 0.0
     op_types: dict[str, int] = field(default_factory=dict, compare=False)
 
 
 COST_FIELDS = ("flops", "param_count", "param_bytes", "output_bytes", "io_bytes", "tp_comm_bytes", "matmul_flops",
                "matmul_io_bytes", "attention_flops", "attention_io_bytes", "tp_replicated_bytes", "attention_kv_bytes",
-               "attention_scores_bytes")
+               "attention_scores_bytes", "matmul_padded_flops")
 
 
 def common_scope(scopes) -> tuple[str, ...]:

@@ -128,6 +128,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from opsched.errors import OpschedError
+from opsched.gemm import matmul_shape, padded_flops
 from opsched.graph import OpNode, gc_paused, new_op_graph
 from opsched.stacked_experts import find_families, router_sizes, split_families, stacked_weights
 from opsched.units import plural
@@ -981,6 +982,7 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
                     tp_comm_bytes=float(out_bytes) if row_parallel else 0.0,
                     matmul_flops=float(flops) if kind["matmul"] else 0.0,
                     matmul_io_bytes=float(in_bytes + out_bytes) if kind["matmul"] else 0.0,
+                    matmul_padded_flops=_matmul_padded_flops(n, shapes, flops) if kind["matmul"] else 0.0,
                     attention_flops=float(flops) if kind["attention"] else 0.0,
                     attention_io_bytes=float(in_bytes + out_bytes) if kind["attention"] else 0.0,
                     tp_replicated_bytes=0.0 if split else float(out_bytes),
@@ -1103,6 +1105,24 @@ def _node_keys(nodes) -> list[str]:
         used.add(key)
         keys.append(key)
     return keys
+
+
+def _matmul_padded_flops(n, shapes, flops: float) -> float:
+    """A matmul's FLOPs with its dimensions padded to the GEMM tile (``opsched.gemm``); ``flops`` if its shape is unknown.
+
+    >>> import onnx
+    >>> n = onnx.helper.make_node("MatMul", ["x", "w"], ["y"])
+    >>> shapes = {"x": ((8, 4096), 0), "w": ((4096, 4096), 0), "y": ((8, 4096), 0)}
+    >>> _matmul_padded_flops(n, shapes, 2.0 * 8 * 4096 * 4096) == 2.0 * 128 * 4096 * 4096   # 8 rows fill a 128-row tile
+    True
+    """
+    in_shapes = [shapes.get(x, (None, 0))[0] if x else None for x in n.input]
+    out_shape = shapes.get(n.output[0], (None, 0))[0] if n.output else None
+    shape = matmul_shape(n.op_type, in_shapes, out_shape, trans_a=bool(_attr(n, "transA", 0)))
+    if shape is None or shape.flops <= 0:
+        return float(flops)
+    # a Gemm's bias adds FLOPs outside the GEMM: scale the counted FLOPs by the padding
+    return float(flops) * padded_flops(shape) / shape.flops
 
 
 def _node_flops(n, shapes) -> float | None:

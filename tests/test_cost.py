@@ -239,3 +239,36 @@ def test_context_ring_is_hidden_behind_enough_attention():
     slow = context_ring_time(attn, tp=2, cp=4, attention_time=0.0, bandwidth=1e9, latency=0.0)
     assert slow.forward == pytest.approx(3 * 0.5) and slow.backward == pytest.approx(2 * slow.forward)
     assert context_ring_time(attn, tp=1, cp=1, attention_time=0.0, bandwidth=1e9, latency=0.0).total_backward == 0.0
+
+
+def test_attention_under_fp8_runs_at_the_bf16_rate_on_presets_too():
+    """FP8 recipes keep the attention core in BF16 (Transformer Engine: FP8 dot-product attention is off by
+    default, ``fp8_dpa=False``): only the other FLOPs take the FP8 peak, with or without efficiencies by kind."""
+    from opsched.cluster import preset
+    from opsched.cost import attention_core_time, compute_time
+
+    h100 = preset("h100-sxm")
+    attention = Block(0, "attn", (), (), flops=4e12, attention_flops=3e12)
+    bf16_attention, fp8_rest = 3e12 / (0.5 * 989e12), 1e12 / (0.5 * 1979e12)
+    assert compute_time(attention, 1, h100, "fp8") == pytest.approx(bf16_attention + fp8_rest)
+    # the whole block at the FP8 rate would be about half as long: the test fails if attention took the FP8 peak
+    assert compute_time(attention, 1, h100, "fp8") > 1.5 * 4e12 / (0.5 * 1979e12)
+    assert compute_time(attention, 2, h100, "fp8") == pytest.approx((bf16_attention + fp8_rest) / 2)
+    # selective recomputation's re-run attention is costed the same way
+    assert attention_core_time(attention, 1, h100, "fp8") == pytest.approx(bf16_attention)
+    # BF16 is unchanged: one roofline at 0.5 of the BF16 peak
+    assert compute_time(attention, 1, h100, "bf16") == pytest.approx(4e12 / (0.5 * 989e12))
+
+
+def test_matmuls_pay_their_tile_padding():
+    """A block's matmuls are charged their tile-padded FLOPs (opsched.gemm), with and without efficiencies by kind."""
+    from opsched.cluster import preset
+    from opsched.cost import compute_time
+
+    h100 = preset("h100-sxm")
+    kinds = cluster_from_dict({"preset": "h100-sxm", "devices": 8, "matmul_efficiency": {"bf16": 0.8}})
+    exact = Block(0, "mlp", (), (), flops=5e12, matmul_flops=4e12)
+    padded = Block(0, "mlp", (), (), flops=5e12, matmul_flops=4e12, matmul_padded_flops=8e12)
+    assert compute_time(exact, 1, h100, "bf16") == pytest.approx(5e12 / (0.5 * 989e12))
+    assert compute_time(padded, 1, h100, "bf16") == pytest.approx(9e12 / (0.5 * 989e12))
+    assert compute_time(padded, 1, kinds, "bf16") == pytest.approx(8e12 / (0.8 * 989e12) + 1e12 / (0.5 * 989e12))

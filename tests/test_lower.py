@@ -421,3 +421,14 @@ def test_zero_bubble_2p_setting_reaches_the_proven_optimum():
     validate(result.schedule)
     assert result.gap <= 1e-9 and result.lower_bound == pytest.approx(7 * (f + c) + 24 * (f + i) + 7 * (i + c) + w)
     assert round(zb_bubble_rate(result.schedule), 4) <= 0.0433
+
+
+def test_times_below_a_microsecond_get_a_positive_slot():
+    """Times under exact_slot's rounding tolerance once rounded to 0, a slot of 0 and a division by zero."""
+    from opsched.lower.timeindexed import auto_slot, exact_slot
+    from opsched.schedule import chain_stage_graph
+
+    sg = chain_stage_graph(2, f=1e-7, b=2e-7, w=1e-7)
+    assert exact_slot(sg) is None
+    slot = auto_slot(sg, horizon=2e-6)
+    assert 0 < slot <= 1e-7

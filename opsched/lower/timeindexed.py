@@ -98,7 +98,8 @@ def exact_slot(sg: StageGraph, pairs: bool = False) -> float | None:
     scale = 1
     while scale <= 10**6:
         ints = [v * scale for v in values]
-        if all(abs(x - round(x)) <= 1e-6 * max(1.0, x) for x in ints):
+        # every (positive) time must be a whole number of at least one slot: a time below the tolerance is not 0
+        if all(round(x) >= 1 and abs(x - round(x)) <= 1e-6 * max(1.0, x) for x in ints):
             g = 0
             for x in ints:
                 g = math.gcd(g, int(round(x)))
