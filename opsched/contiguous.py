@@ -190,6 +190,7 @@ def contiguous_baselines(
     best: dict[str, Baseline] = {}
     chains: dict[tuple[int, int, float], ContiguousChain | None] = {}
     reasons: dict[str, dict[int, str]] = {name: {} for name in NAMES}  # method -> depth -> first reason
+    ran: set[tuple] = set()  # a tighter memory scale often cuts the same split: each method runs on it once
     cut = False
     for lay, method, scale in itertools.product(layouts(cluster, max_virtual=1), NAMES, SPLIT_MEMORY_SCALES):
         G = lay.groups
@@ -207,6 +208,9 @@ def contiguous_baselines(
             reasons[method].setdefault(G, "no contiguous split of the model fits in the memory limit")
             continue
         chain = chains[key]
+        if (split := (method, G, chain.config, tuple(map(tuple, chain.blocks_of_stage)))) in ran:
+            continue  # at the full memory limit, the same split gives the same schedule
+        ran.add(split)
         t0 = time.perf_counter()
         try:
             sched = run_baseline(method, chain.stage_graph, M, memory_limit=memory_limit)
