@@ -478,8 +478,8 @@ def test_the_planner_offers_the_best_baseline_on_fewer_nodes_when_more_are_slowe
     between nodes (0.2 s a step), while 2 devices of one node run the model in under 3 ms. The planner's
     baselines must include that plan (devices 2-7 idle), and be no slower than the best on any halving."""
     import networkx as nx
-    from conftest import SLOW_LINK_CLUSTER
 
+    from conftest import SLOW_LINK_CLUSTER
     from opsched.cluster import Training, cluster_from_dict, with_devices
     from opsched.contiguous import contiguous_baselines
     from opsched.graph import Block
