@@ -11,9 +11,20 @@ process, so each model's peak memory is its own:
    default dims, then ``opsched.coarsen.coarsen`` (what ``opsched inspect`` does);
    peak resident memory is read after each of the two.
 
+With ``--plan``, instead: issue 13's planning rows (Llama-3-405B at 1,024,
+4,096 and 16,384 devices, DeepSeek-V3 at 256, 1,024 and 2,048; target: each
+``opsched plan`` under 10 minutes and 4 GB, valid, no idle device without a
+reason), one ``opsched plan --json`` after another (never two at once: they
+would share the cores). The planner forks its solver children, so its peak
+memory is sampled every 0.2 s over the whole process tree from ``/proc``:
+the summed proportional set size (PSS: a page shared by the forked children
+counts once in all) is the memory the run holds; the summed resident sizes
+(RSS, which counts a shared page once per process) are an upper bound.
+
 usage:
   python benchmarks/bench_scale.py [--models deepseek_v3 llama3_405b]
   python benchmarks/bench_scale.py --models deepseek_v3 --profile 25
+  python benchmarks/bench_scale.py --plan [--rows llama3_405b:1024:60 deepseek_v3:256:300]
 
 Prints a markdown table: wall seconds with CPU seconds (user + system) in
 brackets, which stay meaningful when other work shares the cores; peak RSS in
@@ -29,12 +40,14 @@ import cProfile
 import importlib.util
 import io
 import json
+import os
 import pstats
 import resource
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,10 +147,98 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+#: issue 13's planning rows as MODEL:DEVICES:TIME_LIMIT; DeepSeek-V3's import and coarsening alone take about
+#: half a minute, so it plans with 300 s (the target is 10 minutes)
+PLAN_ROWS = ("llama3_405b:1024:60", "llama3_405b:4096:60", "llama3_405b:16384:60",
+             "deepseek_v3:256:300", "deepseek_v3:1024:300", "deepseek_v3:2048:300")
+
+
+@dataclass
+class PlanRow:
+    """One ``opsched plan`` run: its wall clock, the process tree's peak memory, what it chose."""
+
+    model: str
+    devices: int
+    time_limit: int
+    wall_s: float
+    tree_pss_mb: float
+    tree_rss_mb: float
+    load: tuple[float, float, float]  # the load average as the run ended
+    chosen: str
+    step_time_s: float
+    idle: str  # the plan's warning about idle devices, or "none"
+
+
+def tree_memory_kb(root: int) -> tuple[int, int]:
+    """(summed PSS, summed RSS) in KiB of ``root`` and every process below it, read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # the process ended while the table was read
+            children.setdefault(ppid, []).append(int(entry))
+    pss = rss = 0
+    stack = [root]
+    while stack:
+        pid = stack.pop()
+        stack.extend(children.get(pid, []))
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith(("Pss:", "Rss:")):
+                    kb = int(line.split()[1])
+                    pss, rss = (pss + kb, rss) if line.startswith("Pss:") else (pss, rss + kb)
+        except OSError:
+            continue
+    return pss, rss
+
+
+def plan_row(model: str, devices: int, time_limit: int, folder: str) -> PlanRow:
+    """Run ``opsched plan --json`` on ``model`` (``models/MODEL.onnx``, generated into ``folder`` if absent)."""
+    path = ROOT / "models" / f"{model}.onnx"
+    if not path.exists():
+        path = Path(folder) / f"{model}.onnx"
+        if not path.exists():
+            run_child("generate", model, str(path))
+    cmd = [sys.executable, "-m", "opsched", "plan", str(path), "--devices", str(devices),
+           "--time-limit", str(time_limit), "--json", "-q", "-o", str(Path(folder) / f"{model}-{devices}")]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    pss = rss = 0
+    while proc.poll() is None:
+        now_pss, now_rss = tree_memory_kb(proc.pid)
+        pss, rss = max(pss, now_pss), max(rss, now_rss)
+        time.sleep(0.2)
+    wall = time.perf_counter() - t0
+    out = proc.stdout.read()
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}")
+    doc = json.loads(out)
+    idle = [w for w in doc["warnings"] if "hold no stage" in w or "holds no stage" in w]
+    return PlanRow(model, devices, time_limit, wall, pss / 1024, rss / 1024, os.getloadavg(),
+                   f"{doc['source']} on {doc['layout']}", doc["step_time"], idle[0] if idle else "none")
+
+
+def plan_table(rows: list[PlanRow]) -> str:
+    """The planning figures as a markdown table."""
+    head = ("| model | devices | --time-limit s | wall s | peak MB (tree PSS) | tree RSS MB | load average "
+            "| chosen | step time | idle devices |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---|---|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r.model} | {r.devices:,} | {r.time_limit} | {r.wall_s:.1f} | {r.tree_pss_mb:,.0f} "
+                     f"| {r.tree_rss_mb:,.0f} | {' '.join(f'{x:.1f}' for x in r.load)} | {r.chosen} "
+                     f"| {r.step_time_s * 1e3:.1f} ms | {r.idle} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), help="names in models/build.py")
     parser.add_argument("--profile", type=int, metavar="N", help="profile import + coarsen; print the top N functions")
+    parser.add_argument("--plan", action="store_true", help="time opsched plan on issue 13's planning rows")
+    parser.add_argument("--rows", nargs="+", default=list(PLAN_ROWS), metavar="MODEL:DEVICES:TIME_LIMIT",
+                        help="the planning rows to run with --plan")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -148,6 +249,14 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(child_import(*rest)))
         return 0
     with tempfile.TemporaryDirectory() as folder:
+        if args.plan:
+            rows = []
+            for row in args.rows:
+                model, devices, limit = row.split(":")
+                rows.append(plan_row(model, int(devices), int(limit), folder))
+                print(plan_table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)  # each row as it ends
+            print(plan_table(rows))
+            return 0
         if args.profile:
             for name in args.models:
                 path = str(Path(folder) / f"{name}.onnx")

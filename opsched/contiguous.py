@@ -11,18 +11,18 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import networkx as nx
 
 from opsched.baselines import NAMES, run_baseline
 from opsched.baselines import method as baseline_module
 from opsched.baselines.placement import onto_groups
-from opsched.cluster import Cluster, Training
+from opsched.cluster import Cluster, Training, with_devices
 from opsched.errors import OverMemory, Unsupported
 from opsched.schedule import Edge, Schedule, Stage, StageGraph, metrics
 from opsched.upper.layouts import Layout, layouts
-from opsched.units import bytes_text, seconds_text
+from opsched.units import bytes_text, plain, seconds_text
 from opsched.upper.mip import CostTable, UpperProblem, contiguous_start, uniform_start, upper_problem
 from opsched.upper.stages import StageContents
 
@@ -185,11 +185,24 @@ def contiguous_baselines(
     are skipped once some method has a baseline; a method left with none
     says so.
     """
+    rows, best, refused = _contiguous_rows(bg, cluster, training, memory_limit, table, deadline)
+    _log_rows(rows)
+    for name, reason in refused.items():
+        log.info("baseline: %s refused: %s", name, reason)
+    return rows, best, refused
+
+
+def _contiguous_rows(
+    bg: nx.DiGraph, cluster: Cluster, training: Training, memory_limit: float, table: CostTable | None = None,
+    deadline: float | None = None,
+) -> tuple[list[Baseline], Baseline | None, dict[str, str]]:
+    """:func:`contiguous_baselines` without its progress lines."""
     M = training.microbatches
     table = table or CostTable(bg, cluster, training)  # costs do not change with the memory scale
     best: dict[str, Baseline] = {}
     chains: dict[tuple[int, int, float], ContiguousChain | None] = {}
     reasons: dict[str, dict[int, str]] = {name: {} for name in NAMES}  # method -> depth -> first reason
+    ran: set[tuple] = set()  # a tighter memory scale often cuts the same split: each method runs on it once
     cut = False
     for lay, method, scale in itertools.product(layouts(cluster, max_virtual=1), NAMES, SPLIT_MEMORY_SCALES):
         G = lay.groups
@@ -207,6 +220,9 @@ def contiguous_baselines(
             reasons[method].setdefault(G, "no contiguous split of the model fits in the memory limit")
             continue
         chain = chains[key]
+        if (split := (method, G, chain.config, tuple(map(tuple, chain.blocks_of_stage)))) in ran:
+            continue  # at the full memory limit, the same split gives the same schedule
+        ran.add(split)
         t0 = time.perf_counter()
         try:
             sched = run_baseline(method, chain.stage_graph, M, memory_limit=memory_limit)
@@ -232,16 +248,55 @@ def contiguous_baselines(
         if method not in best or cand.step_time < best[method].step_time:
             best[method] = cand
     rows = sorted(best.values(), key=lambda b: (b.step_time, b.method))
-    for b in rows:
-        log.info("baseline: %s on %s: step time %s, bubble ratio %.3f",
-                 b.method, b.layout, seconds_text(b.step_time), b.bubble_ratio)
     refused = {name: refusal_reason(reasons[name], cluster.devices) for name in NAMES if name not in best}
     if cut:  # what was not tried is not refused: the clock stopped it
         refused = {name: f"not tried on every split: the time limit was spent ({why})" if reasons[name] else
                    "not tried: the time limit was spent" for name, why in refused.items()}
-    for name, reason in refused.items():
-        log.info("baseline: %s refused: %s", name, reason)
     return rows, (rows[0] if rows else None), refused
+
+
+def _log_rows(rows: list[Baseline]) -> None:
+    for b in rows:
+        log.info("baseline: %s on %s: step time %s, bubble ratio %.3f",
+                 b.method, b.layout, seconds_text(b.step_time), b.bubble_ratio)
+
+
+def fewer_device_baselines(
+    bg: nx.DiGraph, cluster: Cluster, training: Training, memory_limit: float, deadline: float | None = None,
+) -> list[Baseline]:
+    """The best hand-written baseline on the first half, the first quarter, ... of the nodes, the rest idle.
+
+    More devices can make every split slower (groups that straddle nodes, a
+    group's traffic growing with it, as many microbatches as before), and a
+    plan on more nodes should never be slower than one on fewer, which could
+    leave the others idle: these rows join the planner's baselines so that it
+    can choose them (its report then names the idle devices and why). Whole
+    nodes only, down to one: devices idle within a busy node are not offered
+    (a single node's plan keeps every device busy unless the search itself
+    finds otherwise). One row per device count, its ``layout`` saying how
+    many devices it uses. Past ``deadline`` (a :func:`time.monotonic`
+    instant) the counts not yet tried are skipped.
+
+    >>> import networkx as nx
+    >>> from opsched.cluster import preset
+    >>> from opsched.graph import Block
+    >>> bg = nx.DiGraph(kind="BlockGraph")
+    >>> for i in range(4):
+    ...     bg.add_node(i, block=Block(i, f"b{i}", (), (), flops=1e12, param_count=10**6, output_bytes=1e6))
+    >>> bg.add_edges_from([(0, 1), (1, 2), (2, 3)], bytes=1e6)
+    >>> [b.layout.split(", on ")[1] for b in fewer_device_baselines(bg, preset("h100-sxm", 32), Training(), 8e10)]
+    ['16 of the 32 devices', '8 of the 32 devices']
+    >>> fewer_device_baselines(bg, preset("h100-sxm", 8), Training(), 8e10)  # one node: none
+    []
+    """
+    rows, n, per_node = [], cluster.devices, cluster.devices_per_node
+    while n % (2 * per_node) == 0 and (deadline is None or time.monotonic() < deadline):
+        n //= 2
+        found, _, _ = _contiguous_rows(bg, with_devices(cluster, n), training, memory_limit, deadline=deadline)
+        rows += [replace(b, layout=f"{b.layout}, on {plain(n)} of the {plain(cluster.devices)} devices")
+                 for b in found[:1]]
+    _log_rows(rows)
+    return rows
 
 
 def _placed_blocks(placed: StageGraph, blocks_of_stage: list[list[tuple[int, str]]]) -> dict[int, list[tuple[int, str]]]:

@@ -29,7 +29,7 @@ import networkx as nx
 
 from opsched.baselines import baseline_orders
 from opsched.cluster import Cluster, Training, memory_hint
-from opsched.contiguous import Baseline, contiguous_baselines
+from opsched.contiguous import Baseline, contiguous_baselines, fewer_device_baselines
 from opsched.cost import expert_count
 from opsched.errors import MemoryTooSmall, NoRunnablePlan
 from opsched.export.runtimes import RUNTIMES, layout_fields, refusal
@@ -649,15 +649,21 @@ class RuntimeFilter:
     def all_baselines(self, small: nx.DiGraph, cluster: Cluster, limit: float, today: list[Baseline] | None,
                       table: CostTable | None = None, deadline: float | None = None,
                       ) -> tuple[list[Baseline], Baseline | None, dict[str, str]]:
-        """:func:`contiguous_baselines` on ``small`` and the Megatron-style layouts (``today``), those the runtime
-        can run, by step time; the best contiguous one (the lower level's split); method -> why refused."""
+        """:func:`contiguous_baselines` on ``small``, the best of them on fewer devices
+        (:func:`fewer_device_baselines`) and the Megatron-style layouts (``today``), those the runtime can run,
+        by step time (on a tie, the one using more devices first); the best contiguous one on every device
+        (the lower level's split); method -> why refused."""
         rows, best_split, refused = contiguous_baselines(small, cluster, self.training, limit, table, deadline)
+        fewer = fewer_device_baselines(small, cluster, self.training, limit, deadline)
         today = list(today or [])
         if self.runtime is not None:
             rows, today = self.baselines(rows, refused), self.baselines(today, refused)
+            fewer = self.baselines(fewer, {})  # a method's reason is the one on every device
             best_split = rows[0] if rows else None
         # Megatron-style layouts (opsched.evaluate.search_layouts), offered like the hand-written baselines
-        return sorted(rows + today, key=lambda b: (b.step_time, b.method)), best_split, refused
+        return (sorted(rows + fewer + today, key=lambda b: (b.step_time, -b.schedule.stage_graph.num_devices,
+                                                            b.method)),
+                best_split, refused)
 
     def contents(self, option: Option) -> dict[int, StageContents]:
         return option.contents or _stage_contents(option.stage_blocks, self.members, self.bg)

@@ -145,6 +145,7 @@ class StageGraph:
             self._succs[e.src].append(e)
             self._preds[e.dst].append(e)
         self._topo = _topological_order(self)
+        self._on_device: dict[int, list[int]] | None = None  # device -> its stages, when first asked
 
     def stage(self, sid: int) -> Stage:
         return self.stages[sid]
@@ -159,7 +160,13 @@ class StageGraph:
         return list(self._topo)
 
     def stages_on(self, device: int) -> list[int]:
-        return [s.id for s in self.stages if device in s.devices]
+        """The ids of the stages ``device`` hosts, increasing."""
+        if self._on_device is None:  # built once: a scan per device is quadratic at thousands of devices
+            self._on_device = {}
+            for s in self.stages:
+                for d in s.devices:
+                    self._on_device.setdefault(d, []).append(s.id)
+        return list(self._on_device.get(device, ()))
 
     def jobs(self, microbatches: int, split_backward: bool = True) -> list["Job"]:
         """Every job the schedule must contain, stage by stage in topological order."""

@@ -468,3 +468,36 @@ def test_linearize_runs_towers_one_after_another():
     with pytest.raises(Unsupported, match="chain"):
         run_baseline("1f1b", sg, 8)
     assert metrics(run_baseline("1f1b", chain, 8)).makespan > 0
+
+
+# --------------------------------------------------------------------------- on fewer devices (issue 13, item 4)
+
+
+def test_the_planner_offers_the_best_baseline_on_fewer_nodes_when_more_are_slower():
+    """Four nodes of 2 devices joined by a slow link: every split over all 8 devices sends the large activations
+    between nodes (0.2 s a step), while 2 devices of one node run the model in under 3 ms. The planner's
+    baselines must include that plan (devices 2-7 idle), and be no slower than the best on any halving."""
+    import networkx as nx
+
+    from conftest import SLOW_LINK_CLUSTER
+    from opsched.cluster import Training, cluster_from_dict, with_devices
+    from opsched.contiguous import contiguous_baselines
+    from opsched.graph import Block
+    from opsched.planner import RuntimeFilter, idle_devices
+
+    bg = nx.DiGraph(kind="BlockGraph")
+    for i in range(4):
+        bg.add_node(i, block=Block(i, f"layers.{i}", (), (), flops=1e9, param_count=10**6, output_bytes=1e8))
+    bg.add_edges_from([(i, i + 1) for i in range(3)], bytes=1e8)
+    cluster = cluster_from_dict({**SLOW_LINK_CLUSTER, "devices": 8, "devices_per_node": 2,
+                                 "inter_node_bandwidth": 1e9})
+    training = Training(microbatches=4)
+    offered, _, _ = RuntimeFilter(None, training, {b: [b] for b in bg}, bg).all_baselines(bg, cluster, 8e10, None)
+    on_all, _, _ = contiguous_baselines(bg, cluster, training, 8e10)
+    best = offered[0]
+    assert best.layout.endswith(", on 2 of the 8 devices")
+    assert idle_devices(best.schedule.stage_graph, 8) == (2, 3, 4, 5, 6, 7)
+    assert best.step_time < on_all[0].step_time / 10
+    for n in (4, 2):
+        fewer, _, _ = contiguous_baselines(bg, with_devices(cluster, n), training, 8e10)
+        assert best.step_time <= fewer[0].step_time

@@ -29,10 +29,12 @@ from opsched.export.gantt_bars import (
     PASS_NAMES,
     bar_colour,
     chart_time_unit,
+    device_rows,
     gantt_bars,
     job_description,
     label_font,
     lighten,
+    row_label,
     title_text,
 )
 from opsched.export.plan_json import plan_dict
@@ -42,7 +44,7 @@ from opsched.units import Unit, bytes_text, column_size_unit, plain
 
 CHART_WIDTH = 1200  # pixels of the time axis
 ROW = 30
-LEFT, TOP = 80, 20
+LEFT, TOP = 130, 20  # room for a row label such as "devices 12288-16383"
 #: label font sizes in pixels, largest first (the smaller ones fit two-digit microbatches on narrow bars)
 LABEL_FONTS_PX = (10.0, 8.0, 7.0)
 #: ticks the axis aims at, at any zoom
@@ -73,10 +75,12 @@ def svg_chart(schedule: Schedule, unit: Unit | None = None) -> str:
     The ``data-*`` attributes of the ``<svg>`` and of each ``.job`` group
     (its start and end in seconds) are what the zoom script redraws from.
     """
-    sg = schedule.stage_graph
-    n = sg.num_devices or 1
+    # one row per run of devices that host the same stages (a group's devices draw the same bars)
+    rows = device_rows(schedule) or [(0,)]
+    row_of = {row[0]: r for r, row in enumerate(rows)}
+    n = len(rows)
     unit = unit or chart_time_unit(schedule)
-    bars = gantt_bars(schedule)
+    bars = [b for b in gantt_bars(schedule) if b.device in row_of]
     makespan = max((b.end for b in bars), default=1.0) or 1.0
     scale = CHART_WIDTH / makespan
     bottom = TOP + n * ROW
@@ -95,15 +99,15 @@ def svg_chart(schedule: Schedule, unit: Unit | None = None) -> str:
         out.append(f'<text x="{x:.2f}" y="{bottom + 16}" text-anchor="middle">{plain(t)}</text>')
     out.append("</g>")
     out.append(f'<text x="{LEFT + CHART_WIDTH / 2}" y="{bottom + 34}" text-anchor="middle">time ({unit.name})</text>')
-    for d in range(n):
-        out.append(f'<text x="{LEFT - 8}" y="{TOP + d * ROW + ROW / 2 + 4}" text-anchor="end">device {d}</text>')
+    for r, row in enumerate(rows):
+        out.append(f'<text x="{LEFT - 8}" y="{TOP + r * ROW + ROW / 2 + 4}" text-anchor="end">{row_label(row)}</text>')
     out.append('<g id="bars" clip-path="url(#plot-area)">')
     for b in bars:
         halves = b.events if b.is_pair else b.events[:1]
         part = (ROW - 6) / len(halves)
         x, w = LEFT + b.start * scale, max((b.end - b.start) * scale, 0.5)
         for k, e in enumerate(halves):
-            y = TOP + b.device * ROW + 3 + k * part
+            y = TOP + row_of[b.device] * ROW + 3 + k * part
             stroke = 'stroke="#000" stroke-width="1"' if b.is_pair else 'stroke="#fff" stroke-width="0.5"'
             tip = escape(job_description(e, schedule, unit))
             label = str(e.microbatch)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 import mip
@@ -55,7 +56,7 @@ class UpperProblem:
     edges: dict[tuple[int, int], float]  # (u, v) -> bytes per microbatch
     layout: Layout
     modes: dict[int, list[Mode]]
-    cost: dict[tuple[int, int, Mode], BlockCost]  # (block, group, mode)
+    cost: Mapping[tuple[int, int, Mode], BlockCost]  # (block, group, mode); a GroupCosts from upper_problem
     microbatches: int
     memory_limit: float
     links: SlotLinks  # seconds per byte and per message between two slots
@@ -129,9 +130,13 @@ class CostTable:
         self._costs: dict[tuple[int, Mode, int, int], BlockCost] = {}
         self._extra: dict[int, dict] = {}
 
+    def shape(self, devices: tuple[int, ...]) -> tuple[int, int]:
+        """What a block's cost on ``devices`` (consecutive) depends on: their count and offset within a node."""
+        return len(devices), devices[0] % self.cluster.devices_per_node
+
     def cost(self, b: int, mode: Mode, devices: tuple[int, ...]) -> BlockCost:
         """:func:`opsched.cost.block_cost` of block ``b`` under ``mode`` on ``devices`` (consecutive)."""
-        key = (b, mode, len(devices), devices[0] % self.cluster.devices_per_node)
+        key = (b, mode, *self.shape(devices))
         if key not in self._costs:
             if b not in self._extra:
                 self._extra[b] = {
@@ -172,8 +177,7 @@ def upper_problem(
     # with a global batch (opsched plan --global-batch), replicas take whole sequences of a microbatch
     samples = training.microbatch_size if training.whole_sequences else None
     modes = {b: modes_for(records[b], layout.group_size, samples) for b in blocks}
-    groups = [layout.devices_of_group(g) for g in range(layout.groups)]
-    cost = {(b, g, m): table.cost(b, m, groups[g]) for g in range(layout.groups) for b in blocks for m in modes[b]}
+    cost = GroupCosts(table, layout, modes)
     edges = {(u, v): float(d.get("bytes", 0.0)) for u, v, d in bg.edges(data=True)}
     return UpperProblem(
         blocks=blocks,
@@ -186,6 +190,47 @@ def upper_problem(
         links=SlotLinks(layout, cluster),
         names={b: records[b].name for b in blocks},
     )
+
+
+class GroupCosts(Mapping):
+    """An upper problem's block costs, ``(block, group, mode) -> BlockCost``, held once per group shape.
+
+    The groups of a layout come in at most a node's size of shapes
+    (:meth:`CostTable.shape`), so a layout of thousands of groups keeps a few
+    costs per block and mode, not one per group: the mapping reads the same
+    for every group, in memory that does not grow with the device count.
+
+    >>> import networkx as nx
+    >>> from opsched.graph import Block
+    >>> from opsched.cluster import preset, Training
+    >>> bg = nx.DiGraph(kind="BlockGraph")
+    >>> bg.add_node(0, block=Block(0, "mlp", (), (), flops=1e12, param_count=10**6))
+    >>> table = CostTable(bg, preset("h100-sxm", 4096), Training())
+    >>> costs = GroupCosts(table, Layout(4096, 4096), {0: [Mode()]})
+    >>> len(costs), len(costs._costs), costs[(0, 4095, Mode())] is costs[(0, 7, Mode())]
+    (4096, 8, True)
+    """
+
+    def __init__(self, table: CostTable, layout: Layout, modes: dict[int, list[Mode]]):
+        self._groups, self._modes = layout.groups, modes
+        size, per_node = layout.group_size, table.cluster.devices_per_node
+        shapes: dict[int, int] = {}  # offset within a node -> shape index
+        self._shape_of = [shapes.setdefault(g * size % per_node, len(shapes)) for g in range(layout.groups)]
+        first = {i: self._shape_of.index(i) for i in shapes.values()}  # a group of each shape
+        self._costs = {(b, i, m): table.cost(b, m, layout.devices_of_group(g))
+                       for i, g in first.items() for b in modes for m in modes[b]}
+
+    def __getitem__(self, key: tuple[int, int, Mode]) -> BlockCost:
+        b, g, m = key
+        if not 0 <= g < self._groups:
+            raise KeyError(key)
+        return self._costs[(b, self._shape_of[g], m)]
+
+    def __iter__(self) -> Iterator[tuple[int, int, Mode]]:
+        return ((b, g, m) for g in range(self._groups) for b in self._modes for m in self._modes[b])
+
+    def __len__(self) -> int:
+        return self._groups * sum(len(ms) for ms in self._modes.values())
 
 
 class SlotLinks:
