@@ -41,6 +41,9 @@ from opsched.schedule import Edge, Schedule, Stage, StageGraph, metrics
 from opsched.upper.stages import LAYER_COMPONENT, layer_path
 
 RECOMPUTE = RECOMPUTE_MODES
+#: recomputation settings the layout search tries, in turn, cheapest first: a layout keeps the first that fits
+#: (selective recomputation costs the attention core's forward again, full the whole forward)
+RECOMPUTE_SEARCH = ("none", "selective", "full")
 
 #: bytes an Adam step reads and writes per parameter it updates: fp32 master weight, two moments
 #: (read + write, 3 x 8), the bf16 gradient read and the bf16 weight written (2 + 2)
@@ -569,7 +572,7 @@ def device_counts(devices: int) -> list[int]:
 
 def search_layouts(
     bg: nx.DiGraph, cluster: Cluster, training: Training, *, global_batch: int, tokens_per_sequence: int,
-    memory_limit: float | None = None, recompute: tuple[str, ...] = ("none", "full"), keep: int = 1, zero: int = 1,
+    memory_limit: float | None = None, recompute: tuple[str, ...] = RECOMPUTE_SEARCH, keep: int = 1, zero: int = 1,
     fewer_devices: bool = False,
     accept: Callable[[Evaluation], bool] | None = None,
 ) -> list[Evaluation]:

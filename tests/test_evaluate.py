@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -255,3 +256,23 @@ def test_command_refuses_context_parallel_layouts_it_cannot_cost_before_the_impo
                  "--global-batch", "8"]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_layout_search_keeps_the_cheapest_recomputation_that_fits(llama, monkeypatch):
+    """Each layout tries none, selective, then full recomputation and keeps the first that fits."""
+    import opsched.evaluate as ev
+
+    real = ev.evaluate_layout
+    memory = {"none": 3.0, "selective": 2.0, "full": 1.0}  # what each setting needs, in units of the limit below
+
+    def stub(bg, cluster, training, layout, **kw):
+        e = real(bg, cluster, training, layout, **{**kw, "above": None})
+        return dataclasses.replace(e, peak_memory_bytes=memory[layout.recompute] * e.memory_limit / 2.5)
+
+    monkeypatch.setattr(ev, "evaluate_layout", stub)
+    found = ev.search_layouts(llama, preset("h100-sxm", 8), Training(), global_batch=32, tokens_per_sequence=4096,
+                              keep=1000)
+    assert found and all(e.layout.recompute == "selective" for e in found)
+    memory["selective"] = 2.6  # selective no longer fits: full is next
+    found = ev.search_layouts(llama, preset("h100-sxm", 8), Training(), global_batch=32, tokens_per_sequence=4096)
+    assert found[0].layout.recompute == "full"

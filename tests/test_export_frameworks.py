@@ -517,3 +517,16 @@ def test_the_planner_names_each_stages_configuration_from_the_blocks_with_weight
     contents = _stage_contents({0: [(7, "ep2"), (4, "dp2")], 1: [(7, "ep2"), (4, "tp2")]}, members, bg)
     assert contents[0].config == "dp2+ep"
     assert contents[1].config is None and contents[1].modes == {"ep2": "model.layers.0", "tp2": "lm_head"}
+
+
+def test_selective_recomputation_is_megatrons_and_refused_by_torchtitan(tmp_path):
+    """Megatron's selective recompute is the attention core's (what opsched costs); torchtitan's selective modes are
+    other things, so a plan with it is refused there with one line."""
+    plan = make_plan(tmp_path, layers=[8] * 4, groups=4, group_size=2, method="1f1b", config="tp2",
+                     microbatch_size=1, microbatches=8, zero=1, recompute="selective")
+    assert export(tmp_path, plan, "--megatron", str(tmp_path / "m.sh"))[0] == 0
+    config, _ = megatron_config(megatron_argv(tmp_path / "m.sh"), **LLAMA)
+    assert config.recompute_granularity == "selective" and config.recompute_method is None
+    code, _, err = export(tmp_path, plan, "--torchtitan", str(tmp_path / "t.toml"))
+    assert code == 2 and "selective recomputation" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "t.toml").exists()

@@ -128,10 +128,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ZeRO level over data-parallel replicas: 0 every replica holds its optimizer states; "
                              "1 (default) they are sharded, as Megatron's distributed optimizer does, for the same "
                              "gradient traffic; 2 the gradients too")
-    parser.add_argument("--recompute", choices=("none", "full", "auto"), default="auto",
-                        help="activation recomputation: none; full (each block keeps its input and runs its forward "
-                             "again in the backward); auto (default) plans without it and with full recomputation "
-                             "only if nothing fits")
+    parser.add_argument("--recompute", choices=("none", "selective", "full", "auto"), default="auto",
+                        help="activation recomputation: none; selective (the attention core's scores are not kept "
+                             "and its forward runs again, Megatron's selective recompute); full (each block keeps "
+                             "its input and runs its forward again in the backward); auto (default): the "
+                             "Megatron-style layouts try none, selective, then full, each keeping the first that "
+                             "fits, and the planner's own search plans without recomputation and with full "
+                             "recomputation only if nothing fits")
     parser.add_argument("--runtime", choices=RUNTIME_CHOICES, default="any",
                         help="keep only plans this runtime can run, so that `opsched export` writes its files: "
                              "torch (--torch-csv), megatron (--megatron), torchtitan (--torchtitan with --torch-csv); "
@@ -176,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
         raise OpschedError(f"{args.model} has no symbolic batch dimension, so --global-batch cannot size its "
                            "microbatches; plan with --microbatches M")
     training = Training(microbatches=microbatches, microbatch_size=int(used_dims.get("batch", 1)),
-                        zero=args.zero, recompute="full" if args.recompute == "full" else "none",
+                        zero=args.zero, recompute="none" if args.recompute == "auto" else args.recompute,
                         whole_sequences=args.global_batch is not None)
     bg = coarsen(og)
     check_runtime_model(args.runtime, args.model, bg)  # a model the runtime cannot run fails before the search
@@ -304,7 +307,7 @@ def megatron_layouts(args: argparse.Namespace, dims: dict[str, int], cluster, tr
     with like. Empty when no such layout fits.
     """
     from opsched.coarsen import coarsen
-    from opsched.evaluate import search_layouts
+    from opsched.evaluate import RECOMPUTE_SEARCH, search_layouts
     from opsched.export.runtimes import layout_fields, refusal
     from opsched.onnx_import import import_onnx
     from opsched.units import seconds_text
@@ -312,7 +315,7 @@ def megatron_layouts(args: argparse.Namespace, dims: dict[str, int], cluster, tr
     t0 = time.perf_counter()
     og = import_onnx(args.model, dims={**dims, "batch": 1}, capacity_factor=args.capacity_factor, strict_dims=True)
     bg = coarsen(og)
-    modes = ("none", "full") if args.recompute == "auto" else (training.recompute,)
+    modes = RECOMPUTE_SEARCH if args.recompute == "auto" else (training.recompute,)
 
     def runs(e) -> bool:  # the runtime asked for can run the layout as plan.json would hold it
         if args.runtime == "any":

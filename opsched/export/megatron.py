@@ -100,6 +100,8 @@ def megatron_args(layout: PlanLayout) -> list[MegatronArg]:
             arg("--recompute-method", "uniform", "every layer keeps only its input"),
             arg("--recompute-num-layers", "1", "one layer per recomputed unit"),
         ]
+    elif p.recompute == "selective":  # Megatron's selective recompute runs the attention core again (core_attn)
+        out.append(arg("--recompute-granularity", "selective", "plan recompute selective: the attention core"))
     out.append(arg("--num-layers", str(layout.num_layers), f"{layout.layer_stack}.0-{layout.num_layers - 1}"))
     out += _layer_split(layout)
     samples = layout.global_batch_size // layout.microbatches

@@ -86,6 +86,11 @@ def torchtitan_keys(layout: PlanLayout, csv: str | None = None) -> list[TomlKey]
     written beside it), None to use torch's schedule of the plan's method.
     """
     p = layout.parallel
+    if p.recompute == "selective":
+        # torchtitan's selective modes checkpoint every n-th layer or chosen ops, not the attention core alone
+        raise OpschedError(f"{TORCHTITAN[0]} cannot run this plan: its selective recomputation runs the attention "
+                           "core again (Megatron's); torchtitan's selective modes recompute other things: plan with "
+                           "--recompute none or full")
     schedule = _schedule(layout, csv)
     key = TomlKey
     samples = layout.global_batch_size // layout.microbatches
