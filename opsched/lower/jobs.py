@@ -35,6 +35,8 @@ from opsched.schedule import Job, Order, StageGraph, dependencies, device_param_
 
 #: relative tolerance for comparing times and memory
 EPS = 1e-9
+#: the backward passes an F may overlap with in a pair (DualPipe's F&B)
+PAIRED_BACKWARDS = ("I", "B")
 
 
 class JobSet:
@@ -89,6 +91,15 @@ class JobSet:
     def sinks(self) -> list[int]:
         """Jobs with no successor: the makespan is the latest end among them."""
         return [k for k in range(len(self.jobs)) if not self.succs[k]]
+
+    def may_pair(self, a: int, b: int) -> bool:
+        """Whether jobs ``a`` and ``b`` may run as one overlapped pair: an F and an I or B of stages on the same
+        devices, not a stage's own backward of the same microbatch (that waits for the F)."""
+        x, y = self.jobs[a], self.jobs[b]
+        if x.pass_ != "F":
+            x, y = y, x
+        return (x.pass_ == "F" and y.pass_ in PAIRED_BACKWARDS and (x.stage, x.microbatch) != (y.stage, y.microbatch)
+                and set(self.devices[a]) == set(self.devices[b]))
 
 
 def topological_order(preds: Sequence[Iterable[int]]) -> list[int]:

@@ -467,12 +467,8 @@ def _stage_depths(sg) -> dict[int, int]:
 
 
 def _pair_partner(js: JobSet, k: int, now: list[int], keys: list[tuple]) -> int | None:
-    """A job startable now that overlaps with ``k``: an F with a backward on the same devices."""
-    want = ("I", "B") if js.jobs[k].pass_ == "F" else ("F",) if js.jobs[k].pass_ in ("I", "B") else ()
-    options = [
-        j for j in now
-        if j != k and js.jobs[j].pass_ in want and set(js.devices[j]) == set(js.devices[k])
-    ]
+    """A job startable now that overlaps with ``k``: an F with a backward on the same devices (:meth:`JobSet.may_pair`)."""
+    options = [j for j in now if j != k and js.may_pair(k, j)]
     return min(options, key=lambda j: keys[j]) if options else None
 
 

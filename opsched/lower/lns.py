@@ -222,7 +222,8 @@ def large_neighbourhood_search(
     width = None
     for _ in range(rounds):  # a round is one sweep of windows
         improved_round = False
-        horizon = slotted_timing(js, incumbent.order, slot, ssg).horizon
+        timing: SlottedTiming | None = slotted_timing(js, incumbent.order, slot, ssg)
+        horizon = timing.horizon  # the windows of this sweep come from its first incumbent
         if width is None:
             width = base_width = _initial_width(js, base, horizon, max_variables)
         # windows much larger than the first sweep's make sub-MIPs CBC cannot finish: skipped
@@ -231,13 +232,15 @@ def large_neighbourhood_search(
             if _search_done(incumbent, target, deadline, max_solves, log):
                 return incumbent
             solves_before = log.solves
+            # the incumbent's timing changes only with the incumbent
+            timing = timing or slotted_timing(js, incumbent.order, slot, ssg)
             candidate = _window_candidate(
-                js, base, incumbent, ssg, pairs, slot, (lo, hi, devices), size_cap, log,
+                js, base, timing, ssg if pairs else None, slot, (lo, hi, devices), size_cap, log,
                 solver=solver, threads=threads, max_nodes=max_nodes, objective=objective,
                 time_limit=max(0.05, min(max_seconds_per_solve, deadline - time.monotonic())),
             )
             if candidate is not None and better(candidate, incumbent) and order_fits(js.sg, candidate.order, budgets):
-                incumbent = candidate
+                incumbent, timing = candidate, None
                 improved_round = True
                 log.improvements += 1
                 log.entries.append((time.monotonic() - t0, incumbent.value))
@@ -263,17 +266,17 @@ def _search_done(incumbent: Incumbent, target: float, deadline: float, max_solve
     return max_solves is not None and log.solves >= max_solves
 
 
-def _window_candidate(js: JobSet, base: SlotProblem, incumbent: Incumbent, ssg: StageGraph, pairs: bool,
+def _window_candidate(js: JobSet, base: SlotProblem, timing: SlottedTiming, pair_graph: StageGraph | None,
                       slot: float, window: tuple[int, int, set[int] | None], size_cap: float, log: SearchLog,
                       **solve_options) -> Incumbent | None:
-    """Re-solve the jobs of one window with everything else fixed; ``None`` when nothing was solved or found.
+    """Re-solve the jobs of one window of the incumbent (its slotted ``timing``) with everything else fixed;
+    ``None`` when nothing was solved or found.
 
-    ``ssg`` is the slotted StageGraph; with ``pairs`` the freed jobs may form overlapped pairs.
+    With ``pair_graph`` (the slotted StageGraph) the freed jobs may form overlapped pairs.
     """
     lo, hi, devices = window
-    timing = slotted_timing(js, incumbent.order, slot, ssg)
     sp = neighbourhood(js, base, timing.starts, timing.horizon, lo, hi, devices, pairs=timing.pairs,
-                       pair_graph=ssg if pairs else None)
+                       pair_graph=pair_graph)
     size = 0 if sp is None else model_size(sp)
     if size == 0 or size > size_cap:
         return None

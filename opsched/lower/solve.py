@@ -50,6 +50,7 @@ from opsched.lower.timeindexed import (
     auto_slot,
     full_windows,
     model_size,
+    slotted_times,
     slot_problem,
     solve_slot_problem,
     starts_to_order,
@@ -514,10 +515,8 @@ def _divides(slot: float, sg, pairs: bool = False) -> bool:
 
     With ``pairs``, also ``gain x`` for every pass time ``x`` (every overlapped pair's length).
     """
-    values = [float(s.time[p]) for s in sg.stages for p in s.timed_passes()] + [e.time for e in sg.edges]
-    if pairs:
-        values += [sg.overlap_gain * float(s.time[p]) for s in sg.stages for p in s.timed_passes()]
-    return all(abs(v / slot - round(v / slot)) <= 1e-7 * max(1.0, v / slot) for v in values)
+    # zero times divide by any slot: the positive ones decide
+    return all(abs(v / slot - round(v / slot)) <= 1e-7 * max(1.0, v / slot) for v in slotted_times(sg, pairs))
 
 
 def _proven(makespan: float, bound: float) -> bool:

@@ -37,7 +37,7 @@ from typing import Iterable, Mapping
 
 import mip
 
-from opsched.lower.jobs import JobSet, topological_order
+from opsched.lower.jobs import PAIRED_BACKWARDS, JobSet, topological_order
 from opsched.schedule import Action, Edge, Job, Pair, Stage, StageGraph, pair_duration
 from opsched.solver import Objective, Status, collector_paused, new_model
 
@@ -77,6 +77,15 @@ def slotted_stage_graph(sg: StageGraph, slot: float) -> StageGraph:
     return StageGraph(stages, edges, num_devices=sg.num_devices, overlap_gain=sg.overlap_gain)
 
 
+def slotted_times(sg: StageGraph, pairs: bool = False) -> list[float]:
+    """The positive times a slot must divide for slotting to lose nothing: every pass and transfer time, and with
+    ``pairs`` (and a positive overlap gain) ``gain x`` for every pass time ``x`` (so pair lengths are whole too)."""
+    values = [float(s.time[p]) for s in sg.stages for p in s.timed_passes() if float(s.time[p]) > 0]
+    if pairs and sg.overlap_gain > 0:
+        values += [sg.overlap_gain * v for v in values]
+    return values + [e.time for e in sg.edges if e.time > 0]
+
+
 def exact_slot(sg: StageGraph, pairs: bool = False) -> float | None:
     """The largest slot that divides every pass and transfer time exactly, if a sensible one exists.
 
@@ -89,10 +98,7 @@ def exact_slot(sg: StageGraph, pairs: bool = False) -> float | None:
     >>> exact_slot(sg), exact_slot(sg, pairs=True)
     (1.0, 0.5)
     """
-    values = [float(s.time[p]) for s in sg.stages for p in s.timed_passes() if float(s.time[p]) > 0]
-    if pairs and sg.overlap_gain > 0:
-        values += [sg.overlap_gain * v for v in values]
-    values += [e.time for e in sg.edges if e.time > 0]
+    values = slotted_times(sg, pairs)
     if not values:
         return None
     scale = 1
@@ -167,6 +173,7 @@ class SlotProblem:
     fixed_pairs: dict[tuple[int, int], int] = field(default_factory=dict)
     _options_by_job: dict[int, list[PairOption]] = field(default_factory=dict, repr=False)
     _fixed_length: dict[int, int] = field(default_factory=dict, repr=False)
+    _fixed_backwards: set[int] = field(default_factory=set, repr=False)
 
     @property
     def free(self) -> list[int]:
@@ -182,6 +189,7 @@ class SlotProblem:
     def fix_pairs(self, pairs: Mapping[tuple[int, int], int]) -> None:
         self.fixed_pairs = dict(pairs)
         self._fixed_length = {j: n for pair, n in self.fixed_pairs.items() for j in pair}
+        self._fixed_backwards = {b for _, b in self.fixed_pairs}
 
     def options_of(self, j: int) -> list[PairOption]:
         """The pair options job ``j`` takes part in."""
@@ -193,7 +201,7 @@ class SlotProblem:
 
     def counted_busy(self, j: int) -> bool:
         """Whether fixed job ``j``'s device time is counted on its own: a fixed pair counts once, with its F."""
-        return not any(j == b for _, b in self.fixed_pairs) if j in self._fixed_length else True
+        return j not in self._fixed_backwards
 
     def alone_started_by(self, z: dict, j: int, t: int):
         """0, 1 or the variable saying whether job ``j`` has started by slot ``t`` running alone.
@@ -346,13 +354,13 @@ def add_pair_options(sp: SlotProblem, ssg: StageGraph, starts: Mapping[int, int]
         forwards, backwards = groups.setdefault(frozenset(js.devices[k]), ([], []))
         if js.jobs[k].pass_ == "F":
             forwards.append(k)
-        elif js.jobs[k].pass_ in ("I", "B"):
+        elif js.jobs[k].pass_ in PAIRED_BACKWARDS:
             backwards.append(k)
     wanted = {(a, b) for a, b in pairs if a in sp.es and b in sp.es}
     for forwards, backwards in groups.values():
         for mine, theirs, flip in ((forwards, backwards, False), (backwards, forwards, True)):
             for k in mine:
-                candidates = [x for x in theirs if not _same_pass_owner(js, k, x)]
+                candidates = [x for x in theirs if js.may_pair(k, x)]
                 if candidates:
                     x = min(candidates, key=lambda x: (abs(starts[x] - starts[k]), x))
                     wanted.add((x, k) if flip else (k, x))
@@ -366,11 +374,6 @@ def add_pair_options(sp: SlotProblem, ssg: StageGraph, starts: Mapping[int, int]
         if es <= ls:
             options.append(PairOption(a, b, n, es, ls))
     sp.set_options(options)
-
-
-def _same_pass_owner(js: JobSet, a: int, b: int) -> bool:
-    """Whether two jobs belong to the same stage and microbatch (a backward waits for its own F)."""
-    return (js.jobs[a].stage, js.jobs[a].microbatch) == (js.jobs[b].stage, js.jobs[b].microbatch)
 
 
 # --------------------------------------------------------------------------- constraint families
