@@ -201,7 +201,7 @@ def compute_time(block: Block, share: int, cluster: Cluster, dtype: str) -> floa
     >>> compute_time(att, 1, preset("h100-sxm"), "fp8")   # attention stays at 0.5 of the BF16 peak
     2.0
     """
-    padding = max(0.0, block.matmul_padded_flops - block.matmul_flops) if block.matmul_padded_flops > 0 else 0.0
+    padding = max(0.0, block.matmul_padded_flops - block.matmul_flops)  # 0 for a block without padded FLOPs
     attention_rate = cluster.attention_flops_per_second(dtype)
     if not cluster.costs_by_kind:
         flop_time = ((block.flops - block.attention_flops + padding) / cluster.flops_per_second(dtype)
