@@ -19,6 +19,7 @@ from opsched.baselines import NAMES, run_baseline
 from opsched.baselines import method as baseline_module
 from opsched.baselines.placement import onto_groups
 from opsched.cluster import Cluster, Training, with_devices
+from opsched.cost import stage_streams
 from opsched.errors import OverMemory, Unsupported
 from opsched.schedule import Edge, Schedule, Stage, StageGraph, metrics
 from opsched.upper.layouts import Layout, layouts
@@ -126,6 +127,7 @@ def contiguous_chain(p: UpperProblem, uniform: bool = True) -> ContiguousChain |
                 act_bytes=sum(c.act_bytes for c in costs),
                 act_w_bytes=sum(c.act_w_bytes for c in costs),
                 name=f"part{k}",
+                streams=stage_streams(costs),
             )
         )
         syncs.append(sum(c.grad_sync for c in costs))

@@ -37,10 +37,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Sequence
 
 from opsched.cluster import Cluster, Training
 from opsched.errors import OpschedError
 from opsched.graph import Block
+from opsched.overlap import COMM, COMPUTE, PassStreams, StreamOp, compact
 
 
 @dataclass(frozen=True, order=True)
@@ -100,6 +102,11 @@ class BlockCost:
     """Per-microbatch pass times (s) and per-device memory (bytes) of a block under a mode.
 
     ``grad_sync`` is the data-parallel gradient all-reduce, once per step (s).
+    ``tp_comm`` and ``ep_comm`` are the tensor-parallel all-reduces and the
+    expert-parallel all-to-alls inside one F (I holds the same again), and
+    ``rerun_forward`` says I begins with the whole forward again (full
+    recomputation): :meth:`streams` lays the passes out on the compute and
+    communication streams from them.
     """
 
     F: float
@@ -109,11 +116,55 @@ class BlockCost:
     act_bytes: float  # saved for backward per microbatch, per device, from F until I
     act_w_bytes: float  # of which kept until W
     grad_sync: float = 0.0
+    tp_comm: float = 0.0
+    ep_comm: float = 0.0
+    rerun_forward: bool = False
 
     @property
     def work(self) -> float:
         """F + I + W: the device time one microbatch costs."""
         return self.F + self.I + self.W
+
+    def streams(self) -> PassStreams:
+        """The passes as chains of compute and communication operations (docs/cost-model.md, "Overlap").
+
+        F: half the compute, half the communication, the other halves
+        (Megatron's all-reduces after attention and after the MLP; an MoE
+        layer's dispatch after attention and router, its combine after the
+        experts). I: the combine's gradient all-to-all, then the same shape
+        with the tensor-parallel all-reduce after each half's compute, after
+        the forward again under full recomputation. W: compute.
+
+        >>> [(op.streams, op.seconds) for op in BlockCost(F=3, I=3, W=2, param_bytes=0, act_bytes=0,
+        ...                                              act_w_bytes=0, tp_comm=1).streams().F]
+        [(1, 1.0), (2, 0.5), (1, 1.0), (2, 0.5)]
+        """
+        comm = self.tp_comm + self.ep_comm
+        forward = _halves(self.F - comm, comm / 2, comm / 2)
+        rerun = forward if self.rerun_forward else ()
+        own = self.I - comm - (self.F if self.rerun_forward else 0.0)
+        backward = (StreamOp(COMM, self.ep_comm / 2),) + _halves(own, (self.tp_comm + self.ep_comm) / 2, self.tp_comm / 2)
+        w = (StreamOp(COMPUTE, self.W),)
+        return PassStreams(*(tuple(op for op in chain if op.seconds > 0) for chain in (forward, rerun + backward, w)))
+
+
+def stage_streams(costs: Sequence[BlockCost]) -> PassStreams:
+    """The stream operations of a stage running ``costs``' blocks in order (backwards in reverse).
+
+    Chains longer than :data:`opsched.overlap.EXACT_OPS` operations are
+    compacted (:func:`opsched.overlap.compact`).
+    """
+    chains = [c.streams() for c in costs]
+    forward = [op for c in chains for op in c.F]
+    backward = [op for c in reversed(chains) for op in c.I]
+    weights = [op for c in reversed(chains) for op in c.W]
+    return PassStreams(compact(forward), compact(backward), compact(weights))
+
+
+def _halves(compute: float, first_comm: float, second_comm: float) -> tuple[StreamOp, ...]:
+    """Half the compute, ``first_comm`` of communication, the other half, ``second_comm``."""
+    half = StreamOp(COMPUTE, max(0.0, compute) / 2)
+    return (half, StreamOp(COMM, first_comm), half, StreamOp(COMM, second_comm))
 
 
 _EXPERT_INDEX = re.compile(r"experts?[._/](\d+)", re.IGNORECASE)
@@ -319,21 +370,22 @@ def block_cost(
     has_weights = block.param_count > 0
     f = i = compute
     w = compute if has_weights else 0.0
+    tp_comm = ep_comm = 0.0
     if mode.tp > 1 and has_weights:
         # Megatron's scheme: an all-reduce after each row-parallel layer in F, and the same in I
         bw, lat = cluster.link(devices[: mode.tp], devices[: mode.tp])
-        comm = allreduce_time(tensor_parallel_bytes(block, token_bytes) / mode.dp, mode.tp, bw, lat)
-        f += comm
-        i += comm
+        tp_comm = allreduce_time(tensor_parallel_bytes(block, token_bytes) / mode.dp, mode.tp, bw, lat)
+        f += tp_comm
+        i += tp_comm
     sync = 0.0
     param_bytes = held_param_bytes(block.param_count / mode.tp, mode.dp, training, training.zero)
     if mode.ep > 1:
         # dispatch and combine: two all-to-alls of the tokens in F, two in I
         bw, lat = cluster.link(devices, devices)
         tokens = block.output_bytes if token_bytes is None else token_bytes
-        comm = 2 * alltoall_time(tokens / mode.ep, mode.ep, bw, lat)
-        f += comm
-        i += comm
+        ep_comm = 2 * alltoall_time(tokens / mode.ep, mode.ep, bw, lat)
+        f += ep_comm
+        i += ep_comm
         sharded = block.param_count if expert_params is None else min(float(expert_params), block.param_count)
         replicated = block.param_count - sharded
         # each expert lives on one device; the rest is replicated over the ep devices
@@ -360,7 +412,8 @@ def block_cost(
         whole = share if training.sequence_parallel else share // mode.tp
         kept = (block.output_bytes if token_bytes is None else token_bytes) / whole
         act, act_w = min(act, kept), min(act_w, kept)
-    return BlockCost(F=f, I=i, W=w, param_bytes=param_bytes, act_bytes=act, act_w_bytes=act_w, grad_sync=sync)
+    return BlockCost(F=f, I=i, W=w, param_bytes=param_bytes, act_bytes=act, act_w_bytes=act_w, grad_sync=sync,
+                     tp_comm=tp_comm, ep_comm=ep_comm, rerun_forward=training.recompute == "full")
 
 
 def stored_activation_bytes(block: Block, mode: Mode, sequence_parallel: bool = True) -> float:

@@ -18,10 +18,11 @@ instead of assuming a gain:
   path from one corner of a rectangle to the other, the first chain's time
   on one axis and the second's on the other, around the obstacles where the
   two chains would use the same stream (:func:`pair_length`);
-* chains of more than :data:`EXACT_OPS` operations are cut into pieces of
-  at most that many and paired piece by piece, one pair after the other
-  (:func:`piecewise_pair_length`): an achievable length, which may exceed
-  the exact optimum.
+* a chain of more than :data:`EXACT_OPS` operations first runs each of
+  its runs on one stream as one operation (:func:`compact`); chains still
+  longer are cut into pieces of at most that many and paired piece by
+  piece, one pair after the other (:func:`piecewise_pair_length`). Both
+  give an achievable length, which may exceed the exact optimum.
 
 Pipeline transfers are not stream operations here: the simulator already
 runs them off the devices (an edge's time delays the consumer without
@@ -124,12 +125,32 @@ def piecewise_pair_length(first: Sequence[StreamOp], second: Sequence[StreamOp],
     >>> piecewise_pair_length(a, a, 4), piecewise_pair_length(a, a, 2)
     (9.0, 10.0)
     """
-    a = tuple(op for op in first if op.seconds > 0)
-    b = tuple(op for op in second if op.seconds > 0)
+    a, b = compact(first, most), compact(second, most)
     k = max(1, -(-len(a) // most), -(-len(b) // most))
     cut_a = [round(t * len(a) / k) for t in range(k + 1)]
     cut_b = [round(t * len(b) / k) for t in range(k + 1)]
     return sum(exact_pair_length(a[cut_a[t]:cut_a[t + 1]], b[cut_b[t]:cut_b[t + 1]]) for t in range(k))
+
+
+def compact(chain: Sequence[StreamOp], most: int = EXACT_OPS) -> Chain:
+    """``chain`` without empty operations and, when longer than ``most``, with each run on one stream as one.
+
+    A run held together cannot let the other chain's operation in between,
+    so a pair of compacted chains is achievable by the originals.
+
+    >>> compact([StreamOp(COMPUTE, 1.0), StreamOp(COMPUTE, 2.0), StreamOp(COMM, 0.0)], most=1)
+    (StreamOp(streams=1, seconds=3.0),)
+    """
+    ops = [op for op in chain if op.seconds > 0]
+    if len(ops) <= most:
+        return tuple(ops)
+    runs: list[StreamOp] = []
+    for op in ops:
+        if runs and runs[-1].streams == op.streams:
+            runs[-1] = StreamOp(op.streams, runs[-1].seconds + op.seconds)
+        else:
+            runs.append(op)
+    return tuple(runs)
 
 
 def exact_pair_length(a: Chain, b: Chain) -> float:

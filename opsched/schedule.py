@@ -31,8 +31,11 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence, Union
 
 from opsched.errors import Deadlock, OpschedError
+from opsched.overlap import PassStreams, pair_length
 
 PASSES = ("F", "I", "W", "B")
+#: the backward passes an F may pair with (a W has no communication to hide and DualPipe never pairs it)
+PAIRED_BACKWARDS = ("I", "B")
 
 
 # --------------------------------------------------------------------------- model
@@ -55,6 +58,10 @@ class Stage:
     processes half the microbatches. ``copy_of`` names the stage whose
     parameters this stage replicates (DualPipe's second copy), so metrics can
     count parameter copies.
+
+    ``streams`` (optional) lays each pass out as compute and communication
+    operations summing to its time; when both stages of an overlapped pair
+    have them, the pair's length is derived from them (:func:`pair_duration`).
     """
 
     id: int
@@ -66,6 +73,7 @@ class Stage:
     name: str = ""
     microbatches: tuple[int, ...] | None = None
     copy_of: int | None = None
+    streams: PassStreams | None = None
 
     def duration(self, pass_: str) -> float:
         if pass_ == "B" and "B" not in self.time:
@@ -116,7 +124,8 @@ class Edge:
 class StageGraph:
     """A DAG of stages on devices ``0 .. num_devices-1``.
 
-    ``overlap_gain`` is the overlap rule for F&B pairs, see :func:`pair_duration`.
+    ``overlap_gain`` is the overlap rule for F&B pairs of stages without
+    ``streams``, see :func:`pair_duration`.
     """
 
     stages: list[Stage]
@@ -146,6 +155,44 @@ class StageGraph:
             self._preds[e.dst].append(e)
         self._topo = _topological_order(self)
         self._on_device: dict[int, list[int]] | None = None  # device -> its stages, when first asked
+        self._pair_lengths: dict[tuple[int, str, int, str], float] = {}  # pair_duration's, per pair of passes
+        self._largest_saving: float | None = None
+
+    def largest_pair_saving(self) -> float:
+        """The largest fraction of its shorter part an overlapped pair of this graph saves, in [0, 1].
+
+        ``overlap_gain`` for stages without ``streams``; for stages with them,
+        the largest ``(a + b - pair) / min(a, b)`` over every F and backward
+        (I, W or B) of stages on the same devices. Every pair lasts at least
+        ``a + b - saving * min(a, b)``: the lower bounds' gain.
+
+        >>> chain_stage_graph(2, overlap_gain=0.5).largest_pair_saving()
+        0.5
+        """
+        if self._largest_saving is None:
+            saving = self.overlap_gain
+            for pair in self.stream_pairs(backwards=("I", "W", "B")):  # W too: the simulator would time such a pair
+                a = self.stage(pair.first.stage).duration("F")
+                b = self.stage(pair.second.stage).duration(pair.second.pass_)
+                if min(a, b) > 0:
+                    saving = max(saving, (a + b - pair_duration(self, pair)) / min(a, b))
+            self._largest_saving = min(1.0, saving)
+        return self._largest_saving
+
+    def stream_pairs(self, backwards: Sequence[str] = PAIRED_BACKWARDS) -> list["Pair"]:
+        """One pair for every F and backward pass of ``backwards`` of stages with stream operations on the same
+        devices."""
+        on_devices: dict[frozenset, list[Stage]] = {}
+        for st in self.stages:
+            if st.streams is not None:
+                on_devices.setdefault(frozenset(st.devices), []).append(st)
+        return [Pair(Job(f.id, 0, "F"), Job(x.id, 1, pass_))
+                for group in on_devices.values() for f in group for x in group for pass_ in backwards]
+
+    @property
+    def may_overlap(self) -> bool:
+        """Whether some overlapped pair is shorter than its two parts run one after the other."""
+        return self.largest_pair_saving() > 0
 
     def stage(self, sid: int) -> Stage:
         return self.stages[sid]
@@ -196,6 +243,13 @@ def _check_stage(s: Stage, num_devices: int) -> None:
             f"stage {s.id}: need 0 <= act_w_bytes <= act_bytes and param_bytes >= 0, "
             f"got act_bytes={s.act_bytes}, act_w_bytes={s.act_w_bytes}, param_bytes={s.param_bytes}"
         )
+    if s.streams is not None:
+        if "B" in s.time:
+            raise OpschedError(f"stage {s.id}: a measured B and stream operations cannot both time its backward")
+        for p in ("F", "I", "W"):
+            t, total = s.duration(p), s.streams.total(p)
+            if abs(total - t) > 1e-6 * max(t, 1e-9) or any(not op.seconds >= 0 for op in s.streams.chain(p)):
+                raise OpschedError(f"stage {s.id}: its {p} stream operations sum to {total}, its {p} time is {t}")
 
 
 def _topological_order(sg: StageGraph) -> list[int]:
@@ -372,14 +426,24 @@ def jobs_of(action: Action) -> tuple[Job, ...]:
 
 
 def pair_duration(sg: StageGraph, pair: Pair) -> float:
-    """Duration of an overlapped pair: ``a + b - gain * min(a, b)``.
+    """Duration of an overlapped pair of jobs lasting ``a`` and ``b`` alone.
 
-    With the default gain 0 an overlapped pair costs exactly its two parts (no
-    gain); gain 1 hides the shorter part entirely (perfect overlap).
+    When both stages have ``streams``: the shortest time to run the two
+    passes' operations at once, one per stream at a time
+    (:func:`opsched.overlap.pair_length`). Otherwise the graph's rule
+    ``a + b - gain * min(a, b)``: with the default gain 0 a pair costs
+    exactly its two parts; gain 1 hides the shorter part entirely.
     """
-    a = sg.stage(pair.first.stage).duration(pair.first.pass_)
-    b = sg.stage(pair.second.stage).duration(pair.second.pass_)
-    return a + b - sg.overlap_gain * min(a, b)
+    first, second = sg.stage(pair.first.stage), sg.stage(pair.second.stage)
+    a, b = first.duration(pair.first.pass_), second.duration(pair.second.pass_)
+    if first.streams is None or second.streams is None:
+        return a + b - sg.overlap_gain * min(a, b)
+    key = (first.id, pair.first.pass_, second.id, pair.second.pass_)
+    length = sg._pair_lengths.get(key)
+    if length is None:
+        derived = pair_length(first.streams.chain(pair.first.pass_), second.streams.chain(pair.second.pass_))
+        length = sg._pair_lengths[key] = min(a + b, max(a, b, derived))  # float sums kept within the two bounds
+    return length
 
 
 @dataclass(frozen=True)

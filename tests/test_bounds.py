@@ -1,7 +1,8 @@
 """Lower bounds are bounds: never above what any method achieves on the same StageGraph and memory.
 
 A property test over random chains and branching stage graphs, with and
-without overlap gain, measured fused backwards (shorter or longer than
+without overlap gain or with pairs timed from random stream operations
+(:mod:`opsched.overlap`), measured fused backwards (shorter or longer than
 I + W), tight and loose memory. Every bound ``opsched.lower.solve`` can
 report (the makespan bound, the span bound, and what ``solve`` itself
 reports, which may include the whole MIP's bound) is checked against:
@@ -19,7 +20,7 @@ from :func:`opsched.schedule.simulate` on the same graph.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from hypothesis import HealthCheck, given, note, settings
@@ -33,6 +34,7 @@ from opsched.lower.bounds import lower_bound, span_lower_bound
 from opsched.lower.jobs import JobSet, activation_budgets, minimum_memory_limit, order_fits
 from opsched.lower.listsched import default_variants, list_schedule
 from opsched.lower.lns import objective_value
+from opsched.overlap import COMM, COMPUTE, PassStreams, StreamOp
 from opsched.schedule import Edge, Job, Pair, Stage, StageGraph, simulate, stage_placement
 
 TOL = 1e-9
@@ -93,14 +95,33 @@ def _shape(draw, max_stages: int) -> tuple[str, int, int, list[tuple[int, int]],
     return kind, n, d, edges, None
 
 
+def _streams(draw, stage: Stage) -> PassStreams:
+    """Random compute and communication operations summing to each pass time of ``stage``."""
+    chains = []
+    for p in ("F", "I", "W"):
+        total, ops = stage.duration(p), []
+        cuts = sorted(draw(st.lists(st.sampled_from([0.25, 0.5, 0.75]), max_size=2, unique=True)))
+        stream = draw(st.sampled_from([COMPUTE, COMM]))
+        for lo, hi in zip([0.0] + cuts, cuts + [1.0]):
+            ops.append(StreamOp(stream, total * (hi - lo)))
+            stream = COMM if stream == COMPUTE else COMPUTE
+        chains.append(tuple(ops))
+    return PassStreams(*chains)
+
+
 @st.composite
 def instances(draw, max_stages: int = 4, max_microbatches: int = 3) -> Instance:
     kind, n, d, pairs, place = _shape(draw, max_stages)
-    measured = draw(st.integers(0, 2)) == 0  # a third of the instances have measured fused backwards
+    rule = draw(st.sampled_from(["gain 0", "gain 0.5", "gain 1", "streams"]))  # how overlapped pairs are timed
+    # a third of the other instances have measured fused backwards (stream operations time I + W)
+    measured = rule != "streams" and draw(st.integers(0, 2)) == 0
     stages = [_stage(draw, k, (place[k],) if place else _devices(draw, d), measured) for k in range(n)]
+    if rule == "streams":
+        stages = [replace(s, streams=_streams(draw, s)) for s in stages]
     comm = draw(st.sampled_from([0.0, 0.0, 0.5]))
     edges = [Edge(a, b, time=comm if stages[a].devices != stages[b].devices else 0.0) for a, b in pairs]
-    sg = StageGraph(stages, edges, num_devices=d, overlap_gain=draw(st.sampled_from([0.0, 0.5, 1.0])))
+    gain = float(rule.split()[1]) if rule.startswith("gain") else 0.0
+    sg = StageGraph(stages, edges, num_devices=d, overlap_gain=gain)
     m = draw(st.integers(1, max_microbatches))
     least = minimum_memory_limit(sg, m)
     limit = draw(st.sampled_from([None, least, least + 1.0, least + 3.0]))
@@ -125,7 +146,7 @@ def _values(sg: StageGraph, order, microbatches: int, budgets) -> tuple[float, f
 def _same_graph(a: StageGraph, b: StageGraph) -> bool:
     key = lambda g: (  # noqa: E731
         [(s.devices, dict(s.time), s.act_bytes, s.act_w_bytes, s.param_bytes, s.microbatches) for s in g.stages],
-        sorted((e.src, e.dst, e.time) for e in g.edges), g.num_devices, g.overlap_gain)
+        sorted((e.src, e.dst, e.time) for e in g.edges), g.num_devices, g.overlap_gain, [s.streams for s in g.stages])
     return key(a) == key(b)
 
 
@@ -216,7 +237,7 @@ def device_actions(js: JobSet, device: int, budget: float | None, pairs: bool, c
 def brute_force(inst: Instance, budgets, split: bool, cap: int) -> tuple[float, float] | None:
     """(least makespan, least span) over every combination of device orders; None when there are over ``cap``."""
     js = JobSet(inst.sg, inst.microbatches, split)
-    pairs = inst.sg.overlap_gain > 0
+    pairs = inst.sg.may_overlap
     per_device = []
     for d in sorted(js.on_device):
         seqs = device_actions(js, d, None if budgets is None else budgets[d], pairs, cap)
@@ -281,7 +302,7 @@ def _solve_isolated(sg: StageGraph, m: int, **options):
 
 def _mip_bound_case(inst: Instance) -> bool:
     """Small, and of the kind where solve may take the whole MIP's bound (no pair gain, no short fused B)."""
-    return (len(JobSet(inst.sg, inst.microbatches)) <= 18 and inst.sg.overlap_gain == 0
+    return (len(JobSet(inst.sg, inst.microbatches)) <= 18 and not inst.sg.may_overlap
             and all(s.duration("B") >= s.duration("I") + s.duration("W") for s in inst.sg.stages))
 
 

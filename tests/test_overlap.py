@@ -1,6 +1,7 @@
 """Operator-level overlap: the pair length against brute force, and its bounds."""
 
 import itertools
+import re
 import random
 
 import pytest
@@ -88,3 +89,69 @@ def test_pass_streams_merge_in_pipeline_order():
     assert [op.seconds for op in both.I] == [5.0, 2.0]  # the later stage's backward runs first
     assert [op.seconds for op in both.chain("B")] == [5.0, 2.0, 6.0, 3.0]
     assert both.scaled(0.5).total("B") == pytest.approx(8.0)
+
+
+# --------------------------------------------------------------------------- from the cost model to the schedule
+
+
+def _costs():
+    from opsched.cluster import Training, preset
+    from opsched.cost import Mode, block_cost
+    from opsched.graph import Block
+
+    cluster = preset("h100-sxm", 8)
+    layer = Block(0, "model.layers.0.mlp.experts", (), (), flops=4e12, param_count=10**8, output_bytes=64e6)
+    out = []
+    for recompute in ("none", "selective", "full"):
+        training = Training(recompute=recompute)
+        for mode in (Mode(), Mode(tp=2), Mode(ep=8), Mode(tp=2, ep=4)):
+            out.append(block_cost(layer, mode, tuple(range(mode.size)), cluster, training))
+    return out
+
+
+def test_block_streams_sum_to_the_pass_times_and_carry_the_communication():
+    for cost in _costs():
+        streams = cost.streams()
+        for p in ("F", "I", "W"):
+            assert streams.total(p) == pytest.approx(getattr(cost, p))
+        comm = sum(op.seconds for op in streams.F if op.streams == COMM)
+        assert comm == pytest.approx(cost.tp_comm + cost.ep_comm)
+        assert all(op.streams == COMPUTE for op in streams.W)
+
+
+def test_a_stage_with_expert_all_to_alls_hides_them_in_a_pair_and_round_trips_through_plan_json():
+    from opsched.cost import stage_streams
+    from opsched.export.plan_json import plan_dict, schedule_from_dict
+    from opsched.schedule import Job, Pair, Schedule, Stage, StageGraph, pair_duration, simulate, validate
+
+    costs = [c for c in _costs() if c.ep_comm > 0][:2]
+    time = {p: sum(getattr(c, p) for c in costs) for p in ("F", "I", "W")}
+    stage = Stage(0, tuple(range(8)), time, streams=stage_streams(costs))
+    sg = StageGraph([stage])
+    f, b = stage.duration("F"), stage.duration("B")
+    pair = pair_duration(sg, Pair(Job(0, 1, "F"), Job(0, 0, "B")))
+    assert max(f, b) <= pair < f + b
+    assert 0 < sg.largest_pair_saving() <= 1
+    order = {d: [Job(0, 0, "F"), Pair(Job(0, 1, "F"), Job(0, 0, "B")), Job(0, 1, "B")] for d in range(8)}
+    schedule = Schedule(sg, 2, simulate(sg, order, 2))
+    validate(schedule)
+    again, _ = schedule_from_dict(plan_dict(schedule))
+    assert again.stage_graph.stages[0].streams == stage.streams
+    assert max(e.end for e in again.events) == pytest.approx(f + pair + b)
+
+
+@pytest.mark.parametrize("streams, message", [
+    ({"F": [["compute", 0.5]], "I": [["compute", 2.0]], "W": [["compute", 1.0]]}, "F stream operations sum to 0.5"),
+    ({"F": [["gpu", 1.0]], "I": [["compute", 2.0]], "W": [["compute", 1.0]]}, "must be [stream, seconds]"),
+    ({"F": [["compute", 1.0]], "I": [["compute", 2.0]]}, "streams.W must be a list"),
+])
+def test_plan_json_rejects_stream_operations_that_do_not_add_up(streams, message):
+    from opsched.errors import OpschedError
+    from opsched.export.plan_json import plan_dict, schedule_from_dict
+    from opsched.schedule import Job, Schedule, chain_stage_graph, simulate
+
+    sg = chain_stage_graph(1, f=1, b=2, w=1)
+    doc = plan_dict(Schedule(sg, 1, simulate(sg, {0: [Job(0, 0, "F"), Job(0, 0, "B")]}, 1)))
+    doc["stages"][0]["streams"] = streams
+    with pytest.raises(OpschedError, match=re.escape(message)):
+        schedule_from_dict(doc)

@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from opsched.errors import Unsupported
+from opsched.overlap import PassStreams, compact
 from opsched.schedule import Edge, Schedule, Stage, StageGraph
 
 #: a placement rule: (logical stage, devices) -> the devices that stage's copies run on
@@ -61,6 +62,7 @@ class Part:
     name: str
     link_in: float | None
     bytes_in: float = 0.0
+    streams: PassStreams | None = None
 
 
 def chain_stages(sg: StageGraph) -> list[Stage]:
@@ -205,6 +207,7 @@ def regroup(sg: StageGraph, count: int, comm: float | None = None) -> list[Part]
             parts.append(
                 Part(
                     time=_summed_times(group),
+                    streams=_merged_streams(group),
                     param_bytes=sum(s.param_bytes for s in group),
                     act_bytes=sum(s.act_bytes for s in group),
                     act_w_bytes=sum(s.act_w_bytes for s in group),
@@ -235,6 +238,7 @@ def regroup(sg: StageGraph, count: int, comm: float | None = None) -> list[Part]
             parts.append(
                 Part(
                     time={x: float(s.time[x]) / pieces for x in s.timed_passes()},
+                    streams=None if s.streams is None else s.streams.scaled(1 / pieces),
                     param_bytes=s.param_bytes / pieces,
                     act_bytes=s.act_bytes / pieces,
                     act_w_bytes=s.act_w_bytes / pieces,
@@ -267,6 +271,7 @@ def _build(
             act_w_bytes=part.act_w_bytes,
             name=part.name,
             microbatches=microbatches,
+            streams=part.streams,
             copy_of=k if copy else None,
         )
         for k, part in enumerate(parts)
@@ -389,6 +394,16 @@ def expect_placement(sg: StageGraph, count: int, devices_of: DevicesOf, method: 
             f"{method} needs {rule}; stages {wrong} are elsewhere; use baselines.placed_stage_graph"
         )
     expect_chain_edges(sg, list(range(len(place))), method)
+
+
+def _merged_streams(group: list[Stage]) -> PassStreams | None:
+    """The stream operations of consecutive stages run as one (None unless every stage has them)."""
+    if any(s.streams is None for s in group):
+        return None
+    merged = group[0].streams
+    for s in group[1:]:
+        merged = merged.then(s.streams)
+    return PassStreams(*(compact(merged.chain(p)) for p in ("F", "I", "W")))
 
 
 def _summed_times(group) -> dict:

@@ -26,6 +26,7 @@ examples:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -128,8 +129,10 @@ def stage_graph_from_args(args: argparse.Namespace):
         schedule, _doc = read_plan(args.plan)
         m = args.microbatches or schedule.microbatches
         sg = schedule.stage_graph
-        if args.overlap_gain:  # 0, the default, keeps the plan's own gain
-            sg.overlap_gain = args.overlap_gain
+        if args.overlap_gain:  # 0, the default, keeps the plan's own pair rule
+            # the flag replaces it: stages keeping their stream operations would still time their pairs from them
+            sg = StageGraph([dataclasses.replace(s, streams=None) for s in sg.stages], list(sg.edges),
+                            num_devices=sg.num_devices, overlap_gain=args.overlap_gain)
         return sg, m
     if args.stages is None or args.microbatches is None:
         raise OpschedError("give --stages P and --microbatches M (or --plan PLAN.json)")

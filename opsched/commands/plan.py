@@ -648,14 +648,25 @@ def candidates_table(result) -> list[str]:
     return lines
 
 
+def own_pair(sg, sid: int) -> tuple[float, float]:
+    """The overlapped pair of stage ``sid``'s F and B (two microbatches) and its gain, ``(F + B - pair) / min(F, B)``."""
+    from opsched.schedule import Job, Pair, pair_duration
+
+    f, b = sg.stage(sid).duration("F"), sg.stage(sid).duration("B")
+    pair = pair_duration(sg, Pair(Job(sid, 0, "F"), Job(sid, 1, "B")))
+    return pair, (f + b - pair) / min(f, b) if min(f, b) > 0 else 0.0
+
+
 def stages_table(result) -> list[str]:
     """The report's Stages section: every stage's devices, times, layers and parallel modes, for every plan."""
     from opsched.units import column_time_unit
 
-    stages = result.schedule.stage_graph.stages
+    sg = result.schedule.stage_graph
+    stages = sg.stages
     unit = column_time_unit([s.time[p] for s in stages for p in ("F", "I", "W")])
     lines = ["", "## Stages", "",
-             f"| stage | devices | F / I / W ({unit.name}) | layers | parallel modes |", "|---|---|---|---|---|"]
+             f"| stage | devices | F / I / W ({unit.name}) | F&B pair ({unit.name}) | overlap gain | layers | "
+             "parallel modes |", "|---|---|---|---|---|---|---|"]
     for s in stages:
         t = s.time
         held = result.stage_contents.get(s.id)
@@ -663,8 +674,12 @@ def stages_table(result) -> list[str]:
         layers = (held.layers if held else "-") + copy
         modes = held.modes_text if held else "-"
         devices = f"{s.devices[0]}" if len(s.devices) == 1 else f"{s.devices[0]}-{s.devices[-1]}"
+        pair, gain = own_pair(sg, s.id)
         lines.append(f"| {s.id} | {devices} | {' / '.join(unit.number(t[p]) for p in ('F', 'I', 'W'))} | "
-                     f"{layers} | {modes} |")
+                     f"{unit.number(pair)} | {gain:.2f} | {layers} | {modes} |")
+    lines += ["", "F&B pair: the stage's forward of one microbatch and backward (B) of another run overlapped, timed "
+              "from the passes' compute and communication operations (docs/cost-model.md, \"Overlap\"); overlap gain: "
+              "the share of the shorter pass it hides, (F + B - pair) / min(F, B)."]
     if not result.stage_contents:
         lines += ["", "(this schedule regroups the model's split into its own stages, so which blocks each holds is not tracked)"]
     else:

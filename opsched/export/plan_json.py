@@ -3,8 +3,10 @@
 A plan file holds the StageGraph (stages with their device groups, times,
 memory; edges with transfer times), the timed events and the metrics, so
 another tool can check or draw it without opsched. Optional fields written
-when they matter: a stage's ``name``, ``microbatches`` (the subset it runs)
-and ``copy_of``; top-level ``overlap_gain`` and ``method``.
+when they matter: a stage's ``name``, ``microbatches`` (the subset it runs),
+``copy_of`` and ``streams`` (its passes' compute and communication
+operations, from which overlapped pairs are timed); top-level
+``overlap_gain`` and ``method``.
 
 docs/plan.schema.json is the contract as a JSON Schema (draft 2020-12): the
 tests check that :func:`plan_dict` follows it. The reader does not use it (a
@@ -30,6 +32,7 @@ from typing import Any
 
 from opsched.errors import OpschedError
 from opsched.fileio import write_text
+from opsched.overlap import STREAM_NAMES, PassStreams, StreamOp
 from opsched.schedule import PASSES, Edge, Event, Metrics, Schedule, Stage, StageGraph
 from opsched.schedule import metrics as schedule_metrics
 from opsched.schedule import validate as validate_schedule
@@ -91,6 +94,8 @@ def _stage_dict(sg: StageGraph, s: Stage) -> dict:
         d["microbatches"] = [int(m) for m in s.microbatches]
     if s.copy_of is not None:
         d["copy_of"] = int(s.copy_of)
+    if s.streams is not None:
+        d["streams"] = s.streams.to_dict()
     return d
 
 
@@ -247,8 +252,25 @@ def _stage_from(raw: Any, k: int) -> tuple[Stage, list[int]]:
         name=str(raw.get("name", "")),
         microbatches=None if raw.get("microbatches") is None else _ints(raw, "microbatches", f"{where}.microbatches"),
         copy_of=None if raw.get("copy_of") is None else _int(raw, "copy_of", f"{where}.copy_of"),
+        streams=None if raw.get("streams") is None else _streams_from(_object(raw["streams"], f"{where}.streams"),
+                                                                        f"{where}.streams"),
     )
     return stage, list(_ints(raw, "preds", f"{where}.preds"))
+
+
+def _streams_from(raw: dict, where: str) -> PassStreams:
+    """A stage's ``streams``: per pass F, I, W a list of ``[stream, seconds]`` with stream compute or comm."""
+    by_name = {name: mask for mask, name in STREAM_NAMES.items()}
+    chains = []
+    for p in ("F", "I", "W"):
+        ops = []
+        for k, op in enumerate(_list(raw, p, f"{where}.{p}")):
+            if not (isinstance(op, list) and len(op) == 2 and op[0] in by_name):
+                raise OpschedError(f"field {where}.{p}[{k}] must be [stream, seconds] with stream "
+                                   f"{' or '.join(sorted(by_name))}, got {op!r}")
+            ops.append(StreamOp(by_name[op[0]], _num({"v": op[1]}, "v", f"{where}.{p}[{k}][1]")))
+        chains.append(tuple(ops))
+    return PassStreams(*chains)
 
 
 def _edge_from(raw: Any, k: int) -> Edge:

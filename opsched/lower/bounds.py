@@ -87,7 +87,7 @@ def own_orders_hold_every_schedule(js: JobSet) -> bool:
     True for split jobs, no overlap gain and no measured B shorter than I + W:
     then a bound on those orders (the MIP's) bounds every schedule.
     """
-    return js.split_backward and js.sg.overlap_gain == 0 and not _short_fused_backward(js.sg)
+    return js.split_backward and not js.sg.may_overlap and not _short_fused_backward(js.sg)
 
 
 def _short_fused_backward(sg: StageGraph) -> bool:
@@ -100,7 +100,7 @@ def pair_shares(js: JobSet, ks: list[int], pairs: bool = True) -> list[list[floa
     Just the durations when the overlap gain is 0 or without ``pairs`` (no pair saves time).
     """
     durations = [js.duration[k] for k in ks]
-    gain = js.sg.overlap_gain if pairs else 0.0
+    gain = js.sg.largest_pair_saving() if pairs else 0.0
     if gain <= 0:
         return [durations]
     whole = [_backward_length(js, k) for k in ks]

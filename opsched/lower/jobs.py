@@ -31,12 +31,10 @@ import graphlib
 from typing import Iterable, Mapping, Sequence
 
 from opsched.errors import MemoryTooSmall, OpschedError
-from opsched.schedule import Job, Order, StageGraph, dependencies, device_param_bytes, jobs_of
+from opsched.schedule import PAIRED_BACKWARDS, Job, Order, StageGraph, dependencies, device_param_bytes, jobs_of
 
 #: relative tolerance for comparing times and memory
 EPS = 1e-9
-#: the backward passes an F may overlap with in a pair (DualPipe's F&B)
-PAIRED_BACKWARDS = ("I", "B")
 
 
 class JobSet:

@@ -378,7 +378,7 @@ class _ListScheduler:
         action: Action = js.jobs[k]
         dur = js.duration[k]
         partner = None
-        if self.v.pairs and js.sg.overlap_gain > 0:
+        if self.v.pairs and js.sg.may_overlap:
             partner = _pair_partner(js, k, now, self.keys)
             if partner is not None:
                 f, b = (k, partner) if js.jobs[k].pass_ == "F" else (partner, k)
@@ -490,7 +490,7 @@ def default_variants(js: JobSet, allow_pairs: bool = False) -> list[Variant]:
         timed = timed_warmup(js, extra)
         variants += [Variant("zb", None, w, warmup=timed) for w in (False, True)]
         variants.append(Variant("zb", None, warmup=timed, guard_last_backward=True))
-    if allow_pairs and js.sg.overlap_gain > 0:
+    if allow_pairs and js.sg.may_overlap:
         variants += [Variant(p, c, w, pairs=True) for p in ("zb", "forward") for c in caps for w in (False, True)]
     return variants
 

@@ -356,7 +356,7 @@ def _pairs_searched(js: JobSet, allow_pairs: bool, objective: Objective) -> bool
 
     (The span objective's device spans are written for single jobs.)
     """
-    return allow_pairs and js.sg.overlap_gain > 0 and objective == Objective.MAKESPAN
+    return allow_pairs and js.sg.may_overlap and objective == Objective.MAKESPAN
 
 
 def _search_bound(js: JobSet, budgets, objective: Objective, bound: float, allow_pairs: bool) -> float:

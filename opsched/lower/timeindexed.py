@@ -38,6 +38,7 @@ from typing import Iterable, Mapping
 import mip
 
 from opsched.lower.jobs import PAIRED_BACKWARDS, JobSet, topological_order
+from opsched.overlap import PassStreams
 from opsched.schedule import Action, Edge, Job, Pair, Stage, StageGraph, pair_duration
 from opsched.solver import Objective, Status, collector_paused, new_model
 
@@ -70,6 +71,7 @@ def slotted_stage_graph(sg: StageGraph, slot: float) -> StageGraph:
             name=s.name,
             microbatches=s.microbatches,
             copy_of=s.copy_of,
+            streams=_slotted_streams(s, slot),
         )
         for s in sg.stages
     ]
@@ -77,12 +79,23 @@ def slotted_stage_graph(sg: StageGraph, slot: float) -> StageGraph:
     return StageGraph(stages, edges, num_devices=sg.num_devices, overlap_gain=sg.overlap_gain)
 
 
+def _slotted_streams(st: Stage, slot: float) -> PassStreams | None:
+    """The stage's stream operations in slots, each pass's scaled to its rounded-up length."""
+    if st.streams is None:
+        return None
+    return st.streams.scaled({p: to_slots(st.duration(p), slot) / st.duration(p) if st.duration(p) > 0 else 0.0
+                              for p in ("F", "I", "W")})
+
+
 def slotted_times(sg: StageGraph, pairs: bool = False) -> list[float]:
     """The positive times a slot must divide for slotting to lose nothing: every pass and transfer time, and with
-    ``pairs`` (and a positive overlap gain) ``gain x`` for every pass time ``x`` (so pair lengths are whole too)."""
+    ``pairs`` (and a positive overlap gain) ``gain x`` for every pass time ``x`` (so pair lengths are whole too),
+    and every pair length of stages with stream operations."""
     values = [float(s.time[p]) for s in sg.stages for p in s.timed_passes() if float(s.time[p]) > 0]
     if pairs and sg.overlap_gain > 0:
         values += [sg.overlap_gain * v for v in values]
+    if pairs:
+        values += [pair_duration(sg, pair) for pair in sg.stream_pairs()]
     return values + [e.time for e in sg.edges if e.time > 0]
 
 

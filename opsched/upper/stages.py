@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
-from opsched.cost import Mode
+from opsched.cost import Mode, stage_streams
 from opsched.errors import OpschedError
 from opsched.schedule import Edge, Stage, StageGraph
 from opsched.upper.mip import Assignment, UpperProblem
@@ -72,6 +72,7 @@ def build_stage_graph(p: UpperProblem, assignment: Assignment) -> StagePlan:
                 act_bytes=sum(c.act_bytes for c in costs),
                 act_w_bytes=sum(c.act_w_bytes for c in costs),
                 name="+".join(p.names.get(b, str(b)) for b in members)[:120],
+                streams=stage_streams(costs),
             )
         )
         blocks_of[sid] = members
