@@ -118,7 +118,7 @@ def method_names(args: argparse.Namespace) -> list[str]:
 
 def stage_graph_from_args(args: argparse.Namespace):
     """(StageGraph, microbatches) from the synthetic flags or from --plan."""
-    from opsched.schedule import chain_stage_graph
+    from opsched.schedule import StageGraph, chain_stage_graph
 
     if args.plan:
         synthetic = [f for f in ("stages", "devices") if getattr(args, f) is not None]
