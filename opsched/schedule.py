@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import graphlib
 import heapq
+import math
 import numbers
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence, Union
@@ -125,13 +126,15 @@ class StageGraph:
     """A DAG of stages on devices ``0 .. num_devices-1``.
 
     ``overlap_gain`` is the overlap rule for F&B pairs of stages without
-    ``streams``, see :func:`pair_duration`.
+    ``streams``, see :func:`pair_duration`. ``whole_pairs`` rounds every pair
+    length up to a whole number (a slotted graph, whose times are slots).
     """
 
     stages: list[Stage]
     edges: list[Edge] = field(default_factory=list)
     num_devices: int | None = None
     overlap_gain: float = 0.0
+    whole_pairs: bool = False
 
     def __post_init__(self) -> None:
         ids = [s.id for s in self.stages]
@@ -435,14 +438,18 @@ def pair_duration(sg: StageGraph, pair: Pair) -> float:
     exactly its two parts; gain 1 hides the shorter part entirely.
     """
     first, second = sg.stage(pair.first.stage), sg.stage(pair.second.stage)
-    a, b = first.duration(pair.first.pass_), second.duration(pair.second.pass_)
-    if first.streams is None or second.streams is None:
-        return a + b - sg.overlap_gain * min(a, b)
     key = (first.id, pair.first.pass_, second.id, pair.second.pass_)
     length = sg._pair_lengths.get(key)
     if length is None:
-        derived = pair_length(first.streams.chain(pair.first.pass_), second.streams.chain(pair.second.pass_))
-        length = sg._pair_lengths[key] = min(a + b, max(a, b, derived))  # float sums kept within the two bounds
+        a, b = first.duration(pair.first.pass_), second.duration(pair.second.pass_)
+        if first.streams is None or second.streams is None:
+            length = a + b - sg.overlap_gain * min(a, b)
+        else:
+            derived = pair_length(first.streams.chain(pair.first.pass_), second.streams.chain(pair.second.pass_))
+            length = min(a + b, max(a, b, derived))  # float sums kept within the two bounds
+        if sg.whole_pairs:  # never shorter than the pair it stands for: what the slotted schedule holds is enough
+            length = float(math.ceil(length - 1e-9 * max(1.0, length)))
+        sg._pair_lengths[key] = length
     return length
 
 

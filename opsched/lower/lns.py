@@ -88,7 +88,7 @@ class SlottedTiming:
 def slotted_timing(js: JobSet, order: Order, slot: float, ssg: StageGraph | None = None) -> SlottedTiming:
     """Time ``order`` with slot-rounded durations (``ssg``: the slotted StageGraph, when the caller has it).
 
-    Pair lengths must be whole slots (:func:`opsched.lower.timeindexed.exact_slot` with ``pairs``).
+    Pair lengths are whole slots, rounded up (:func:`opsched.lower.timeindexed.pair_length`).
     """
     ssg = ssg or slotted_stage_graph(js.sg, slot)
     events = simulate(ssg, {d: list(a) for d, a in order.items()}, js.microbatches)
@@ -97,9 +97,7 @@ def slotted_timing(js: JobSet, order: Order, slot: float, ssg: StageGraph | None
         for a in acts:
             if isinstance(a, Pair):
                 forward, backward = (a.first, a.second) if a.first.pass_ == "F" else (a.second, a.first)
-                length = pair_length(ssg, forward, backward)
-                assert length is not None, "pairs are searched only with an exact slot for them"
-                pairs[js.index[forward], js.index[backward]] = length
+                pairs[js.index[forward], js.index[backward]] = pair_length(ssg, forward, backward)
     return SlottedTiming({js.index[e.job]: int(round(e.start)) for e in events},
                          int(round(max(e.end for e in events))), pairs)
 

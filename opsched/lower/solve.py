@@ -336,7 +336,7 @@ def _search(
     best = evaluate(js, start, objective)
     pairs = _pairs_searched(js, allow_pairs, objective)
     slot = slot or auto_slot(js.sg, best.makespan, pairs=pairs)
-    run.pairs = pairs and _divides(slot, js.sg, pairs=True)
+    run.pairs = pairs  # an inexact slot rounds pair lengths up, as it does every pass (pair_length)
     if _has_pairs(start) and not run.pairs:  # the MIP cannot move these pairs: the order is kept as it is
         run.send(f"warm start {name}")
         return run.news(done=True)
@@ -510,13 +510,10 @@ def _mip_covers_every_schedule(js: JobSet, objective: Objective) -> bool:
     return objective == Objective.MAKESPAN and own_orders_hold_every_schedule(js)
 
 
-def _divides(slot: float, sg, pairs: bool = False) -> bool:
-    """Whether ``slot`` divides every pass and transfer time exactly (so slotting loses nothing).
-
-    With ``pairs``, also ``gain x`` for every pass time ``x`` (every overlapped pair's length).
-    """
+def _divides(slot: float, sg) -> bool:
+    """Whether ``slot`` divides every pass and transfer time exactly (so slotting loses nothing)."""
     # zero times divide by any slot: the positive ones decide
-    return all(abs(v / slot - round(v / slot)) <= 1e-7 * max(1.0, v / slot) for v in slotted_times(sg, pairs))
+    return all(abs(v / slot - round(v / slot)) <= 1e-7 * max(1.0, v / slot) for v in slotted_times(sg))
 
 
 def _proven(makespan: float, bound: float) -> bool:

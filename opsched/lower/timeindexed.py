@@ -76,7 +76,7 @@ def slotted_stage_graph(sg: StageGraph, slot: float) -> StageGraph:
         for s in sg.stages
     ]
     edges = [Edge(e.src, e.dst, float(to_slots(e.time, slot)), e.bytes) for e in sg.edges]
-    return StageGraph(stages, edges, num_devices=sg.num_devices, overlap_gain=sg.overlap_gain)
+    return StageGraph(stages, edges, num_devices=sg.num_devices, overlap_gain=sg.overlap_gain, whole_pairs=True)
 
 
 def _slotted_streams(st: Stage, slot: float) -> PassStreams | None:
@@ -337,14 +337,14 @@ def full_windows(sp: SlotProblem, horizon: int, symmetry: bool = True) -> None:
     sp.ls = {k: ls[k] for k in range(len(js))}
 
 
-def pair_length(ssg: StageGraph, forward: Job, backward: Job) -> int | None:
-    """The slots an overlapped pair lasts on the slotted StageGraph ``ssg``, ``None`` when not a whole number.
+def pair_length(ssg: StageGraph, forward: Job, backward: Job) -> int:
+    """The slots an overlapped pair lasts on the slotted StageGraph ``ssg``.
 
-    The one rule is :func:`opsched.schedule.pair_duration`; an exact slot for
-    pairs (:func:`exact_slot` with ``pairs``) makes every length whole.
+    The one rule is :func:`opsched.schedule.pair_duration`, rounded up to
+    whole slots on the slotted graph (never shorter than the pair); with an
+    exact slot for pairs (:func:`exact_slot` with ``pairs``) nothing is lost.
     """
-    n = pair_duration(ssg, Pair(forward, backward))
-    return int(round(n)) if abs(n - round(n)) <= 1e-7 * max(1.0, n) else None
+    return int(round(pair_duration(ssg, Pair(forward, backward))))
 
 
 def add_pair_options(sp: SlotProblem, ssg: StageGraph, starts: Mapping[int, int],
@@ -380,8 +380,6 @@ def add_pair_options(sp: SlotProblem, ssg: StageGraph, starts: Mapping[int, int]
     options = []
     for a, b in sorted(wanted):
         n = pair_length(ssg, js.jobs[a], js.jobs[b])
-        if n is None:
-            continue
         es = max(sp.es[a], sp.es[b])
         ls = min(sp.ls[a] + sp.p[a], sp.ls[b] + sp.p[b]) - n
         if es <= ls:
