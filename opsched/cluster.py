@@ -142,6 +142,9 @@ class Training:
     #: data-parallel replicas take whole sequences: a block's dp degree divides ``microbatch_size``
     #: (False: a dp mode may split a microbatch's one sequence, which is context parallelism, uncosted)
     whole_sequences: bool = False
+    #: an overlapped F&B pair runs one pass's communication under the other's compute (a runtime that overlaps
+    #: them, as DualPipe's does); False: a pair costs its two passes, as torch runs OVERLAP_F_B (F, then B)
+    overlap_pairs: bool = True
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_MODES:

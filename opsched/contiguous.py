@@ -127,7 +127,7 @@ def contiguous_chain(p: UpperProblem, uniform: bool = True) -> ContiguousChain |
                 act_bytes=sum(c.act_bytes for c in costs),
                 act_w_bytes=sum(c.act_w_bytes for c in costs),
                 name=f"part{k}",
-                streams=stage_streams(costs),
+                streams=stage_streams(costs) if p.overlap_pairs else None,
             )
         )
         syncs.append(sum(c.grad_sync for c in costs))

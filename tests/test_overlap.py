@@ -155,3 +155,29 @@ def test_plan_json_rejects_stream_operations_that_do_not_add_up(streams, message
     doc["stages"][0]["streams"] = streams
     with pytest.raises(OpschedError, match=re.escape(message)):
         schedule_from_dict(doc)
+
+
+@pytest.mark.parametrize("overlap_pairs", [True, False])
+def test_planned_stages_carry_stream_operations_only_for_a_runtime_that_overlaps_pairs(overlap_pairs):
+    import networkx as nx
+
+    from opsched.cluster import Training, preset
+    from opsched.cost import Mode
+    from opsched.graph import Block
+    from opsched.schedule import Job, Pair, pair_duration
+    from opsched.upper.layouts import Layout
+    from opsched.upper.mip import upper_problem
+    from opsched.upper.stages import build_stage_graph
+
+    bg = nx.DiGraph(kind="BlockGraph")
+    for i in range(2):
+        bg.add_node(i, block=Block(i, f"model.layers.{i}", (), (), flops=1e13, param_count=10**8, output_bytes=64e6))
+    bg.add_edge(0, 1, bytes=1e6)
+    p = upper_problem(bg, Layout(2, 1), preset("h100-sxm", 2), Training(overlap_pairs=overlap_pairs))
+    sg = build_stage_graph(p, {0: (0, Mode(tp=2)), 1: (0, Mode(tp=2))}).stage_graph
+    stage = sg.stages[0]
+    pair = pair_duration(sg, Pair(Job(0, 1, "F"), Job(0, 0, "B")))
+    if overlap_pairs:
+        assert stage.streams is not None and pair < stage.duration("F") + stage.duration("B")
+    else:
+        assert stage.streams is None and pair == stage.duration("F") + stage.duration("B")

@@ -139,7 +139,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep only plans this runtime can run, so that `opsched export` writes its files: "
                              "torch (--torch-csv), megatron (--megatron), torchtitan (--torchtitan with --torch-csv); "
                              "any (default) keeps every plan. With megatron or torchtitan, Megatron-style layouts "
-                             "(whole layers, one configuration) join the search even without --global-batch")
+                             "(whole layers, one configuration) join the search even without --global-batch. "
+                             "Only with any does an overlapped F&B pair hide one pass's communication under the "
+                             "other's compute (a runtime that overlaps them, as DualPipe's does): torch runs "
+                             "OVERLAP_F_B as F then B, so with a runtime named a pair costs its two passes")
     parser.add_argument("--solver", default="cbc", choices=SOLVERS, help="MIP solver (default cbc; highs needs pip install highsbox)")
     parser.add_argument("-o", "--out", required=True, metavar="OUTDIR",
                         help="directory for the plan files (made if missing; checked before any work)")
@@ -180,7 +183,9 @@ def run(args: argparse.Namespace) -> int:
                            "microbatches; plan with --microbatches M")
     training = Training(microbatches=microbatches, microbatch_size=int(used_dims.get("batch", 1)),
                         zero=args.zero, recompute="none" if args.recompute == "auto" else args.recompute,
-                        whole_sequences=args.global_batch is not None)
+                        whole_sequences=args.global_batch is not None,
+                        # torch (and torchtitan, through it) runs an OVERLAP_F_B pair as F then B; Megatron pairs nothing
+                        overlap_pairs=args.runtime == "any")
     bg = coarsen(og)
     check_runtime_model(args.runtime, args.model, bg)  # a model the runtime cannot run fails before the search
     dims_text = ", ".join(f"{k}={v}" for k, v in used_dims.items())
@@ -678,8 +683,10 @@ def stages_table(result) -> list[str]:
         lines.append(f"| {s.id} | {devices} | {' / '.join(unit.number(t[p]) for p in ('F', 'I', 'W'))} | "
                      f"{unit.number(pair)} | {gain:.2f} | {layers} | {modes} |")
     lines += ["", "F&B pair: the stage's forward of one microbatch and backward (B) of another run overlapped, timed "
-              "from the passes' compute and communication operations (docs/cost-model.md, \"Overlap\"); overlap gain: "
-              "the share of the shorter pass it hides, (F + B - pair) / min(F, B)."]
+              "from the passes' compute and communication operations (docs/cost-model.md, \"Overlap\"), for a "
+              "runtime that overlaps them as DualPipe's does; overlap gain: the share of the shorter pass it hides, "
+              "(F + B - pair) / min(F, B). With --runtime R a pair costs its two passes (torch runs OVERLAP_F_B "
+              "as F then B): gain 0."]
     if not result.stage_contents:
         lines += ["", "(this schedule regroups the model's split into its own stages, so which blocks each holds is not tracked)"]
     else:

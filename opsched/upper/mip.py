@@ -62,6 +62,7 @@ class UpperProblem:
     links: SlotLinks  # seconds per byte and per message between two slots
     names: dict[int, str] = field(default_factory=dict)
     domain: dict[int, list[int]] | None = None  # block -> slots it may take (None: all)
+    overlap_pairs: bool = True  # the stages carry stream operations (Training.overlap_pairs)
 
     @property
     def slots(self) -> int:
@@ -189,6 +190,7 @@ def upper_problem(
         memory_limit=float(cluster.memory_bytes if memory_limit is None else memory_limit),
         links=SlotLinks(layout, cluster),
         names={b: records[b].name for b in blocks},
+        overlap_pairs=training.overlap_pairs,
     )
 
 

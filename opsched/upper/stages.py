@@ -72,7 +72,7 @@ def build_stage_graph(p: UpperProblem, assignment: Assignment) -> StagePlan:
                 act_bytes=sum(c.act_bytes for c in costs),
                 act_w_bytes=sum(c.act_w_bytes for c in costs),
                 name="+".join(p.names.get(b, str(b)) for b in members)[:120],
-                streams=stage_streams(costs),
+                streams=stage_streams(costs) if p.overlap_pairs else None,
             )
         )
         blocks_of[sid] = members
