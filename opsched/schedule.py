@@ -159,28 +159,32 @@ class StageGraph:
         self._topo = _topological_order(self)
         self._on_device: dict[int, list[int]] | None = None  # device -> its stages, when first asked
         self._pair_lengths: dict[tuple[int, str, int, str], float] = {}  # pair_duration's, per pair of passes
-        self._largest_saving: float | None = None
+        self._largest_saving: dict[frozenset | None, float] = {}  # largest_pair_saving's, per set of stages
 
-    def largest_pair_saving(self) -> float:
+    def largest_pair_saving(self, stages: Iterable[int] | None = None) -> float:
         """The largest fraction of its shorter part an overlapped pair of this graph saves, in [0, 1].
 
         ``overlap_gain`` for stages without ``streams``; for stages with them,
         the largest ``(a + b - pair) / min(a, b)`` over every F and backward
-        (I, W or B) of stages on the same devices. Every pair lasts at least
+        (I, W or B) of stages on the same devices (of ``stages`` only, when
+        given: the pairs one device can run). Every such pair lasts at least
         ``a + b - saving * min(a, b)``: the lower bounds' gain.
 
         >>> chain_stage_graph(2, overlap_gain=0.5).largest_pair_saving()
         0.5
         """
-        if self._largest_saving is None:
+        key = None if stages is None else frozenset(stages)
+        if key not in self._largest_saving:
             saving = self.overlap_gain
             for pair in self.stream_pairs(backwards=("I", "W", "B")):  # W too: the simulator would time such a pair
+                if key is not None and not {pair.first.stage, pair.second.stage} <= key:
+                    continue
                 a = self.stage(pair.first.stage).duration("F")
                 b = self.stage(pair.second.stage).duration(pair.second.pass_)
                 if min(a, b) > 0:
                     saving = max(saving, (a + b - pair_duration(self, pair)) / min(a, b))
-            self._largest_saving = min(1.0, saving)
-        return self._largest_saving
+            self._largest_saving[key] = min(1.0, saving)
+        return self._largest_saving[key]
 
     def stream_pairs(self, backwards: Sequence[str] = PAIRED_BACKWARDS) -> list["Pair"]:
         """One pair for every F and backward pass of ``backwards`` of stages with stream operations on the same
@@ -632,8 +636,18 @@ def _check_job(sg: StageGraph, job: Job, microbatches: int) -> None:
         raise OpschedError(f"action {job}: stage {job.stage} does not run microbatch {job.microbatch}")
 
 
+def forward_and_backward(first: str, second: str) -> bool:
+    """Whether passes ``first`` and ``second`` may form an overlapped pair: one F and one backward (I, W or B).
+
+    The lower bounds count a pair as that (opsched.lower.bounds, "pair shares").
+    """
+    return (first == "F") != (second == "F")
+
+
 def _action_devices(sg: StageGraph, action: Action) -> tuple[int, ...]:
     if isinstance(action, Pair):
+        if not forward_and_backward(action.first.pass_, action.second.pass_):
+            raise OpschedError(f"pair {action} must join a forward and a backward (I, W or B)")
         a = sg.stage(action.first.stage).devices
         b = sg.stage(action.second.stage).devices
         if set(a) != set(b):
@@ -737,7 +751,8 @@ def validate(schedule: Schedule, *, split_backward: bool | None = None, rel_tol:
     2. every (stage, microbatch) the stage runs has one F and either one B or
        one I and one W, nothing else (``split_backward`` True demands I+W,
        False demands B, None accepts either per job);
-    3. the two halves of a pair share a ``pair`` id, start, end and device group;
+    3. the two halves of a pair are an F and a backward (I, W or B) and share a ``pair`` id, start, end and
+       device group;
     4. no two events overlap on any device of their groups, except the two halves of one pair;
     5. dependencies (:func:`dependencies`) hold with the edge transfer times;
     6. memory: parameters of the stages a device hosts plus the activations it
@@ -822,7 +837,9 @@ def _check_pairs(sg: StageGraph, events: list[Event], eps: float) -> list[str]:
             problems.append(f"pair {pid} has {len(halves)} event(s) ({names}); a pair is exactly two events")
             continue
         a, b = halves
-        if abs(a.start - b.start) > eps or abs(a.end - b.end) > eps:
+        if not forward_and_backward(a.pass_, b.pass_):
+            problems.append(f"pair {pid}: {_name(a)} and {_name(b)} must be a forward and a backward (I, W or B)")
+        elif abs(a.start - b.start) > eps or abs(a.end - b.end) > eps:
             problems.append(f"pair {pid}: {_name(a)} and {_name(b)} must share start and end times")
         elif set(sg.stage(a.stage).devices) != set(sg.stage(b.stage).devices):
             problems.append(f"pair {pid}: {_name(a)} and {_name(b)} run on different device groups")

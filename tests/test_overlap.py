@@ -181,3 +181,14 @@ def test_planned_stages_carry_stream_operations_only_for_a_runtime_that_overlaps
         assert stage.streams is not None and pair < stage.duration("F") + stage.duration("B")
     else:
         assert stage.streams is None and pair == stage.duration("F") + stage.duration("B")
+
+
+def test_the_validator_refuses_a_pair_of_two_forwards():
+    from opsched.errors import OpschedError
+    from opsched.schedule import Event, Schedule, chain_stage_graph, validate
+
+    sg = chain_stage_graph(1, f=1, b=2, w=1, overlap_gain=1.0)
+    events = [Event(0, 0, "F", 0.0, 1.0, pair=0), Event(0, 1, "F", 0.0, 1.0, pair=0),
+              Event(0, 0, "B", 1.0, 3.0), Event(0, 1, "B", 3.0, 5.0)]
+    with pytest.raises(OpschedError, match="must be a forward and a backward"):
+        validate(Schedule(sg, 2, events))

@@ -190,6 +190,7 @@ def random_order(sg, microbatches, rng, fused):
             b is not None
             and rng.random() < 0.3
             and set(sg.stage(a.stage).devices) == set(sg.stage(b.stage).devices)
+            and (a.pass_ == "F") != (b.pass_ == "F")
             and a not in [d for d, _ in dependencies(sg, b, kinds)]
         ):
             actions.append(Pair(a, b))

@@ -100,7 +100,7 @@ def pair_shares(js: JobSet, ks: list[int], pairs: bool = True) -> list[list[floa
     Just the durations when the overlap gain is 0 or without ``pairs`` (no pair saves time).
     """
     durations = [js.duration[k] for k in ks]
-    gain = js.sg.largest_pair_saving() if pairs else 0.0
+    gain = js.sg.largest_pair_saving({js.jobs[k].stage for k in ks}) if pairs else 0.0
     if gain <= 0:
         return [durations]
     whole = [_backward_length(js, k) for k in ks]
