@@ -31,7 +31,7 @@ model, put whole layers per pipeline stage in model order, and give each
 data-parallel replica a whole number of samples: a plan that is not like
 that is refused with the reason, as is one that torch's runtime cannot run
 (a branching StageGraph, DualPipe's copied stages, an order that would
-deadlock) or that breaks a validity rule (overlapping events), as `opsched
+deadlock; --torch-csv alone: context-parallel stages) or that breaks a validity rule (overlapping events), as `opsched
 gantt` refuses it. Megatron also refuses stages in a V, ZeRO-2 and an
 interleaved plan whose microbatches are no multiple of pp; torchtitan an
 order torch has no schedule for by name (mip, zb-h1, zb-h2) unless
