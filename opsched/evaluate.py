@@ -647,6 +647,7 @@ def search_layouts(
                 if accept is None or accept(e):
                     found.append(e)
                 break
-    # on a tie the layout that uses more devices goes first: it leaves none idle for nothing; then the one
-    # without context parallelism (no K/V ring to run for the same step)
-    return sorted(found, key=lambda e: (e.step_time, -e.layout.devices, e.layout.cp, str(e.layout)))[:keep]
+    # on a tie (to the nanosecond: sums of the same work in another order differ in the last bits) the layout
+    # that uses more devices goes first: it leaves none idle for nothing; then the one with the fewest
+    # context-parallel ranks (a shorter K/V ring for the same step)
+    return sorted(found, key=lambda e: (round(e.step_time, 9), -e.layout.devices, e.layout.cp, str(e.layout)))[:keep]
