@@ -47,36 +47,42 @@ from opsched.overlap import COMM, COMPUTE, PassStreams, StreamOp, compact
 
 @dataclass(frozen=True, order=True)
 class Mode:
-    """How a block uses the ``tp × dp × ep`` devices of its group.
+    """How a block uses the ``tp × cp × dp × ep`` devices of its group.
 
     ``tp``: tensor-parallel degree (weights and compute split, activations
     all-reduced); ``dp``: data-parallel replicas (each takes 1/dp of the
     microbatch, gradients all-reduced once per step); ``ep``: expert-parallel
     degree (the block's experts spread over the devices, tokens exchanged by
-    all-to-all).
+    all-to-all); ``cp``: context-parallel degree (each sequence split over cp
+    ranks that pass keys and values round a ring). The planner's own modes
+    have ``cp = 1``; a Megatron-style layout with context parallelism
+    (:mod:`opsched.evaluate`, which costs it) names its blocks' mode with
+    ``cp`` so that plan.json carries it (``tp2.cp2.dp2``: Megatron's rank
+    order, tp innermost, then cp, then dp).
 
-    >>> str(Mode(tp=2, dp=4)), str(Mode()), Mode(ep=4).size
-    ('tp2.dp4', 'single', 4)
+    >>> str(Mode(tp=2, dp=4)), str(Mode()), Mode(ep=4).size, str(Mode(dp=4, cp=2))
+    ('tp2.dp4', 'single', 4, 'cp2.dp4')
     """
 
     tp: int = 1
     dp: int = 1
     ep: int = 1
+    cp: int = 1
 
     @property
     def size(self) -> int:
-        return self.tp * self.dp * self.ep
+        return self.tp * self.cp * self.dp * self.ep
 
     def __str__(self) -> str:
-        parts = [f"{k}{v}" for k, v in (("tp", self.tp), ("dp", self.dp), ("ep", self.ep)) if v > 1]
-        return ".".join(parts) or "single"
+        degrees = (("tp", self.tp), ("cp", self.cp), ("dp", self.dp), ("ep", self.ep))
+        return ".".join(f"{k}{v}" for k, v in degrees if v > 1) or "single"
 
     @classmethod
     def parse(cls, text: str) -> "Mode":
         """The mode a name written by :meth:`__str__` stands for (plan.json keeps modes as names).
 
-        >>> Mode.parse("tp2.dp4"), Mode.parse("single"), Mode.parse("ep8").size
-        (Mode(tp=2, dp=4, ep=1), Mode(tp=1, dp=1, ep=1), 8)
+        >>> Mode.parse("tp2.dp4"), Mode.parse("single"), Mode.parse("ep8").size, Mode.parse("tp2.cp2.dp2").cp
+        (Mode(tp=2, dp=4, ep=1, cp=1), Mode(tp=1, dp=1, ep=1, cp=1), 8, 2)
         >>> Mode.parse("tp2+ep")
         Traceback (most recent call last):
         ...
@@ -93,8 +99,8 @@ class Mode:
         return cls(**degrees)
 
 
-#: one degree of a mode's name: ``tp2``, ``dp4``, ``ep8`` (a degree of 1 is left out of names)
-_MODE_PART = re.compile(r"^(tp|dp|ep)([2-9]|[1-9]\d+)$")
+#: one degree of a mode's name: ``tp2``, ``cp2``, ``dp4``, ``ep8`` (a degree of 1 is left out of names)
+_MODE_PART = re.compile(r"^(tp|cp|dp|ep)([2-9]|[1-9]\d+)$")
 
 
 @dataclass(frozen=True)
@@ -365,6 +371,8 @@ def block_cost(
     """
     if mode.size != len(devices):
         raise OpschedError(f"mode {mode} needs {mode.size} devices, the group has {len(devices)}")
+    if mode.cp > 1:  # its K/V ring is costed per layout, by opsched.evaluate (_chunk_cost)
+        raise OpschedError(f"mode {mode}: context parallelism is costed by opsched.evaluate, not per block")
     share = mode.size  # every mode splits a microbatch's compute over the whole group
     compute = compute_time(block, share, cluster, training.dtype)
     has_weights = block.param_count > 0

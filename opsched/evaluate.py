@@ -531,30 +531,64 @@ def _last_backward(sched: Schedule, ranks: int) -> list[tuple[float, float]]:
 #: virtual pipeline degrees the layout search tries (each must divide the layers per pipeline rank)
 SEARCH_VPP = (1, 2, 4, 8)
 
+#: context-parallel degrees the layout search tries, and the shortest sequence it tries them on. In the cost
+#: model cp never makes a rank's work cheaper (its tokens are 1/(cp·dp) of a step's either way, and the K/V
+#: ring is at best hidden behind the attention core); it wins through memory (activations split cp ways, so
+#: less recomputation) or a global batch too small for dp replicas on every device, both the long-sequence
+#: case: on models/llama3_8b.onnx, 8 H100s, global batch 32, `opsched evaluate` predicts tp1 cp2 dp4 zero1 as
+#: fast as tp1 dp8 zero1 at seq 4096 (both fit), and 25 % faster at 8192 (tp1 dp8 needs full recomputation
+#: there). Shorter sequences are not tried, to keep the search small (docs/cost-model.md, "Searching layouts").
+SEARCH_CP = (2, 4, 8)
+CP_MIN_SEQ_LEN = 8192
 
-def layout_grid(devices: int, devices_per_node: int, layers: int, experts: int, zero: int = 1) -> list[ParallelLayout]:
+
+def context_degrees(per_pipeline_rank: int, tp: int, devices_per_node: int, seq_len: int) -> list[int]:
+    """The cp degrees :func:`layout_grid` tries with ``tp`` on ``per_pipeline_rank`` devices (1, and more for long sequences).
+
+    cp from :data:`SEARCH_CP` when ``seq_len`` is at least :data:`CP_MIN_SEQ_LEN`, dividing the devices of a
+    pipeline rank over tp, with the tp x cp ranks that split one sequence within a node (the ring stays on
+    NVLink) and the sequence a multiple of 2·cp (Megatron and torchtitan split it into 2·cp chunks to
+    balance causal attention).
+
+    >>> context_degrees(8, 1, 8, 65536), context_degrees(8, 2, 8, 65536), context_degrees(8, 1, 8, 4096)
+    ([1, 2, 4, 8], [1, 2, 4], [1])
+    """
+    if seq_len < CP_MIN_SEQ_LEN:
+        return [1]
+    return [1] + [c for c in SEARCH_CP if (per_pipeline_rank // tp) % c == 0 and devices_per_node % (tp * c) == 0
+                  and seq_len % (2 * c) == 0]
+
+
+def layout_grid(devices: int, devices_per_node: int, layers: int, experts: int, zero: int = 1,
+                seq_len: int = 0) -> list[ParallelLayout]:
     """Megatron-style layouts a user could run on ``devices``: the space :func:`search_layouts` evaluates.
 
     tp up to a node (tensor groups stay on NVLink), pp dividing the layers,
     vpp from :data:`SEARCH_VPP` dividing the layers per rank, ep the experts'
-    divisors that divide dp (folded over the replicas), sequence parallelism
-    whenever tp > 1, and ZeRO level ``zero`` (default 1, the distributed
-    optimizer: the same gradient traffic as an all-reduce, less memory).
+    divisors that divide dp (folded over the replicas), cp from
+    :func:`context_degrees` for a sequence of ``seq_len`` tokens (with ep = 1:
+    cp with ep is not modelled), sequence parallelism whenever tp > 1, and
+    ZeRO level ``zero`` (default 1, the distributed optimizer: the same
+    gradient traffic as an all-reduce, less memory).
 
     >>> [str(l) for l in layout_grid(4, 4, layers=2, experts=0)]
     ['tp1 pp1 dp4 zero1', 'tp1 pp2 dp2 zero1', 'tp2 pp1 dp2 sp zero1', 'tp2 pp2 dp1 sp zero1', 'tp4 pp1 dp1 sp zero1']
+    >>> [str(l) for l in layout_grid(4, 4, layers=2, experts=0, seq_len=8192) if l.cp > 1]
+    ['tp1 pp1 cp2 dp2 zero1', 'tp1 pp1 cp4 dp1 zero1', 'tp1 pp2 cp2 dp1 zero1', 'tp2 pp1 cp2 dp1 sp zero1']
     """
     grid = []
     tps = [t for t in range(1, min(devices, devices_per_node) + 1) if devices % t == 0 and devices_per_node % t == 0]
     for tp in tps:
         for pp in (p for p in range(1, layers + 1) if layers % p == 0 and devices % (tp * p) == 0):
-            dp = devices // (tp * pp)
             vpps = [v for v in SEARCH_VPP if pp > 1 and (layers // pp) % v == 0] or [1]
-            eps = [e for e in range(1, experts + 1) if experts % e == 0 and dp % e == 0] if experts else [1]
-            for vpp in vpps:
-                for ep in eps:
-                    # sequence parallel with tensor parallel, as Megatron recommends and opsched exports plans
-                    grid.append(ParallelLayout(tp=tp, pp=pp, vpp=vpp, ep=ep, dp=dp, sp=tp > 1, zero=zero))
+            for cp in context_degrees(devices // pp, tp, devices_per_node, seq_len):
+                dp = devices // (tp * pp * cp)
+                eps = [e for e in range(1, experts + 1) if experts % e == 0 and dp % e == 0] \
+                    if experts and cp == 1 else [1]  # cp with ep > 1 is not modelled
+                for vpp in vpps:
+                    for ep in eps:
+                        # sequence parallel with tensor parallel, as Megatron recommends and opsched exports plans
+                        grid.append(ParallelLayout(tp=tp, pp=pp, vpp=vpp, ep=ep, cp=cp, dp=dp, sp=tp > 1, zero=zero))
     return grid
 
 
@@ -593,7 +627,8 @@ def search_layouts(
     found: list[Evaluation] = []
     counts = device_counts(cluster.devices) if fewer_devices else [cluster.devices]
     grid = [lay for n in counts
-            for lay in layout_grid(n, cluster.devices_per_node, len(index.layers), index.experts, zero)]
+            for lay in layout_grid(n, cluster.devices_per_node, len(index.layers), index.experts, zero,
+                                   seq_len=tokens_per_sequence)]
     for layout in grid:
         if global_batch % layout.dp:
             continue
@@ -612,5 +647,7 @@ def search_layouts(
                 if accept is None or accept(e):
                     found.append(e)
                 break
-    # on a tie the layout that uses more devices goes first: it leaves none idle for nothing
-    return sorted(found, key=lambda e: (e.step_time, -e.layout.devices, str(e.layout)))[:keep]
+    # on a tie (to the nanosecond: sums of the same work in another order differ in the last bits) the layout
+    # that uses more devices goes first: it leaves none idle for nothing; then the one with the fewest
+    # context-parallel ranks (a shorter K/V ring for the same step)
+    return sorted(found, key=lambda e: (round(e.step_time, 9), -e.layout.devices, e.layout.cp, str(e.layout)))[:keep]

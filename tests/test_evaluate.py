@@ -276,3 +276,62 @@ def test_layout_search_keeps_the_cheapest_recomputation_that_fits(llama, monkeyp
     memory["selective"] = 2.6  # selective no longer fits: full is next
     found = ev.search_layouts(llama, preset("h100-sxm", 8), Training(), global_batch=32, tokens_per_sequence=4096)
     assert found[0].layout.recompute == "full"
+
+
+# --------------------------------------------------------------------------- context parallelism in the search
+
+
+def test_the_layout_grid_tries_context_parallelism_on_long_sequences_only():
+    """cp 2, 4, 8 from 8192 tokens, within a node with tp, dividing a pipeline rank's devices; none with ep."""
+    from opsched.evaluate import CP_MIN_SEQ_LEN, layout_grid
+
+    short = layout_grid(16, 8, layers=32, experts=0, seq_len=CP_MIN_SEQ_LEN - 1)
+    assert short and all(l.cp == 1 for l in short)
+    long = layout_grid(16, 8, layers=32, experts=0, seq_len=65536)
+    cps = {l.cp for l in long}
+    assert cps == {1, 2, 4, 8}
+    assert all(l.tp * l.cp <= 8 and l.devices == 16 for l in long)
+    assert {str(l) for l in long} >= {"tp1 pp1 cp8 dp2 zero1", "tp2 pp1 cp4 dp2 sp zero1", "tp1 pp2 cp2 dp4 zero1"}
+    assert not any(l.tp == 4 and l.cp == 4 for l in long)  # 16 ranks would split a sequence across two nodes
+    assert all(l.cp == 1 for l in layout_grid(16, 8, layers=32, experts=8, seq_len=65536) if l.ep > 1)
+
+
+@pytest.fixture(scope="module")
+def llama3_64k():
+    return coarsen(import_onnx(MODELS / "llama3_8b.onnx", dims={"batch": 1, "seq": 65536}))
+
+
+def test_the_search_picks_context_parallelism_for_a_64k_sequence(llama3_64k):
+    """Llama 3 8B, 64K tokens, global batch 4 on 8 H100s: the fastest layout that fits splits the sequence."""
+    from opsched.evaluate import search_layouts
+
+    best, *rest = search_layouts(llama3_64k, preset("h100-sxm", 8), Training(), global_batch=4,
+                                 tokens_per_sequence=65536, keep=50)
+    assert best.layout.cp > 1 and best.fits
+    plain = [e for e in rest if e.layout.cp == 1]
+    assert plain and best.step_time < min(e.step_time for e in plain)  # strictly: a cp layout wins
+    assert best.breakdown["context_comm"] >= 0.0
+
+
+def test_a_context_parallel_layout_round_trips_through_plan_json(llama3_64k, tmp_path):
+    """The layout's baseline row names its stages tp.cp.dp; plan.json's fields read back to the same cp."""
+    from opsched.commands.plan import layout_row
+    from opsched.export.megatron import MEGATRON, megatron_args
+    from opsched.export.plan_json import read_plan, write_plan
+    from opsched.export.plan_layout import plan_layout
+    from opsched.export.runtimes import layout_fields, refusal
+
+    cluster = preset("h100-sxm", 8)
+    layout = ParallelLayout.parse("tp=2,cp=2,sp=1,zero=1,recompute=full").resolved(8)
+    e = evaluate_layout(llama3_64k, cluster, Training(), layout, global_batch=4, micro_batch_size=1,
+                        tokens_per_sequence=65536)
+    row = layout_row(e, llama3_64k, cluster, 0.0)
+    assert "cp2" in row.layout
+    assert {c.config for c in row.contents.values()} == {"tp2.cp2.dp2"}
+    fields = layout_fields(row.contents, row.microbatch_size, layout.zero, row.recompute) | {"dims": {"seq": 65536}}
+    write_plan(tmp_path / "plan.json", row.schedule, extra=fields)
+    schedule, doc = read_plan(tmp_path / "plan.json")
+    read = plan_layout(schedule, doc, MEGATRON)
+    assert read.parallel == dataclasses.replace(layout, etp=0)
+    assert ("--context-parallel-size", "2") in [(a.flag, a.value) for a in megatron_args(read)]
+    assert "context-parallel ranks (tp2.cp2.dp2)" in refusal("torch", schedule, doc)

@@ -230,6 +230,30 @@ def test_megatron_expert_parallel_over_the_whole_group(tmp_path, config, tp, dp)
     assert training["--micro-batch-size"] == str(4 // dp)
 
 
+def test_megatron_sets_the_plans_context_parallel_size(tmp_path):
+    """A plan whose stages are tp2.cp2.dp2 (a Megatron-style layout with context parallelism) exports cp 2."""
+    plan = make_plan(tmp_path, layers=[16, 16], group_size=8, config="tp2.cp2.dp2", microbatch_size=2, seq=65536)
+    assert export(tmp_path, plan, "--megatron", str(tmp_path / "m.sh"))[0] == 0
+    flags = flags_of(megatron_argv(tmp_path / "m.sh"))
+    assert (flags["--context-parallel-size"], flags["--tensor-model-parallel-size"]) == ("2", "2")
+    assert flags["--micro-batch-size"] == "1"  # one sequence per replica, split over the cp ranks
+    config, _ = megatron_config(megatron_argv(tmp_path / "m.sh"), **LLAMA)
+    assert (config.context_parallel_size, config.tensor_model_parallel_size) == (2, 2)
+
+
+def test_torch_alone_refuses_a_context_parallel_plan_that_torchtitan_runs(tmp_path, torchtitan_config):
+    plan = make_plan(tmp_path, layers=[16, 16], group_size=8, config="cp4.dp2", microbatch_size=2, seq=65536)
+    code, _, err = export(tmp_path, plan, "--torch-csv", str(tmp_path / "s.csv"))
+    assert code == 2 and len(err.splitlines()) == 1 and not (tmp_path / "s.csv").exists()
+    assert "split each sequence over 4 context-parallel ranks (cp4.dp2)" in err and "--torchtitan" in err
+    code, _, err = export(tmp_path, plan, "--torchtitan", str(tmp_path / "t.toml"), "--torch-csv",
+                          str(tmp_path / "s.csv"))
+    assert code == 0, err
+    job, dims = torchtitan_config(tmp_path / "t.toml", 16)
+    assert (dims.cp, dims.tp, dims.pp, dims.dp_replicate * dims.dp_shard) == (4, 1, 2, 2)
+    assert job.training.seq_len == 65536
+
+
 def test_megatron_says_when_it_runs_another_order_than_the_plan(tmp_path):
     plan = make_plan(tmp_path, layers=[16, 16], method="zb-h1")
     assert export(tmp_path, plan, "--megatron", str(tmp_path / "m.sh"))[0] == 0
@@ -431,6 +455,8 @@ REFUSALS = {
         _p(layers=[4] * 8, groups=4, group_size=2, method="interleaved-1f1b", config="dp2", microbatch_size=2,
            microbatches=6), {"megatron": "plan with --microbatches 8"}),
     "an order with no torch schedule name": (_p(layers=L16, method="zb-h1"), {"torchtitan": "add --torch-csv"}),
+    "a sequence context parallelism cannot split in 2 x cp chunks": (
+        _p(layers=L16, config="tp2.cp2", seq=4098), dict.fromkeys(BOTH, "does not split into 2 x cp = 4 equal")),
 }
 if torch_available():  # a plan whose method says DualPipeV but has fewer microbatches than stages (hand-edited)
     REFUSALS["torch's schedule refuses the microbatches"] = (

@@ -469,3 +469,21 @@ def test_a_plan_that_leaves_devices_idle_says_why():
     alone = SimpleNamespace(idle_devices=(15,), step_time=1.0, stage_contents={}, on_every_device=None)
     (sentence,) = plan_warnings(alone, training, cluster)
     assert sentence.startswith("device 15 (1 of 16) holds no stage") and "no plan the search found gives every device work" in sentence
+
+
+@pytest.mark.slow
+def test_a_long_sequence_plan_picks_context_parallelism_and_exports_it(tmp_path, capsys):
+    """Issue 12 item 4: on a 64K sequence the plan is a context-parallel Megatron-style layout; plan.json, the
+    summary and report.md name cp, and the exports set it (torch's runtime alone refuses)."""
+    out = tmp_path / "out"
+    assert main(["plan", str(MODELS / "llama3_8b.onnx"), "--devices", "8", "--global-batch", "4",
+                 "--micro-batch-size", "1", "--seq-len", "65536", "--time-limit", "4", "-o", str(out)]) == 0
+    summary = capsys.readouterr().out
+    doc = json.loads((out / "plan.json").read_text())
+    (config,) = {c["config"] for c in doc["stage_contents"].values()}
+    assert re.search(r"\bcp[248]\b", config), config
+    assert re.search(r"chosen .*\bcp[248]\b", summary) and re.search(r"\bcp[248]\b", (out / "report.md").read_text())
+    assert doc["runtimes"] == ["megatron", "torchtitan"] and "context-parallel" in doc["runtimes_refused"]["torch"]
+    assert main(["export", str(out / "plan.json"), "--megatron", str(tmp_path / "m.sh")]) == 0
+    cp = re.search(r"cp(\d)", config).group(1)
+    assert f"--context-parallel-size {cp} " in (tmp_path / "m.sh").read_text()

@@ -31,7 +31,7 @@ model, put whole layers per pipeline stage in model order, and give each
 data-parallel replica a whole number of samples: a plan that is not like
 that is refused with the reason, as is one that torch's runtime cannot run
 (a branching StageGraph, DualPipe's copied stages, an order that would
-deadlock) or that breaks a validity rule (overlapping events), as `opsched
+deadlock; --torch-csv alone: context-parallel stages) or that breaks a validity rule (overlapping events), as `opsched
 gantt` refuses it. Megatron also refuses stages in a V, ZeRO-2 and an
 interleaved plan whose microbatches are no multiple of pp; torchtitan an
 order torch has no schedule for by name (mip, zb-h1, zb-h2) unless
@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from opsched.export import torch_csv
     from opsched.export.megatron import megatron_file
     from opsched.export.plan_json import read_plan
+    from opsched.export.plan_layout import check_without_context_parallel
     from opsched.export.torchtitan import torchtitan_file
     from opsched.fileio import check_not_input, check_output_file, write_text
     from opsched.schedule import ScheduleError, validate
@@ -92,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
     except ScheduleError as exc:
         raise OpschedError(f"{args.plan} is not a valid plan: {exc} (`opsched gantt --no-validate` draws it)") from None
     torch_check = not args.no_torch_check and torch_csv.torch_available()
+    if args.torch_csv and not args.torchtitan:  # the CSV alone is run by torch's runtime, without context parallel
+        check_without_context_parallel(doc, torch_csv.TORCH_RUNTIME)
 
     # every file's text is made, and every check passed, before the first one is written
     texts: list[tuple[str, str, str]] = []  # (path, text, what the summary line says)

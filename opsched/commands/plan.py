@@ -380,8 +380,10 @@ def layout_row(e, bg, cluster, t0: float):
 
     lay = e.layout
     m = metrics(e.schedule)
-    # the modes' own names: experts folded over the replicas hold 1/ep of them each
-    dense, expert = str(Mode(tp=lay.tp, dp=lay.dp)), str(Mode(tp=lay.tp, dp=lay.dp // lay.ep, ep=lay.ep))
+    # the modes' own names: experts folded over the replicas hold 1/ep of them each; context-parallel ranks
+    # are named (tp2.cp2.dp2) so that plan.json and its exports carry cp
+    dense = str(Mode(tp=lay.tp, dp=lay.dp, cp=lay.cp))
+    expert = str(Mode(tp=lay.tp, dp=lay.dp // lay.ep, ep=lay.ep, cp=lay.cp))
     contents = {
         c: stage_contents([(bg.nodes[b]["block"].name,
                             expert if lay.ep > 1 and expert_count(bg.nodes[b]["block"]) else dense)

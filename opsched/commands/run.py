@@ -121,8 +121,8 @@ def run(args: argparse.Namespace) -> int:
         spec = hf_spec_for_plan(args.hf_config, doc, len(sg.stages), args.dtype)
         wide = [g for g in ranks if len(g) > 1]
         if wide:
-            print(f"note: each device group runs as one process (groups {wide} of the plan); their tensor/data/"
-                  "expert parallel modes are not executed, the pipeline schedule is")
+            print(f"note: each device group runs as one process (groups {wide} of the plan); their tensor/context/"
+                  "data/expert parallel modes are not executed, the pipeline schedule is")
         what = f"{spec.model_name}, {spec.split_text()}, seq {spec.seq}"
     else:
         from opsched.torchrun.model import ModelSpec

@@ -83,7 +83,9 @@ def megatron_args(layout: PlanLayout) -> list[MegatronArg]:
         arg("--tensor-model-parallel-size", str(p.tp), f"every stage's configuration is {layout.config}"),
         arg("--pipeline-model-parallel-size", str(p.pp), f"{plural(p.pp, 'device group')} of "
             f"{plural(layout.devices // p.pp, 'device')}, rank r on devices r*{layout.devices // p.pp}.."),
-        arg("--context-parallel-size", "1", "opsched does not plan context parallelism"),
+        arg("--context-parallel-size", str(p.cp),
+            f"{layout.config}: each sequence split over {p.cp} ranks, K/V passed round a ring" if p.cp > 1
+            else "no context parallelism"),
     ]
     if p.sp:
         out.append(arg("--sequence-parallel", None, "the cost model shards activations tp ways (docs/cost-model.md)"))

@@ -8,21 +8,24 @@ reason (their own limits stay in their modules). From plan.json:
 * the StageGraph: a chain of stages, each running every microbatch
   (:func:`opsched.export.torch_csv.check_expressible`, the rule torch's
   runtime has too), on ``pp`` device groups of equal size; pipeline rank r is
-  group r, devices ``r·k .. r·k + k - 1`` (tp innermost, then dp, pp
-  outermost: :class:`opsched.evaluate.ParallelLayout`'s rank order); stage c
+  group r, devices ``r·k .. r·k + k - 1`` (tp innermost, then cp, then dp,
+  pp outermost: :class:`opsched.evaluate.ParallelLayout`'s rank order); stage c
   sits on rank ``c mod pp`` (a chain, or interleaved with ``vpp = stages /
   pp``) or in a V (two stages per rank, Zero Bubble V / DualPipeV), read
   with :class:`opsched.upper.layouts.Layout`;
-* ``stage_contents``: every stage's ``config`` (``tp2.dp2``, ``dp4+ep``;
+* ``stage_contents``: every stage's ``config`` (``tp2.dp2``, ``dp4+ep``,
+  ``tp2.cp2.dp2`` with context parallelism;
   :func:`opsched.upper.stages.stage_config`) must be one and the same: the
-  frameworks set one tensor / data / expert split for the whole model; each
+  frameworks set one tensor / context / data / expert split for the whole model; each
   stage's numbered layers (``model.layers.N``) give the layer split, whole
   layers in model order, the modules outside the layer stack (embedding,
   final norm, head) on the first and the last stage;
 * ``microbatch_size``, ``microbatches``, ``zero``, ``recompute`` and
   ``dims.seq``: a ``dpN`` stage gives each of its N replicas ``1/N`` of a
   microbatch's samples, so a framework's per-rank micro-batch size is
-  ``microbatch_size / N``, refused when that is not a whole number.
+  ``microbatch_size / N``, refused when that is not a whole number; with
+  ``cpC`` the sequence must split into ``2·C`` equal chunks (Megatron and
+  torchtitan balance causal attention so).
 
 >>> from dataclasses import replace
 >>> from opsched.schedule import Schedule, StageGraph, chain_stage_graph
@@ -122,7 +125,7 @@ def plan_layout(schedule: Schedule, doc: dict, runtime: Runtime) -> PlanLayout:
         parallel = ParallelLayout(
             tp=base.tp, pp=layout.groups, vpp=layout.virtual, ep=base.size if experts else 1,
             etp=1 if experts else 0,  # opsched's expert-parallel mode does not split an expert tensor-parallel
-            dp=base.dp, sp=base.tp > 1,  # the cost model shards activations tp ways: sequence parallelism
+            cp=base.cp, dp=base.dp, sp=base.tp > 1,  # the cost model shards activations tp ways: sequence parallelism
             zero=zero, recompute=recompute,
         ).resolved(layout.devices)
     except OpschedError as exc:
@@ -131,6 +134,9 @@ def plan_layout(schedule: Schedule, doc: dict, runtime: Runtime) -> PlanLayout:
     micro = _micro_batch_size(doc, base.dp, refuse)
     samples = doc["microbatch_size"]
     seq = (doc.get("dims") or {}).get("seq")
+    if base.cp > 1 and isinstance(seq, int) and seq % (2 * base.cp):
+        raise refuse(f"its sequence of {seq} tokens does not split into 2 x cp = {2 * base.cp} equal chunks "
+                     f"(context parallelism balances causal attention so); plan a --seq-len divisible by {2 * base.cp}")
     return PlanLayout(
         parallel=parallel, placement=layout.placement, config=config, layer_stack=stack,
         stage_layers=tuple(layers), stage_modules=tuple(tuple(c["modules"]) for c in contents),
@@ -139,6 +145,28 @@ def plan_layout(schedule: Schedule, doc: dict, runtime: Runtime) -> PlanLayout:
         seq_len=seq if isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 else None,
         method=schedule.name or "unnamed", devices=layout.devices,
     )
+
+
+def check_without_context_parallel(doc: dict, runtime: Runtime) -> None:
+    """Refuse a plan whose stages split sequences over context-parallel ranks (a ``cpC`` config) for ``runtime``,
+    which runs the pipeline's order but not context parallelism (torch's pipeline runtime alone).
+
+    >>> doc = {"stage_contents": {"0": {"modules": ["model.layers.0"], "config": "cp2.dp4"}}}
+    >>> check_without_context_parallel(doc, ("torch.distributed.pipelining", ""))
+    Traceback (most recent call last):
+    opsched.errors.OpschedError: torch.distributed.pipelining cannot run this plan: its stages split each sequence over 2 context-parallel ranks (cp2.dp4), which it does not do; export it with --torchtitan F.toml --torch-csv F.csv or --megatron F
+    """
+    raw = doc.get("stage_contents")
+    entries = raw.values() if isinstance(raw, dict) else []
+    for config in dict.fromkeys(e.get("config") for e in entries if isinstance(e, dict)):
+        try:
+            cp = parse_config(config)[0].cp if isinstance(config, str) else 1
+        except OpschedError:
+            continue  # a name the notation does not cover says nothing of cp; the frameworks refuse it themselves
+        if cp > 1:
+            raise OpschedError(f"{runtime[0]} cannot run this plan: its stages split each sequence over {cp} "
+                               f"context-parallel ranks ({config}), which it does not do; export it with "
+                               "--torchtitan F.toml --torch-csv F.csv or --megatron F")
 
 
 def layer_split(doc: dict, stages: int, runtime: Runtime) -> tuple[str, list[int]]:

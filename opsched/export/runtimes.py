@@ -37,7 +37,8 @@ from typing import Mapping
 
 from opsched.errors import OpschedError
 from opsched.export.megatron import megatron_file
-from opsched.export.torch_csv import check_expressible, torch_rows
+from opsched.export.plan_layout import check_without_context_parallel
+from opsched.export.torch_csv import TORCH_RUNTIME, check_expressible, torch_rows
 from opsched.export.torchtitan import torchtitan_file
 from opsched.schedule import Schedule, order_from_schedule
 from opsched.upper.stages import StageContents
@@ -70,6 +71,8 @@ def refusal(runtime: str, schedule: Schedule, doc: Mapping) -> str | None:
             megatron_file(schedule, doc, _PLAN)
         elif runtime == "torchtitan":
             torchtitan_file(schedule, doc, _PLAN, csv=_CSV, torch_check=False)
+        elif runtime == "torch":  # torch's pipeline runtime alone runs no context parallelism
+            check_without_context_parallel(doc, TORCH_RUNTIME)
         if runtime in ("torch", "torchtitan"):  # torchtitan runs the order from torch's CSV
             if schedule.events:
                 torch_rows(schedule.stage_graph, order_from_schedule(schedule), schedule.microbatches)

@@ -123,7 +123,9 @@ def torchtitan_keys(layout: PlanLayout, csv: str | None = None) -> list[TomlKey]
         ]
     out += [
         key("parallelism", "tensor_parallel_degree", p.tp, f"every stage's configuration is {layout.config}"),
-        key("parallelism", "context_parallel_degree", 1, "opsched does not plan context parallelism"),
+        key("parallelism", "context_parallel_degree", p.cp,
+            f"{layout.config}: each sequence split over {p.cp} ranks (torchtitan shards FSDP over dp x cp)"
+            if p.cp > 1 else "no context parallelism"),
         key("parallelism", "expert_parallel_degree", p.ep,
             f"{layout.config}: the experts spread over each group" if p.ep > 1 else "no expert parallelism"),
     ]

@@ -128,6 +128,7 @@ How to read a layout (the devices cut into groups, the model into pipeline stage
 Parallel modes of a block inside its group of K devices (joined by "." when combined):
   dpN     N data-parallel replicas, each on 1/N of the microbatch; gradients all-reduced once a step
   tpN     tensor parallel: weights and compute split over N devices, activations all-reduced
+  cpN     context parallel: each sequence split over N devices, keys and values passed round a ring
   epN     expert parallel: the layer's experts spread over N devices, tokens sent all-to-all
   MODE+ep the expert layers expert-parallel, every other layer in MODE (e.g. dp4+ep)
   single  one device runs the block
@@ -135,17 +136,18 @@ Parallel modes of a block inside its group of K devices (joined by "." when comb
 """
 
 _LAYOUT = re.compile(r"^(\d+)x(\d+)(?: (v|interleaved) v=(\d+))?(?: contiguous, (.+))?$")
-_DEGREE_WORDS = {"dp": "{n} data-parallel replicas", "tp": "tensor parallel over {n}", "ep": "expert parallel over {n}"}
+_DEGREE_WORDS = {"dp": "{n} data-parallel replicas", "tp": "tensor parallel over {n}", "ep": "expert parallel over {n}",
+                 "cp": "context parallel over {n}"}
 
 
 def parse_config(text: str) -> tuple[Mode, bool]:
-    """A configuration's name (``tp2.dp2``, ``dp4+ep``, ``single``): the mode of the blocks with weights, and
+    """A configuration's name (``tp2.dp2``, ``cp2.dp4``, ``dp4+ep``, ``single``): the mode of the blocks with weights, and
     whether the expert blocks are expert-parallel over the whole group instead (``+ep``, see :data:`NOTATION`).
 
     >>> parse_config("tp2.dp2+ep")
-    (Mode(tp=2, dp=2, ep=1), True)
-    >>> parse_config("dp4")
-    (Mode(tp=1, dp=4, ep=1), False)
+    (Mode(tp=2, dp=2, ep=1, cp=1), True)
+    >>> parse_config("cp2.dp4")
+    (Mode(tp=1, dp=4, ep=1, cp=2), False)
     """
     base, plus, ep = text.partition("+")
     if plus and ep != "ep":
@@ -158,6 +160,8 @@ def mode_words(mode: str) -> str:
 
     >>> mode_words("tp2.dp2"), mode_words("dp4+ep"), mode_words("single")
     ('tensor parallel over 2 x 2 data-parallel replicas', '4 data-parallel replicas, experts expert-parallel', 'one device')
+    >>> mode_words("cp2.dp4")
+    'context parallel over 2 x 4 data-parallel replicas'
     >>> mode_words("per-block modes")
     'the mode the placement MIP chose for each block'
     """
@@ -167,7 +171,7 @@ def mode_words(mode: str) -> str:
         base, experts = parse_config(mode)
     except OpschedError:
         return mode  # a name this notation does not cover reads as itself
-    degrees = [(kind, n) for kind, n in (("tp", base.tp), ("dp", base.dp), ("ep", base.ep)) if n > 1]
+    degrees = [(kind, n) for kind, n in (("tp", base.tp), ("cp", base.cp), ("dp", base.dp), ("ep", base.ep)) if n > 1]
     words = " x ".join(_DEGREE_WORDS[kind].format(n=n) for kind, n in degrees) or "one device"
     return words + (", experts expert-parallel" if experts else "")
 
