@@ -108,11 +108,11 @@ class BlockCost:
     """Per-microbatch pass times (s) and per-device memory (bytes) of a block under a mode.
 
     ``grad_sync`` is the data-parallel gradient all-reduce, once per step (s).
-    ``tp_comm`` and ``ep_comm`` are the tensor-parallel all-reduces and the
-    expert-parallel all-to-alls inside one F (I holds the same again), and
+    ``f_comm`` and ``i_comm`` are the communication inside F and I (the
+    tensor-parallel all-reduces, the expert-parallel all-to-alls), and
     ``rerun_forward`` says I begins with the whole forward again (full
-    recomputation): :meth:`streams` lays the passes out on the compute and
-    communication streams from them.
+    recomputation, not counted in ``i_comm``): :meth:`streams` lays the
+    passes out on the compute and communication streams from them.
     """
 
     F: float
@@ -122,8 +122,8 @@ class BlockCost:
     act_bytes: float  # saved for backward per microbatch, per device, from F until I
     act_w_bytes: float  # of which kept until W
     grad_sync: float = 0.0
-    tp_comm: float = 0.0
-    ep_comm: float = 0.0
+    f_comm: float = 0.0
+    i_comm: float = 0.0
     rerun_forward: bool = False
 
     @property
@@ -134,22 +134,19 @@ class BlockCost:
     def streams(self) -> PassStreams:
         """The passes as chains of compute and communication operations (docs/cost-model.md, "Overlap").
 
-        F: half the compute, half the communication, the other halves
-        (Megatron's all-reduces after attention and after the MLP; an MoE
-        layer's dispatch after attention and router, its combine after the
-        experts). I: the combine's gradient all-to-all, then the same shape
-        with the tensor-parallel all-reduce after each half's compute, after
-        the forward again under full recomputation. W: compute.
+        F and I alike: half the compute, half the communication, the other
+        halves (Megatron's all-reduces after attention and after the MLP, and
+        in I after each half's input gradient; an MoE layer's dispatch after
+        attention and router, its combine after the experts); I after the
+        whole F again under full recomputation. W: compute.
 
         >>> [(op.streams, op.seconds) for op in BlockCost(F=3, I=3, W=2, param_bytes=0, act_bytes=0,
-        ...                                              act_w_bytes=0, tp_comm=1).streams().F]
+        ...                                              act_w_bytes=0, f_comm=1, i_comm=1).streams().F]
         [(1, 1.0), (2, 0.5), (1, 1.0), (2, 0.5)]
         """
-        comm = self.tp_comm + self.ep_comm
-        forward = _halves(self.F - comm, comm / 2, comm / 2)
+        forward = _halves(self.F - self.f_comm, self.f_comm)
         rerun = forward if self.rerun_forward else ()
-        own = self.I - comm - (self.F if self.rerun_forward else 0.0)
-        backward = (StreamOp(COMM, self.ep_comm / 2),) + _halves(own, (self.tp_comm + self.ep_comm) / 2, self.tp_comm / 2)
+        backward = _halves(self.I - self.i_comm - (self.F if self.rerun_forward else 0.0), self.i_comm)
         w = (StreamOp(COMPUTE, self.W),)
         return PassStreams(*(tuple(op for op in chain if op.seconds > 0) for chain in (forward, rerun + backward, w)))
 
@@ -167,10 +164,10 @@ def stage_streams(costs: Sequence[BlockCost]) -> PassStreams:
     return PassStreams(compact(forward), compact(backward), compact(weights))
 
 
-def _halves(compute: float, first_comm: float, second_comm: float) -> tuple[StreamOp, ...]:
-    """Half the compute, ``first_comm`` of communication, the other half, ``second_comm``."""
-    half = StreamOp(COMPUTE, max(0.0, compute) / 2)
-    return (half, StreamOp(COMM, first_comm), half, StreamOp(COMM, second_comm))
+def _halves(compute: float, comm: float) -> tuple[StreamOp, ...]:
+    """Half the compute, half the communication, the other halves."""
+    compute_half, comm_half = StreamOp(COMPUTE, max(0.0, compute) / 2), StreamOp(COMM, comm / 2)
+    return (compute_half, comm_half, compute_half, comm_half)
 
 
 _EXPERT_INDEX = re.compile(r"experts?[._/](\d+)", re.IGNORECASE)
@@ -421,7 +418,7 @@ def block_cost(
         kept = (block.output_bytes if token_bytes is None else token_bytes) / whole
         act, act_w = min(act, kept), min(act_w, kept)
     return BlockCost(F=f, I=i, W=w, param_bytes=param_bytes, act_bytes=act, act_w_bytes=act_w, grad_sync=sync,
-                     tp_comm=tp_comm, ep_comm=ep_comm, rerun_forward=training.recompute == "full")
+                     f_comm=tp_comm + ep_comm, i_comm=tp_comm + ep_comm, rerun_forward=training.recompute == "full")
 
 
 def stored_activation_bytes(block: Block, mode: Mode, sequence_parallel: bool = True) -> float:

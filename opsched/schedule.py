@@ -450,7 +450,8 @@ def pair_duration(sg: StageGraph, pair: Pair) -> float:
             length = a + b - sg.overlap_gain * min(a, b)
         else:
             derived = pair_length(first.streams.chain(pair.first.pass_), second.streams.chain(pair.second.pass_))
-            length = min(a + b, max(a, b, derived))  # float sums kept within the two bounds
+            # float sums kept within the two bounds; a saving of rounding error is none (no pair made for it)
+            length = a + b if derived >= (a + b) * (1 - 1e-9) else max(a, b, derived)
         if sg.whole_pairs:  # never shorter than the pair it stands for: what the slotted schedule holds is enough
             length = float(math.ceil(length - 1e-9 * max(1.0, length)))
         sg._pair_lengths[key] = length
