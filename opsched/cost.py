@@ -151,15 +151,17 @@ class BlockCost:
         return PassStreams(*(tuple(op for op in chain if op.seconds > 0) for chain in (forward, rerun + backward, w)))
 
 
-def stage_streams(costs: Sequence[BlockCost]) -> PassStreams:
+def stage_streams(costs: Sequence[BlockCost], before: float = 0.0) -> PassStreams:
     """The stream operations of a stage running ``costs``' blocks in order (backwards in reverse).
 
-    Chains longer than :data:`opsched.overlap.EXACT_OPS` operations are
-    compacted (:func:`opsched.overlap.compact`).
+    ``before``: communication ahead of F and of I (ZeRO-3's weight
+    all-gather). Chains longer than :data:`opsched.overlap.EXACT_OPS`
+    operations are compacted (:func:`opsched.overlap.compact`).
     """
     chains = [c.streams() for c in costs]
-    forward = [op for c in chains for op in c.F]
-    backward = [op for c in reversed(chains) for op in c.I]
+    gather = [StreamOp(COMM, before)] if before > 0 else []
+    forward = gather + [op for c in chains for op in c.F]
+    backward = gather + [op for c in reversed(chains) for op in c.I]
     weights = [op for c in reversed(chains) for op in c.W]
     return PassStreams(compact(forward), compact(backward), compact(weights))
 

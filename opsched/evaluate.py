@@ -33,10 +33,11 @@ import networkx as nx
 
 from opsched.baselines import run_baseline
 from opsched.cluster import RECOMPUTE_MODES, Cluster, Training, with_devices
-from opsched.cost import (Mode, alltoall_time, allreduce_time, attention_core_time, block_cost, context_ring_time,
-                          expert_count, held_param_bytes)
+from opsched.cost import (BlockCost, Mode, alltoall_time, allreduce_time, attention_core_time, block_cost,
+                          context_ring_time, expert_count, held_param_bytes, stage_streams)
 from opsched.errors import OpschedError, Unsupported
 from opsched.graph import Block
+from opsched.overlap import PassStreams
 from opsched.schedule import Edge, Schedule, Stage, StageGraph, metrics
 from opsched.upper.stages import LAYER_COMPONENT, layer_path
 
@@ -420,7 +421,7 @@ def _chunk_stages(
         cost = _chunk_cost(bg, index, members, layout, cluster, training, rank)
         stages.append(Stage(id=c, devices=(rank,), time={"F": cost.F, "I": cost.I, "W": cost.W},
                             param_bytes=cost.param_bytes, act_bytes=cost.act_bytes, act_w_bytes=cost.act_w_bytes,
-                            name=f"chunk{c}"))
+                            name=f"chunk{c}", streams=cost.streams if training.overlap_pairs else None))
         sync[rank] += cost.grad_sync
         optimizer[rank] += cost.optimizer
         ring[rank] += cost.context_ring
@@ -438,6 +439,7 @@ class _ChunkCost:
     grad_sync: float = 0.0
     optimizer: float = 0.0
     context_ring: float = 0.0  # exposed K/V ring time per microbatch, in F and I (part of them)
+    streams: PassStreams | None = None  # the passes' compute and communication operations
 
 
 def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: ParallelLayout, cluster: Cluster,
@@ -450,6 +452,7 @@ def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: P
     again = training.recompute != "none"  # a recomputed attention forward passes the keys and values round again
     out = _ChunkCost()
     weights = 0.0  # bytes of this device's share of the chunk's weights, unsharded
+    timed: list[BlockCost] = []  # each block's cost with this layout's communication: the chunk's stream operations
     for b in members:
         block: Block = bg.nodes[b]["block"]
         tokens = index.tokens_in[b]
@@ -457,6 +460,7 @@ def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: P
         params = block.param_count / layout.tp
         replicas = layout.dp * layout.cp  # the ranks holding the same parameters: what ZeRO shards over
         f, i = c.F, c.I
+        f_comm, i_comm = c.f_comm, c.i_comm
         if layout.cp > 1:
             bw, lat = cluster.link(groups.context, groups.context)
             attention = attention_core_time(block, mode.size, cluster, training.dtype)
@@ -464,17 +468,23 @@ def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: P
             f += ring.forward
             i += ring.backward + (ring.forward if again else 0.0)
             out.context_ring += ring.forward + ring.backward + (ring.forward if again else 0.0)
+            # under full recomputation the forward's ring runs again inside the rerun forward, not as I's own
+            f_comm += ring.forward
+            i_comm += ring.backward + (ring.forward if again and not c.rerun_forward else 0.0)
         if index.experts_of[b] > 0 and layout.ep > 1:
             # folded over the data-parallel replicas: each holds 1/ep of the experts and swaps routed tokens
             bw, lat = cluster.link(groups.expert, groups.expert)
             a2a = 2 * alltoall_time(tokens / layout.tp, layout.ep, bw, lat)  # dispatch and combine
             f += a2a
             i += a2a * (2 if training.recompute == "full" else 1)  # a recomputed forward swaps them again
+            f_comm += a2a
+            i_comm += a2a
             params /= layout.ep
             replicas = layout.dp // layout.ep
         out.F += f
         out.I += i
         out.W += c.W
+        timed.append(dataclasses.replace(c, F=f, I=i, f_comm=f_comm, i_comm=i_comm))
         out.param_bytes += held_param_bytes(params, replicas, training, layout.zero)
         weights += params * training.param_bytes
         out.act_bytes += c.act_bytes
@@ -486,12 +496,14 @@ def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: P
             out.grad_sync += allreduce_time(params * training.grad_bytes, replicas, bw, lat)
         updated = params / (replicas if layout.zero >= 1 else 1)
         out.optimizer += updated * OPTIMIZER_TRAFFIC_BYTES / cluster.memory_bandwidth
+    gather = 0.0
     if layout.zero >= 3:
         # FSDP gathers the weights before use in F and again in I; an all-gather is half a ring all-reduce
         bw, lat = cluster.link(groups.weights, groups.weights)
         gather = allreduce_time(weights, layout.dp * layout.cp, bw, lat) / 2
         out.F += gather
         out.I += gather
+    out.streams = stage_streams(timed, before=gather)
     return out
 
 
