@@ -34,9 +34,16 @@ from opsched.units import plain
 #: preset used when only ``--devices N`` is given
 DEFAULT_PRESET = "h100-sxm"
 
+#: Adam's state per parameter by the precision it is kept in (``--optimizer-state``, docs/cost-model.md,
+#: "Training settings"). "fp32": an FP32 master weight and FP32 first and second moments, 4 + 4 + 4 = 12.
+#: "bf16": BF16 moments (2 + 2) and the FP32 master weight kept as the 16 bits it has beyond the BF16 weight
+#: (2): Megatron-Core's precision-aware optimizer with ``--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``, whose
+#: Transformer Engine FusedAdam stores those remainders (``store_param_remainders``, its default from TE 2.1).
+OPTIMIZER_STATE_BYTES = {"fp32": 12.0, "bf16": 6.0}
+
 #: Adam in mixed precision: bf16 weight (2) + bf16 gradient (2) + fp32 master
 #: weight, first and second moment (4 + 4 + 4 = 12) = 16 bytes per parameter.
-ADAM_MIXED_PRECISION_BYTES = {"param": 2.0, "grad": 2.0, "optimizer": 12.0}
+ADAM_MIXED_PRECISION_BYTES = {"param": 2.0, "grad": 2.0, "optimizer": OPTIMIZER_STATE_BYTES["fp32"]}
 
 DTYPE_BYTES = {"fp8": 1, "bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -120,8 +127,12 @@ class Training:
     come from the import dims, so it is used only to report samples/s.
     ``bytes_per_param`` is the memory each parameter costs on a device that
     holds it: weight + gradient + optimizer state (default: Adam in mixed
-    precision, 2 + 2 + 12 = 16). ``grad_bytes`` is the size of one gradient
-    element on the wire (the data-parallel all-reduce).
+    precision, 2 + 2 + 12 = 16; ``optimizer_state="bf16"``: 2 + 2 + 6 = 10).
+    ``grad_bytes`` is the size of one gradient element on the wire (the
+    data-parallel all-reduce).
+
+    >>> Training().bytes_per_param, Training(optimizer_state="bf16").bytes_per_param
+    (16.0, 10.0)
     """
 
     microbatches: int = 8
@@ -129,7 +140,8 @@ class Training:
     dtype: str = "bf16"
     param_bytes: float = ADAM_MIXED_PRECISION_BYTES["param"]
     grad_bytes: float = ADAM_MIXED_PRECISION_BYTES["grad"]
-    optimizer_bytes: float = ADAM_MIXED_PRECISION_BYTES["optimizer"]
+    #: the precision Adam's state is kept in, a key of :data:`OPTIMIZER_STATE_BYTES` (its bytes: ``optimizer_bytes``)
+    optimizer_state: str = "fp32"
     #: ZeRO level over data-parallel replicas (0: none; 1: optimizer states sharded, Megatron's
     #: distributed optimizer; 2: gradients too; 3: weights too), see ``cost.held_param_bytes``
     zero: int = 0
@@ -157,15 +169,34 @@ class Training:
             raise OpschedError(f"microbatch size must be a positive integer, got {self.microbatch_size!r}")
         if self.dtype not in DTYPE_BYTES:
             raise OpschedError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPE_BYTES)}")
-        for name in ("param_bytes", "grad_bytes", "optimizer_bytes"):
+        if self.optimizer_state not in OPTIMIZER_STATE_BYTES:
+            raise OpschedError(f"optimizer state must be one of {', '.join(OPTIMIZER_STATE_BYTES)}, "
+                               f"got {self.optimizer_state!r}")
+        for name in ("param_bytes", "grad_bytes"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value < 0:
                 raise OpschedError(f"training setting {name} must be a number >= 0, got {value!r}")
 
     @property
+    def optimizer_bytes(self) -> float:
+        """Adam's state per parameter: master weight and two moments in ``optimizer_state``'s precision."""
+        return OPTIMIZER_STATE_BYTES[self.optimizer_state]
+
+    @property
     def bytes_per_param(self) -> float:
         """Memory per parameter held: weight + gradient + optimizer state."""
         return float(self.param_bytes + self.grad_bytes + self.optimizer_bytes)
+
+    @property
+    def optimizer_step_bytes(self) -> float:
+        """Memory traffic of one Adam step per parameter it updates: the state read and written, the gradient read
+        and the weight written; a master weight kept as remainders of the weight reads the weight too.
+
+        >>> Training().optimizer_step_bytes, Training(optimizer_state="bf16").optimizer_step_bytes
+        (28.0, 18.0)
+        """
+        remainders = self.param_bytes if self.optimizer_state == "bf16" else 0.0
+        return float(2 * self.optimizer_bytes + self.grad_bytes + self.param_bytes + remainders)
 
 
 # --------------------------------------------------------------------------- presets

@@ -46,10 +46,6 @@ RECOMPUTE = RECOMPUTE_MODES
 #: (selective recomputation costs the attention core's forward again, full the whole forward)
 RECOMPUTE_SEARCH = ("none", "selective", "full")
 
-#: bytes an Adam step reads and writes per parameter it updates: fp32 master weight, two moments
-#: (read + write, 3 x 8), the bf16 gradient read and the bf16 weight written (2 + 2)
-OPTIMIZER_TRAFFIC_BYTES = 28.0
-
 
 @dataclass(frozen=True)
 class ParallelLayout:
@@ -495,7 +491,7 @@ def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: P
             # all-reduce, or reduce-scatter + all-gather with ZeRO: the same ring volume
             out.grad_sync += allreduce_time(params * training.grad_bytes, replicas, bw, lat)
         updated = params / (replicas if layout.zero >= 1 else 1)
-        out.optimizer += updated * OPTIMIZER_TRAFFIC_BYTES / cluster.memory_bandwidth
+        out.optimizer += updated * training.optimizer_step_bytes / cluster.memory_bandwidth
     gather = 0.0
     if layout.zero >= 3:
         # FSDP gathers the weights before use in F and again in I; an all-gather is half a ring all-reduce

@@ -219,3 +219,13 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--cluster", metavar="FILE", help="cluster description, .json or .toml (see docs/cost-model.md)")
     source.add_argument("--preset", metavar="NAME", help="named cluster: h100-sxm (default), a100-80g, h200")
+
+
+def add_optimizer_state_argument(parser: argparse.ArgumentParser) -> None:
+    """``--optimizer-state fp32|bf16``, as plan and evaluate take it (:data:`opsched.cluster.OPTIMIZER_STATE_BYTES`)."""
+    from opsched.cluster import OPTIMIZER_STATE_BYTES
+
+    parser.add_argument("--optimizer-state", choices=tuple(OPTIMIZER_STATE_BYTES), default="fp32",
+                        help="precision of Adam's state: fp32 (default) an FP32 master weight and moments, 12 bytes "
+                             "per parameter; bf16 BF16 moments and the master weight as the 16 bits FP32 adds to "
+                             "the BF16 weight, 6 bytes (Megatron-Core's --use-precision-aware-optimizer)")

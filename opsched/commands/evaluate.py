@@ -23,7 +23,11 @@ forward FLOPs, no recompute: PaLM's 6ND + attention), peak memory per device
 and whether it fits, and where the time goes. With --json, one object with
 step_time (s), tokens_per_second_per_device, mfu, peak_memory_bytes, fits,
 breakdown (s; context_comm, the exposed K/V ring, when cp > 1), layout,
-schedule and microbatches.
+schedule, microbatches and optimizer_state.
+
+--optimizer-state bf16 keeps Adam's moments in BF16 and its FP32 master
+weight as the 16 bits beyond the BF16 weight: 2 + 2 + 6 = 10 bytes per
+parameter instead of 16 (Megatron-Core's precision-aware optimizer).
 
 examples:
   opsched evaluate models/mixtral_8x7b.onnx --devices 64 --layout tp=1,pp=4,vpp=8,ep=8,zero=1 --seq-len 4096 --global-batch 256
@@ -36,7 +40,7 @@ import argparse
 import json
 import logging
 
-from opsched.commands.args import add_cluster_arguments, byte_size, positive_int
+from opsched.commands.args import add_cluster_arguments, add_optimizer_state_argument, byte_size, positive_int
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"pipeline schedule, one of {', '.join(NAMES)} (default: interleaved-1f1b when vpp > 1, else 1f1b)")
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp8", "fp16", "fp32"),
                         help="compute dtype: the peak FLOP/s the cost model and MFU use (default bf16)")
+    add_optimizer_state_argument(parser)
     parser.add_argument("--memory-limit", type=byte_size, metavar="BYTES",
                         help="per device with a unit, e.g. 80GiB (default: the cluster's memory)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout (fields above)")
@@ -84,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     if "batch" not in used:
         raise OpschedError(f"{args.model} has no symbolic batch dimension; evaluate needs one to size a microbatch")
     tokens_per_sequence = int(used.get("seq", 1))
-    training = Training(microbatches=1, microbatch_size=args.micro_batch_size, dtype=args.dtype)
+    training = Training(microbatches=1, microbatch_size=args.micro_batch_size, dtype=args.dtype,
+                        optimizer_state=args.optimizer_state)
     bg = coarsen(og)
     log.info("import: %s: %d operators, %d blocks, dims %s", args.model, og.number_of_nodes(), bg.number_of_nodes(), used)
     result = evaluate_layout(bg, cluster, training, layout, global_batch=args.global_batch,
@@ -92,14 +98,15 @@ def run(args: argparse.Namespace) -> int:
                              schedule=args.schedule, memory_limit=args.memory_limit)
     if args.json:
         print(json.dumps({"model": args.model, "cluster": cluster.name, "devices": cluster.devices,
-                          "seq_len": tokens_per_sequence, **result.to_dict()}, indent=2))
+                          "seq_len": tokens_per_sequence, "optimizer_state": training.optimizer_state,
+                          **result.to_dict()}, indent=2))
         return 0
-    print(summary_text(args.model, cluster, result))
+    print(summary_text(args.model, cluster, result, training))
     return 0
 
 
-def summary_text(model: str, cluster, result) -> str:
-    from opsched.units import bytes_text, plural, seconds_text
+def summary_text(model: str, cluster, result, training) -> str:
+    from opsched.units import bytes_text, plain, plural, seconds_text
 
     fit = "fits" if result.fits else "DOES NOT FIT"
     lines = [
@@ -107,7 +114,8 @@ def summary_text(model: str, cluster, result) -> str:
         f"{plural(result.microbatches, 'microbatch', 'microbatches')} per pipeline, global batch {result.global_batch}",
         f"  step time {seconds_text(result.step_time)}, {result.tokens_per_second_per_device:,.0f} tokens/s per device, "
         f"MFU {100 * result.mfu:.1f} %",
-        f"  peak memory {bytes_text(result.peak_memory_bytes)} per device of {bytes_text(result.memory_limit)}: {fit}",
+        f"  peak memory {bytes_text(result.peak_memory_bytes)} per device of {bytes_text(result.memory_limit)}: {fit} "
+        f"(Adam's state in {training.optimizer_state}, {plain(training.bytes_per_param)} bytes per parameter held)",
         "  where the time goes:",
     ]
     for key, seconds in result.breakdown.items():

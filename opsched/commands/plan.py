@@ -66,6 +66,7 @@ from opsched.commands.args import (
     MAX_DEVICES,
     WholeNumber,
     add_cluster_arguments,
+    add_optimizer_state_argument,
     byte_size,
     dimension,
     merged_dims,
@@ -128,6 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ZeRO level over data-parallel replicas: 0 every replica holds its optimizer states; "
                              "1 (default) they are sharded, as Megatron's distributed optimizer does, for the same "
                              "gradient traffic; 2 the gradients too")
+    add_optimizer_state_argument(parser)
     parser.add_argument("--recompute", choices=("none", "selective", "full", "auto"), default="auto",
                         help="activation recomputation: none; selective (the attention core's scores are not kept "
                              "and its forward runs again, Megatron's selective recompute); full (each block keeps "
@@ -183,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
                            "microbatches; plan with --microbatches M")
     training = Training(microbatches=microbatches, microbatch_size=int(used_dims.get("batch", 1)),
                         zero=args.zero, recompute="none" if args.recompute == "auto" else args.recompute,
+                        optimizer_state=args.optimizer_state,
                         whole_sequences=args.global_batch is not None,
                         # torch (and torchtitan, through it) runs an OVERLAP_F_B pair as F then B; Megatron pairs nothing
                         overlap_pairs=args.runtime == "any")
@@ -327,7 +330,7 @@ def megatron_layouts(args: argparse.Namespace, dims: dict[str, int], cluster, tr
             return True
         row = layout_row(e, bg, cluster, t0)
         return refusal(args.runtime, row.schedule, layout_fields(row.contents, row.microbatch_size, training.zero,
-                                                                 row.recompute)) is None
+                                                                 row.recompute, training.optimizer_state)) is None
 
     found = search_layouts(bg, cluster, training, global_batch=global_batch,
                            tokens_per_sequence=int(og.graph.get("dims", {}).get("seq", 1)), memory_limit=limit,
@@ -467,7 +470,8 @@ def plan_extra(model: str, cluster, training, result, warnings: list[str] | None
         "step_time": result.step_time,
         "grad_sync_seconds": result.grad_sync,
         "throughput": samples / result.step_time if result.step_time > 0 else 0.0,
-        **layout_fields(result.stage_contents, result.microbatch_size, training.zero, result.recompute),
+        **layout_fields(result.stage_contents, result.microbatch_size, training.zero, result.recompute,
+                        training.optimizer_state),
         "stage_blocks": {str(k): c.blocks for k, c in result.stage_contents.items()},
         "baselines": [b.to_dict(samples) for b in result.baselines],
         "refused_baselines": [{"method": k, "reason": v} for k, v in result.refused_baselines.items()],
@@ -548,7 +552,9 @@ def report_text(model: str, cluster, training, limit: float, result, warnings: l
         f"- memory limit: {bytes_text(limit)} per device (parameters + gradients + optimizer state + activations)",
         f"- microbatches: {result.schedule.microbatches} of {plural(result.microbatch_size, 'sample')} each; "
         f"dtype {training.dtype}",
-        f"- optimizer states: {ZERO_WORDS[training.zero]}; activation recomputation: {result.recompute}",
+        f"- optimizer states: {ZERO_WORDS[training.zero]}, in {training.optimizer_state} "
+        f"({plain(training.bytes_per_param)} bytes per parameter with weight and gradient); "
+        f"activation recomputation: {result.recompute}",
         f"- chosen: {result.source} on layout {result.layout} ({describe_layout(result.layout)}), "
         f"{plural(stages, 'pipeline stage')}",
         f"- step time {seconds_text(result.step_time)} (makespan {seconds_text(m.makespan)} + gradient sync "

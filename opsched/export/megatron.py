@@ -17,9 +17,11 @@ argument; docs/export.md has the table). A plan Megatron cannot run is
 refused with the reason, nothing written: what any framework refuses
 (:func:`opsched.export.plan_layout.plan_layout`), plus Megatron's own
 limits: stages in a V (Megatron places chunk c on rank ``c mod pp`` only),
-ZeRO-2 or 3 (its distributed optimizer shards optimizer states only), and
-an interleaved plan whose microbatches are not a multiple of pp (Megatron's
-interleaved schedule runs them in groups of pp, ``microbatch_group_size_per_vp_stage``).
+ZeRO-2 or 3 (its distributed optimizer shards optimizer states only), BF16
+optimizer state without ZeRO-1 (its precision-aware optimizer runs only
+inside the distributed optimizer), and an interleaved plan whose
+microbatches are not a multiple of pp (Megatron's interleaved schedule runs
+them in groups of pp, ``microbatch_group_size_per_vp_stage``).
 
 >>> from opsched.evaluate import ParallelLayout
 >>> from opsched.export.plan_layout import PlanLayout
@@ -74,6 +76,9 @@ def megatron_args(layout: PlanLayout) -> list[MegatronArg]:
         raise refuse(f"it shards gradients{' and parameters' if p.zero == 3 else ''} over the data-parallel replicas "
                      f"(zero {p.zero}); Megatron's distributed optimizer shards only the optimizer states: "
                      "plan with --zero 1")
+    if layout.optimizer_state != "fp32" and p.zero != 1:
+        raise refuse(f"it keeps Adam's state in {layout.optimizer_state} without ZeRO-1; Megatron's precision-aware "
+                     "optimizer runs only with its distributed optimizer: plan with --zero 1")
     if p.vpp > 1 and layout.microbatches % p.pp:
         raise refuse(f"its {plural(layout.microbatches, 'microbatch', 'microbatches')} are no multiple of pp={p.pp}; "
                      "Megatron's interleaved schedule runs microbatches in groups of pp: plan with --microbatches "
@@ -96,6 +101,7 @@ def megatron_args(layout: PlanLayout) -> list[MegatronArg]:
         ]
     if p.zero == 1:
         out.append(arg("--use-distributed-optimizer", None, "plan zero 1: optimizer states sharded over dp"))
+    out += _optimizer_precision(layout.optimizer_state)
     if p.recompute == "full":
         out += [
             arg("--recompute-granularity", "full", "plan recompute full"),
@@ -116,6 +122,27 @@ def megatron_args(layout: PlanLayout) -> list[MegatronArg]:
     if layout.seq_len is not None:
         out.append(arg("--seq-length", str(layout.seq_len), "the plan's seq dim"))
     return out
+
+
+def _optimizer_precision(state: str) -> list[MegatronArg]:
+    """The precision-aware optimizer's flags for Adam's state in ``state`` (none for FP32, Megatron's default):
+    the bytes per parameter the plan was costed with (opsched.cluster.OPTIMIZER_STATE_BYTES).
+
+    >>> [" ".join(a.words()) for a in _optimizer_precision("bf16")][1:3]
+    ['--main-grads-dtype bf16', '--main-params-dtype fp32']
+    >>> _optimizer_precision("fp32")
+    []
+    """
+    if state == "fp32":
+        return []
+    arg = MegatronArg
+    return [
+        arg("--use-precision-aware-optimizer", None, "plan optimizer_state bf16: Adam in Transformer Engine's FusedAdam"),
+        arg("--main-grads-dtype", "bf16", "the plan's 2-byte gradients (Megatron's default keeps them in fp32)"),
+        arg("--main-params-dtype", "fp32", "master weight kept as its 16 bits beyond the bf16 weight (TE >= 2.1)"),
+        arg("--exp-avg-dtype", "bf16", "Adam's first moment, 2 bytes"),
+        arg("--exp-avg-sq-dtype", "bf16", "Adam's second moment, 2 bytes"),
+    ]
 
 
 def _layer_split(layout: PlanLayout) -> list[MegatronArg]:

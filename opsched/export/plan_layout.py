@@ -20,6 +20,8 @@ reason (their own limits stay in their modules). From plan.json:
   stage's numbered layers (``model.layers.N``) give the layer split, whole
   layers in model order, the modules outside the layer stack (embedding,
   final norm, head) on the first and the last stage;
+* ``optimizer_state``: the precision of Adam's state (fp32 when the plan
+  does not say, as before opsched recorded it);
 * ``microbatch_size``, ``microbatches``, ``zero``, ``recompute`` and
   ``dims.seq``: a ``dpN`` stage gives each of its N replicas ``1/N`` of a
   microbatch's samples, so a framework's per-rank micro-batch size is
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from opsched.cluster import OPTIMIZER_STATE_BYTES
 from opsched.errors import OpschedError
 from opsched.evaluate import RECOMPUTE, ParallelLayout
 from opsched.export.torch_csv import check_expressible
@@ -78,6 +81,7 @@ class PlanLayout:
     seq_len: int | None  # the model's seq dim as planned, None when the plan does not say
     method: str  # what made the plan's order: a baseline's name, mip, ...
     devices: int
+    optimizer_state: str = "fp32"  # precision of Adam's state (opsched.cluster.OPTIMIZER_STATE_BYTES)
 
     @property
     def num_layers(self) -> int:
@@ -143,7 +147,7 @@ def plan_layout(schedule: Schedule, doc: dict, runtime: Runtime) -> PlanLayout:
         micro_batch_size=micro, microbatches=schedule.microbatches,
         global_batch_size=samples * schedule.microbatches,
         seq_len=seq if isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 else None,
-        method=schedule.name or "unnamed", devices=layout.devices,
+        method=schedule.name or "unnamed", devices=layout.devices, optimizer_state=_optimizer_state(doc, refuse),
     )
 
 
@@ -257,6 +261,14 @@ def _training(doc: dict, refuse) -> tuple[int, str]:
     if recompute not in RECOMPUTE:
         raise refuse(f"field recompute is {recompute!r}; one of {', '.join(RECOMPUTE)}")
     return zero, recompute
+
+
+def _optimizer_state(doc: dict, refuse) -> str:
+    """The precision of Adam's state the plan was costed with; a plan from before it was recorded had FP32."""
+    state = doc.get("optimizer_state", "fp32")
+    if state not in OPTIMIZER_STATE_BYTES:
+        raise refuse(f"field optimizer_state is {state!r}; one of {', '.join(OPTIMIZER_STATE_BYTES)}")
+    return state
 
 
 def _layer_split(contents: list[dict], refuse) -> tuple[str, list[int]]:

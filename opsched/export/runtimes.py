@@ -58,8 +58,8 @@ def refusal(runtime: str, schedule: Schedule, doc: Mapping) -> str | None:
     """Why ``opsched export`` refuses ``schedule`` (with the plan.json fields ``doc``) for ``runtime``; None if not.
 
     ``doc`` needs what the export reads besides the schedule:
-    ``stage_contents``, ``microbatch_size``, ``zero``, ``recompute``
-    (:func:`layout_fields`). A schedule without events (a candidate's stages
+    ``stage_contents``, ``microbatch_size``, ``zero``, ``recompute`` and
+    ``optimizer_state`` (:func:`layout_fields`; a plan without it had FP32 state). A schedule without events (a candidate's stages
     before the lower level orders them) is asked about its layout only; with
     events, torch's checks of the order (complete, no deadlock) run too.
     """
@@ -88,16 +88,18 @@ def verdicts(schedule: Schedule, doc: Mapping) -> dict[str, str | None]:
     return {runtime: refusal(runtime, schedule, doc) for runtime in RUNTIMES}
 
 
-def layout_fields(contents: Mapping[int, StageContents], microbatch_size: int, zero: int, recompute: str) -> dict:
+def layout_fields(contents: Mapping[int, StageContents], microbatch_size: int, zero: int, recompute: str,
+                  optimizer_state: str = "fp32") -> dict:
     """The plan.json fields besides the schedule that a runtime's export reads (``opsched plan`` writes them so).
 
     >>> from opsched.upper.stages import stage_contents
     >>> sorted(layout_fields({0: stage_contents([("model/layers.0", "tp2")])}, 1, 1, "none"))
-    ['microbatch_size', 'recompute', 'stage_contents', 'zero']
+    ['microbatch_size', 'optimizer_state', 'recompute', 'stage_contents', 'zero']
     """
     return {
         "microbatch_size": microbatch_size,
         "zero": zero,
         "recompute": recompute,
+        "optimizer_state": optimizer_state,
         "stage_contents": {str(k): c.to_dict() for k, c in contents.items()},
     }

@@ -91,6 +91,13 @@ def torchtitan_keys(layout: PlanLayout, csv: str | None = None) -> list[TomlKey]
         raise OpschedError(f"{TORCHTITAN[0]} cannot run this plan: its selective recomputation runs the attention "
                            "core again (Megatron's); torchtitan's selective modes recompute other things: plan with "
                            "--recompute none or full")
+    if layout.optimizer_state != "fp32":
+        # torchtitan's optimizer.implementation "fused_opt_states_bf16" keeps the moments in bf16 beside fp32
+        # parameters and gradients: 4 + 4 + 2 + 2 = 12 bytes per parameter where the plan costs 2 + 2 + 6 = 10
+        raise OpschedError(f"{TORCHTITAN[0]} cannot run this plan: it keeps Adam's state in {layout.optimizer_state} "
+                           "with the master weight as 16-bit remainders of the bf16 weight (Megatron's precision-aware "
+                           "optimizer); torchtitan's fused_opt_states_bf16 keeps fp32 weights and gradients, 2 bytes "
+                           "more per parameter: plan with --optimizer-state fp32, or export it --megatron")
     schedule = _schedule(layout, csv)
     key = TomlKey
     samples = layout.global_batch_size // layout.microbatches
