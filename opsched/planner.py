@@ -210,8 +210,7 @@ def plan_block_graph(
     t_start = time.perf_counter()
     clock = Clock(time.monotonic() + time_limit if deadline is None else deadline)
     all_layouts = layouts(cluster)
-    target = target_blocks or max(24, 3 * max(lay.slots for lay in all_layouts))
-    small, members = reduce_block_graph(bg, target)
+    small, members = _reduced(bg, all_layouts, target_blocks)
     _log_layouts(all_layouts, bg, small, clock)
     table = CostTable(small, cluster, training)  # each block costed once per group shape, for every layout
     problems = {str(lay): upper_problem(small, lay, cluster, training, limit, table) for lay in all_layouts}
@@ -743,6 +742,25 @@ def _held_block(block: Block, mode: str) -> HeldBlock:
     """A model block in a stage, with what it holds (the stage's configuration counts only blocks with weights)."""
     holds = "experts" if expert_count(block) > 0 else "weights" if block.param_count > 0 else "none"
     return HeldBlock(block.name, mode, holds)
+
+
+def _reduced(bg: nx.DiGraph, all_layouts: list, target_blocks: int | None) -> tuple[nx.DiGraph, dict]:
+    """``bg`` reduced to the blocks the placement MIP places (default: 3 per pipeline slot of the largest layout,
+    at least 24), with the members of each reduced block."""
+    return reduce_block_graph(bg, target_blocks or max(24, 3 * max(lay.slots for lay in all_layouts)))
+
+
+def smallest_memory(bg: nx.DiGraph, cluster: Cluster, training: Training, solver: str = "cbc",
+                    target_blocks: int | None = None) -> float:
+    """The least memory per device any layout of :func:`plan_block_graph` needs for ``bg`` with ``training``, under
+    the upper memory model: the figure :class:`MemoryTooSmall` reports, for other training settings (``opsched plan``
+    asks it with Adam's state in BF16 when nothing fits in FP32).
+    """
+    all_layouts = layouts(cluster)
+    small, _ = _reduced(bg, all_layouts, target_blocks)
+    table = CostTable(small, cluster, training)  # the least memory is its own MIP: no memory limit is needed
+    return _smallest_memory({str(lay): upper_problem(small, lay, cluster, training, table=table)
+                             for lay in all_layouts}, solver)
 
 
 def _smallest_memory(problems: dict[str, UpperProblem], solver: str) -> float:

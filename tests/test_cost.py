@@ -150,6 +150,24 @@ def test_zero_shards_what_data_parallel_replicas_hold():
         Training(zero=5)
 
 
+def test_bf16_optimizer_state_holds_six_bytes_per_parameter_where_fp32_holds_twelve():
+    """--optimizer-state bf16 (Megatron's precision-aware optimizer): BF16 moments and the master weight as 16-bit
+    remainders, 2 + 2 + 2 bytes, sharded by ZeRO-1 like the FP32 state; weights and gradients are unchanged."""
+    from dataclasses import replace
+
+    bf16 = replace(T, optimizer_state="bf16")
+    assert bf16.optimizer_bytes == 6.0 and bf16.bytes_per_param == 10.0
+    assert block_cost(block(), Mode(dp=4), (0, 1, 2, 3), C, bf16).param_bytes == pytest.approx(10e6)
+    assert block_cost(block(), Mode(dp=4), (0, 1, 2, 3), C, replace(bf16, zero=1)).param_bytes == \
+        pytest.approx(1e6 * (2 + 2 + 6 / 4))
+    assert block_cost(block(), Mode(dp=4), (0, 1, 2, 3), C, replace(bf16, zero=3)).param_bytes == \
+        pytest.approx(10e6 / 4)
+    # an Adam step reads and writes the state, reads the gradient, writes the weight (and reads it: the remainders)
+    assert (T.optimizer_step_bytes, bf16.optimizer_step_bytes) == (28.0, 18.0)
+    with pytest.raises(OpschedError, match="optimizer state must be one of fp32, bf16"):
+        Training(optimizer_state="fp8")
+
+
 def test_operator_kinds_take_their_own_efficiency():
     """A cluster file's matmul / attention / memory efficiencies cost each kind apart; without them, one roofline."""
     from opsched.cluster import preset

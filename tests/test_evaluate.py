@@ -116,6 +116,22 @@ def test_expert_parallel_shards_the_experts_and_pays_all_to_alls(mixtral):
     assert ep8.microbatches == 256 // 16 and ep8.fits
 
 
+def test_bf16_optimizer_state_lowers_memory_by_six_bytes_per_parameter_held(llama):
+    """Each device of pp2 x dp4 with ZeRO-1 holds its rank's parameters at 2 + 2 + 12/4 bytes in FP32 state and
+    2 + 2 + 6/4 in BF16 state; the activations and the pipeline are the same."""
+    layout = ParallelLayout.parse("tp=1,pp=2,zero=1")
+    fp32, bf16 = (evaluate_layout(llama, preset("h100-sxm", 8), Training(optimizer_state=state), layout,
+                                  global_batch=64, micro_batch_size=1, tokens_per_sequence=4096)
+                  for state in ("fp32", "bf16"))
+    held = [device_param_bytes(e.schedule.stage_graph) for e in (fp32, bf16)]
+    assert held[1] == pytest.approx([b * (2 + 2 + 6 / 4) / (2 + 2 + 12 / 4) for b in held[0]])
+    saved = [a - b for a, b in zip(*held)]  # the peak device saves what it holds less
+    assert min(saved) * (1 - 1e-9) <= fp32.peak_memory_bytes - bf16.peak_memory_bytes <= max(saved) * (1 + 1e-9)
+    # the Adam step moves 18 bytes per parameter updated, not 28; nothing else changes
+    assert bf16.breakdown["optimizer_step"] == pytest.approx(fp32.breakdown["optimizer_step"] * 18 / 28)
+    assert bf16.step_time < fp32.step_time
+
+
 def test_command_prints_json_and_refuses_bad_input_before_the_import(tmp_path, capsys):
     code = main(["evaluate", str(MODELS / "llama_7b.onnx"), "--devices", "8", "--layout", "tp=2,pp=2,zero=1",
                  "--seq-len", "2048", "--global-batch", "32", "--json", "-q"])
@@ -124,6 +140,14 @@ def test_command_prints_json_and_refuses_bad_input_before_the_import(tmp_path, c
     for key in ("step_time", "tokens_per_second_per_device", "mfu", "peak_memory_bytes", "fits", "breakdown"):
         assert key in doc
     assert doc["seq_len"] == 2048 and doc["microbatches"] == 16 and doc["layout"]["dp"] == 2
+    assert doc["optimizer_state"] == "fp32"
+    assert main(["evaluate", str(MODELS / "llama_7b.onnx"), "--devices", "8", "--layout", "tp=2,pp=2,zero=1",
+                 "--seq-len", "2048", "--global-batch", "32", "--optimizer-state", "bf16", "--json", "-q"]) == 0
+    lighter = json.loads(capsys.readouterr().out)
+    assert lighter["optimizer_state"] == "bf16" and lighter["peak_memory_bytes"] < doc["peak_memory_bytes"]
+    assert main(["evaluate", str(tmp_path / "missing.onnx"), "--devices", "8", "--layout", "tp=2",
+                 "--global-batch", "8", "--optimizer-state", "fp8"]) == 2
+    assert "--optimizer-state: invalid choice: 'fp8'" in capsys.readouterr().err
     # a layout that does not match the devices is found before the (missing) model is read
     assert main(["evaluate", str(tmp_path / "missing.onnx"), "--devices", "8", "--layout", "tp=3",
                  "--global-batch", "8"]) == 2

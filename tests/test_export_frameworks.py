@@ -59,6 +59,7 @@ def make_plan(
     seq: int | None = 4096,
     modules: list[list[str]] | None = None,
     name: str = "plan.json",
+    optimizer_state: str | None = None,
 ) -> Path:
     """A plan.json as `opsched plan` writes one: ``method`` run on ``len(layers)`` stages over ``groups`` device
     groups of ``group_size`` devices, stage k holding ``layers[k]`` numbered layers (the embedding with the first,
@@ -78,6 +79,8 @@ def make_plan(
     }
     extra = {"microbatch_size": microbatch_size, "zero": zero, "recompute": recompute, "stage_contents": contents,
              "dims": {"batch": microbatch_size} | ({"seq": seq} if seq else {})}
+    if optimizer_state is not None:  # a plan from before opsched recorded it has none (fp32)
+        extra["optimizer_state"] = optimizer_state
     path = tmp_path / name
     write_plan(path, sched, extra=extra)
     return path
@@ -127,6 +130,17 @@ MEGATRON_LM_FLAGS = {
     "--micro-batch-size": None,
     "--global-batch-size": None,
     "--seq-length": None,
+    **dict.fromkeys(("--use-precision-aware-optimizer", "--main-grads-dtype", "--main-params-dtype", "--exp-avg-dtype",
+                     "--exp-avg-sq-dtype"), None),  # OptimizerConfig fields, not TransformerConfig's
+}
+
+#: the values Megatron-LM's arguments.py lets each precision-aware optimizer flag take (its ``choices``, read in
+#: NVIDIA/Megatron-LM megatron/training/arguments.py at d98e8a6)
+PRECISION_AWARE_CHOICES = {
+    "--main-grads-dtype": ("fp32", "bf16"),
+    "--main-params-dtype": ("fp32", "fp16"),
+    "--exp-avg-dtype": ("fp32", "fp16", "bf16", "fp8"),
+    "--exp-avg-sq-dtype": ("fp32", "fp16", "bf16", "fp8"),
 }
 
 
@@ -252,6 +266,31 @@ def test_torch_alone_refuses_a_context_parallel_plan_that_torchtitan_runs(tmp_pa
     job, dims = torchtitan_config(tmp_path / "t.toml", 16)
     assert (dims.cp, dims.tp, dims.pp, dims.dp_replicate * dims.dp_shard) == (4, 1, 2, 2)
     assert job.training.seq_len == 65536
+
+
+def test_megatron_keeps_adams_state_in_bf16_with_its_precision_aware_optimizer(tmp_path):
+    """A plan costed with --optimizer-state bf16 (2 + 2 + 6 bytes per parameter) exports the flags that make
+    Megatron hold that: bf16 moments and main grads, the fp32 master weight kept as 16-bit remainders."""
+    plan = make_plan(tmp_path, layers=L16, optimizer_state="bf16")
+    assert export(tmp_path, plan, "--megatron", str(tmp_path / "m.sh"))[0] == 0
+    argv = megatron_argv(tmp_path / "m.sh")
+    flags = flags_of(argv)
+    assert "--use-distributed-optimizer" in flags and flags["--use-precision-aware-optimizer"] is None
+    assert {f: flags[f] for f in PRECISION_AWARE_CHOICES} == {
+        "--main-grads-dtype": "bf16", "--main-params-dtype": "fp32", "--exp-avg-dtype": "bf16",
+        "--exp-avg-sq-dtype": "bf16"}
+    assert all(flags[f] in choices for f, choices in PRECISION_AWARE_CHOICES.items())
+    # a plan without the field (or fp32) writes none of them: Megatron's default optimizer
+    default = make_plan(tmp_path, layers=L16, name="default.json")
+    assert export(tmp_path, default, "--megatron", str(tmp_path / "d.sh"))[0] == 0
+    assert not set(flags_of(megatron_argv(tmp_path / "d.sh"))) & {"--use-precision-aware-optimizer",
+                                                                   *PRECISION_AWARE_CHOICES}
+    megatron_config(argv, **LLAMA)  # the model-parallel flags still build Megatron-Core's TransformerConfig
+    from megatron.core.optimizer import OptimizerConfig
+
+    fields = {f.name for f in dataclasses.fields(OptimizerConfig)}  # Megatron-LM fills it from the flags' names
+    assert {f.removeprefix("--").replace("-", "_") for f in ("--use-precision-aware-optimizer",
+                                                             *PRECISION_AWARE_CHOICES)} <= fields
 
 
 def test_megatron_says_when_it_runs_another_order_than_the_plan(tmp_path):
@@ -455,6 +494,13 @@ REFUSALS = {
         _p(layers=[4] * 8, groups=4, group_size=2, method="interleaved-1f1b", config="dp2", microbatch_size=2,
            microbatches=6), {"megatron": "plan with --microbatches 8"}),
     "an order with no torch schedule name": (_p(layers=L16, method="zb-h1"), {"torchtitan": "add --torch-csv"}),
+    "Adam's state in bf16": (_p(layers=L16, optimizer_state="bf16"), {"torchtitan": "plan with --optimizer-state fp32"}),
+    "Adam's state in bf16 without zero 1": (
+        _p(layers=L16, zero=0, optimizer_state="bf16"),
+        {"megatron": "precision-aware optimizer runs only with its distributed optimizer: plan with --zero 1",
+         "torchtitan": "fused_opt_states_bf16 keeps fp32 weights and gradients"}),
+    "an unknown optimizer state": (
+        _p(layers=L16, optimizer_state="fp8"), dict.fromkeys(BOTH, "field optimizer_state is 'fp8'; one of fp32, bf16")),
     "a sequence context parallelism cannot split in 2 x cp chunks": (
         _p(layers=L16, config="tp2.cp2", seq=4098), dict.fromkeys(BOTH, "does not split into 2 x cp = 4 equal")),
 }

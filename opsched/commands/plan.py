@@ -260,6 +260,8 @@ def plan_with_recompute(args: argparse.Namespace, bg, cluster, training, limit: 
             # the Megatron-style layouts already tried recomputation themselves (--recompute auto): kept as found
             training = dataclasses.replace(training, recompute="full")
             return training, plan(training, deadline=max(deadline, time.monotonic() + 1.0))
+    except MemoryTooSmall as exc:
+        raise with_optimizer_state_hint(exc, bg, cluster, training, limit, args.solver) from None
     except NoRunnablePlan as exc:
         hint = "plan with --runtime any for the fastest plan of any shape"
         if runtime in ("megatron", "torchtitan") and not today:
@@ -268,6 +270,27 @@ def plan_with_recompute(args: argparse.Namespace, bg, cluster, training, limit: 
                     "the model has no symbolic batch dimension, so no Megatron-style layout (whole layers, one "
                     f"configuration) was searched; {hint}")
         raise OpschedError(f"{exc}; {hint}") from None
+
+
+def with_optimizer_state_hint(exc, bg, cluster, training, limit: float, solver: str):
+    """``exc`` (a :class:`opsched.errors.MemoryTooSmall`), its line ending with the memory Adam's state in BF16
+    would need when that fits in ``limit`` and the plan kept it in FP32; else ``exc`` itself."""
+    from opsched.cluster import OPTIMIZER_STATE_BYTES
+    from opsched.errors import MemoryTooSmall
+    from opsched.planner import smallest_memory
+    from opsched.units import bytes_text, plain
+
+    if training.optimizer_state != "fp32":
+        return exc
+    lighter = dataclasses.replace(training, optimizer_state="bf16")
+    smallest = smallest_memory(bg, cluster, lighter, solver)
+    log.info("plan: with Adam's state in bf16 the least memory per device would be about %s", bytes_text(smallest))
+    if smallest > limit:
+        return exc
+    return MemoryTooSmall(f"{exc}; with --optimizer-state bf16 (Adam's state in "
+                          f"{plain(OPTIMIZER_STATE_BYTES['bf16'])} bytes per parameter, not "
+                          f"{plain(OPTIMIZER_STATE_BYTES['fp32'])}) it needs about {bytes_text(smallest)}, which fits",
+                          smallest)
 
 
 def _memory_bound(exc) -> bool:
