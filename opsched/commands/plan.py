@@ -14,6 +14,10 @@ at the same memory. Writes, into OUTDIR:
 
 The cluster is a preset (--preset; `--devices N` alone uses h100-sxm) or a
 JSON/TOML file (--cluster). Memory per device defaults to the cluster's.
+Each parameter held costs 16 bytes (Adam in mixed precision); with
+--optimizer-state bf16, 10 (Megatron-Core's precision-aware optimizer, which
+`opsched export --megatron` then sets). When nothing fits in FP32 state, the
+refusal says whether BF16 state would.
 
 Checked before the import and the search, so a mistake costs no time: the
 output directory can be written, --memory-limit has a unit (a bare 80 is
