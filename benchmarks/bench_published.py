@@ -14,7 +14,11 @@ in the table) and compares the prediction with the published figure:
   ``docs/published-runs.md``) with the predicted step time.
 
 ``ratio`` = predicted / published throughput; the issue's target is
-0.85-1.15. A row outside it stays in the table. Each row is also evaluated
+0.85-1.15. A row outside it stays in the table, and so does a row whose
+setting ``opsched evaluate`` refuses (its message in place of the figures);
+the last line counts the rows within. A model that is not in ``models/``
+(one ``models/build.py`` writes only on demand) is generated into a
+temporary folder first; the printed command names it as ``models/NAME.onnx``. Each row is also evaluated
 on the same machine with the kernel ceilings of ``benchmarks/clusters/``
 (efficiency by kind of operator), to show how far they sit above training.
 
@@ -29,6 +33,7 @@ usage:
   python benchmarks/bench_published.py            # markdown table on stdout
   python benchmarks/bench_published.py --json
   python benchmarks/bench_published.py --plan [--rows 0 4]
+  python benchmarks/bench_published.py --rows 13 28   # some rows (indices into RUNS)
 """
 
 from __future__ import annotations
