@@ -93,7 +93,7 @@ PUBLISHED = {
     # the SC'21 GPTs: exactly the architecture's count (the paper's rounded sizes: see test_sc21_gpt_sizes)
     **{name: (megatron_gpt_params(layers, h), 0.0) for name, (layers, h, _, _) in SC21_GPT.items()},
     **{name: (mcore_r08_gpt_params(layers, h), 0.0) for name, (layers, h, _, _) in MCORE_R08_GPT.items()},
-    "bloom_176b": (176_247_271_424, 0.0),  # BigScience's published count, exact (see bloom_176b_params)
+    "bloom_176b": (176_247_271_424, 0.0),  # the bigscience/bloom model card (3,596,615,680 of them embedding), exact
 }
 
 
