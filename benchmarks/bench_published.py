@@ -14,7 +14,11 @@ in the table) and compares the prediction with the published figure:
   ``docs/published-runs.md``) with the predicted step time.
 
 ``ratio`` = predicted / published throughput; the issue's target is
-0.85-1.15. A row outside it stays in the table. Each row is also evaluated
+0.85-1.15. A row outside it stays in the table, and so does a row whose
+setting ``opsched evaluate`` refuses (its message in place of the figures);
+the last line counts the rows within. A model that is not in ``models/``
+(one ``models/build.py`` writes only on demand) is generated into a
+temporary folder first; the printed command names it as ``models/NAME.onnx``. Each row is also evaluated
 on the same machine with the kernel ceilings of ``benchmarks/clusters/``
 (efficiency by kind of operator), to show how far they sit above training.
 
@@ -29,6 +33,7 @@ usage:
   python benchmarks/bench_published.py            # markdown table on stdout
   python benchmarks/bench_published.py --json
   python benchmarks/bench_published.py --plan [--rows 0 4]
+  python benchmarks/bench_published.py --rows 13 28   # some rows (indices into RUNS)
 """
 
 from __future__ import annotations
@@ -61,13 +66,61 @@ class Run:
     note: str = ""
     dtype: str = "bf16"
 
-    def command(self, kernels: bool = False) -> list[str]:
-        """The row's ``opsched evaluate`` command; ``kernels``: on the preset with kernel-ceiling efficiencies."""
+    def command(self, kernels: bool = False, model_path: str | None = None) -> list[str]:
+        """The row's ``opsched evaluate`` command; ``kernels``: on the preset with kernel-ceiling efficiencies.
+
+        ``model_path``: where the model file is, when not in ``models/`` (one written on demand).
+        """
         machine = (["--cluster", f"benchmarks/clusters/{self.preset}-kernels.json"] if kernels
                    else ["--preset", self.preset])
-        return ["opsched", "evaluate", f"models/{self.model}", "--devices", str(self.devices), *machine,
+        return ["opsched", "evaluate", model_path or f"models/{self.model}", "--devices", str(self.devices), *machine,
                 "--layout", self.layout, "--seq-len", str(self.seq_len), "--global-batch", str(self.global_batch),
                 "--micro-batch-size", str(self.micro_batch_size), "--dtype", self.dtype, "--json", "-q"]
+
+
+def sc21_step_seconds(layers: int, hidden: int, global_batch: int, tflops_per_gpu: float, gpus: int,
+                      seq_len: int = 2048, vocab: int = 51200) -> float:
+    """The step time an SC'21 Table 1 row implies: the paper's Eq. 3 FLOPs over its published rate.
+
+    Eq. 3 (Narayanan et al. 2021, section 5.1) counts the recomputed forward:
+    ``F = 96 B s l h^2 (1 + s / 6h + V / 16 l h)``.
+
+    >>> round(sc21_step_seconds(24, 2304, 512, 137, 32), 2)  # GPT 1.7B, row C1 of docs/published-runs.md
+    3.53
+    """
+    flops = 96 * global_batch * seq_len * layers * hidden**2 * (
+        1 + seq_len / (6 * hidden) + vocab / (16 * layers * hidden))
+    return flops / (tflops_per_gpu * 1e12 * gpus)
+
+
+SC21_SOURCE = "NVIDIA/Megatron-LM @ b83477a3 images/cases_april2021.png; examples/sc21/run_table_1.sh @ e70f8312"
+MCORE_R08_SOURCE = ("NVIDIA/Megatron-LM @ f2e5db40 README.md, images/model_table.png (weak scaling, "
+                    "Megatron-Core r0.8.0)")
+MCORE_R08_NOTE = ("DP48; BF16 (the MFU column is TFLOP/s / 989); micro-batch size and recomputation are not "
+                  "published: micro-batch 1 and none, as Megatron-LM's examples/gpt3/train_gpt3_175b_distributed.sh "
+                  "(@ 157006d6) sets them; --overlap-param-gather needs the distributed optimizer (zero=1) and "
+                  "--tp-comm-overlap sequence parallelism (sp=1), both asserted by Megatron's arguments.py; no "
+                  "interleaving stated (vpp 1); the model's architecture beyond layers, hidden, heads and vocab is "
+                  "assumed (models/build.py, MCORE_R08_GPT)")
+
+
+def mcore_r08(model: str, size: str, devices: int, tp: int, pp: int, global_batch: int, tflops: float) -> Run:
+    """One row of the Megatron-Core r0.8 H100 weak-scaling table (DP 48 in every row)."""
+    sp = ",sp=1" if tp > 1 else ""
+    return Run(f"GPT {size}, Megatron-Core r0.8, {devices} x H100", model, devices, "h100-sxm",
+               f"tp={tp},pp={pp}{sp},zero=1", 4096, global_batch, 1, tflops, "TFLOP/s/GPU", MCORE_R08_SOURCE,
+               MCORE_R08_NOTE)
+
+
+def sc21(model: str, size: str, devices: int, layers: int, hidden: int, layout: str, global_batch: int,
+         micro_batch_size: int, tflops: float) -> Run:
+    """One of the larger rows of SC'21 Table 1, as a step time from the paper's Eq. 3 and its TFLOP/s."""
+    return Run(f"GPT {size}, Megatron-LM SC'21 Table 1, {devices} x A100", model, devices, "a100-80g",
+               f"{layout},recompute=full", 2048, global_batch, micro_batch_size,
+               round(sc21_step_seconds(layers, hidden, global_batch, tflops, devices), 2), "s/step",
+               f"{SC21_SOURCE} ({tflops:g} TFLOP/s)",
+               f"step time from Eq. 3 and {tflops:g} TFLOP/s per GPU; vpp from --num-layers-per-virtual-pipeline-stage; "
+               "no distributed optimizer (2021)", dtype="fp16")
 
 
 RUNS = [
@@ -119,12 +172,53 @@ RUNS = [
         8192, 128, 1, 14451.0, "tokens/s/GPU",
         "NVIDIA-NeMo/Megatron-Bridge @ 067f987d docs/performance-summary-archive.md line 589",
         "FSDP over 8 as zero=3; the recipe recomputes 5 of 32 layers, not expressible: none assumed", dtype="fp8"),
+    sc21("gpt_39_1b.onnx", "39.1B", 512, 48, 8192, "tp=8,pp=2", 1536, 4, 138),
+    sc21("gpt_76_1b.onnx", "76.1B", 1024, 60, 10240, "tp=8,pp=4,vpp=3", 1792, 2, 140),
+    sc21("gpt_145_6b.onnx", "145.6B", 1536, 80, 12288, "tp=8,pp=8,vpp=2", 2304, 2, 148),
+    sc21("gpt_310_1b.onnx", "310.1B", 1920, 96, 16384, "tp=8,pp=16,vpp=2", 2160, 1, 155),
+    sc21("gpt_529_6b.onnx", "529.6B", 2520, 105, 20480, "tp=8,pp=35,vpp=3", 2520, 1, 163),
+    sc21("gpt_1008b.onnx", "1008B", 3072, 128, 25600, "tp=8,pp=64", 3072, 1, 163),
+    mcore_r08("mcore_gpt_1_7b.onnx", "1.7B", 48, 1, 1, 192, 408.8),
+    mcore_r08("mcore_gpt_7_1b.onnx", "7.1B", 96, 2, 1, 192, 465.9),
+    mcore_r08("mcore_gpt_16b.onnx", "16B", 192, 4, 1, 192, 489.1),
+    mcore_r08("mcore_gpt_32b.onnx", "32B", 384, 8, 1, 192, 459.6),
+    mcore_r08("mcore_gpt_70b.onnx", "70B", 768, 8, 2, 384, 419.7),
+    mcore_r08("mcore_gpt_119b.onnx", "119B", 1536, 8, 4, 768, 420.5),
+    mcore_r08("mcore_gpt_177b.onnx", "177B", 2304, 8, 6, 1152, 432.8),
+    mcore_r08("mcore_gpt_314b.onnx", "314B", 3072, 8, 8, 1536, 474.4),
+    mcore_r08("mcore_gpt_462b.onnx", "462B", 6144, 8, 16, 3072, 459.9),
+    Run("BLOOM-176B, Megatron-DeepSpeed, 384 x A100-80GB", "bloom_176b.onnx", 384, "a100-80g",
+        "tp=4,pp=12,zero=1,recompute=full,ends_as_layers=1", 2048, 2048, 2, 104.70, "s/step",
+        "bigscience-workshop/bigscience @ 9e64edec train/tr11-176B-ml/README.md lines 661-663; "
+        "tr11-176B-ml.slurm @ dc8d99ff",
+        "the published seconds per iteration at global batch 2048; DP8, 128 microbatches of 2; the BF16 optimizer's "
+        "ZeRO-1 as zero=1; --checkpoint-activations as recompute=full; --pp-partition-method type:transformer|embedding as ends_as_layers=1 (70 layers + 2 embeddings = 6 per stage)"),
 ]
 
 
-def predicted(run: Run, kernels: bool = False) -> tuple[float, dict]:
+class NotEvaluated(Exception):
+    """``opsched evaluate`` refused the row's setting (its one-line message says why)."""
+
+
+def model_file(run: Run, folder: str) -> str | None:
+    """The row's model when it is not in ``models/``: written into ``folder`` by ``models/build.py`` (on demand)."""
+    if (ROOT / "models" / run.model).exists():
+        return None
+    path = str(Path(folder) / run.model)
+    if not Path(path).exists():
+        from bench_scale import load_build  # models/build.py as a module: one loader for the benchmarks
+
+        build = load_build()
+        build.write_model(build.MODELS[run.model.removesuffix(".onnx")](), path)
+    return path
+
+
+def predicted(run: Run, kernels: bool = False, model_path: str | None = None) -> tuple[float, dict]:
     """The row's predicted figure in the published unit, and evaluate's whole JSON."""
-    out = subprocess.run(run.command(kernels), cwd=ROOT, capture_output=True, text=True, check=True)
+    out = subprocess.run(run.command(kernels, model_path), cwd=ROOT, capture_output=True, text=True)
+    if out.returncode == 2:
+        raise NotEvaluated(out.stderr.strip().splitlines()[-1])
+    out.check_returncode()
     doc = json.loads(out.stdout)
     if run.unit == "TFLOP/s/GPU":
         return doc["model_flops_per_step"] / doc["step_time"] / run.devices / 1e12, doc
@@ -138,9 +232,15 @@ def throughput_ratio(run: Run, value: float) -> float:
     return run.published / value if run.unit == "s/step" else value / run.published
 
 
-def measure(run: Run) -> dict:
-    value, doc = predicted(run)
-    ceiling, _ = predicted(run, kernels=True)
+def measure(run: Run, folder: str) -> dict:
+    """Evaluate the row on its preset and with kernel ceilings; a refused setting is reported, not raised."""
+    path = model_file(run, folder)
+    try:
+        value, doc = predicted(run, model_path=path)
+        ceiling, _ = predicted(run, kernels=True, model_path=path)
+    except NotEvaluated as refused:
+        return {"run": run.name, "published": run.published, "unit": run.unit, "refused": str(refused),
+                "command": shlex.join(run.command()[:-2]), "source": run.source, "note": run.note}
     return {"run": run.name, "predicted": value, "published": run.published, "unit": run.unit,
             "ratio": throughput_ratio(run, value), "ratio_kernel_ceilings": throughput_ratio(run, ceiling),
             "step_time": doc["step_time"], "mfu": doc["mfu"],
@@ -150,17 +250,29 @@ def measure(run: Run) -> dict:
 def plan_row(run: Run, time_limit: float) -> dict:
     """``opsched plan`` on the row's setting against the published layout, both as the planner counts a step."""
     import tempfile
-    import time
 
     # plan has no --dtype: it plans in BF16, whose peak every preset gives FP16 too; an FP8 row is planned in
     # BF16 and compared with its published layout evaluated in BF16
     planned = dataclasses.replace(run, dtype="bf16") if run.dtype == "fp8" else run
-    _, doc = predicted(planned)
+    with tempfile.TemporaryDirectory() as models:
+        path = model_file(run, models)
+        try:
+            _, doc = predicted(planned, model_path=path)
+        except NotEvaluated as refused:
+            return {"run": run.name, "skipped": str(refused)}
+        return _plan_against(run, planned, doc, path, time_limit)
+
+
+def _plan_against(run: Run, planned: Run, doc: dict, path: str | None, time_limit: float) -> dict:
+    """Run ``opsched plan`` on ``run``'s setting; ``doc`` is evaluate's JSON of its published layout."""
+    import tempfile
+    import time
+
     published_step = doc["makespan"] + doc["grad_sync_seconds"]
     # plan's default 16 microbatches need a global batch they divide; else one sequence per microbatch
     micro = [] if run.global_batch % 16 == 0 else ["--micro-batch-size", "1"]
     with tempfile.TemporaryDirectory() as out:
-        command = ["opsched", "plan", f"models/{run.model}", "--devices", str(run.devices), "--preset", run.preset,
+        command = ["opsched", "plan", path or f"models/{run.model}", "--devices", str(run.devices), "--preset", run.preset,
                    "--global-batch", str(run.global_batch), *micro, "--seq-len", str(run.seq_len), "--time-limit",
                    str(time_limit), "-o", out, "--json", "-q"]
         t0 = time.perf_counter()
@@ -171,7 +283,7 @@ def plan_row(run: Run, time_limit: float) -> dict:
     plan = json.loads(done.stdout)
     return {"run": run.name + (" (planned in BF16)" if planned is not run else ""), "published_layout_step": published_step, "plan_step": plan["step_time"],
             "plan_layout": plan["layout"], "plan_source": plan["source"], "speedup": published_step / plan["step_time"],
-            "seconds": seconds, "command": shlex.join(command[:-4] + ["-o", "OUT"])}
+            "seconds": seconds, "command": shlex.join([*command[:2], f"models/{run.model}", *command[3:-4], "-o", "OUT"])}
 
 
 def main() -> int:
@@ -194,7 +306,10 @@ def main() -> int:
                   f"{row['speedup']:.3f}x | {row['plan_source']} on {row['plan_layout']} | {row['seconds']:.0f} | "
                   f"`{row['command']}` |", flush=True)
         return 0
-    rows = [measure(r) for r in runs]
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:  # models written on demand (python models/build.py NAME)
+        rows = [measure(r, folder) for r in runs]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -202,8 +317,14 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         digits = ".2f" if r["unit"] == "s/step" else ",.0f"
+        if "refused" in r:
+            print(f"| {r['run']} | {r['published']:{digits}} {r['unit']} | not evaluated: {r['refused']} | – | – | – | "
+                  f"– | `{r['command']}` |")
+            continue
         print(f"| {r['run']} | {r['published']:{digits}} {r['unit']} | {r['predicted']:{digits}} | {r['ratio']:.2f} | {r['ratio_kernel_ceilings']:.2f} | "
               f"{100 * r['mfu']:.1f} % | {'yes' if r['fits'] else 'no'} | `{r['command']}` |")
+    within = [r for r in rows if "ratio" in r and 0.85 <= r["ratio"] <= 1.15]
+    print(f"\nwithin ±15 %: {len(within)} of {len(rows)} rows")
     return 0
 
 

@@ -42,6 +42,7 @@ Output is deterministic: the same script writes the same bytes.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import sys
@@ -506,9 +507,13 @@ def build_mpt_7b() -> onnx.ModelProto:
 
 
 def megatron_gpt(name: str, layers: int, dim: int, heads: int, doc: str, vocab: int = 51200,
-                 max_positions: int = 2048, seq: int = 2048) -> onnx.ModelProto:
-    """A Megatron-LM GPT (see the note above) of ``layers`` layers, hidden ``dim``, ``heads`` heads, FFN 4 x dim."""
-    b = GraphBuilder(name, dtype=F16)
+                 max_positions: int = 2048, seq: int = 2048, tied: bool = True, dtype: int = F16) -> onnx.ModelProto:
+    """A Megatron-LM GPT (see the note above) of ``layers`` layers, hidden ``dim``, ``heads`` heads, FFN 4 x dim.
+
+    ``tied=False`` gives the logits their own ``output_layer`` weight (Megatron's
+    ``--untie-embeddings-and-output-weights``); ``dtype`` is that of weights and activations.
+    """
+    b = GraphBuilder(name, dtype=dtype)
     ids = b.data("input_ids", ["batch", "seq"], I64)
     positions = b.data("position_ids", ["batch", "seq"], I64)  # built by the data loader, as in Megatron
     emb = "language_model/embedding"
@@ -528,8 +533,11 @@ def megatron_gpt(name: str, layers: int, dim: int, heads: int, doc: str, vocab: 
         up = b.node(f"{scope}/mlp", "Gelu", [up], approximate="tanh")
         h = b.node(scope, "Add", [h, linear(b, f"{scope}/mlp/dense_4h_to_h", up, 4 * dim, dim, bias=True)])
     h = layer_norm(b, "language_model/encoder/final_layernorm", h, dim)
-    w_t = b.node("lm_head", "Transpose", [words], perm=[1, 0])  # tied: logits = h @ word_embeddings^T
-    logits = b.node("lm_head", "MatMul", [h, w_t])
+    if tied:
+        w_t = b.node("lm_head", "Transpose", [words], perm=[1, 0])  # tied: logits = h @ word_embeddings^T
+        logits = b.node("lm_head", "MatMul", [h, w_t])
+    else:
+        logits = linear(b, "language_model/output_layer", h, dim, vocab)
     b.output(logits, "logits", ["batch", "seq", vocab])
     return b.model({"batch": 1, "seq": seq}, doc)
 
@@ -553,6 +561,102 @@ def build_gpt_7_5b() -> onnx.ModelProto:
 def build_gpt_18_4b() -> onnx.ModelProto:
     """GPT 18.4B of SC'21 Table 1 (Megatron-LM): 40 layers, h=6144, 48 heads, otherwise as gpt_1_7b (18.45 B)."""
     return megatron_gpt("gpt_18_4b", 40, 6144, 48, build_gpt_18_4b.__doc__)
+
+
+def build_gpt_39_1b() -> onnx.ModelProto:
+    """GPT 39.1B of SC'21 Table 1 (Megatron-LM): 48 layers, h=8192, 64 heads, otherwise as gpt_1_7b (39.14 B)."""
+    return megatron_gpt("gpt_39_1b", 48, 8192, 64, build_gpt_39_1b.__doc__)
+
+
+def build_gpt_76_1b() -> onnx.ModelProto:
+    """GPT 76.1B of SC'21 Table 1 (Megatron-LM): 60 layers, h=10240, 80 heads, otherwise as gpt_1_7b (76.09 B)."""
+    return megatron_gpt("gpt_76_1b", 60, 10240, 80, build_gpt_76_1b.__doc__)
+
+
+def build_gpt_145_6b() -> onnx.ModelProto:
+    """GPT 145.6B of SC'21 Table 1 (Megatron-LM): 80 layers, h=12288, 96 heads, otherwise as gpt_1_7b (145.6 B)."""
+    return megatron_gpt("gpt_145_6b", 80, 12288, 96, build_gpt_145_6b.__doc__)
+
+
+def build_gpt_310_1b() -> onnx.ModelProto:
+    """GPT 310.1B of SC'21 Table 1 (Megatron-LM): 96 layers, h=16384, 128 heads, otherwise as gpt_1_7b (310.1 B)."""
+    return megatron_gpt("gpt_310_1b", 96, 16384, 128, build_gpt_310_1b.__doc__)
+
+
+def build_gpt_529_6b() -> onnx.ModelProto:
+    """GPT 529.6B of SC'21 Table 1 (Megatron-LM): 105 layers, h=20480, 128 heads, otherwise as gpt_1_7b (529.6 B)."""
+    return megatron_gpt("gpt_529_6b", 105, 20480, 128, build_gpt_529_6b.__doc__)
+
+
+def build_gpt_1008b() -> onnx.ModelProto:
+    """GPT 1008B of SC'21 Table 1 (Megatron-LM): 128 layers, h=25600, 160 heads, otherwise as gpt_1_7b (1008 B)."""
+    return megatron_gpt("gpt_1008b", 128, 25600, 160, build_gpt_1008b.__doc__)
+
+
+# Megatron-Core r0.8 weak scaling on H100 (Megatron-LM README, images/model_table.png @ f2e5db40):
+# the README gives each GPT's layers, hidden size and heads, a vocabulary of 131,072 and sequences
+# of 4096, nothing else about the architecture. The table's sizes need untied embeddings: 12 L h^2
+# + 2 V h gives 1.74 / 7.11 / 16.11 / 69.79 B for the 1.7 / 7.1 / 16 / 70 B rows, one tied
+# embedding 1.48 / 6.57 / 15.3 / 68.7 B. Everything else is Megatron-LM's argument default
+# (megatron/training/arguments.py: --normalization LayerNorm, --position-embedding-type
+# learned_absolute, linear biases on, GeLU FFN 4h), which gives the same 12 h^2 per layer; a
+# SwiGLU FFN of 8h/3 or RoPE would give the same matmul FLOPs. The precision is not stated either:
+# the MFU column is TFLOP/s / 989, the H100's dense BF16 peak, so the graphs are bfloat16.
+MCORE_R08_GPT = {  # name: (layers, hidden, heads)
+    "mcore_gpt_1_7b": (24, 2048, 16),
+    "mcore_gpt_7_1b": (30, 4096, 32),
+    "mcore_gpt_16b": (32, 6144, 48),
+    "mcore_gpt_32b": (48, 7168, 56),
+    "mcore_gpt_70b": (84, 8192, 64),
+    "mcore_gpt_119b": (92, 10240, 80),
+    "mcore_gpt_177b": (96, 12288, 96),
+    "mcore_gpt_314b": (96, 16384, 128),
+    "mcore_gpt_462b": (112, 18432, 144),
+}
+
+
+def mcore_r08_gpt(name: str) -> onnx.ModelProto:
+    """One GPT of the Megatron-Core r0.8 weak-scaling table: vocab 131072, sequence 4096, untied embeddings."""
+    layers, dim, heads = MCORE_R08_GPT[name]
+    doc = (f"GPT of Megatron-Core r0.8's H100 weak-scaling table: {layers} layers, h={dim}, {heads} heads, GeLU "
+           "FFN 4h, learned positions (4096), vocab 131072, LayerNorm and linear biases, untied output layer, "
+           "bfloat16 (Megatron-LM's defaults where the README is silent).")
+    return megatron_gpt(name, layers, dim, heads, doc, vocab=131072, max_positions=4096, seq=4096, tied=False,
+                        dtype=BF16)
+
+
+def build_bloom_176b() -> onnx.ModelProto:
+    """BLOOM-176B: 70 layers, h=14336, 112 heads, ALiBi (no position parameters, left out), LayerNorm after the
+    embedding, fused query_key_value, GeLU FFN 4h, biases everywhere, vocab 250880, tied output (176.25 B)."""
+    # bigscience/bloom config.json: n_layer 70, hidden_size 14336, n_head 112, vocab_size 250880,
+    # layer_norm_epsilon 1e-5; transformers' BloomModel: word_embeddings -> word_embeddings_layernorm,
+    # pre-LayerNorm blocks (input_layernorm, self_attention.query_key_value / dense,
+    # post_attention_layernorm, mlp.dense_h_to_4h -> GeLU (tanh form) -> dense_4h_to_h, every linear
+    # with a bias), ln_f, logits from the word embeddings (tied). ALiBi adds a fixed per-head bias to
+    # the scores: no parameters, left out as for MPT. 176,247,271,424 parameters. Trained in bfloat16.
+    b = GraphBuilder("bloom_176b")
+    dim, heads, vocab = 14336, 112, 250880
+    ids = b.data("input_ids", ["batch", "seq"], I64)
+    words = b.weight("transformer/word_embeddings", "weight", [vocab, dim])
+    h = b.node("transformer/word_embeddings", "Gather", [words, ids], axis=0)
+    h = layer_norm(b, "transformer/word_embeddings_layernorm", h, dim)
+    for i in range(70):
+        scope = f"transformer/h.{i}"
+        attn = f"{scope}/self_attention"
+        x = layer_norm(b, f"{scope}/input_layernorm", h, dim)
+        qkv = linear(b, f"{attn}/query_key_value", x, dim, 3 * dim, bias=True)
+        q, k, v = b.node(attn, "Split", [qkv, b.const(attn, [dim] * 3)], n_outputs=3, axis=-1)
+        a = b.node(attn, "Attention", [q, k, v], q_num_heads=heads, kv_num_heads=heads, is_causal=1)
+        h = b.node(scope, "Add", [h, linear(b, f"{attn}/dense", a, dim, dim, bias=True)])
+        x = layer_norm(b, f"{scope}/post_attention_layernorm", h, dim)
+        up = b.node(f"{scope}/mlp", "Gelu", [linear(b, f"{scope}/mlp/dense_h_to_4h", x, dim, 4 * dim, bias=True)],
+                    approximate="tanh")
+        h = b.node(scope, "Add", [h, linear(b, f"{scope}/mlp/dense_4h_to_h", up, 4 * dim, dim, bias=True)])
+    h = layer_norm(b, "transformer/ln_f", h, dim)
+    w_t = b.node("lm_head", "Transpose", [words], perm=[1, 0])  # tied: logits = h @ word_embeddings^T
+    logits = b.node("lm_head", "MatMul", [h, w_t])
+    b.output(logits, "logits", ["batch", "seq", vocab])
+    return b.model({"batch": 1, "seq": 2048}, build_bloom_176b.__doc__)
 
 
 def build_mixtral_8x7b() -> onnx.ModelProto:
@@ -823,11 +927,21 @@ MODELS = {
     "llama3_8b": build_llama3_8b,
     "llama3_405b": build_llama3_405b,
     "deepseek_v3": build_deepseek_v3,
+    "gpt_39_1b": build_gpt_39_1b,
+    "gpt_76_1b": build_gpt_76_1b,
+    "gpt_145_6b": build_gpt_145_6b,
+    "gpt_310_1b": build_gpt_310_1b,
+    "gpt_529_6b": build_gpt_529_6b,
+    "gpt_1008b": build_gpt_1008b,
+    **{name: functools.partial(mcore_r08_gpt, name) for name in MCORE_R08_GPT},
+    "bloom_176b": build_bloom_176b,
 }
 
 # Written on demand only (``python models/build.py deepseek_v3``), never shipped:
-# DeepSeek-V3's 14,848 expert branches make a 19 MB file that takes seconds to build.
-ON_DEMAND = ("deepseek_v3",)
+# DeepSeek-V3's 14,848 expert branches make a 19 MB file that takes seconds to build; the
+# published-run GPTs of 300 KB and more (benchmarks/bench_published.py writes them when it needs them).
+ON_DEMAND = ("deepseek_v3", "gpt_310_1b", "gpt_529_6b", "gpt_1008b", "mcore_gpt_177b", "mcore_gpt_314b",
+             "mcore_gpt_462b")
 BUNDLED = tuple(name for name in MODELS if name not in ON_DEMAND)
 
 

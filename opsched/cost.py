@@ -155,7 +155,7 @@ def stage_streams(costs: Sequence[BlockCost], before: float = 0.0) -> PassStream
     """The stream operations of a stage running ``costs``' blocks in order (backwards in reverse).
 
     ``before``: communication ahead of F and of I (ZeRO-3's weight
-    all-gather). Chains longer than :data:`opsched.overlap.EXACT_OPS`
+    all-gather). Chains longer than :data:`opsched.overlap.STORED_OPS`
     operations are compacted (:func:`opsched.overlap.compact`).
     """
     chains = [c.streams() for c in costs]

@@ -11,14 +11,18 @@ data-parallel replicas, ``pp`` pipeline ranks outermost (device
 The model's layers are split evenly into ``pp × vpp`` chunks; chunk c runs
 on pipeline rank ``c mod pp`` (interleaved when ``vpp > 1``); blocks before
 the first layer (embedding) join the first chunk, blocks after the last
-(final norm, head) the last. Expert parallelism is folded over the data
+(final norm, head) the last. With ``ends_as_layers=1`` the embedding and the
+head count as one layer each in that split, so the first and last chunks
+hold one layer fewer (Megatron-Core's ``--account-for-embedding-in-pipeline-split``
+and ``--account-for-loss-in-pipeline-split``; DeepSpeed's partition method
+``type:transformer|embedding``, as BLOOM-176B ran: 70 layers + 2 over 12 stages). Expert parallelism is folded over the data
 parallel replicas: ``ep`` replicas of a pipeline rank share its experts,
 each holding ``experts / ep`` of every MoE layer and exchanging routed
 tokens by all-to-all. The rules and their sources are in
 ``docs/cost-model.md`` (section "Evaluating a layout").
 
 >>> ParallelLayout.parse("tp=2,pp=4,vpp=2,zero=1,recompute=full")
-ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, recompute='full')
+ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, recompute='full', ends_as_layers=False)
 >>> ParallelLayout.parse("tp=2,pp=4").resolved(16).dp
 2
 """
@@ -62,6 +66,8 @@ class ParallelLayout:
     innermost, then cp, then dp) that pass keys and values round a ring.
     ``etp``: the tensor-parallel size of the expert layers (Megatron's
     ``expert_tensor_parallel_size``); 0 means ``tp``, Megatron's default.
+    ``ends_as_layers``: the embedding and the head count as one layer each
+    when the layers are split into chunks (see the module docstring).
     The expert grid ``ep x etp`` must divide the ``tp x dp`` devices of a
     pipeline rank (Megatron-Core's parallel folding): with ``etp = tp``
     that is ``ep`` dividing ``dp``; opsched's expert-parallel mode spreads
@@ -81,6 +87,7 @@ class ParallelLayout:
     sp: bool = False
     zero: int = 0
     recompute: str = "none"
+    ends_as_layers: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "ParallelLayout":
@@ -103,9 +110,9 @@ class ParallelLayout:
                 number = int(value)
             except ValueError:
                 raise OpschedError(f"layout {key}={value!r}: expected a whole number") from None
-            if key == "sp":
+            if key in ("sp", "ends_as_layers"):
                 if number not in (0, 1):
-                    raise OpschedError(f"layout sp={value}: 0 or 1")
+                    raise OpschedError(f"layout {key}={value}: 0 or 1")
                 values[key] = bool(number)
             elif key == "zero":
                 if number not in (0, 1, 2, 3):
@@ -153,8 +160,10 @@ class ParallelLayout:
                 raise OpschedError(f"ep={self.ep} but the model has no experts; use ep=1")
             if experts % self.ep:
                 raise OpschedError(f"ep={self.ep} does not divide the {experts} experts of an MoE layer")
-        if layers % (self.pp * self.vpp):
-            raise OpschedError(f"pp x vpp = {self.pp} x {self.vpp} does not divide the {layers} layers; "
+        units = layers + 2 * self.ends_as_layers
+        if units % (self.pp * self.vpp):
+            counted = f"{layers} layers + embedding + head" if self.ends_as_layers else f"{layers} layers"
+            raise OpschedError(f"pp x vpp = {self.pp} x {self.vpp} does not divide the {counted}; "
                                "Megatron needs whole layers per chunk")
 
     def __str__(self) -> str:
@@ -162,7 +171,8 @@ class ParallelLayout:
             (f" cp{self.cp}" if self.cp > 1 else "") + \
             (f" ep{self.ep}" if self.ep > 1 else "") + (f" etp{self.etp}" if self.etp else "") + f" dp{self.dp}"
         return text + (" sp" if self.sp else "") + (f" zero{self.zero}" if self.zero else "") + \
-            (f" recompute={self.recompute}" if self.recompute != "none" else "")
+            (f" recompute={self.recompute}" if self.recompute != "none" else "") + \
+            (" ends-as-layers" if self.ends_as_layers else "")
 
 
 @dataclass
@@ -259,18 +269,22 @@ def model_index(bg: nx.DiGraph) -> ModelIndex:
                       sum(bg.nodes[b]["block"].flops for b in order))
 
 
-def layer_chunks(bg: nx.DiGraph, chunks: int, index: ModelIndex | None = None) -> list[list[int]]:
+def layer_chunks(bg: nx.DiGraph, chunks: int, index: ModelIndex | None = None,
+                 ends_as_layers: bool = False) -> list[list[int]]:
     """Blocks of each of ``chunks`` chunks: the layers split evenly in model order, the rest at either end.
 
     Blocks outside every numbered layer join the first chunk when they come
-    before the first layer in topological order, else the last chunk.
+    before the first layer in topological order, else the last chunk. With
+    ``ends_as_layers`` those two ends count as one layer each in the split
+    (the first and last chunks take one numbered layer fewer).
     """
     index = index or model_index(bg)
     layers = index.layers
-    if not layers or len(layers) % chunks:
+    units = len(layers) + 2 * ends_as_layers
+    if not layers or units % chunks:
         raise OpschedError(f"{len(layers)} layers do not split into {chunks} equal chunks")
-    per = len(layers) // chunks
-    chunk_of_layer = {name: k // per for k, name in enumerate(layers)}
+    per = units // chunks
+    chunk_of_layer = {name: (k + ends_as_layers) // per for k, name in enumerate(layers)}
     out: list[list[int]] = [[] for _ in range(chunks)]
     started = False
     for b in index.order:
@@ -347,7 +361,7 @@ def evaluate_layout(
     M = global_batch // (layout.dp * micro_batch_size)
     name = schedule or ("interleaved-1f1b" if layout.vpp > 1 else "1f1b")
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
-    chunks = layer_chunks(bg, layout.pp * layout.vpp, index)
+    chunks = layer_chunks(bg, layout.pp * layout.vpp, index, layout.ends_as_layers)
     stages, sync, optimizer, ring = _chunk_stages(bg, index, chunks, layout, cluster, training)
     if above is not None:
         work = [M * sum(s.duration("F") + s.duration("I") + s.duration("W") for s in stages if s.devices == (r,))

@@ -28,7 +28,7 @@ one at the same memory (:func:`opsched.lower.placements.solve_placements`).
 from __future__ import annotations
 
 from opsched.baselines import baseline_orders, dualpipe, interleaved, one_f_one_b, zb_v
-from opsched.baselines.placement import dual_graph
+from opsched.baselines.placement import dual_graph, graph_onto_groups, on_group_devices
 from opsched.errors import OpschedError, Unsupported
 from opsched.lower.placements import Candidate
 from opsched.schedule import StageGraph
@@ -81,7 +81,11 @@ def candidates(sg: StageGraph, microbatches: int, choice: str = "auto", *, as_gi
     out = []
     for name in SEARCHED if choice == "auto" else (choice,):
         try:
-            graph = placed(sg, microbatches, name, comm)
+            # a plan's stages on device groups: placed with each group as one device, as the baselines place them
+            pseudo, groups = on_group_devices(sg)
+            graph = placed(pseudo, microbatches, name, comm)
+            if pseudo is not sg:
+                graph = graph_onto_groups(graph, groups, sg.num_devices)
         except Unsupported as exc:
             out.append(Candidate(name, None, refused=str(exc)))
             continue

@@ -126,15 +126,17 @@ class StageGraph:
     """A DAG of stages on devices ``0 .. num_devices-1``.
 
     ``overlap_gain`` is the overlap rule for F&B pairs of stages without
-    ``streams``, see :func:`pair_duration`. ``whole_pairs`` rounds every pair
-    length up to a whole number (a slotted graph, whose times are slots).
+    ``streams``, see :func:`pair_duration`. ``pair_slot`` marks a slotted
+    graph: its times are whole slots of ``pair_slot`` seconds, its stages keep
+    their stream operations in seconds, and every pair length is rounded up
+    to whole slots.
     """
 
     stages: list[Stage]
     edges: list[Edge] = field(default_factory=list)
     num_devices: int | None = None
     overlap_gain: float = 0.0
-    whole_pairs: bool = False
+    pair_slot: float | None = None
 
     def __post_init__(self) -> None:
         ids = [s.id for s in self.stages]
@@ -145,7 +147,7 @@ class StageGraph:
         if not 0 <= self.overlap_gain <= 1:  # pair_duration and the lower bounds need a pair >= its longer part
             raise OpschedError(f"overlap_gain must be between 0 and 1, got {self.overlap_gain}")
         for s in self.stages:
-            _check_stage(s, self.num_devices)
+            _check_stage(s, self.num_devices, self.pair_slot or 1.0)
         for e in self.edges:
             if not e.time >= 0 or not e.bytes >= 0:
                 raise OpschedError(f"edge {e.src}->{e.dst}: time and bytes must be >= 0, got {e.time}, {e.bytes}")
@@ -234,7 +236,7 @@ class StageGraph:
         ]
 
 
-def _check_stage(s: Stage, num_devices: int) -> None:
+def _check_stage(s: Stage, num_devices: int, unit: float = 1.0) -> None:
     """Reject a stage the simulator and validator could only misread."""
     if not s.devices or len(set(s.devices)) != len(s.devices):
         raise OpschedError(f"stage {s.id}: its device group must list distinct devices, got {s.devices}")
@@ -254,8 +256,10 @@ def _check_stage(s: Stage, num_devices: int) -> None:
         if "B" in s.time:
             raise OpschedError(f"stage {s.id}: a measured B and stream operations cannot both time its backward")
         for p in ("F", "I", "W"):
-            t, total = s.duration(p), s.streams.total(p)
-            if abs(total - t) > 1e-6 * max(t, 1e-9) or any(not op.seconds >= 0 for op in s.streams.chain(p)):
+            t, total = s.duration(p) * unit, s.streams.total(p)
+            # on a slotted graph (unit: the slot) the time is the operations' total rounded up to whole slots
+            short = total - t if unit == 1.0 else max(0.0, total - t)
+            if abs(short) > 1e-6 * max(t, 1e-9) or any(not op.seconds >= 0 for op in s.streams.chain(p)):
                 raise OpschedError(f"stage {s.id}: its {p} stream operations sum to {total}, its {p} time is {t}")
 
 
@@ -439,7 +443,8 @@ def pair_duration(sg: StageGraph, pair: Pair) -> float:
     passes' operations at once, one per stream at a time
     (:func:`opsched.overlap.pair_length`). Otherwise the graph's rule
     ``a + b - gain * min(a, b)``: with the default gain 0 a pair costs
-    exactly its two parts; gain 1 hides the shorter part entirely.
+    exactly its two parts; gain 1 hides the shorter part entirely. Rounded
+    up to whole slots on a slotted graph (``pair_slot``).
     """
     first, second = sg.stage(pair.first.stage), sg.stage(pair.second.stage)
     key = (first.id, pair.first.pass_, second.id, pair.second.pass_)
@@ -450,9 +455,10 @@ def pair_duration(sg: StageGraph, pair: Pair) -> float:
             length = a + b - sg.overlap_gain * min(a, b)
         else:
             derived = pair_length(first.streams.chain(pair.first.pass_), second.streams.chain(pair.second.pass_))
+            derived /= sg.pair_slot or 1.0  # a slotted graph's stages keep their operations in seconds
             # float sums kept within the two bounds; a saving of rounding error is none (no pair made for it)
             length = a + b if derived >= (a + b) * (1 - 1e-9) else max(a, b, derived)
-        if sg.whole_pairs:  # never shorter than the pair it stands for: what the slotted schedule holds is enough
+        if sg.pair_slot:  # never shorter than the pair it stands for: what the slotted schedule holds is enough
             length = float(math.ceil(length - 1e-9 * max(1.0, length)))
         sg._pair_lengths[key] = length
     return length

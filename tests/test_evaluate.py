@@ -372,3 +372,19 @@ def test_dualpipev_hides_the_expert_all_to_alls_of_another_microbatch_in_its_pai
     zb_v = run(mixtral, 64, layout, global_batch=256, schedule="zb-v")
     assert any(s.streams is not None for s in overlapped.schedule.stage_graph.stages)
     assert overlapped.step_time < zb_v.step_time < sequential.step_time
+
+
+def test_ends_as_layers_gives_the_first_and_last_chunks_one_layer_fewer(llama):
+    """32 layers + embedding + head = 34 units over 2 chunks: 16 layers, then 16 (a layer each end gives way);
+    over 17 chunks of 2 units: the first and last chunks hold one layer, the others two."""
+    layout = ParallelLayout.parse("pp=2,ends_as_layers=1")
+    assert layout.ends_as_layers and "ends-as-layers" in str(layout.resolved(2))
+    chunks = layer_chunks(llama, 17, ends_as_layers=True)
+    per_chunk = [sum("layers." in llama.nodes[b]["block"].name for b in c) for c in chunks]
+    assert per_chunk == [1] + [2] * 15 + [1]
+    assert sum(len(c) for c in chunks) == llama.number_of_nodes()
+    with pytest.raises(OpschedError, match="does not divide the 32 layers \\+ embedding \\+ head"):
+        run(llama, 8, "pp=8,ends_as_layers=1")
+    assert run(llama, 17, "pp=17,ends_as_layers=1", global_batch=17).chunks == chunks  # evaluate splits the same way
+    with pytest.raises(OpschedError, match="ends_as_layers=2: 0 or 1"):
+        ParallelLayout.parse("ends_as_layers=2")

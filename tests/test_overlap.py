@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from opsched.overlap import COMM, COMPUTE, PassStreams, StreamOp, exact_pair_length, pair_length, piecewise_pair_length
+from opsched.overlap import (COMM, COMPUTE, PassStreams, StreamOp, compact, exact_pair_length, greedy_pair_length,
+                             pair_length)
 
 
 def _brute_force(a, b):
@@ -62,15 +63,14 @@ def test_pair_length_is_the_two_job_shop_optimum(seed):
     assert max(total_a, total_b) - 1e-9 <= got <= total_a + total_b + 1e-9
 
 
-def test_pieces_are_achievable_and_never_shorter():
+def test_the_greedy_and_compacted_lengths_are_never_below_the_optimum():
     rng = random.Random(7)
-    for _ in range(30):
+    for _ in range(40):
         a, b = _random_chain(rng, 9), _random_chain(rng, 7)
         exact = exact_pair_length(a, b)
         assert pair_length(a, b) == exact  # short chains are paired exactly
-        for most in (1, 2, 3, 5):
-            assert piecewise_pair_length(a, b, most) >= exact - 1e-9
-        assert piecewise_pair_length(a, b, 1) <= sum(op.seconds for op in a + b) + 1e-9
+        assert exact - 1e-9 <= greedy_pair_length(a, b) <= sum(op.seconds for op in a + b) + 1e-9
+        assert exact_pair_length(compact(a, 1), compact(b, 1)) >= exact - 1e-9
 
 
 def test_long_chains_stay_between_the_bounds():
@@ -142,6 +142,10 @@ def test_a_stage_with_expert_all_to_alls_hides_them_in_a_pair_and_round_trips_th
     again, _ = schedule_from_dict(plan_dict(schedule))
     assert again.stage_graph.stages[0].streams == stage.streams
     assert max(e.end for e in again.events) == pytest.approx(f + pair + b)
+    from opsched.commands.plan import overlapped_pairs, runtimes_table
+
+    assert overlapped_pairs(again) == 1
+    assert "runs each `OVERLAP_F_B` as F then B" in "\n".join(runtimes_table({"torch": None}, overlapped_pairs(again)))
 
 
 @pytest.mark.parametrize("streams, message", [

@@ -129,3 +129,21 @@ def test_a_plans_own_placement_is_tried_first_unless_a_placement_tried_is_the_sa
     tries = candidates(towers, 4, as_given=True)
     assert tries[0].placement == "as given" and tries[0].stage_graph is towers
     assert all(c.stage_graph is None and "branches" in c.refused for c in tries[1:])
+
+
+def test_a_plan_on_device_groups_is_re_placed_group_by_group():
+    """A plan's stages on groups of devices: each placement re-places the chain with each group as one device
+    (as the baselines run it), then back onto the groups; none is refused for the groups."""
+    from dataclasses import replace
+
+    from opsched.placements import candidates
+    from opsched.schedule import StageGraph, chain_stage_graph
+
+    chain = chain_stage_graph(4)
+    sg = StageGraph([replace(s, devices=(2 * s.id, 2 * s.id + 1)) for s in chain.stages], chain.edges, num_devices=8)
+    found = {c.placement: c for c in candidates(sg, 8)}
+    assert not any(c.refused for c in found.values()), {k: c.refused for k, c in found.items()}
+    for c in found.values():
+        assert {len(s.devices) for s in c.stage_graph.stages} == {2} and c.stage_graph.num_devices == 8
+    v = found["v"].stage_graph
+    assert v.stages[0].devices == v.stages[-1].devices == (0, 1)  # the V's first and last stages share group 0

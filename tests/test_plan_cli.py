@@ -205,9 +205,13 @@ def test_memory_nothing_fits_names_the_smallest(tmp_path, capsys):
 
 
 # Frontier models do not fit 8 or 16 devices (Llama-3.1-405B needs about 6.5 TB):
-# planned at frontier scale by benchmarks/bench_scale.py (issue 13), not here.
-# deepseek_v3.onnx is in models/ only when someone generated it there.
-FRONTIER = {"llama3_405b.onnx", "deepseek_v3.onnx"}
+# planned at frontier scale by benchmarks/bench_scale.py (issue 13), not here; nor do the
+# published-run GPTs of 32 B and more (benchmarks/bench_published.py evaluates them at their scale).
+# The on-demand ones (models/build.py ON_DEMAND) are in models/ only when someone generated them there.
+FRONTIER = {"llama3_405b.onnx", "deepseek_v3.onnx", "gpt_39_1b.onnx", "gpt_76_1b.onnx", "gpt_145_6b.onnx",
+            "gpt_310_1b.onnx", "gpt_529_6b.onnx", "gpt_1008b.onnx", "mcore_gpt_32b.onnx", "mcore_gpt_70b.onnx",
+            "mcore_gpt_119b.onnx", "mcore_gpt_177b.onnx", "mcore_gpt_314b.onnx", "mcore_gpt_462b.onnx",
+            "bloom_176b.onnx"}
 
 
 @pytest.mark.slow
@@ -354,14 +358,19 @@ def test_no_fit_hint_never_asks_for_more_memory_than_the_device_has():
 
 @pytest.mark.parametrize("export", ["llava.legacy.onnx", "clip.legacy.onnx"])
 def test_tiny_real_exports_leave_no_device_idle(export, tmp_path):
-    """Issue 15 item 10: tiny multimodal exports on 8 devices used to leave 7 (LLaVA) or 2 (CLIP) devices idle."""
+    """Issue 15 item 10: tiny multimodal exports on 8 devices used to leave 7 (LLaVA) or 2 (CLIP) devices idle
+    without a word. Every device works, or the plan says which idle and that the fastest plan found giving every
+    device work is slower (issue 13, item 4: a tiny model's gradient sync can make fewer devices faster)."""
     from conftest import real_export
 
     out = tmp_path / "out"
     assert main(["plan", str(real_export(export)), "--devices", "8", "--time-limit", "8", "-o", str(out), "--quiet"]) == 0
-    schedule, _ = read_plan(out / "plan.json")
+    schedule, doc = read_plan(out / "plan.json")
     busy = {d for e in schedule.events for d in schedule.stage_graph.stage(e.stage).devices}
-    assert busy == set(range(8))
+    if busy != set(range(8)):
+        said = [w for w in doc["warnings"] if "no stage of this plan" in w]
+        assert len(said) == 1 and "it is faster that way" in said[0], doc["warnings"]
+        assert float(said[0].rsplit(", ", 1)[1].split(" %")[0]) > 0  # "..., 18 % longer"
 
 
 def test_recompute_auto_plans_with_full_recomputation_only_when_nothing_fits(tmp_path, capsys):

@@ -130,11 +130,15 @@ def on_group_devices(sg: StageGraph) -> tuple[StageGraph, list[tuple[int, ...]]]
 
 def onto_groups(schedule: Schedule, groups: list[tuple[int, ...]], num_devices: int) -> Schedule:
     """A schedule on pseudo-devices (one per group) moved onto the groups' real devices."""
-    sg = schedule.stage_graph
-    stages = [replace(s, devices=tuple(d for g in s.devices for d in groups[g])) for s in sg.stages]
-    real = StageGraph(stages, list(sg.edges), num_devices=num_devices, overlap_gain=sg.overlap_gain)
+    real = graph_onto_groups(schedule.stage_graph, groups, num_devices)
     return Schedule(real, schedule.microbatches, list(schedule.events), memory_limit=schedule.memory_limit,
                     name=schedule.name)
+
+
+def graph_onto_groups(sg: StageGraph, groups: list[tuple[int, ...]], num_devices: int) -> StageGraph:
+    """A StageGraph on pseudo-devices (one per group, :func:`on_group_devices`) moved onto the groups' devices."""
+    stages = [replace(s, devices=tuple(d for g in s.devices for d in groups[g])) for s in sg.stages]
+    return StageGraph(stages, list(sg.edges), num_devices=num_devices, overlap_gain=sg.overlap_gain)
 
 
 def is_chain(sg: StageGraph) -> bool:

@@ -16,6 +16,8 @@ The layout is comma-separated KEY=VALUE, Megatron's names:
   dp  data-parallel size (default: devices / (tp x pp x cp))
   sp  sequence parallel, 0 or 1     zero 0-3 (1 = Megatron's distributed optimizer, 3 = FSDP full shard)
   recompute none | selective (the attention core again) | full (the whole forward again)
+  ends_as_layers 0 or 1: the embedding and the head count as one layer each when the layers are
+      split into pp x vpp chunks (Megatron's --account-for-embedding/loss-in-pipeline-split)
 Microbatches per pipeline = global batch / (dp x micro-batch size).
 
 Prints the step time, tokens/s per device, MFU (model FLOPs = 3 x the

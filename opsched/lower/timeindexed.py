@@ -38,7 +38,6 @@ from typing import Iterable, Mapping
 import mip
 
 from opsched.lower.jobs import PAIRED_BACKWARDS, JobSet, topological_order
-from opsched.overlap import PassStreams
 from opsched.schedule import Action, Edge, Job, Pair, Stage, StageGraph, pair_duration
 from opsched.solver import Objective, Status, collector_paused, new_model
 
@@ -71,20 +70,12 @@ def slotted_stage_graph(sg: StageGraph, slot: float) -> StageGraph:
             name=s.name,
             microbatches=s.microbatches,
             copy_of=s.copy_of,
-            streams=_slotted_streams(s, slot),
+            streams=s.streams,  # in seconds: pair_duration times pairs in slots of ``pair_slot``
         )
         for s in sg.stages
     ]
     edges = [Edge(e.src, e.dst, float(to_slots(e.time, slot)), e.bytes) for e in sg.edges]
-    return StageGraph(stages, edges, num_devices=sg.num_devices, overlap_gain=sg.overlap_gain, whole_pairs=True)
-
-
-def _slotted_streams(st: Stage, slot: float) -> PassStreams | None:
-    """The stage's stream operations in slots, each pass's scaled to its rounded-up length."""
-    if st.streams is None:
-        return None
-    return st.streams.scaled({p: to_slots(st.duration(p), slot) / st.duration(p) if st.duration(p) > 0 else 0.0
-                              for p in ("F", "I", "W")})
+    return StageGraph(stages, edges, num_devices=sg.num_devices, overlap_gain=sg.overlap_gain, pair_slot=slot)
 
 
 def slotted_times(sg: StageGraph, pairs: bool = False) -> list[float]:
