@@ -16,6 +16,7 @@ from opsched.lower.bounds import lower_bound
 from opsched.lower.jobs import JobSet, activation_budgets, order_fits
 from opsched.lower.listsched import (
     LAZY_W,
+    ROUNDS_LAZY_W,
     Variant,
     best_list_schedule,
     default_variants,
@@ -52,9 +53,9 @@ def test_issue_example_list_schedule_matches_zero_bubble():
     _, makespan, name, _ = best_list_schedule(js, budgets)
     assert makespan <= ZB_PY_MAKESPAN + 1e-6, name
     assert makespan >= lower_bound(js, budgets) - 1e-6
-    assert all(rounds(js, budgets, lazy) in default_variants(js, budgets=budgets) for lazy in LAZY_W)
+    assert all(rounds(js, budgets, lazy) in default_variants(js, budgets=budgets) for lazy in ROUNDS_LAZY_W)
     span = min(evaluate(js, list_schedule(js, budgets, rounds(js, budgets, lazy)), Objective.ZB_SPAN).value
-               for lazy in LAZY_W)
+               for lazy in ROUNDS_LAZY_W)
     assert span <= ZB_PY_SPAN + 1e-6
 
 
@@ -137,3 +138,12 @@ def test_rounds_fit_memory_and_finish(placement, stages, devices, memory):
 def test_unknown_lazy_w_is_refused():
     with pytest.raises(ValueError, match="lazy_w"):
         Variant(lazy_w="later")
+
+
+def test_memory_warmup_counts_forwards_that_end_or_start_before_the_first_backward():
+    # stage 1's first backward (I = 2) has its input at 2.25; stage 0's arrives at 4.25 + 0.25 = 4.5
+    sg = chain_stage_graph(2, f=1.0, b=3.0, w=1.0, comm=0.25)
+    js = JobSet(sg, 8)
+    assert memory_warmup(js, None) == ((0, 4), (1, 1))  # forwards ending by 4.5: 4
+    assert memory_warmup(js, None, starts=True) == ((0, 5), (1, 1))  # ... starting before it: 5
+    assert memory_warmup(js, {0: 3.0, 1: 3.0}, starts=True) == ((0, 3), (1, 1))  # 3 activations fit

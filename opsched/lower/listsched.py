@@ -33,7 +33,10 @@ from opsched.schedule import Action, Job, Order, Pair, jobs_of, pair_duration, s
 #: priority rule name -> sort key of a candidate job (smaller runs first)
 PRIORITIES = ("zb", "forward", "critical")
 #: how a lazy variant's W wait (:attr:`Variant.lazy_w`; ``None``: they run whenever their device is free)
-LAZY_W = (None, "drain", "hold")
+LAZY_W = (None, "drain", "hold", "first")
+#: those :func:`default_variants` tries with Zero Bubble's rounds ("first" is Zero Bubble's own rule; "hold"
+#: did no better than it on the peer grid of benchmarks/bench_zb_peer.py)
+ROUNDS_LAZY_W = (None, "drain", "first")
 
 
 @dataclass(frozen=True)
@@ -58,8 +61,10 @@ class Variant:
     warmup: tuple[tuple[int, int], ...] | None = None
     #: hold each W back while its device may keep it for later (Zero Bubble's greedy keeps them for the end):
     #: a W runs when a forward of its device waits for memory, inside an idle gap it fits in whole (placed
-    #: there when the gap's next job is dispatched), or, with ``"drain"``, once its device has no forward
-    #: left; with ``"hold"`` the rest wait for the device's last backward
+    #: there when the gap's next job is dispatched), and otherwise, with ``"drain"``, once its device has no
+    #: forward left; with ``"hold"`` once it has no forward or backward left; with ``"first"`` as ``"drain"``
+    #: on the devices of the first stages (those without a predecessor), else as ``"hold"``, which is Zero
+    #: Bubble's rule: the first stage's last backward ends the pipeline, its W should not wait for it
     lazy_w: str | None = None
     #: with a warm-up cap: after its warm-up a stage alternates forward and backward, as 1F1B and Zero Bubble's
     #: rounds do: its backward waits while the stage may start its next forward under the cap
@@ -319,6 +324,10 @@ class _ListScheduler:
         #: per component, the backwards an alternating variant holds back (they run when nothing else can, as do
         #: a lazy variant's W)
         self.held: list[list[int]] = [[] for _ in range(count)]
+        #: devices whose held-back W run once their forwards are done (:attr:`Variant.lazy_w`)
+        sources = [st for st in sg.stages if not sg.preds(st.id)]
+        self.drains = {"drain": set(js.on_device), "first": {d for st in sources for d in st.devices}}.get(
+            variant.lazy_w, set())
         self.stage_forwards_left = {st.id: 0 for st in sg.stages}
         for job in js.jobs:
             self.stage_forwards_left[job.stage] += job.pass_ == "F"
@@ -428,15 +437,15 @@ class _ListScheduler:
 
     def _lazy_w(self, c: int, starts: dict[int, float], waiting: set[int]) -> None:
         """Add to ``starts`` component ``c``'s W whose devices may not keep them for later (:attr:`Variant.lazy_w`)."""
-        js, left = self.js, self.forwards_left if self.v.lazy_w == "drain" else self.others_left
-        if not waiting and all(left[d] for d in self.comp_devices[c]):
+        js, forwards, others, drains = self.js, self.forwards_left, self.others_left, self.drains
+        if not waiting and all(forwards[d] if d in drains else others[d] for d in self.comp_devices[c]):
             return
         release: dict[int, bool] = {}  # device -> its W run now
         for k in self.pending_w[c]:
             devs = js.devices[k]
             go = release.get(devs[0]) if len(devs) == 1 else None
             if go is None:
-                go = any(d in waiting or left[d] == 0 for d in devs)
+                go = any(d in waiting or (forwards[d] if d in drains else others[d]) == 0 for d in devs)
                 if len(devs) == 1:
                     release[devs[0]] = go
             if go:
@@ -609,12 +618,12 @@ def default_variants(js: JobSet, allow_pairs: bool = False,
                      budgets: Mapping[int, float] | None = None) -> list[Variant]:
     """The variants :func:`best_list_schedule` tries: each priority rule, several caps, and Zero Bubble's rounds.
 
-    Zero Bubble's rounds come second, after the plain variant (where a clock cuts the start phase short, they
-    are valued): each stage
-    warms up by :func:`memory_warmup` under ``budgets`` (the activation budgets) and then alternates forward
-    and backward, its W run at once, or held back as the greedy of Zero Bubble's scheduler holds them
-    (:attr:`Variant.lazy_w`). On uneven stages those keep the heaviest stage busy with forwards and backwards
-    and its W for the end, which the other variants do not.
+    Zero Bubble's rounds, on graphs with one stage per device, come second, after the plain variant (where a
+    clock cuts the start phase short, they are valued): each stage warms up by :func:`memory_warmup` under
+    ``budgets`` (the activation budgets) and then alternates forward and backward, its W run at once, or held
+    back as the greedy of Zero Bubble's scheduler holds them (:attr:`Variant.lazy_w`). On uneven stages those
+    keep the heaviest stage busy with forwards and backwards and its W for the end, which the other variants
+    do not. Where devices host several stages, one stage's warm-up and backlog say little about its device's.
     """
     devices = len(js.on_device)
     caps: list[int | None] = [None]
@@ -622,8 +631,12 @@ def default_variants(js: JobSet, allow_pairs: bool = False,
         if c not in caps and c < js.microbatches:
             caps.append(c)
     variants = [Variant(p, c, w) for p in PRIORITIES for c in caps for w in (False, True)]
-    warmup = memory_warmup(js, budgets)  # after the plain one (the cheapest; the solve's own fallback)
-    variants[1:1] = [Variant("zb", None, warmup=warmup, alternate=True, lazy_w=lazy) for lazy in LAZY_W]
+    hosts = [d for st in js.sg.stages for d in st.devices]
+    if len(hosts) == len(set(hosts)):  # Zero Bubble's rounds: one stage per device (a budget, a backlog each)
+        # after the plain one (the cheapest; the solve's own fallback); Zero Bubble's two ways to count a warm-up
+        warmups = dict.fromkeys(memory_warmup(js, budgets, starts) for starts in (False, True))
+        variants[1:1] = [Variant("zb", None, warmup=w, alternate=True, lazy_w=lazy)
+                         for w in warmups for lazy in ROUNDS_LAZY_W]
     # warm-up shapes of 1F1B / ZB-H1 (p - k), ZB-H2 (2p - 1 - k) and ZB-2p-like (2p - 2k)
     shapes = [(devices, 1), (devices + 1, 1), (2 * devices - 1, 1)]
     shapes += [(2 * devices + k, 2) for k in (-2, -1, 0, 1)]
@@ -662,28 +675,48 @@ def timed_warmup(js: JobSet, extra: int = 0) -> tuple[tuple[int, int], ...]:
     return tuple(caps)
 
 
-def memory_warmup(js: JobSet, budgets: Mapping[int, float] | None, extra: int = 0) -> tuple[tuple[int, int], ...]:
-    """Each stage's warm-up as Zero Bubble's greedy sets it: :func:`timed_warmup`, at most the forwards its
-    activation budget holds at once, and fewer than each stage upstream of it (at least 1) unless that one
-    warms up with every microbatch.
+def memory_warmup(js: JobSet, budgets: Mapping[int, float] | None, starts: bool = False) -> tuple[tuple[int, int], ...]:
+    """Each stage's warm-up as Zero Bubble's greedy sets it: the forwards that end (with ``starts``: that
+    start) before its first backward can, at most what its activation budget holds at once, and fewer than
+    each stage upstream of it (at least 1) unless that one warms up with every microbatch.
 
-    Fewer than upstream keeps every stage's backlog smaller than its feeder's: with :attr:`Variant.alternate`
-    a stage never waits for a forward its upstream stage holds back.
+    The first backwards are timed from the last stage up: a stage's first forward runs at its earliest
+    (``js.head``), the warm-up forwards follow it back to back, and its first backward starts when its
+    inputs are there and, with ``starts``, the last warm-up forward has ended, which may delay the stages
+    upstream. Unlike :func:`timed_warmup` this follows what the warm-up itself costs. Fewer than upstream
+    keeps every stage's backlog smaller than its feeder's: with :attr:`Variant.alternate` a stage never
+    waits for a forward its upstream stage holds back.
 
     >>> from opsched.schedule import chain_stage_graph
     >>> memory_warmup(JobSet(chain_stage_graph(4, f=1, b=2, w=1), 8), {d: 4.0 for d in range(4)})
     ((0, 4), (1, 3), (2, 2), (3, 1))
     """
-    timed = dict(timed_warmup(js, extra))
-    caps: dict[int, int] = {}
-    for sid in js.sg.topological_order():
-        stage = js.sg.stage(sid)
-        cap = timed[sid]
+    sg = js.sg
+    topo = sg.topological_order()
+    every: dict[int, int] = {}
+    for sid in topo:
+        stage = sg.stage(sid)
+        every[sid] = len(stage.microbatches or range(js.microbatches))
+    warm: dict[int, int] = {}
+    first_backward_end: dict[int, float] = {}  # job -> its end, for each stage's first backward
+    for sid in reversed(topo):
+        stage = sg.stage(sid)
+        fits = every[sid]
         if budgets is not None and stage.act_bytes > 0:
-            cap = min([cap] + [max(1, int(budgets[d] / stage.act_bytes + EPS)) for d in stage.devices])
-        every = len(stage.microbatches or range(js.microbatches))
-        # below an upstream stage that warms up with every microbatch, so may this one
-        caps[sid] = min([cap] + [max(1, caps[e.src] - (caps[e.src] < every)) for e in js.sg.preds(sid)])
+            fits = min([fits] + [max(1, int(budgets[d] / stage.act_bytes + EPS)) for d in stage.devices])
+        first = min(stage.microbatches or range(js.microbatches))
+        forward, backward = js.index[Job(sid, first, "F")], js.index[Job(sid, first, js.backward)]
+        arrival = max(first_backward_end.get(i, js.head[i] + js.duration[i]) + delay for i, delay in js.preds[backward])
+        step = js.duration[forward]
+        end, count = js.head[forward] + step, 1
+        tol = EPS * max(1.0, abs(arrival))
+        while count < fits and (end < arrival - tol if starts else end + step <= arrival + tol):
+            end, count = end + step, count + 1
+        first_backward_end[backward] = max(arrival, end) + js.duration[backward]
+        warm[sid] = count
+    caps: dict[int, int] = {}
+    for sid in topo:  # below an upstream stage that warms up with every microbatch, so may this one
+        caps[sid] = min([warm[sid]] + [max(1, caps[e.src] - (caps[e.src] < every[sid])) for e in sg.preds(sid)])
     return tuple(sorted(caps.items()))
 
 
