@@ -314,7 +314,7 @@ class _ListScheduler:
         last_mb = {st.id: max(st.microbatches) if st.microbatches else js.microbatches - 1 for st in sg.stages}
         self.last_backward = {k for k, job in enumerate(js.jobs)
                               if job.pass_ in ("I", "B") and job.microbatch == last_mb[job.stage]}
-        #: lazy W: per device, forwards and other non-W jobs not yet dispatched; per component, the W held back
+        #: per device, forwards and all jobs but W not yet dispatched (when a lazy variant's W may run)
         self.forwards_left = {d: 0 for d in js.on_device}
         self.others_left = {d: 0 for d in js.on_device}
         for k, job in enumerate(js.jobs):
@@ -349,12 +349,8 @@ class _ListScheduler:
                 self.refresh(c)
             self.stale.clear()
             t = min(self.earliest)
-            if t == math.inf and (any(self.held) or any(self.pending_w)):  # nothing else can start: held-back
-                for c, held in enumerate(self.held):                        # candidates may
-                    self.startable[c].update((k, self.start(k, self.ready(k))) for k in held + list(self.pending_w[c]))
-                    self.earliest[c] = min(self.startable[c].values(), default=math.inf)
-                    held.clear()
-                t = min(self.earliest)
+            if t == math.inf and (any(self.held) or any(self.pending_w)):
+                t = self.release_held()
             if t == math.inf:  # pragma: no cover - the banker's rule prevents this
                 raise RuntimeError("list scheduler stalled; memory budget below one microbatch's requirement")
             limit = t + EPS * max(1.0, abs(t))
@@ -362,6 +358,16 @@ class _ListScheduler:
                    for k, start in self.startable[c].items() if start <= limit]
             done += self.dispatch_first(t, now)
         return self.order
+
+    def release_held(self) -> float:
+        """Nothing else can start: the held-back candidates may (a backward held for its stage's forward, a lazy
+        variant's W); returns the earliest start now."""
+        for c, held in enumerate(self.held):
+            held += self.pending_w[c]
+            self.startable[c].update((k, self.start(k, self.ready(k))) for k in held)
+            self.earliest[c] = min(self.startable[c].values(), default=math.inf)
+            held.clear()
+        return min(self.earliest)
 
     def ready(self, k: int) -> float:
         """When job ``k``'s inputs are there (fixed once every predecessor is dispatched)."""
@@ -398,10 +404,7 @@ class _ListScheduler:
             self._hold_back_w(starts)  # what a W waits for runs on its own devices: inside the component
         if lazy:  # once ``waiting`` is known
             self._lazy_w(c, starts, waiting)
-        held = []
-        if v.alternate:
-            held += self._alternate(starts, blocked)
-        self.held[c] = held
+        self.held[c] = self._alternate(starts, blocked) if v.alternate else []
         self.startable[c] = starts
         self.earliest[c] = min(starts.values(), default=math.inf)
 
