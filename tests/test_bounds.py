@@ -176,7 +176,7 @@ def list_values(inst: Instance, budgets) -> dict[str, tuple[float, float]]:
     for split in (True, False):
         js = JobSet(inst.sg, inst.microbatches, split)
         # with a positive gain the pair variants come on top of all the others
-        for v in default_variants(js, allow_pairs=True):
+        for v in default_variants(js, allow_pairs=True, budgets=budgets):
             value = _values(inst.sg, list_schedule(js, budgets, v), inst.microbatches, budgets)
             if value is not None:
                 out[f"{'split' if split else 'fused'} {v.name}"] = value

@@ -32,6 +32,11 @@ from opsched.schedule import Action, Job, Order, Pair, jobs_of, pair_duration, s
 
 #: priority rule name -> sort key of a candidate job (smaller runs first)
 PRIORITIES = ("zb", "forward", "critical")
+#: how a lazy variant's W wait (:attr:`Variant.lazy_w`; ``None``: they run whenever their device is free)
+LAZY_W = (None, "drain", "hold", "first")
+#: those :func:`default_variants` tries with Zero Bubble's rounds ("first" is Zero Bubble's own rule; "hold"
+#: did no better than it on the peer grid of benchmarks/bench_zb_peer.py)
+ROUNDS_LAZY_W = (None, "drain", "first")
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,20 @@ class Variant:
     #: (stage, cap) pairs: each stage keeps at most its own cap of microbatches between F and I (warm-up
     #: counts from the timing, :func:`timed_warmup`, where ``stage_cap``'s straight line does not fit)
     warmup: tuple[tuple[int, int], ...] | None = None
+    #: hold each W back while its device may keep it for later (Zero Bubble's greedy keeps them for the end):
+    #: a W runs when a forward of its device waits for memory, inside an idle gap it fits in whole (placed
+    #: there when the gap's next job is dispatched), and otherwise, with ``"drain"``, once its device has no
+    #: forward left; with ``"hold"`` once it has no forward or backward left; with ``"first"`` as ``"drain"``
+    #: on the devices of the first stages (those without a predecessor), else as ``"hold"``, which is Zero
+    #: Bubble's rule: the first stage's last backward ends the pipeline, its W should not wait for it
+    lazy_w: str | None = None
+    #: with a warm-up cap: after its warm-up a stage alternates forward and backward, as 1F1B and Zero Bubble's
+    #: rounds do: its backward waits while the stage may start its next forward under the cap
+    alternate: bool = False
+
+    def __post_init__(self):
+        if self.lazy_w not in LAZY_W:
+            raise ValueError(f"unknown lazy_w {self.lazy_w!r}; choose one of {LAZY_W}")
 
     @property
     def name(self) -> str:
@@ -70,6 +89,10 @@ class Variant:
             parts.append(f"warmup{self.stage_cap[0]}-{self.stage_cap[1]}")
         if self.warmup is not None:
             parts.append("timed-warmup" + "-".join(str(c) for _, c in self.warmup))
+        if self.lazy_w is not None:
+            parts.append(f"lazyW-{self.lazy_w}")
+        if self.alternate:
+            parts.append("alternate")
         return "-".join(parts)
 
 
@@ -261,6 +284,12 @@ class _ListScheduler:
         self.comp = [component[devs[0]] for devs in js.devices]  # job -> its component
         count = max(component.values(), default=-1) + 1
         self.pending: list[set[int]] = [set() for _ in range(count)]  # candidates per component
+        #: a lazy variant's W candidates, apart: most wait, and a step looks at them only when they may run
+        self.pending_w: list[set[int]] = [set() for _ in range(count)]
+        self.lazy = variant.lazy_w is not None
+        self.comp_devices: list[list[int]] = [[] for _ in range(count)]
+        for d, c in component.items():
+            self.comp_devices[c].append(d)
         self.startable: list[dict[int, float]] = [{} for _ in range(count)]  # ... that may start now -> start
         self.earliest: list[float] = [math.inf] * count  # least start per component
         self.stale: set[int] = set(range(count))
@@ -285,8 +314,29 @@ class _ListScheduler:
         last_mb = {st.id: max(st.microbatches) if st.microbatches else js.microbatches - 1 for st in sg.stages}
         self.last_backward = {k for k, job in enumerate(js.jobs)
                               if job.pass_ in ("I", "B") and job.microbatch == last_mb[job.stage]}
+        #: per device, forwards and all jobs but W not yet dispatched (when a lazy variant's W may run)
+        self.forwards_left = {d: 0 for d in js.on_device}
+        self.others_left = {d: 0 for d in js.on_device}
+        for k, job in enumerate(js.jobs):
+            for d in js.devices[k]:
+                self.forwards_left[d] += job.pass_ == "F"
+                self.others_left[d] += job.pass_ != "W"
+        #: per component, the backwards an alternating variant holds back (they run when nothing else can, as do
+        #: a lazy variant's W)
+        self.held: list[list[int]] = [[] for _ in range(count)]
+        #: devices whose held-back W run once their forwards are done (:attr:`Variant.lazy_w`)
+        sources = [st for st in sg.stages if not sg.preds(st.id)]
+        self.drains = {"drain": set(js.on_device), "first": {d for st in sources for d in st.devices}}.get(
+            variant.lazy_w, set())
+        self.stage_forwards_left = {st.id: 0 for st in sg.stages}
+        for job in js.jobs:
+            self.stage_forwards_left[job.stage] += job.pass_ == "F"
 
     def add(self, k: int) -> None:
+        if self.lazy and self.js.jobs[k].pass_ == "W":
+            self.pending_w[self.comp[k]].add(k)
+            self.stale.add(self.comp[k])
+            return
         self.pending[self.comp[k]].add(k)
         self.stale.add(self.comp[k])
         if self.forward[k] and self.js.jobs[k].microbatch not in self.started_mb:
@@ -299,6 +349,8 @@ class _ListScheduler:
                 self.refresh(c)
             self.stale.clear()
             t = min(self.earliest)
+            if t == math.inf and (any(self.held) or any(self.pending_w)):
+                t = self.release_held()
             if t == math.inf:  # pragma: no cover - the banker's rule prevents this
                 raise RuntimeError("list scheduler stalled; memory budget below one microbatch's requirement")
             limit = t + EPS * max(1.0, abs(t))
@@ -306,6 +358,16 @@ class _ListScheduler:
                    for k, start in self.startable[c].items() if start <= limit]
             done += self.dispatch_first(t, now)
         return self.order
+
+    def release_held(self) -> float:
+        """Nothing else can start: the held-back candidates may (a backward held for its stage's forward, a lazy
+        variant's W); returns the earliest start now."""
+        for c, held in enumerate(self.held):
+            held += self.pending_w[c]
+            self.startable[c].update((k, self.start(k, self.ready(k))) for k in held)
+            self.earliest[c] = min(self.startable[c].values(), default=math.inf)
+            held.clear()
+        return min(self.earliest)
 
     def ready(self, k: int) -> float:
         """When job ``k``'s inputs are there (fixed once every predecessor is dispatched)."""
@@ -317,8 +379,10 @@ class _ListScheduler:
     def refresh(self, c: int) -> None:
         """Component ``c``'s candidates that the variant's caps and memory allow now, with their earliest start."""
         js, v = self.js, self.v
-        free, ready_at, devices, forward = self.free, self.ready_at, js.devices, self.forward
+        ready_at, forward, lazy = self.ready_at, self.forward, self.lazy
         starts = {}
+        waiting: set[int] = set()  # devices where a forward waits for memory
+        blocked: set[int] = set()  # ... and their stages
         for k in self.pending[c]:
             if forward[k]:
                 job = js.jobs[k]
@@ -331,20 +395,26 @@ class _ListScheduler:
                 if self.warmup_cap is not None and self.between[job.stage] >= self.warmup_cap[job.stage]:
                     continue
                 if not self.memory.allows(k):
+                    waiting.update(js.devices[k])
+                    blocked.add(job.stage)
                     continue
             r = ready_at.get(k)
-            if r is None:
-                r = self.ready(k)
-            devs = devices[k]
-            if len(devs) == 1:
-                f = free[devs[0]]
-                starts[k] = r if r >= f else f
-            else:
-                starts[k] = max([r] + [free[d] for d in devs])
+            starts[k] = self.start(k, self.ready(k) if r is None else r)
         if v.patient_w or v.guard_last_backward:
             self._hold_back_w(starts)  # what a W waits for runs on its own devices: inside the component
+        if lazy:  # once ``waiting`` is known
+            self._lazy_w(c, starts, waiting)
+        self.held[c] = self._alternate(starts, blocked) if v.alternate else []
         self.startable[c] = starts
         self.earliest[c] = min(starts.values(), default=math.inf)
+
+    def start(self, k: int, ready: float) -> float:
+        """When job ``k``, ready at ``ready``, can start on its devices."""
+        devs, free = self.js.devices[k], self.free
+        if len(devs) == 1:
+            f = free[devs[0]]
+            return ready if ready >= f else f
+        return max([ready] + [free[d] for d in devs])
 
     def _hold_back_w(self, starts: dict[int, float]) -> None:
         """Drop each W that would still run when a job it must not delay could start on its devices."""
@@ -368,6 +438,75 @@ class _ListScheduler:
             if earliest.get(devs[0], inf) < ends or (len(devs) > 1 and any(earliest.get(d, inf) < ends for d in devs)):
                 del starts[k]
 
+    def _lazy_w(self, c: int, starts: dict[int, float], waiting: set[int]) -> None:
+        """Add to ``starts`` component ``c``'s W whose devices may not keep them for later (:attr:`Variant.lazy_w`)."""
+        js, forwards, others, drains = self.js, self.forwards_left, self.others_left, self.drains
+        if not waiting and all(forwards[d] if d in drains else others[d] for d in self.comp_devices[c]):
+            return
+        release: dict[int, bool] = {}  # device -> its W run now
+        for k in self.pending_w[c]:
+            devs = js.devices[k]
+            go = release.get(devs[0]) if len(devs) == 1 else None
+            if go is None:
+                go = any(d in waiting or (forwards[d] if d in drains else others[d]) == 0 for d in devs)
+                if len(devs) == 1:
+                    release[devs[0]] = go
+            if go:
+                starts[k] = self.start(k, self.ready(k))
+
+    def _stage_cap(self, stage: int) -> int | None:
+        if self.warmup_cap is not None:
+            return self.warmup_cap[stage]
+        if self.v.stage_cap is not None:
+            base, slope = self.v.stage_cap
+            return max(1, base - slope * self.depth[stage])
+        return None
+
+    def _alternate(self, starts: dict[int, float], blocked: set[int]) -> list[int]:
+        """Move out of ``starts`` each backward whose stage is to start a forward first (:attr:`Variant.alternate`)."""
+        js, held = self.js, []
+        for k in [k for k in starts if js.jobs[k].pass_ in ("I", "B")]:
+            stage = js.jobs[k].stage
+            cap = self._stage_cap(stage)
+            if (cap is not None and self.between[stage] < cap and self.stage_forwards_left[stage] > 0
+                    and stage not in blocked):
+                del starts[k]
+                held.append(k)
+        return held
+
+    def _fill_gaps(self, k: int, t: float) -> int:
+        """Place held-back W in the idle time before job ``k`` starts at ``t``, each where it fits whole.
+
+        Nothing else changes: a W has no successor, and it ends before ``k``
+        starts. Returns the number of W placed.
+        """
+        js, free = self.js, self.free
+        if all(free[d] >= t for d in js.devices[k]):
+            return 0
+        placed = 0
+        ours = set(js.devices[k])
+        for w in sorted(self.pending_w[self.comp[k]], key=lambda w: self.keys[w]):
+            devs = js.devices[w]
+            if ours.isdisjoint(devs):
+                continue
+            start = max([self.ready(w)] + [free[d] for d in devs])
+            if start + js.duration[w] <= t + EPS * max(1.0, abs(t)):
+                self._place_alone(w, start)
+                placed += 1
+        return placed
+
+    def _place_alone(self, w: int, start: float) -> None:
+        """Dispatch the W ``w`` at ``start`` (a gap in the past of the current step)."""
+        js = self.js
+        self.pending_w[self.comp[w]].discard(w)
+        self.stale.add(self.comp[w])
+        if self.memory.dispatch(w) == "left":
+            self.stale.update(range(len(self.pending)))
+        self.end[w] = start + js.duration[w]
+        for d in js.devices[w]:
+            self.free[d] = self.end[w]
+            self.order[d].append(js.jobs[w])
+
     def dispatch_first(self, t: float, now: list[int]) -> int:
         """Dispatch the most urgent of the jobs ``now`` that start earliest, at ``t`` (with a pair partner if any).
 
@@ -385,8 +524,14 @@ class _ListScheduler:
                 action = Pair(js.jobs[f], js.jobs[b])
                 dur = pair_duration(js.sg, action)
         members = [k] if partner is None else [k, partner]
+        placed = self._fill_gaps(k, t) if self.v.lazy_w is not None and js.jobs[k].pass_ != "W" else 0
         for j in members:
+            self.stage_forwards_left[js.jobs[j].stage] -= js.jobs[j].pass_ == "F"
+            for d in js.devices[j]:
+                self.forwards_left[d] -= js.jobs[j].pass_ == "F"
+                self.others_left[d] -= js.jobs[j].pass_ != "W"
             self.pending[self.comp[j]].discard(j)
+            self.pending_w[self.comp[j]].discard(j)
             self.fresh.discard(j)
             if js.jobs[j].pass_ == "F":
                 self.started_mb.add(js.jobs[j].microbatch)
@@ -415,7 +560,7 @@ class _ListScheduler:
             self.order[d].append(action)
         for j in members:
             self.release(j)
-        return len(members)
+        return len(members) + placed
 
     def release(self, k: int) -> None:
         """Job ``k`` is dispatched: its successors whose predecessors all are become candidates."""
@@ -472,14 +617,29 @@ def _pair_partner(js: JobSet, k: int, now: list[int], keys: list[tuple]) -> int 
     return min(options, key=lambda j: keys[j]) if options else None
 
 
-def default_variants(js: JobSet, allow_pairs: bool = False) -> list[Variant]:
-    """The variants :func:`best_list_schedule` tries: each priority rule, several caps."""
+def default_variants(js: JobSet, allow_pairs: bool = False,
+                     budgets: Mapping[int, float] | None = None) -> list[Variant]:
+    """The variants :func:`best_list_schedule` tries: each priority rule, several caps, and Zero Bubble's rounds.
+
+    Zero Bubble's rounds, on graphs with one stage per device, come second, after the plain variant (where a
+    clock cuts the start phase short, they are valued): each stage warms up by :func:`memory_warmup` under
+    ``budgets`` (the activation budgets) and then alternates forward and backward, its W run at once, or held
+    back as the greedy of Zero Bubble's scheduler holds them (:attr:`Variant.lazy_w`). On uneven stages those
+    keep the heaviest stage busy with forwards and backwards and its W for the end, which the other variants
+    do not. Where devices host several stages, one stage's warm-up and backlog say little about its device's.
+    """
     devices = len(js.on_device)
     caps: list[int | None] = [None]
     for c in (devices, devices + 1, 2 * devices, 2 * devices + 1):
         if c not in caps and c < js.microbatches:
             caps.append(c)
     variants = [Variant(p, c, w) for p in PRIORITIES for c in caps for w in (False, True)]
+    hosts = [d for st in js.sg.stages for d in st.devices]
+    if len(hosts) == len(set(hosts)):  # Zero Bubble's rounds: one stage per device (a budget, a backlog each)
+        # after the plain one (the cheapest; the solve's own fallback); Zero Bubble's two ways to count a warm-up
+        warmups = dict.fromkeys(memory_warmup(js, budgets, starts) for starts in (False, True))
+        variants[1:1] = [Variant("zb", None, warmup=w, alternate=True, lazy_w=lazy)
+                         for w in warmups for lazy in ROUNDS_LAZY_W]
     # warm-up shapes of 1F1B / ZB-H1 (p - k), ZB-H2 (2p - 1 - k) and ZB-2p-like (2p - 2k)
     shapes = [(devices, 1), (devices + 1, 1), (2 * devices - 1, 1)]
     shapes += [(2 * devices + k, 2) for k in (-2, -1, 0, 1)]
@@ -518,6 +678,51 @@ def timed_warmup(js: JobSet, extra: int = 0) -> tuple[tuple[int, int], ...]:
     return tuple(caps)
 
 
+def memory_warmup(js: JobSet, budgets: Mapping[int, float] | None, starts: bool = False) -> tuple[tuple[int, int], ...]:
+    """Each stage's warm-up as Zero Bubble's greedy sets it: the forwards that end (with ``starts``: that
+    start) before its first backward can, at most what its activation budget holds at once, and fewer than
+    each stage upstream of it (at least 1) unless that one warms up with every microbatch.
+
+    The first backwards are timed from the last stage up: a stage's first forward runs at its earliest
+    (``js.head``), the warm-up forwards follow it back to back, and its first backward starts when its
+    inputs are there and, with ``starts``, the last warm-up forward has ended, which may delay the stages
+    upstream. Unlike :func:`timed_warmup` this follows what the warm-up itself costs. Fewer than upstream
+    keeps every stage's backlog smaller than its feeder's: with :attr:`Variant.alternate` a stage never
+    waits for a forward its upstream stage holds back.
+
+    >>> from opsched.schedule import chain_stage_graph
+    >>> memory_warmup(JobSet(chain_stage_graph(4, f=1, b=2, w=1), 8), {d: 4.0 for d in range(4)})
+    ((0, 4), (1, 3), (2, 2), (3, 1))
+    """
+    sg = js.sg
+    topo = sg.topological_order()
+    every: dict[int, int] = {}
+    for sid in topo:
+        stage = sg.stage(sid)
+        every[sid] = len(stage.microbatches or range(js.microbatches))
+    warm: dict[int, int] = {}
+    first_backward_end: dict[int, float] = {}  # job -> its end, for each stage's first backward
+    for sid in reversed(topo):
+        stage = sg.stage(sid)
+        fits = every[sid]
+        if budgets is not None and stage.act_bytes > 0:
+            fits = min([fits] + [max(1, int(budgets[d] / stage.act_bytes + EPS)) for d in stage.devices])
+        first = min(stage.microbatches or range(js.microbatches))
+        forward, backward = js.index[Job(sid, first, "F")], js.index[Job(sid, first, js.backward)]
+        arrival = max(first_backward_end.get(i, js.head[i] + js.duration[i]) + delay for i, delay in js.preds[backward])
+        step = js.duration[forward]
+        end, count = js.head[forward] + step, 1
+        tol = EPS * max(1.0, abs(arrival))
+        while count < fits and (end < arrival - tol if starts else end + step <= arrival + tol):
+            end, count = end + step, count + 1
+        first_backward_end[backward] = max(arrival, end) + js.duration[backward]
+        warm[sid] = count
+    caps: dict[int, int] = {}
+    for sid in topo:  # below an upstream stage that warms up with every microbatch, so may this one
+        caps[sid] = min([warm[sid]] + [max(1, caps[e.src] - (caps[e.src] < every[sid])) for e in sg.preds(sid)])
+    return tuple(sorted(caps.items()))
+
+
 def best_list_schedule(
     js: JobSet, budgets: Mapping[int, float] | None, variants: list[Variant] | None = None
 ) -> tuple[Order, float, str, list[tuple[str, float]]]:
@@ -528,7 +733,7 @@ def best_list_schedule(
     """
     best: tuple[Order, float, str] | None = None
     tried: list[tuple[str, float]] = []
-    for v in variants if variants is not None else default_variants(js):
+    for v in variants if variants is not None else default_variants(js, budgets=budgets):
         order = list_schedule(js, budgets, v)
         if not order_fits(js.sg, order, budgets):  # pragma: no cover - guarded by the banker's rule
             continue

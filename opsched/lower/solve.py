@@ -536,13 +536,13 @@ def _same_jobs(js: JobSet, order: Order) -> bool:
     return all(seen[j] == len(js.devices[js.index[j]]) for j in seen)
 
 
-def _start_pool(js: JobSet, allow_pairs: bool, warm_orders: dict[str, Order] | None):
+def _start_pool(js: JobSet, budgets, allow_pairs: bool, warm_orders: dict[str, Order] | None):
     """The start candidates in the order that breaks ties, warm orders first: (name, order or list variant)."""
     pool: list[tuple[str, Order | Variant]] = [
         (name, split_fused_backward(order) if js.split_backward else order)
         for name, order in (warm_orders or {}).items()
     ]
-    return pool + [(v.name, v) for v in default_variants(js, allow_pairs)]
+    return pool + [(v.name, v) for v in default_variants(js, allow_pairs, budgets)]
 
 
 def _fitting(js: JobSet, budgets, allow_pairs: bool, order: Order) -> list | None:
@@ -566,7 +566,7 @@ def _best_start(run: _Search, allow_pairs: bool, warm_orders: dict[str, Order] |
     """
     js, budgets = run.js, run.budgets
     best: tuple[str, Order, Incumbent] | None = None
-    for name, made in _start_pool(js, allow_pairs, warm_orders):
+    for name, made in _start_pool(js, budgets, allow_pairs, warm_orders):
         if best is not None and time.monotonic() > run.deadline:
             run.timed_out = True
             break
@@ -592,7 +592,7 @@ def _first_start(js: JobSet, budgets, allow_pairs: bool, warm_orders: dict[str, 
     A warm order costs one simulation; without one that fits, the first
     list-scheduler variant is made here.
     """
-    for name, made in _start_pool(js, allow_pairs, warm_orders):
+    for name, made in _start_pool(js, budgets, allow_pairs, warm_orders):
         order = list_schedule(js, budgets, made) if isinstance(made, Variant) else made
         if _fitting(js, budgets, allow_pairs, order) is not None:
             return name, order
