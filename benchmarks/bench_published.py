@@ -99,14 +99,15 @@ MCORE_R08_SOURCE = ("NVIDIA/Megatron-LM @ f2e5db40 README.md, images/model_table
 MCORE_R08_NOTE = ("DP48; BF16 (the MFU column is TFLOP/s / 989); micro-batch size and recomputation are not "
                   "published: micro-batch 1 and none, as Megatron-LM's examples/gpt3/train_gpt3_175b_distributed.sh "
                   "(@ 157006d6) sets them; --overlap-param-gather needs the distributed optimizer (zero=1) and "
-                  "--tp-comm-overlap sequence parallelism (sp=1), both asserted by Megatron's arguments.py; no "
+                  "--tp-comm-overlap sequence parallelism (sp=1), both asserted by Megatron's arguments.py; "
+                  "--tp-comm-overlap itself as tp_overlap=1 where tp > 1; no "
                   "interleaving stated (vpp 1); the model's architecture beyond layers, hidden, heads and vocab is "
                   "assumed (models/build.py, MCORE_R08_GPT)")
 
 
 def mcore_r08(model: str, size: str, devices: int, tp: int, pp: int, global_batch: int, tflops: float) -> Run:
     """One row of the Megatron-Core r0.8 H100 weak-scaling table (DP 48 in every row)."""
-    sp = ",sp=1" if tp > 1 else ""
+    sp = ",sp=1,tp_overlap=1" if tp > 1 else ""  # the README's runs set --tp-comm-overlap
     return Run(f"GPT {size}, Megatron-Core r0.8, {devices} x H100", model, devices, "h100-sxm",
                f"tp={tp},pp={pp}{sp},zero=1", 4096, global_batch, 1, tflops, "TFLOP/s/GPU", MCORE_R08_SOURCE,
                MCORE_R08_NOTE)

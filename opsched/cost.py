@@ -35,6 +35,7 @@ One module, one set of formulas (written out in ``docs/cost-model.md``):
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Sequence
@@ -149,6 +150,30 @@ class BlockCost:
         backward = _halves(self.I - self.i_comm - (self.F if self.rerun_forward else 0.0), self.i_comm)
         w = (StreamOp(COMPUTE, self.W),)
         return PassStreams(*(tuple(op for op in chain if op.seconds > 0) for chain in (forward, rerun + backward, w)))
+
+
+def tp_comm_overlapped(cost: BlockCost) -> BlockCost:
+    """``cost`` with its tensor-parallel collectives run under its GEMMs: Megatron's ``--tp-comm-overlap``.
+
+    Transformer Engine's userbuffer overlap splits each all-gather /
+    reduce-scatter of a tensor-parallel layer into chunks that run while the
+    GEMM beside it computes (Megatron-Core's ``tp_comm_overlap`` option), so
+    a pass takes its compute, or its communication when that is longer; the
+    rest of the communication is exposed. Applies to ``f_comm`` and
+    ``i_comm`` (evaluate costs a block under tensor parallelism alone; expert
+    and context communication comes on top).
+
+    >>> c = BlockCost(F=3.0, I=5.0, W=2.0, param_bytes=0, act_bytes=0, act_w_bytes=0, f_comm=1.0, i_comm=1.0)
+    >>> o = tp_comm_overlapped(c)
+    >>> o.F, o.I, o.f_comm, o.streams().total("F")
+    (2.0, 4.0, 0.0, 2.0)
+    """
+    f_compute = cost.F - cost.f_comm
+    forward = max(f_compute, cost.f_comm)
+    own_compute = cost.I - cost.i_comm - (cost.F if cost.rerun_forward else 0.0)
+    own = max(own_compute, cost.i_comm)
+    return dataclasses.replace(cost, F=forward, I=(forward if cost.rerun_forward else 0.0) + own,
+                               f_comm=forward - f_compute, i_comm=own - own_compute)
 
 
 def stage_streams(costs: Sequence[BlockCost], before: float = 0.0) -> PassStreams:

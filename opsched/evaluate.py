@@ -22,7 +22,7 @@ tokens by all-to-all. The rules and their sources are in
 ``docs/cost-model.md`` (section "Evaluating a layout").
 
 >>> ParallelLayout.parse("tp=2,pp=4,vpp=2,zero=1,recompute=full")
-ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, recompute='full', ends_as_layers=False)
+ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, recompute='full', ends_as_layers=False, tp_overlap=False)
 >>> ParallelLayout.parse("tp=2,pp=4").resolved(16).dp
 2
 """
@@ -38,7 +38,7 @@ import networkx as nx
 from opsched.baselines import run_baseline
 from opsched.cluster import RECOMPUTE_MODES, Cluster, Training, with_devices
 from opsched.cost import (BlockCost, Mode, alltoall_time, allreduce_time, attention_core_time, block_cost,
-                          context_ring_time, expert_count, held_param_bytes, stage_streams)
+                          context_ring_time, expert_count, held_param_bytes, stage_streams, tp_comm_overlapped)
 from opsched.errors import OpschedError, Unsupported
 from opsched.graph import Block
 from opsched.overlap import PassStreams
@@ -68,6 +68,9 @@ class ParallelLayout:
     ``expert_tensor_parallel_size``); 0 means ``tp``, Megatron's default.
     ``ends_as_layers``: the embedding and the head count as one layer each
     when the layers are split into chunks (see the module docstring).
+    ``tp_overlap``: Megatron's ``--tp-comm-overlap`` (needs tp > 1 and sp):
+    each tensor-parallel collective runs under its GEMM
+    (:func:`opsched.cost.tp_comm_overlapped`).
     The expert grid ``ep x etp`` must divide the ``tp x dp`` devices of a
     pipeline rank (Megatron-Core's parallel folding): with ``etp = tp``
     that is ``ep`` dividing ``dp``; opsched's expert-parallel mode spreads
@@ -88,6 +91,7 @@ class ParallelLayout:
     zero: int = 0
     recompute: str = "none"
     ends_as_layers: bool = False
+    tp_overlap: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "ParallelLayout":
@@ -110,7 +114,7 @@ class ParallelLayout:
                 number = int(value)
             except ValueError:
                 raise OpschedError(f"layout {key}={value!r}: expected a whole number") from None
-            if key in ("sp", "ends_as_layers"):
+            if key in ("sp", "ends_as_layers", "tp_overlap"):
                 if number not in (0, 1):
                     raise OpschedError(f"layout {key}={value}: 0 or 1")
                 values[key] = bool(number)
@@ -139,6 +143,9 @@ class ParallelLayout:
                                f"not the {devices} devices; change a degree or --devices")
         if self.vpp > 1 and self.pp < 2:
             raise OpschedError("vpp > 1 needs pp >= 2")
+        if self.tp_overlap and not (self.tp > 1 and self.sp):
+            raise OpschedError("tp_overlap=1 needs tp > 1 and sp=1 (Megatron's --tp-comm-overlap runs with sequence "
+                               "parallelism only)")
         etp = self.etp or self.tp
         if self.ep > 1 and etp == self.tp and dp % self.ep:
             raise OpschedError(f"ep={self.ep} must divide dp={dp}: expert parallelism is folded over the "
@@ -172,7 +179,7 @@ class ParallelLayout:
             (f" ep{self.ep}" if self.ep > 1 else "") + (f" etp{self.etp}" if self.etp else "") + f" dp{self.dp}"
         return text + (" sp" if self.sp else "") + (f" zero{self.zero}" if self.zero else "") + \
             (f" recompute={self.recompute}" if self.recompute != "none" else "") + \
-            (" ends-as-layers" if self.ends_as_layers else "")
+            (" ends-as-layers" if self.ends_as_layers else "") + (" tp-overlap" if self.tp_overlap else "")
 
 
 @dataclass
@@ -467,6 +474,8 @@ def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: P
         block: Block = bg.nodes[b]["block"]
         tokens = index.tokens_in[b]
         c = block_cost(block, mode, groups.sequence, cluster, training, token_bytes=tokens)
+        if layout.tp_overlap:
+            c = tp_comm_overlapped(c)
         params = block.param_count / layout.tp
         replicas = layout.dp * layout.cp  # the ranks holding the same parameters: what ZeRO shards over
         f, i = c.F, c.I

@@ -388,3 +388,15 @@ def test_ends_as_layers_gives_the_first_and_last_chunks_one_layer_fewer(llama):
     assert run(llama, 17, "pp=17,ends_as_layers=1", global_batch=17).chunks == chunks  # evaluate splits the same way
     with pytest.raises(OpschedError, match="ends_as_layers=2: 0 or 1"):
         ParallelLayout.parse("ends_as_layers=2")
+
+
+def test_tp_comm_overlap_hides_the_tensor_parallel_collectives_up_to_the_compute(llama):
+    """Megatron's --tp-comm-overlap: each pass takes max(compute, tensor-parallel communication), never more than
+    without it, and the layout needs tp > 1 with sequence parallelism."""
+    plain = run(llama, 8, "tp=8,sp=1,zero=1")
+    overlapped = run(llama, 8, "tp=8,sp=1,zero=1,tp_overlap=1")
+    assert overlapped.step_time < plain.step_time
+    assert overlapped.peak_memory_bytes == plain.peak_memory_bytes
+    for text in ("tp=1,tp_overlap=1", "tp=2,tp_overlap=1"):
+        with pytest.raises(OpschedError, match="needs tp > 1 and sp=1"):
+            ParallelLayout.parse(text).resolved(8 if "tp=1" in text else 2)

@@ -18,6 +18,8 @@ The layout is comma-separated KEY=VALUE, Megatron's names:
   recompute none | selective (the attention core again) | full (the whole forward again)
   ends_as_layers 0 or 1: the embedding and the head count as one layer each when the layers are
       split into pp x vpp chunks (Megatron's --account-for-embedding/loss-in-pipeline-split)
+  tp_overlap 0 or 1: Megatron's --tp-comm-overlap (needs tp > 1 and sp=1): each tensor-parallel
+      collective runs under its GEMM, so only what outlasts the compute shows
 Microbatches per pipeline = global batch / (dp x micro-batch size).
 
 Prints the step time, tokens/s per device, MFU (model FLOPs = 3 x the
