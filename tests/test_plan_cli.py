@@ -149,7 +149,7 @@ def test_plan_without_matplotlib_skips_only_the_svg(tmp_path, capsys, monkeypatc
     monkeypatch.setattr(gantt, "can_draw_images", lambda: False)
     out = tmp_path / "out"
     code = main(["plan", str(MODELS / "llama_7b.onnx"), "--devices", "4", "--microbatches", "4",
-                 "-o", str(out), "--quiet"])
+                 "--time-limit", "5", "-o", str(out), "--quiet"])  # which plan does not matter here, only its files
     assert code == 0
     assert sorted(p.name for p in out.iterdir()) == ["gantt.html", "plan.json", "report.md", "trace.json"]
     assert "gantt.svg" not in capsys.readouterr().out
