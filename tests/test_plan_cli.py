@@ -101,7 +101,7 @@ def test_report_words_memory_refusals_in_units():
     from opsched.commands.plan import report_text, summary_text
 
     cluster, training = cluster_from_dict(SPEC), Training(microbatches=8)
-    result = plan_block_graph(two_tower_graph(), cluster, training, memory_limit=3e8, time_limit=10)
+    result = plan_block_graph(two_tower_graph(), cluster, training, memory_limit=3e8, time_limit=4)
     assert "gpipe" in result.refused_baselines
     report = report_text("towers.onnx", cluster, training, 3e8, result)
     summary = summary_text("towers.onnx", cluster, training, result, 8, Path("out"), ["plan.json"])
@@ -364,7 +364,7 @@ def test_tiny_real_exports_leave_no_device_idle(export, tmp_path):
     from conftest import real_export
 
     out = tmp_path / "out"
-    assert main(["plan", str(real_export(export)), "--devices", "8", "--time-limit", "8", "-o", str(out), "--quiet"]) == 0
+    assert main(["plan", str(real_export(export)), "--devices", "8", "--time-limit", "4", "-o", str(out), "--quiet"]) == 0
     schedule, doc = read_plan(out / "plan.json")
     busy = {d for e in schedule.events for d in schedule.stage_graph.stage(e.stage).devices}
     if busy != set(range(8)):
@@ -378,7 +378,7 @@ def test_recompute_auto_plans_with_full_recomputation_only_when_nothing_fits(tmp
     from conftest import real_export
 
     model = str(real_export("clip.legacy.onnx"))
-    base = ["plan", model, "--devices", "2", "--memory-limit", "1.5MiB", "--time-limit", "4", "--quiet"]
+    base = ["plan", model, "--devices", "2", "--memory-limit", "1.5MiB", "--time-limit", "2", "--quiet"]
     assert main([*base, "--recompute", "none", "-o", str(tmp_path / "none")]) == 2
     assert "smallest memory that works" in capsys.readouterr().err
     assert main([*base, "-o", str(tmp_path / "auto")]) == 0
@@ -386,7 +386,7 @@ def test_recompute_auto_plans_with_full_recomputation_only_when_nothing_fits(tmp
     assert doc["recompute"] == "full" and doc["zero"] == 1
     assert "activation recomputation: full" in (tmp_path / "auto" / "report.md").read_text()
     # with room to spare, auto plans without it
-    assert main(["plan", model, "--devices", "2", "--time-limit", "4", "--quiet", "-o", str(tmp_path / "roomy")]) == 0
+    assert main(["plan", model, "--devices", "2", "--time-limit", "2", "--quiet", "-o", str(tmp_path / "roomy")]) == 0
     assert json.loads((tmp_path / "roomy" / "plan.json").read_text())["recompute"] == "none"
 
 
