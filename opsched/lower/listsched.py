@@ -489,7 +489,7 @@ class _ListScheduler:
             devs = js.devices[w]
             if ours.isdisjoint(devs):
                 continue
-            start = max([self.ready(w)] + [free[d] for d in devs])
+            start = self.start(w, self.ready(w))
             if start + js.duration[w] <= t + EPS * max(1.0, abs(t)):
                 self._place_alone(w, start)
                 placed += 1
