@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from opsched.baselines import NAMES, baseline_orders, run_baseline
 from opsched.errors import Deadlock, OpschedError
-from opsched.isolate import SolverCrash, run_isolated
+from opsched.isolate import Call, SolverCrash, run_isolated_all
 from opsched.lower import solve
 from opsched.lower.bounds import lower_bound, span_lower_bound
 from opsched.lower.jobs import JobSet, activation_budgets, minimum_memory_limit, order_fits
@@ -131,15 +131,18 @@ def instances(draw, max_stages: int = 4, max_microbatches: int = 3) -> Instance:
 # --------------------------------------------------------------------------- what methods achieve
 
 
-def _values(sg: StageGraph, order, microbatches: int, budgets) -> tuple[float, float] | None:
-    """(makespan, Zero Bubble span) of an order that fits in memory, timed by the simulator; None otherwise."""
+def _values(js: JobSet, order, budgets) -> tuple[float, float] | None:
+    """(makespan, Zero Bubble span) of an order that fits in memory, timed by the simulator; None otherwise.
+
+    (``objective_value`` reads only ``js``'s graph, so any job set of it will do.)
+    """
+    sg = js.sg
     if not order_fits(sg, order, budgets):
         return None
     try:
-        events = simulate(sg, {d: list(a) for d, a in order.items()}, microbatches)
+        events = simulate(sg, {d: list(a) for d, a in order.items()}, js.microbatches)
     except Deadlock:
         return None
-    js = JobSet(sg, microbatches)  # objective_value reads only the graph
     return max(e.end for e in events), objective_value(js, events, "zb-span")
 
 
@@ -153,8 +156,9 @@ def _same_graph(a: StageGraph, b: StageGraph) -> bool:
 def baseline_values(inst: Instance, budgets) -> dict[str, tuple[float, float]]:
     """Each baseline that runs on the graph as given (or re-places a chain into the very same graph)."""
     out = {}
+    js = JobSet(inst.sg, inst.microbatches)
     for name, order in baseline_orders(inst.sg, inst.microbatches).items():
-        v = _values(inst.sg, order, inst.microbatches, budgets)
+        v = _values(js, order, budgets)
         if v is not None:
             out[name] = v
     if inst.kind == "chain":
@@ -173,11 +177,16 @@ def baseline_values(inst: Instance, budgets) -> dict[str, tuple[float, float]]:
 def list_values(inst: Instance, budgets) -> dict[str, tuple[float, float]]:
     """Every list-scheduler variant, split and fused, with and without pairs."""
     out = {}
+    timed = {}  # most variants give an order another one gave: each distinct order is simulated once
     for split in (True, False):
         js = JobSet(inst.sg, inst.microbatches, split)
         # with a positive gain the pair variants come on top of all the others
         for v in default_variants(js, allow_pairs=True, budgets=budgets):
-            value = _values(inst.sg, list_schedule(js, budgets, v), inst.microbatches, budgets)
+            order = list_schedule(js, budgets, v)
+            key = tuple((d, tuple(actions)) for d, actions in sorted(order.items()))
+            if key not in timed:
+                timed[key] = _values(js, order, budgets)
+            value = timed[key]
             if value is not None:
                 out[f"{'split' if split else 'fused'} {v.name}"] = value
     return out
@@ -254,7 +263,7 @@ def brute_force(inst: Instance, budgets, split: bool, cap: int) -> tuple[float, 
         order = {d: [js.jobs[a[0]] if len(a) == 1 else Pair(js.jobs[a[0]], js.jobs[a[1]]) for a in seq]
                  for d, seq in zip(sorted(js.on_device), combo)}
         try:
-            v = _values(inst.sg, order, inst.microbatches, budgets)
+            v = _values(js, order, budgets)
         except OpschedError:  # a stage on a group paired on one device and not on another
             continue
         if v is not None:
@@ -281,23 +290,25 @@ def check_bounds(inst: Instance, cap: int, solve_it: bool) -> None:
         assert lower_bound(js, budgets) <= least_makespan + TOL, (split, achieved)
         assert span_lower_bound(js) <= least_span + TOL, (split, achieved)
     if solve_it:  # what solve reports, which may include the whole MIP's bound
-        r = _solve_isolated(sg, m, memory_limit=inst.limit, search_budget=0, time_limit=2)
-        assert r is None or r.lower_bound <= least_makespan + TOL, (r.lower_bound, achieved)
-        r = _solve_isolated(sg, m, memory_limit=inst.limit, split_backward=False, objective="zb-span",
-                            search_budget=0, time_limit=2)
-        assert r is None or r.lower_bound <= least_span + TOL, (r.lower_bound, achieved)
+        makespan, span = _solve_isolated(
+            sg, m, dict(memory_limit=inst.limit, search_budget=0, time_limit=2),
+            dict(memory_limit=inst.limit, split_backward=False, objective="zb-span", search_budget=0, time_limit=2))
+        assert makespan is None or makespan.lower_bound <= least_makespan + TOL, (makespan.lower_bound, achieved)
+        assert span is None or span.lower_bound <= least_span + TOL, (span.lower_bound, achieved)
 
 
-def _solve_isolated(sg: StageGraph, m: int, **options):
-    """``solve`` in a watched child: CBC can abort or hang under load, which must cost one check, not the run.
+def _solve_isolated(sg: StageGraph, m: int, *options: dict) -> list:
+    """``solve`` with each of ``options``, two at a time, each in a watched child.
 
-    None when the native solver crashed or hung (a solver fault, not a bound to check).
+    CBC can abort or hang under load, which must cost one check, not the run:
+    such a solve's result is None (a solver fault, not a bound to check).
     """
-    try:
-        return run_isolated(solve, sg, m, timeout=60, **options)
-    except SolverCrash as crash:
-        note(f"solver crash skipped: {crash}")
-        return None
+    calls = [Call(solve, (sg, m), timeout=60, kwargs=o) for o in options]
+    results = run_isolated_all(lambda k, running: calls[k], len(calls), jobs=2)
+    for r in results:
+        if isinstance(r, SolverCrash):
+            note(f"solver crash skipped: {r}")
+    return [None if isinstance(r, SolverCrash) else r for r in results]
 
 
 def _mip_bound_case(inst: Instance) -> bool:

@@ -149,7 +149,7 @@ def test_plan_without_matplotlib_skips_only_the_svg(tmp_path, capsys, monkeypatc
     monkeypatch.setattr(gantt, "can_draw_images", lambda: False)
     out = tmp_path / "out"
     code = main(["plan", str(MODELS / "llama_7b.onnx"), "--devices", "4", "--microbatches", "4",
-                 "--time-limit", "5", "-o", str(out), "--quiet"])  # which plan does not matter here, only its files
+                 "--time-limit", "2", "-o", str(out), "--quiet"])  # which plan does not matter here, only its files
     assert code == 0
     assert sorted(p.name for p in out.iterdir()) == ["gantt.html", "plan.json", "report.md", "trace.json"]
     assert "gantt.svg" not in capsys.readouterr().out
@@ -482,13 +482,13 @@ def test_plan_says_when_its_data_parallel_modes_split_a_sequence(tmp_path):
     from conftest import real_export
 
     model = str(real_export("clip.legacy.onnx"))
-    assert main(["plan", model, "--devices", "8", "--time-limit", "4", "-o", str(tmp_path / "a"), "--quiet"]) == 0
+    assert main(["plan", model, "--devices", "8", "--time-limit", "2", "-o", str(tmp_path / "a"), "--quiet"]) == 0
     doc = json.loads((tmp_path / "a" / "plan.json").read_text())
     modes = {m for c in doc["stage_contents"].values() for m in c["modes"]}
     splits = any(re.search(r"dp(\d+)", m) and int(re.search(r"dp(\d+)", m).group(1)) > doc["microbatch_size"]
                  for m in modes)
     assert splits == any("context parallelism" in w for w in doc["warnings"])
-    assert main(["plan", str(MODELS / "clip_vit_l14.onnx"), "--devices", "8", "--time-limit", "4",
+    assert main(["plan", str(MODELS / "clip_vit_l14.onnx"), "--devices", "8", "--time-limit", "2",
                  "--global-batch", "64", "--quiet", "-o", str(tmp_path / "b")]) == 0
     doc = json.loads((tmp_path / "b" / "plan.json").read_text())
     assert doc["microbatches"] * doc["microbatch_size"] == 64
