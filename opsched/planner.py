@@ -2,6 +2,8 @@
 
 :func:`plan_block_graph` takes a BlockGraph, a cluster and training settings:
 
+0. on two nodes or more, plans on the first half of the nodes first (the
+   same search, recursively), to offer that plan with the other nodes idle;
 1. shrinks the BlockGraph to a MIP-sized one (:func:`opsched.upper.reduce.reduce_block_graph`);
 2. enumerates group layouts (divisors of the device count, v in {1, 2}) and
    scores each by its contiguous warm start under the upper objective;
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,7 +31,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from opsched.baselines import baseline_orders
-from opsched.cluster import Cluster, Training, memory_hint
+from opsched.cluster import Cluster, Training, memory_hint, with_devices
 from opsched.contiguous import Baseline, contiguous_baselines, fewer_device_baselines
 from opsched.cost import expert_count
 from opsched.errors import MemoryTooSmall, NoRunnablePlan
@@ -101,6 +104,27 @@ class PlanResult:
     idle_devices: tuple[int, ...] = ()
     #: when some are idle: the fastest plan found that gives every device work, if any
     on_every_device: EveryDevicePlan | None = None
+    #: on two nodes or more: the plan found on the first half of the nodes, the others idle (None: one node, or
+    #: nothing fits there)
+    on_half_the_nodes: FewerNodesPlan | None = None
+
+
+@dataclass(frozen=True)
+class FewerNodesPlan:
+    """The plan :func:`plan_block_graph` found on the first half of the nodes (itself never slower than the one
+    on a quarter, and so on): the plan on every node may be it, so adding nodes never makes a plan slower."""
+
+    devices: int
+    source: str
+    layout: str
+    step_time: float
+    #: whether it is the plan returned (then every device past ``devices`` is idle)
+    chosen: bool
+
+    @classmethod
+    def of(cls, half: PlanResult, chosen: bool) -> FewerNodesPlan:
+        return cls(half.schedule.stage_graph.num_devices, half.source, re.sub(ON_FEWER, "", half.layout),
+                   half.step_time, chosen)
 
 
 @dataclass(frozen=True)
@@ -191,24 +215,25 @@ def plan_block_graph(
 ) -> PlanResult:
     """Plan ``bg`` on ``cluster`` (see the module docstring) within ``time_limit`` seconds of wall clock.
 
-    The work is the upper MIP of every layout, a quick lower solve of every
-    upper solution and of the best baseline's split, then a longer lower
-    solve of the ``keep`` best not yet proven optimal. Work budgets decide
+    The work is the plan on half the nodes, the upper MIP of every layout, a
+    quick lower solve of every upper solution and of the best baseline's
+    split, then longer lower solves of the ``keep`` best. Work budgets decide
     each result; the clock is a hard limit, ``deadline`` (a
     :func:`time.monotonic` instant; default now + ``time_limit``), shared out
     by :class:`Clock` (docs/formulation.md, "What `--time-limit` does"): the best
     valid plan found by then is returned, a baseline at worst. ``workers``
-    solves run at once, each in its own process and with its own work
-    budget: the same plan sooner, or a better one when the clock would have
-    cut solves. Progress, with the time left, goes to this module's logger.
+    solves run at once, each in its own process and with its own work budget
+    (the same plan sooner). Progress, with the time left, goes to the logger.
 
     ``runtime`` (one of :data:`opsched.export.runtimes.RUNTIMES`): only plans
     it can run are scheduled and returned (:class:`RuntimeFilter`).
     """
     require(solver)
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
-    t_start = time.perf_counter()
     clock = Clock(time.monotonic() + time_limit if deadline is None else deadline)
+    half = _plan_on_half_the_nodes(bg, cluster, training, limit, clock, solver=solver, keep=keep,
+                                   target_blocks=target_blocks, workers=workers, runtime=runtime)
+    t_start = time.perf_counter()
     all_layouts = layouts(cluster)
     small, members = _reduced(bg, all_layouts, target_blocks)
     _log_layouts(all_layouts, bg, small, clock)
@@ -220,14 +245,14 @@ def plan_block_graph(
     baselines, best_split, refused = runnable.all_baselines(small, cluster, limit, layouts_run_today, table,
                                                             deadline=clock.share(BASELINE_SHARE))
     t_base = time.perf_counter()
-    if not solutions and not baselines:
+    if not solutions and not baselines and half is None:
         runnable.none_left()
         raise _too_small("no layout fits in", _smallest_memory(problems, solver), limit, cluster)
     jobs, unscheduled = _lower_jobs(solutions, problems, best_split)
     jobs = runnable.jobs(jobs, training.microbatches)
     _schedule_jobs(jobs, training.microbatches, limit, clock, solver, keep, workers)
     options = [_job_option(j) for j in jobs if j.schedule is not None] + [_baseline_option(b) for b in baselines]
-    options = runnable.options(options)
+    options = runnable.options(options) + ([_half_option(half, cluster)] if half is not None else [])
     if not options:
         smallest = min((minimum_memory_limit(j.stage_graph, training.microbatches) for j in jobs), default=math.inf)
         raise _too_small("no candidate could be scheduled within", smallest, limit, cluster)
@@ -247,11 +272,68 @@ def plan_block_graph(
         blocks=small.number_of_nodes(),
         microbatch_size=best.microbatch_size or training.microbatch_size,
         recompute=best.recompute or training.recompute,
-        seconds={"upper": t_upper - t_start, "baselines": t_base - t_upper, "lower": time.perf_counter() - t_base},
+        seconds={"half the nodes": sum(half.seconds.values()) if half else 0.0, "upper": t_upper - t_start,
+                 "baselines": t_base - t_upper, "lower": time.perf_counter() - t_base},
         refused_baselines=refused,
         idle_devices=idle,
         on_every_device=every,
+        on_half_the_nodes=None if half is None else FewerNodesPlan.of(half, chosen=best.schedule is half.schedule),
     )
+
+
+def _plan_on_half_the_nodes(bg: nx.DiGraph, cluster: Cluster, training: Training, limit: float, clock: Clock,
+                            **options) -> PlanResult | None:
+    """:func:`plan_block_graph` on the first half of the nodes, within :data:`FEWER_NODES_SHARE` of the time left;
+    None on one node (or an odd number of them), or when nothing fits there.
+
+    Those nodes are a cluster of their own, so that plan (and, through its
+    own half, the plans on a quarter, an eighth, ... of the nodes) is one
+    this cluster can run with the other nodes idle: offering it keeps a plan
+    from getting slower as nodes are added, which more stages, longer
+    transfers or wider groups can otherwise do. Whole nodes only, as
+    :func:`opsched.contiguous.fewer_device_baselines` takes them.
+    """
+    per_node = cluster.devices_per_node
+    if cluster.devices % (2 * per_node) != 0:
+        return None
+    half = with_devices(cluster, cluster.devices // 2)
+    # every parameter's weight, gradient and optimizer state is held once at least, however they are sharded: when
+    # that alone overflows half the devices, the search there (and on its own halves) cannot fit anything
+    state = sum(bg.nodes[n]["block"].param_count for n in bg) * training.bytes_per_param
+    if state > limit * half.devices:
+        log.info("plan: not on %s devices: the parameters' state alone (%s) needs more", plain(half.devices),
+                 bytes_text(state))
+        return None
+    log.info("plan: first on %s of the %s devices (the others idle), within %s", plain(half.devices),
+             plain(cluster.devices), seconds_text(FEWER_NODES_SHARE * clock.left()))
+    try:
+        found = plan_block_graph(bg, half, training, memory_limit=limit, deadline=clock.share(FEWER_NODES_SHARE),
+                                 **options)
+    except (MemoryTooSmall, NoRunnablePlan) as exc:
+        log.info("plan: nothing on %s devices: %s", plain(half.devices), exc)
+        return None
+    log.info("plan: on %s devices: %s on %s, step time %s; now on all %s", plain(half.devices), found.source,
+             found.layout, seconds_text(found.step_time), plain(cluster.devices))
+    return found
+
+
+#: how a layout on fewer devices than the cluster's ends
+ON_FEWER = r", on [\d,]+ of the [\d,]+ devices$"
+
+
+def _half_option(half: PlanResult, cluster: Cluster) -> Option:
+    """The plan on half the nodes as an option of the plan on all of them (its layout says how many it uses).
+
+    Listed last: on a tie the plan on every node is kept (``min`` keeps the first).
+
+    >>> re.sub(ON_FEWER, "", "8x2 contiguous, dp2, on 16 of the 32 devices")
+    '8x2 contiguous, dp2'
+    """
+    layout = re.sub(ON_FEWER, "", half.layout)  # the plan on half may itself be one on fewer nodes still
+    return Option(half.step_time, half.source,
+                  f"{layout}, on {plain(half.schedule.stage_graph.num_devices)} of the {plain(cluster.devices)} devices",
+                  half.schedule, half.solver_metrics, half.grad_sync, {}, half.stage_contents, half.microbatch_size,
+                  half.recompute)
 
 
 def _log_layouts(all_layouts: list, bg: nx.DiGraph, small: nx.DiGraph, clock: Clock) -> None:
@@ -289,6 +371,9 @@ def _too_small(what: str, smallest: float, limit: float, cluster: Cluster) -> Me
                           f"that works is about {bytes_text(smallest)} ({memory_hint(smallest, cluster)})", smallest)
 
 
+#: the part of the time limit the plan on half the nodes may use (its own halves included): it runs first, and
+#: what it leaves goes to the plan on every node
+FEWER_NODES_SHARE = 0.35
 #: the part of the time limit the upper MIPs share
 UPPER_SHARE = 0.4
 #: the part of what is left after the upper MIPs that the baselines may use (they take seconds; a loaded machine

@@ -503,6 +503,7 @@ def plan_extra(model: str, cluster, training, result, warnings: list[str] | None
         "baselines": [b.to_dict(samples) for b in result.baselines],
         "refused_baselines": [{"method": k, "reason": v} for k, v in result.refused_baselines.items()],
         "candidates": [c.to_dict() for c in result.candidates],
+        "on_half_the_nodes": None if result.on_half_the_nodes is None else dataclasses.asdict(result.on_half_the_nodes),
         "warnings": list(warnings or []),
         "metrics": dict(result.solver_metrics),
     }
@@ -588,6 +589,7 @@ def report_text(model: str, cluster, training, limit: float, result, warnings: l
         f"{seconds_text(result.grad_sync)}), throughput {plain(samples / result.step_time)} samples/s",
         f"- upper MIP placed {plural(result.blocks, 'block')}; time spent: upper {seconds_text(result.seconds.get('upper', 0))}, "
         f"baselines {seconds_text(result.seconds.get('baselines', 0))}, lower {seconds_text(result.seconds.get('lower', 0))}",
+        *half_the_nodes_lines(result, cluster),
     ]
     if runtimes:
         lines.append(f"- runtimes that can run it: {runtimes_line(runtimes)} (section Runtimes)")
@@ -707,6 +709,19 @@ def candidates_table(result) -> list[str]:
             f"{t(c.step_time)} | {f(c.bubble_ratio)} | {t(c.lower_bound)} | {f(c.gap)} |"
         )
     return lines
+
+
+def half_the_nodes_lines(result, cluster) -> list[str]:
+    """report.md's line on the plan found on half the nodes (none on one node)."""
+    from opsched.units import plain, seconds_text
+
+    half = result.on_half_the_nodes
+    if half is None:
+        return []
+    return [f"- on half the nodes ({plain(half.devices)} of the {plain(cluster.devices)} devices, the others idle) "
+            f"the search found {half.source} on layout {half.layout}, step time {seconds_text(half.step_time)} "
+            f"(in {seconds_text(result.seconds.get('half the nodes', 0))}): "
+            + ("this plan, the fastest found" if half.chosen else "offered, and slower than this plan")]
 
 
 def own_pair(sg, sid: int) -> tuple[float, float]:
