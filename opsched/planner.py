@@ -2,8 +2,6 @@
 
 :func:`plan_block_graph` takes a BlockGraph, a cluster and training settings:
 
-0. on two nodes or more, plans on the first half of the nodes first (the
-   same search, recursively), to offer that plan with the other nodes idle;
 1. shrinks the BlockGraph to a MIP-sized one (:func:`opsched.upper.reduce.reduce_block_graph`);
 2. enumerates group layouts (divisors of the device count, v in {1, 2}) and
    scores each by its contiguous warm start under the upper objective;
@@ -12,7 +10,10 @@
 5. runs every hand-written baseline on the best contiguous split of the same
    model at the same memory (:func:`contiguous_baselines`), and offers the
    best of them to the lower MIP too, so the plan is never slower than it;
-6. returns the candidate with the best simulated step time (makespan plus
+6. on two nodes or more, with the time left, plans on the first half of
+   the nodes (the same search, recursively) and offers that plan with the
+   other nodes idle;
+7. returns the candidate with the best simulated step time (makespan plus
    the once-per-step gradient all-reduce), with every candidate's figures.
 
 Step time = schedule makespan + gradient sync (data-parallel all-reduce,
@@ -215,25 +216,22 @@ def plan_block_graph(
 ) -> PlanResult:
     """Plan ``bg`` on ``cluster`` (see the module docstring) within ``time_limit`` seconds of wall clock.
 
-    The work is the plan on half the nodes, the upper MIP of every layout, a
-    quick lower solve of every upper solution and of the best baseline's
-    split, then longer lower solves of the ``keep`` best. Work budgets decide
+    The work is the upper MIP of every layout, a quick lower solve of every
+    upper solution and of the best baseline's split, longer lower solves of
+    the ``keep`` best, then the plan on half the nodes. Work budgets decide
     each result; the clock is a hard limit, ``deadline`` (a
     :func:`time.monotonic` instant; default now + ``time_limit``), shared out
     by :class:`Clock` (docs/formulation.md, "What `--time-limit` does"): the best
     valid plan found by then is returned, a baseline at worst. ``workers``
     solves run at once, each in its own process and with its own work budget
     (the same plan sooner). Progress, with the time left, goes to the logger.
-
     ``runtime`` (one of :data:`opsched.export.runtimes.RUNTIMES`): only plans
     it can run are scheduled and returned (:class:`RuntimeFilter`).
     """
     require(solver)
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
-    clock = Clock(time.monotonic() + time_limit if deadline is None else deadline)
-    half = _plan_on_half_the_nodes(bg, cluster, training, limit, clock, solver=solver, keep=keep,
-                                   target_blocks=target_blocks, workers=workers, runtime=runtime)
     t_start = time.perf_counter()
+    clock = Clock(time.monotonic() + time_limit if deadline is None else deadline)
     all_layouts = layouts(cluster)
     small, members = _reduced(bg, all_layouts, target_blocks)
     _log_layouts(all_layouts, bg, small, clock)
@@ -245,13 +243,16 @@ def plan_block_graph(
     baselines, best_split, refused = runnable.all_baselines(small, cluster, limit, layouts_run_today, table,
                                                             deadline=clock.share(BASELINE_SHARE))
     t_base = time.perf_counter()
-    if not solutions and not baselines and half is None:
+    if not solutions and not baselines:
         runnable.none_left()
         raise _too_small("no layout fits in", _smallest_memory(problems, solver), limit, cluster)
     jobs, unscheduled = _lower_jobs(solutions, problems, best_split)
     jobs = runnable.jobs(jobs, training.microbatches)
     _schedule_jobs(jobs, training.microbatches, limit, clock, solver, keep, workers)
     options = [_job_option(j) for j in jobs if j.schedule is not None] + [_baseline_option(b) for b in baselines]
+    t_lower, half = time.perf_counter(), _plan_on_half_the_nodes(
+        bg, cluster, training, limit, clock, solver=solver, keep=keep, target_blocks=target_blocks, workers=workers,
+        runtime=runtime)
     options = runnable.options(options) + ([_half_option(half, cluster)] if half is not None else [])
     if not options:
         smallest = min((minimum_memory_limit(j.stage_graph, training.microbatches) for j in jobs), default=math.inf)
@@ -272,8 +273,8 @@ def plan_block_graph(
         blocks=small.number_of_nodes(),
         microbatch_size=best.microbatch_size or training.microbatch_size,
         recompute=best.recompute or training.recompute,
-        seconds={"half the nodes": sum(half.seconds.values()) if half else 0.0, "upper": t_upper - t_start,
-                 "baselines": t_base - t_upper, "lower": time.perf_counter() - t_base},
+        seconds={"upper": t_upper - t_start, "baselines": t_base - t_upper, "lower": t_lower - t_base,
+                 "half the nodes": time.perf_counter() - t_lower},
         refused_baselines=refused,
         idle_devices=idle,
         on_every_device=every,
@@ -283,15 +284,18 @@ def plan_block_graph(
 
 def _plan_on_half_the_nodes(bg: nx.DiGraph, cluster: Cluster, training: Training, limit: float, clock: Clock,
                             **options) -> PlanResult | None:
-    """:func:`plan_block_graph` on the first half of the nodes, within :data:`FEWER_NODES_SHARE` of the time left;
-    None on one node (or an odd number of them), or when nothing fits there.
+    """:func:`plan_block_graph` on the first half of the nodes, in the time left; None on one node (or an odd
+    number of them), when nothing fits there, or when less than :data:`LEAST_PART` is left.
 
     Those nodes are a cluster of their own, so that plan (and, through its
     own half, the plans on a quarter, an eighth, ... of the nodes) is one
     this cluster can run with the other nodes idle: offering it keeps a plan
     from getting slower as nodes are added, which more stages, longer
     transfers or wider groups can otherwise do. Whole nodes only, as
-    :func:`opsched.contiguous.fewer_device_baselines` takes them.
+    :func:`opsched.contiguous.fewer_device_baselines` takes them. It runs
+    after the search on every node, which keeps the whole clock: when work
+    budgets decide that search, time is left and the plan on half the nodes
+    is the very one planned there alone (when its own budgets decide too).
     """
     per_node = cluster.devices_per_node
     if cluster.devices % (2 * per_node) != 0:
@@ -304,16 +308,18 @@ def _plan_on_half_the_nodes(bg: nx.DiGraph, cluster: Cluster, training: Training
         log.info("plan: not on %s devices: the parameters' state alone (%s) needs more", plain(half.devices),
                  bytes_text(state))
         return None
-    log.info("plan: first on %s of the %s devices (the others idle), within %s", plain(half.devices),
-             plain(cluster.devices), seconds_text(FEWER_NODES_SHARE * clock.left()))
+    if clock.left() < LEAST_PART:
+        log.info("plan: not on %s devices: the time limit was spent", plain(half.devices))
+        return None
+    log.info("plan: now on %s of the %s devices (the others idle), within %s", plain(half.devices),
+             plain(cluster.devices), seconds_text(clock.left()))
     try:
-        found = plan_block_graph(bg, half, training, memory_limit=limit, deadline=clock.share(FEWER_NODES_SHARE),
-                                 **options)
+        found = plan_block_graph(bg, half, training, memory_limit=limit, deadline=clock.deadline, **options)
     except (MemoryTooSmall, NoRunnablePlan) as exc:
         log.info("plan: nothing on %s devices: %s", plain(half.devices), exc)
         return None
-    log.info("plan: on %s devices: %s on %s, step time %s; now on all %s", plain(half.devices), found.source,
-             found.layout, seconds_text(found.step_time), plain(cluster.devices))
+    log.info("plan: on %s devices: %s on %s, step time %s", plain(half.devices), found.source,
+             found.layout, seconds_text(found.step_time))
     return found
 
 
@@ -371,9 +377,6 @@ def _too_small(what: str, smallest: float, limit: float, cluster: Cluster) -> Me
                           f"that works is about {bytes_text(smallest)} ({memory_hint(smallest, cluster)})", smallest)
 
 
-#: the part of the time limit the plan on half the nodes may use (its own halves included): it runs first, and
-#: what it leaves goes to the plan on every node
-FEWER_NODES_SHARE = 0.35
 #: the part of the time limit the upper MIPs share
 UPPER_SHARE = 0.4
 #: the part of what is left after the upper MIPs that the baselines may use (they take seconds; a loaded machine
