@@ -21,6 +21,7 @@ from opsched.baselines.placement import onto_groups
 from opsched.cluster import Cluster, Training, with_devices
 from opsched.cost import stage_streams
 from opsched.errors import OverMemory, Unsupported
+from opsched.isolate import Call, run_isolated_all
 from opsched.schedule import Edge, Schedule, Stage, StageGraph, metrics
 from opsched.upper.layouts import Layout, layouts
 from opsched.units import bytes_text, plain, seconds_text
@@ -171,7 +172,7 @@ SPLIT_MEMORY_SCALES = (1.0, 0.9, 0.8, 0.7, 0.6)
 
 def contiguous_baselines(
     bg: nx.DiGraph, cluster: Cluster, training: Training, memory_limit: float, table: CostTable | None = None,
-    deadline: float | None = None,
+    deadline: float | None = None, workers: int = 1,
 ) -> tuple[list[Baseline], Baseline | None, dict[str, str]]:
     """Every hand-written method on its best contiguous split at the same memory.
 
@@ -183,11 +184,11 @@ def contiguous_baselines(
     split with the best step time is kept. Returns one :class:`Baseline` per method that fits
     anywhere (sorted by step time), the overall best, and method -> the reason
     for every method that fits nowhere (:func:`refusal_reason`). Past
-    ``deadline`` (a :func:`time.monotonic` instant) the splits not yet tried
+    ``deadline`` (a :func:`time.monotonic` instant) the depths not yet tried
     are skipped once some method has a baseline; a method left with none
-    says so.
+    says so. ``workers`` depths are tried at once, each in its own process.
     """
-    rows, best, refused = _contiguous_rows(bg, cluster, training, memory_limit, table, deadline)
+    rows, best, refused = _contiguous_rows(bg, cluster, training, memory_limit, table, deadline, workers)
     _log_rows(rows)
     for name, reason in refused.items():
         log.info("baseline: %s refused: %s", name, reason)
@@ -196,33 +197,85 @@ def contiguous_baselines(
 
 def _contiguous_rows(
     bg: nx.DiGraph, cluster: Cluster, training: Training, memory_limit: float, table: CostTable | None = None,
-    deadline: float | None = None,
+    deadline: float | None = None, workers: int = 1,
 ) -> tuple[list[Baseline], Baseline | None, dict[str, str]]:
-    """:func:`contiguous_baselines` without its progress lines."""
-    M = training.microbatches
+    """:func:`contiguous_baselines` without its progress lines; ``workers`` pipeline depths at once.
+
+    Each depth is tried on its own (:func:`_rows_at_depth`), in its own
+    process when ``workers`` > 1, and the depths' rows are merged in depth
+    order, so the result is the same for any ``workers`` unless the clock
+    stops some depths.
+    """
     table = table or CostTable(bg, cluster, training)  # costs do not change with the memory scale
+    depths = [lay for lay in layouts(cluster, max_virtual=1) if lay.groups >= 2]
+    found: list[_DepthRows | None] = []
+    skipped = False
+
+    def next_call(k: int, running: int) -> Call | None:
+        nonlocal skipped
+        # past the deadline, the depths not yet tried are skipped once some method has a baseline
+        if deadline is not None and time.monotonic() > deadline and any(r and r.best for r in found):
+            skipped = True
+            return None
+        return Call(_rows_at_depth, (bg, depths[k], cluster, training, memory_limit, table), timeout=DEPTH_TIMEOUT)
+
+    if workers > 1:
+        found = run_isolated_all(next_call, len(depths), jobs=workers)
+    else:  # in this process: no fork per depth
+        for k in range(len(depths)):
+            call = next_call(k, 0)
+            found.append(None if call is None else call.fn(*call.args))
     best: dict[str, Baseline] = {}
-    chains: dict[tuple[int, int, float], ContiguousChain | None] = {}
     reasons: dict[str, dict[int, str]] = {name: {} for name in NAMES}  # method -> depth -> first reason
+    for lay, rows in zip(depths, found):
+        if not isinstance(rows, _DepthRows):  # skipped, or its process died
+            skipped = True
+            continue
+        for method, reason in rows.reasons.items():
+            reasons[method].setdefault(lay.groups, reason)
+        for method, cand in rows.best.items():
+            if method not in best or cand.step_time < best[method].step_time:
+                best[method] = cand
+    rows = sorted(best.values(), key=lambda b: (b.step_time, b.method))
+    refused = {name: refusal_reason(reasons[name], cluster.devices) for name in NAMES if name not in best}
+    if skipped:  # what was not tried is not refused: the clock stopped it
+        refused = {name: f"not tried on every split: the time limit was spent ({why})" if reasons[name] else
+                   "not tried: the time limit was spent" for name, why in refused.items()}
+    return rows, (rows[0] if rows else None), refused
+
+
+#: how long one pipeline depth's baselines may take in their own process (seconds: they take well under one on the
+#: bundled models; only a hung process meets it)
+DEPTH_TIMEOUT = 3600.0
+
+
+@dataclass
+class _DepthRows:
+    """What the methods gave at one pipeline depth: each one's best baseline there, or why it was refused there."""
+
+    best: dict[str, Baseline]
+    reasons: dict[str, str]
+
+
+def _rows_at_depth(bg: nx.DiGraph, lay: Layout, cluster: Cluster, training: Training, memory_limit: float,
+                   table: CostTable) -> _DepthRows:
+    """Every method on its best contiguous split into ``lay.groups`` groups (each memory scale's cut)."""
+    M, G = training.microbatches, lay.groups
+    best: dict[str, Baseline] = {}
+    reasons: dict[str, str] = {}
+    chains: dict[tuple[int, float], ContiguousChain | None] = {}
     ran: set[tuple] = set()  # a tighter memory scale often cuts the same split: each method runs on it once
-    cut = False
-    for lay, method, scale in itertools.product(layouts(cluster, max_virtual=1), NAMES, SPLIT_MEMORY_SCALES):
-        G = lay.groups
-        if G < 2:
-            continue
-        if deadline is not None and best and time.monotonic() > deadline:
-            cut = True
-            break
+    for method, scale in itertools.product(NAMES, SPLIT_MEMORY_SCALES):
         count = method_stage_count(method, G)
-        key = (G, count, scale)
-        if key not in chains:
+        if (count, scale) not in chains:
             shape = Layout(lay.devices, G) if count == G else Layout(lay.devices, G, count // G, "interleaved")
-            chains[key] = contiguous_chain(upper_problem(bg, shape, cluster, training, memory_limit * scale, table))
-        if chains[key] is None:
-            reasons[method].setdefault(G, "no contiguous split of the model fits in the memory limit")
+            chains[count, scale] = contiguous_chain(upper_problem(bg, shape, cluster, training, memory_limit * scale,
+                                                                  table))
+        chain = chains[count, scale]
+        if chain is None:
+            reasons.setdefault(method, "no contiguous split of the model fits in the memory limit")
             continue
-        chain = chains[key]
-        if (split := (method, G, chain.config, tuple(map(tuple, chain.blocks_of_stage)))) in ran:
+        if (split := (method, chain.config, tuple(map(tuple, chain.blocks_of_stage)))) in ran:
             continue  # at the full memory limit, the same split gives the same schedule
         ran.add(split)
         t0 = time.perf_counter()
@@ -230,9 +283,8 @@ def _contiguous_rows(
             sched = run_baseline(method, chain.stage_graph, M, memory_limit=memory_limit)
         except Unsupported as exc:
             # a memory refusal counts in bytes here, so it is worded with their units
-            reasons[method].setdefault(G, exc.worded(bytes_text) if isinstance(exc, OverMemory) else str(exc))
+            reasons.setdefault(method, exc.worded(bytes_text) if isinstance(exc, OverMemory) else str(exc))
             continue
-        seconds = time.perf_counter() - t0
         m = metrics(sched)
         sync = _device_sync(method, chain.syncs, G)
         cand = Baseline(
@@ -244,17 +296,12 @@ def _contiguous_rows(
             bubble_ratio=m.bubble_ratio,
             peak_memory_bytes=max(m.peak_memory_bytes, default=0.0),
             grad_sync=sync,
-            solve_seconds=seconds,
+            solve_seconds=time.perf_counter() - t0,
             stage_blocks=_placed_blocks(sched.stage_graph, chain.blocks_of_stage),
         )
         if method not in best or cand.step_time < best[method].step_time:
             best[method] = cand
-    rows = sorted(best.values(), key=lambda b: (b.step_time, b.method))
-    refused = {name: refusal_reason(reasons[name], cluster.devices) for name in NAMES if name not in best}
-    if cut:  # what was not tried is not refused: the clock stopped it
-        refused = {name: f"not tried on every split: the time limit was spent ({why})" if reasons[name] else
-                   "not tried: the time limit was spent" for name, why in refused.items()}
-    return rows, (rows[0] if rows else None), refused
+    return _DepthRows(best, reasons)
 
 
 def _log_rows(rows: list[Baseline]) -> None:
@@ -265,6 +312,7 @@ def _log_rows(rows: list[Baseline]) -> None:
 
 def fewer_device_baselines(
     bg: nx.DiGraph, cluster: Cluster, training: Training, memory_limit: float, deadline: float | None = None,
+    workers: int = 1,
 ) -> list[Baseline]:
     """The best hand-written baseline on the first half, the first quarter, ... of the nodes, the rest idle.
 
@@ -294,7 +342,8 @@ def fewer_device_baselines(
     rows, n, per_node = [], cluster.devices, cluster.devices_per_node
     while n % (2 * per_node) == 0 and (deadline is None or time.monotonic() < deadline):
         n //= 2
-        found, _, _ = _contiguous_rows(bg, with_devices(cluster, n), training, memory_limit, deadline=deadline)
+        found, _, _ = _contiguous_rows(bg, with_devices(cluster, n), training, memory_limit, deadline=deadline,
+                                       workers=workers)
         rows += [replace(b, layout=f"{b.layout}, on {plain(n)} of the {plain(cluster.devices)} devices")
                  for b in found[:1]]
     _log_rows(rows)

@@ -241,7 +241,7 @@ def plan_block_graph(
     t_upper = time.perf_counter()
     runnable = RuntimeFilter(runtime, training, members, bg)
     baselines, best_split, refused = runnable.all_baselines(small, cluster, limit, layouts_run_today, table,
-                                                            deadline=clock.share(BASELINE_SHARE))
+                                                            clock.share(BASELINE_SHARE), workers)
     t_base = time.perf_counter()
     if not solutions and not baselines:
         runnable.none_left()
@@ -734,14 +734,14 @@ class RuntimeFilter:
     reasons: list[str] = field(default_factory=list)  # why each candidate left out cannot run on the runtime
 
     def all_baselines(self, small: nx.DiGraph, cluster: Cluster, limit: float, today: list[Baseline] | None,
-                      table: CostTable | None = None, deadline: float | None = None,
+                      table: CostTable | None = None, deadline: float | None = None, workers: int = 1,
                       ) -> tuple[list[Baseline], Baseline | None, dict[str, str]]:
         """:func:`contiguous_baselines` on ``small``, the best of them on fewer devices
         (:func:`fewer_device_baselines`) and the Megatron-style layouts (``today``), those the runtime can run,
         by step time (on a tie, the one using more devices first); the best contiguous one on every device
         (the lower level's split); method -> why refused."""
-        rows, best_split, refused = contiguous_baselines(small, cluster, self.training, limit, table, deadline)
-        fewer = fewer_device_baselines(small, cluster, self.training, limit, deadline)
+        rows, best_split, refused = contiguous_baselines(small, cluster, self.training, limit, table, deadline, workers)
+        fewer = fewer_device_baselines(small, cluster, self.training, limit, deadline, workers)
         today = list(today or [])
         if self.runtime is not None:
             rows, today = self.baselines(rows, refused), self.baselines(today, refused)

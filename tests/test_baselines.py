@@ -501,3 +501,27 @@ def test_the_planner_offers_the_best_baseline_on_fewer_nodes_when_more_are_slowe
     for n in (4, 2):
         fewer, _, _ = contiguous_baselines(bg, with_devices(cluster, n), training, 8e10)
         assert best.step_time <= fewer[0].step_time
+
+
+def test_baselines_are_the_same_for_any_number_of_workers():
+    """Issue 13 item 2: the pipeline depths are tried in a process pool; merged in depth order, the rows, the best
+    split and the refusals do not depend on how many run at once."""
+    import networkx as nx
+
+    from conftest import SLOW_LINK_CLUSTER
+    from opsched.cluster import Training, cluster_from_dict
+    from opsched.contiguous import contiguous_baselines
+    from opsched.graph import Block
+
+    bg = nx.DiGraph(kind="BlockGraph")
+    for i in range(8):
+        bg.add_node(i, block=Block(i, f"layers.{i}", (), (), flops=1e12 * (1 + i % 3), param_count=10**8,
+                                   output_bytes=1e8, tp_comm_bytes=1e7))
+    bg.add_edges_from([(i, i + 1) for i in range(7)], bytes=1e8)
+    cluster = cluster_from_dict({**SLOW_LINK_CLUSTER, "devices": 8, "devices_per_node": 4})
+    key = lambda found: ([(b.method, b.layout, b.step_time, b.schedule.events) for b in found[0]],  # noqa: E731
+                         found[1].layout, found[2])
+    one, two = (contiguous_baselines(bg, cluster, Training(microbatches=8), 2e9, workers=w) for w in (1, 2))
+    assert key(one) == key(two)
+    # rows from one depth, and refusals merged from every depth
+    assert one[0] and any("at 2" in why and "at 8 groups" in why for why in one[2].values())
