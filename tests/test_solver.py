@@ -10,6 +10,7 @@ import opsched.solver as solver_module
 from opsched.cli import main
 from opsched.cluster import Training, cluster_from_dict, preset
 from opsched.errors import OpschedError
+from opsched.graph import Block
 from opsched.lower import solve
 from opsched.schedule import chain_stage_graph, validate
 from opsched.solver import Objective, Status, new_model, require
@@ -149,12 +150,21 @@ def test_the_plan_is_the_same_for_any_number_of_workers():
 
 
 def test_baselines_past_their_deadline_keep_what_they_found_and_say_what_was_not_tried():
+    """Past the deadline the first pipeline depth is tried whole (no method has a baseline yet), the others not."""
+    import networkx as nx
+
     from opsched.contiguous import contiguous_baselines
 
-    cluster, training = cluster_from_dict(SLOW_LINK_CLUSTER), Training(4)
-    every, _, refused_none = contiguous_baselines(two_tower_graph(), cluster, training, 80e9)
-    cut, best, refused = contiguous_baselines(two_tower_graph(), cluster, training, 80e9, deadline=0.0)
-    assert len(every) > 1 and not refused_none
-    assert len(cut) == 1 and best is cut[0]  # the first baseline found, then the clock stopped the rest
-    assert set(refused) == {b.method for b in every} - {cut[0].method}
-    assert all("the time limit was spent" in why for why in refused.values())
+    bg = nx.DiGraph(kind="BlockGraph")
+    for i in range(8):
+        bg.add_node(i, block=Block(i, f"layers.{i}", (), (), flops=1e12 * (1 + i % 3), param_count=10**8,
+                                   output_bytes=1e8, tp_comm_bytes=1e7))
+    bg.add_edges_from([(i, i + 1) for i in range(7)], bytes=1e8)
+    cluster, training = cluster_from_dict({**SLOW_LINK_CLUSTER, "devices": 8, "devices_per_node": 4}), Training(8)
+    every, _, refused_everywhere = contiguous_baselines(bg, cluster, training, 2e9)
+    cut, best, refused = contiguous_baselines(bg, cluster, training, 2e9, deadline=0.0)
+    assert best is cut[0] and all(b.layout.startswith("2x4 ") for b in cut)  # the first depth: 2 groups
+    assert set(refused) == set(refused_everywhere) != set()
+    for method, why in refused.items():  # refused at 2 groups; at 4 and 8 not tried: not called a refusal there
+        assert why.startswith("not tried on every split: the time limit was spent (at 2 groups: ")
+        assert "at 8 groups" in refused_everywhere[method] and "8 groups" not in why
