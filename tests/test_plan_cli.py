@@ -393,11 +393,11 @@ def test_recompute_auto_plans_with_full_recomputation_only_when_nothing_fits(tmp
 
 def test_nothing_fits_says_when_adams_state_in_bf16_would(tmp_path, capsys):
     """The tiny CLIP with full recomputation needs about 1.3 MiB per device on 2 devices with Adam's state in FP32
-    and 840 KiB in BF16: refused at 1 MiB with a line that says the BF16 state fits."""
+    and 840 KiB in BF16: with --optimizer-state fp32, refused at 1 MiB with a line that says the BF16 state fits."""
     from conftest import real_export
 
     base = ["plan", str(real_export("clip.legacy.onnx")), "--devices", "2", "--memory-limit", "1MiB",
-            "--recompute", "full", "--time-limit", "2", "--quiet"]
+            "--recompute", "full", "--optimizer-state", "fp32", "--time-limit", "2", "--quiet"]
     assert main([*base, "-o", str(tmp_path / "fp32")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "smallest memory that works is about" in err
@@ -413,34 +413,45 @@ def test_nothing_fits_says_when_adams_state_in_bf16_would(tmp_path, capsys):
     assert with_optimizer_state_hint(exc, None, None, Training(optimizer_state="bf16"), 1.0, "cbc") is exc
 
 
-def test_adams_state_in_bf16_fits_where_fp32_does_not(tmp_path):
+@pytest.mark.parametrize("state", ["bf16", "auto"])
+def test_adams_state_in_bf16_fits_where_fp32_does_not(tmp_path, state):
+    """Asked for (bf16) or by default (auto: nothing fits in FP32, and the plan's warnings say why it is BF16)."""
     from conftest import real_export
 
     out = tmp_path / "bf16"
     assert main(["plan", str(real_export("clip.legacy.onnx")), "--devices", "2", "--memory-limit", "1MiB",
-                 "--recompute", "full", "--optimizer-state", "bf16", "--time-limit", "2", "--quiet",
+                 "--recompute", "full", "--optimizer-state", state, "--time-limit", "4", "--quiet",
                  "-o", str(out)]) == 0
     schedule, doc = read_plan(out / "plan.json")
     validate(schedule)
     assert doc["optimizer_state"] == "bf16" and schema_errors(doc) == []
     assert max(doc["metrics"]["peak_memory_bytes"]) <= 2**20
-    assert "in bf16 (10 bytes per parameter with weight and gradient)" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "in bf16 (10 bytes per parameter with weight and gradient)" in report
+    said = [w for w in doc["warnings"] if w.startswith("Adam's state is kept in bf16")]
+    assert len(said) == (state == "auto")
+    if said:
+        assert "no layout fits in 1 MiB per device" in said[0] and said[0].endswith("to refuse instead")
+        assert f"- {said[0]}" in report
 
 
 @pytest.mark.slow
 def test_mixtral_fits_eight_h100s_with_adams_state_in_bf16(tmp_path, capsys):
     """Issue 12 item 4: 46.7 B parameters x 16 bytes / 8 devices = 93 GB does not fit an 80 GB H100 even fully
-    sharded; at 10 bytes (BF16 state) it is 58 GB. Without the flag the refusal says so."""
+    sharded; at 10 bytes (BF16 state) it is 58 GB. The plain command plans in BF16 state and says why; with
+    --optimizer-state fp32 the refusal says BF16 would fit."""
     model = str(MODELS / "mixtral_8x7b.onnx")
-    assert main(["plan", model, "--devices", "8", "--quiet", "-o", str(tmp_path / "fp32")]) == 2
+    assert main(["plan", model, "--devices", "8", "--optimizer-state", "fp32", "--quiet",
+                 "-o", str(tmp_path / "fp32")]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("opsched: error:")]
     assert len(errors) == 1 and "with --optimizer-state bf16" in errors[0] and errors[0].endswith("which fits")
-    out = tmp_path / "bf16"
-    assert main(["plan", model, "--devices", "8", "--optimizer-state", "bf16", "--quiet", "-o", str(out)]) == 0
+    out = tmp_path / "auto"
+    assert main(["plan", model, "--devices", "8", "--quiet", "-o", str(out)]) == 0
     schedule, doc = read_plan(out / "plan.json")
     validate(schedule)
     assert doc["optimizer_state"] == "bf16" and doc["cluster"]["devices"] == 8
     assert max(doc["metrics"]["peak_memory_bytes"]) <= doc["memory_limit_bytes"]
+    assert any(w.startswith("Adam's state is kept in bf16") for w in doc["warnings"])
 
 
 def test_zero_one_holds_less_than_zero_zero_per_replica():

@@ -221,11 +221,15 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--preset", metavar="NAME", help="named cluster: h100-sxm (default), a100-80g, h200")
 
 
-def add_optimizer_state_argument(parser: argparse.ArgumentParser) -> None:
-    """``--optimizer-state fp32|bf16``, as plan and evaluate take it (:data:`opsched.cluster.OPTIMIZER_STATE_BYTES`)."""
+def add_optimizer_state_argument(parser: argparse.ArgumentParser, auto: bool = False) -> None:
+    """``--optimizer-state fp32|bf16`` as evaluate takes it (:data:`opsched.cluster.OPTIMIZER_STATE_BYTES`); with
+    ``auto``, plan's ``fp32|bf16|auto`` (default auto: FP32, and BF16 only when nothing fits in FP32)."""
     from opsched.cluster import OPTIMIZER_STATE_BYTES
 
-    parser.add_argument("--optimizer-state", choices=tuple(OPTIMIZER_STATE_BYTES), default="fp32",
-                        help="precision of Adam's state: fp32 (default) an FP32 master weight and moments, 12 bytes "
+    parser.add_argument("--optimizer-state", choices=(*OPTIMIZER_STATE_BYTES, *(("auto",) if auto else ())),
+                        default="auto" if auto else "fp32",
+                        help="precision of Adam's state: fp32 an FP32 master weight and moments, 12 bytes "
                              "per parameter; bf16 BF16 moments and the master weight as the 16 bits FP32 adds to "
-                             "the BF16 weight, 6 bytes (Megatron-Core's --use-precision-aware-optimizer)")
+                             "the BF16 weight, 6 bytes (Megatron-Core's --use-precision-aware-optimizer)"
+                             + ("; auto (default) fp32, and bf16 only when nothing fits in fp32 (the plan's "
+                                "warnings say so)" if auto else " (default fp32)"))

@@ -16,8 +16,10 @@ The cluster is a preset (--preset; `--devices N` alone uses h100-sxm) or a
 JSON/TOML file (--cluster). Memory per device defaults to the cluster's.
 Each parameter held costs 16 bytes (Adam in mixed precision); with
 --optimizer-state bf16, 10 (Megatron-Core's precision-aware optimizer, which
-`opsched export --megatron` then sets). When nothing fits in FP32 state, the
-refusal says whether BF16 state would.
+`opsched export --megatron` then sets). By default (auto) a plan keeps
+Adam's state in FP32, and in BF16 only when nothing fits in FP32 but
+something does in BF16: its warnings say so. With --optimizer-state fp32
+nothing fitting is a refusal, which says whether BF16 state would fit.
 
 Checked before the import and the search, so a mistake costs no time: the
 output directory can be written, --memory-limit has a unit (a bare 80 is
@@ -78,6 +80,7 @@ from opsched.commands.args import (
     positive_float,
     positive_int,
 )
+from opsched.errors import MemoryTooSmall
 from opsched.export.runtimes import RUNTIMES
 from opsched.planner import GLOSSARY
 from opsched.solver import SOLVERS
@@ -133,7 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ZeRO level over data-parallel replicas: 0 every replica holds its optimizer states; "
                              "1 (default) they are sharded, as Megatron's distributed optimizer does, for the same "
                              "gradient traffic; 2 the gradients too")
-    add_optimizer_state_argument(parser)
+    add_optimizer_state_argument(parser, auto=True)
     parser.add_argument("--recompute", choices=("none", "selective", "full", "auto"), default="auto",
                         help="activation recomputation: none; selective (the attention core's scores are not kept "
                              "and its forward runs again, Megatron's selective recompute); full (each block keeps "
@@ -189,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
                            "microbatches; plan with --microbatches M")
     training = Training(microbatches=microbatches, microbatch_size=int(used_dims.get("batch", 1)),
                         zero=args.zero, recompute="none" if args.recompute == "auto" else args.recompute,
-                        optimizer_state=args.optimizer_state,
+                        optimizer_state="fp32" if args.optimizer_state == "auto" else args.optimizer_state,
                         whole_sequences=args.global_batch is not None,
                         # torch (and torchtitan, through it) runs an OVERLAP_F_B pair as F then B; Megatron pairs nothing
                         overlap_pairs=args.runtime == "any")
@@ -216,8 +219,8 @@ def run(args: argparse.Namespace) -> int:
     # the baselines, so a plan is never slower than the best of them
     whole_layers = args.runtime in ("megatron", "torchtitan") and "batch" in used_dims
     global_batch = args.global_batch or (training.microbatches * training.microbatch_size if whole_layers else None)
-    today = megatron_layouts(args, dims, cluster, training, limit, global_batch) if global_batch else []
-    training, result = plan_with_recompute(args, bg, cluster, training, limit, deadline, today, bool(global_batch))
+    training, result = plan_with_optimizer_state(args, bg, cluster, training, limit, deadline, dims, global_batch,
+                                                 warnings)
     log.info("validate: %s on %s", result.source, result.layout)
     for sentence in plan_warnings(result, training, cluster):
         warnings.append(sentence)
@@ -235,6 +238,32 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(summary_text(args.model, cluster, training, result, samples, out, names, warnings, runtimes))
     return 0
+
+
+def plan_with_optimizer_state(args: argparse.Namespace, bg, cluster, training, limit: float, deadline: float,
+                              dims: dict, global_batch: int | None, warnings: list[str]):
+    """:func:`plan_with_recompute` with the Megatron-style layouts (with a global batch), and with ``--optimizer-state
+    auto`` once more with Adam's state in BF16 when nothing fits in FP32 and something does in BF16 (a sentence in
+    ``warnings`` says so); (training as planned, :class:`opsched.planner.PlanResult`)."""
+    from opsched.cluster import OPTIMIZER_STATE_BYTES
+
+    today = megatron_layouts(args, dims, cluster, training, limit, global_batch) if global_batch else []
+    try:
+        return plan_with_recompute(args, bg, cluster, training, limit, deadline, today, bool(global_batch))
+    except StateInBf16Fits as exc:
+        if args.optimizer_state != "auto":
+            raise
+        # Megatron-Core's precision-aware optimizer: what its users turn on when FP32 state does not fit
+        log.info("plan: %s; planning again with Adam's state in bf16", exc)
+        training = dataclasses.replace(training, optimizer_state="bf16",
+                                       recompute="none" if args.recompute == "auto" else args.recompute)
+        today = megatron_layouts(args, dims, cluster, training, limit, global_batch) if global_batch else []
+        planned = plan_with_recompute(args, bg, cluster, training, limit, max(deadline, time.monotonic() + 1.0),
+                                      today, bool(global_batch))
+        warnings.append(f"Adam's state is kept in bf16 ({OPTIMIZER_STATE_BYTES['bf16']} bytes per parameter, not "
+                        f"{OPTIMIZER_STATE_BYTES['fp32']}: Megatron-Core's precision-aware optimizer) because nothing "
+                        f"fits with it in fp32: {exc.fp32_refusal}; pass --optimizer-state fp32 to refuse instead")
+        return planned
 
 
 def plan_with_recompute(args: argparse.Namespace, bg, cluster, training, limit: float, deadline: float, today: list,
@@ -276,11 +305,18 @@ def plan_with_recompute(args: argparse.Namespace, bg, cluster, training, limit: 
         raise OpschedError(f"{exc}; {hint}") from None
 
 
+class StateInBf16Fits(MemoryTooSmall):
+    """Nothing fits with Adam's state in FP32, and something would in BF16 (the line says so, and how much)."""
+
+    def __init__(self, message: str, smallest: float, fp32_refusal: str):
+        super().__init__(message, smallest)
+        self.fp32_refusal = fp32_refusal  # the refusal in FP32 alone
+
+
 def with_optimizer_state_hint(exc, bg, cluster, training, limit: float, solver: str):
-    """``exc`` (a :class:`opsched.errors.MemoryTooSmall`), its line ending with the memory Adam's state in BF16
-    would need when that fits in ``limit`` and the plan kept it in FP32; else ``exc`` itself."""
+    """``exc`` (a :class:`opsched.errors.MemoryTooSmall`), as :class:`StateInBf16Fits` whose line ends with the memory
+    Adam's state in BF16 would need when that fits in ``limit`` and the plan kept it in FP32; else ``exc`` itself."""
     from opsched.cluster import OPTIMIZER_STATE_BYTES
-    from opsched.errors import MemoryTooSmall
     from opsched.planner import smallest_memory
     from opsched.units import bytes_text, plain
 
@@ -291,10 +327,10 @@ def with_optimizer_state_hint(exc, bg, cluster, training, limit: float, solver: 
     log.info("plan: with Adam's state in bf16 the least memory per device would be about %s", bytes_text(smallest))
     if smallest > limit:
         return exc
-    return MemoryTooSmall(f"{exc}; with --optimizer-state bf16 (Adam's state in "
-                          f"{plain(OPTIMIZER_STATE_BYTES['bf16'])} bytes per parameter, not "
-                          f"{plain(OPTIMIZER_STATE_BYTES['fp32'])}) it needs about {bytes_text(smallest)}, which fits",
-                          smallest)
+    return StateInBf16Fits(f"{exc}; with --optimizer-state bf16 (Adam's state in "
+                           f"{plain(OPTIMIZER_STATE_BYTES['bf16'])} bytes per parameter, not "
+                           f"{plain(OPTIMIZER_STATE_BYTES['fp32'])}) it needs about {bytes_text(smallest)}, which fits",
+                           smallest, str(exc))
 
 
 def _memory_bound(exc) -> bool:
