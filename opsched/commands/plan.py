@@ -38,6 +38,12 @@ stacks of layers, e.g. CLIP's towers) is refused right after the import.
 plan.json (`runtimes`), the summary and report.md list the runtimes that can
 run the chosen plan; report.md says why each other one cannot.
 
+On two nodes or more the search also runs on the first half of the nodes
+(and so on down to one node) with the time the search on every node leaves,
+and that plan competes with the others idle: when the time limit does not
+bind, more nodes never give a slower plan. A plan that leaves devices idle
+says which, and why, in its warnings.
+
 With --json, stdout is one JSON object instead of the summary: model,
 cluster, devices, microbatches, microbatch_size, source and layout (the chosen
 plan), stages, step_time (s), throughput (samples/s), bubble_ratio,
