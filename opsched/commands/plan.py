@@ -252,6 +252,7 @@ def plan_with_optimizer_state(args: argparse.Namespace, bg, cluster, training, l
     auto`` once more with Adam's state in BF16 when nothing fits in FP32 and something does in BF16 (a sentence in
     ``warnings`` says so); (training as planned, :class:`opsched.planner.PlanResult`)."""
     from opsched.cluster import OPTIMIZER_STATE_BYTES
+    from opsched.units import plain
 
     today = megatron_layouts(args, dims, cluster, training, limit, global_batch) if global_batch else []
     try:
@@ -266,8 +267,8 @@ def plan_with_optimizer_state(args: argparse.Namespace, bg, cluster, training, l
         today = megatron_layouts(args, dims, cluster, training, limit, global_batch) if global_batch else []
         planned = plan_with_recompute(args, bg, cluster, training, limit, max(deadline, time.monotonic() + 1.0),
                                       today, bool(global_batch))
-        warnings.append(f"Adam's state is kept in bf16 ({OPTIMIZER_STATE_BYTES['bf16']} bytes per parameter, not "
-                        f"{OPTIMIZER_STATE_BYTES['fp32']}: Megatron-Core's precision-aware optimizer) because nothing "
+        warnings.append(f"Adam's state is kept in bf16 ({plain(OPTIMIZER_STATE_BYTES['bf16'])} bytes per parameter, "
+                        f"not {plain(OPTIMIZER_STATE_BYTES['fp32'])}: Megatron-Core's precision-aware optimizer) because nothing "
                         f"fits with it in fp32: {exc.fp32_refusal}; pass --optimizer-state fp32 to refuse instead")
         return planned
 
