@@ -299,6 +299,7 @@ def test_plan_json_summary_and_refused_baselines_with_reasons(tmp_path, capsys):
                 "gap", "best_baseline", "refused_baselines", "files"):
         assert key in summary, key
     assert summary["devices"] == 3 and summary["microbatches"] == 5 and summary["step_time"] > 0
+    assert summary["on_half_the_nodes"] is None  # 3 nodes do not halve
     assert summary["best_baseline"]["speedup"] == pytest.approx(summary["best_baseline"]["step_time"]
                                                                 / summary["step_time"])
     assert all(Path(f).is_file() for f in summary["files"])
@@ -606,3 +607,10 @@ def test_the_plan_on_half_the_nodes_is_returned_when_the_search_on_all_finds_onl
     validate(result.schedule)
     (said,) = plan_warnings(result, Training(4), cluster_from_dict(spec))
     assert said.startswith("devices 2-3 (2 of 4) hold no stage of this plan")
+    # plan.json carries it, as its schema says
+    from opsched.commands.plan import plan_extra
+    from opsched.export.plan_json import plan_dict
+
+    doc = plan_dict(result.schedule, extra=plan_extra("chain.onnx", cluster_from_dict(spec), Training(4), result))
+    assert doc["on_half_the_nodes"]["chosen"] is True and doc["on_half_the_nodes"]["devices"] == 2
+    assert schema_errors(doc) == []

@@ -49,7 +49,9 @@ cluster, devices, microbatches, microbatch_size, source and layout (the chosen
 plan), stages, step_time (s), throughput (samples/s), bubble_ratio,
 peak_memory_bytes (per device), lower_bound (s) and gap of the lower MIP
 (null for a baseline), best_baseline (method, layout, step_time, speedup;
-null when none fits), refused_baselines (method -> reason), runtimes (those
+null when none fits), refused_baselines (method -> reason),
+on_half_the_nodes (the plan found on half the nodes: devices, source,
+layout, step_time, chosen; null on one node), runtimes (those
 that can run the plan), runtimes_refused (runtime -> why not), warnings (what
 the import assumed about the model, e.g. balanced MoE routing, and any
 other import warning; also in report.md and plan.json) and files (the paths
@@ -875,6 +877,7 @@ def summary_dict(model: str, cluster, training, result, out: Path, names: list[s
             "speedup": best.step_time / result.step_time if result.step_time > 0 else None,
         },
         "refused_baselines": dict(result.refused_baselines),
+        "on_half_the_nodes": None if result.on_half_the_nodes is None else dataclasses.asdict(result.on_half_the_nodes),
         "warnings": list(warnings or []),
         **runtimes_fields(runtimes or {}),
         "files": [str(out / name) for name in names],
