@@ -610,8 +610,10 @@ def layout_grid(devices: int, devices_per_node: int, layers: int, experts: int, 
     grid = []
     tps = [t for t in range(1, min(devices, devices_per_node) + 1) if devices % t == 0 and devices_per_node % t == 0]
     for tp in tps:
-        for pp in (p for p in range(1, layers + 1) if layers % p == 0 and devices % (tp * p) == 0):
-            vpps = [v for v in SEARCH_VPP if pp > 1 and (layers // pp) % v == 0] or [1]
+        for pp, ends in pipeline_depths(layers, devices // tp):
+            units = layers + 2 * ends  # what the pp x vpp chunks split: the layers, and the ends if they count
+            vpps = [v for v in SEARCH_VPP if pp > 1 and units % (pp * v) == 0
+                    and units // (pp * v) > ends] or [1]  # counted ends leave a layer in the first and last chunk
             for cp in context_degrees(devices // pp, tp, devices_per_node, seq_len):
                 dp = devices // (tp * pp * cp)
                 eps = [e for e in range(1, experts + 1) if experts % e == 0 and dp % e == 0] \
@@ -619,8 +621,29 @@ def layout_grid(devices: int, devices_per_node: int, layers: int, experts: int, 
                 for vpp in vpps:
                     for ep in eps:
                         # sequence parallel with tensor parallel, as Megatron recommends and opsched exports plans
-                        grid.append(ParallelLayout(tp=tp, pp=pp, vpp=vpp, ep=ep, cp=cp, dp=dp, sp=tp > 1, zero=zero))
+                        grid.append(ParallelLayout(tp=tp, pp=pp, vpp=vpp, ep=ep, cp=cp, dp=dp, sp=tp > 1, zero=zero,
+                                                   ends_as_layers=ends))
     return grid
+
+
+def pipeline_depths(layers: int, devices: int) -> list[tuple[int, bool]]:
+    """(pp, ends_as_layers) pairs :func:`layout_grid` tries on ``devices`` devices of one tensor-parallel rank each.
+
+    pp dividing the devices and the layers; and, where it divides the devices
+    but not the layers, pp dividing the layers + 2 with the embedding and the
+    head counted as one layer each (``ends_as_layers``: Megatron-Core's
+    ``--account-for-embedding-in-pipeline-split`` / ``--account-for-loss-in-pipeline-split``,
+    DeepSpeed's ``type:transformer|embedding``), each chunk keeping a layer.
+    BLOOM-176B's 70 layers on 384 A100s (3 x 128) need it: no pp that divides
+    70 takes the factor 3, so without it every layout leaves devices idle.
+
+    >>> pipeline_depths(70, 96)
+    [(1, False), (2, False), (3, True), (4, True), (6, True), (8, True), (12, True), (24, True)]
+    """
+    plain = [(p, False) for p in range(1, layers + 1) if layers % p == 0 and devices % p == 0]
+    ends = [(p, True) for p in range(2, (layers + 2) // 2 + 1)
+            if (layers + 2) % p == 0 and layers % p and devices % p == 0]
+    return sorted(plain + ends)
 
 
 def device_counts(devices: int) -> list[int]:

@@ -400,3 +400,18 @@ def test_tp_comm_overlap_hides_the_tensor_parallel_collectives_up_to_the_compute
     for text in ("tp=1,tp_overlap=1", "tp=2,tp_overlap=1"):
         with pytest.raises(OpschedError, match="needs tp > 1 and sp=1"):
             ParallelLayout.parse(text).resolved(8 if "tp=1" in text else 2)
+
+
+def test_the_layout_grid_counts_the_ends_as_layers_where_no_depth_divides_the_layers():
+    """BLOOM-176B's 70 layers on 384 devices (3 x 128): no pp dividing 70 takes the factor 3, so only the
+    depths that count the embedding and the head as layers (72 units) use every device with dp a power of 2
+    (a global batch of 2048 needs that); the published tp4 pp12 is one of them."""
+    from opsched.evaluate import layout_grid
+
+    grid = layout_grid(384, 8, layers=70, experts=0)
+    assert "tp4 pp12 dp8 sp zero1 ends-as-layers" in {str(l) for l in grid}
+    whole_batch = [l for l in grid if 2048 % l.dp == 0]
+    assert whole_batch and all(l.ends_as_layers for l in whole_batch)
+    assert all(l.devices == 384 and (70 + 2 * l.ends_as_layers) % (l.pp * l.vpp) == 0 for l in grid)
+    assert not any(l.ends_as_layers and 70 % l.pp == 0 for l in grid)  # a depth dividing the layers: as before
+    assert not any(l.ends_as_layers for l in layout_grid(8, 8, layers=32, experts=0))
