@@ -30,6 +30,8 @@ ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, rec
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -43,7 +45,10 @@ from opsched.errors import OpschedError, Unsupported
 from opsched.graph import Block
 from opsched.overlap import PassStreams
 from opsched.schedule import Edge, Schedule, Stage, StageGraph, metrics
+from opsched.units import plain
 from opsched.upper.stages import LAYER_COMPONENT, layer_path
+
+log = logging.getLogger(__name__)
 
 RECOMPUTE = RECOMPUTE_MODES
 #: recomputation settings the layout search tries, in turn, cheapest first: a layout keeps the first that fits
@@ -663,6 +668,7 @@ def search_layouts(
     memory_limit: float | None = None, recompute: tuple[str, ...] = RECOMPUTE_SEARCH, keep: int = 1, zero: int = 1,
     fewer_devices: bool = False,
     accept: Callable[[Evaluation], bool] | None = None,
+    deadline: float | None = None,
 ) -> list[Evaluation]:
     """The ``keep`` fastest layouts of :func:`layout_grid` that fit, evaluated at micro-batch size 1.
 
@@ -675,7 +681,9 @@ def search_layouts(
     devices are tried too (the rest idle): a global batch too small for
     every device, or replicas that would straddle nodes, can make those
     faster. ``accept``: a layout that fits but is not accepted (a runtime
-    that cannot run it) is left out.
+    that cannot run it) is left out. Past ``deadline`` (a
+    :func:`time.monotonic` instant) the layouts not yet tried are skipped
+    (a log line says how many).
     """
     index = model_index(bg)
     found: list[Evaluation] = []
@@ -683,7 +691,11 @@ def search_layouts(
     grid = [lay for n in counts
             for lay in layout_grid(n, cluster.devices_per_node, len(index.layers), index.experts, zero,
                                    seq_len=tokens_per_sequence)]
-    for layout in grid:
+    for tried, layout in enumerate(grid):
+        if deadline is not None and time.monotonic() > deadline:
+            log.info("layouts: the time limit was spent: %s of %s not tried", plain(len(grid) - tried),
+                     plain(len(grid)))
+            break
         if global_batch % layout.dp:
             continue
         for mode in recompute:

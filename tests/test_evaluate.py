@@ -415,3 +415,16 @@ def test_the_layout_grid_counts_the_ends_as_layers_where_no_depth_divides_the_la
     assert all(l.devices == 384 and (70 + 2 * l.ends_as_layers) % (l.pp * l.vpp) == 0 for l in grid)
     assert not any(l.ends_as_layers and 70 % l.pp == 0 for l in grid)  # a depth dividing the layers: as before
     assert not any(l.ends_as_layers for l in layout_grid(8, 8, layers=32, experts=0))
+
+
+def test_layout_search_past_its_deadline_skips_the_layouts_not_yet_tried(llama, caplog):
+    """The plan command gives the layout search a share of --time-limit: past it nothing more is evaluated."""
+    import time
+
+    from opsched.evaluate import search_layouts
+
+    caplog.set_level("INFO", logger="opsched.evaluate")
+    kwargs = dict(global_batch=64, tokens_per_sequence=4096)
+    found = search_layouts(llama, preset("h100-sxm", 16), Training(), deadline=time.monotonic() - 1, **kwargs)
+    assert found == [] and "the time limit was spent" in caplog.text
+    assert search_layouts(llama, preset("h100-sxm", 16), Training(), deadline=time.monotonic() + 600, **kwargs)

@@ -109,6 +109,9 @@ RUNTIME_CHOICES = ("any", *RUNTIMES)
 
 #: the part of --time-limit kept for validating the plan and writing its files
 EXPORT_SHARE = 0.05
+#: the part of the time left that the Megatron-style layout search may use (with a global batch): past it the
+#: layouts not yet evaluated are skipped, and the planner's search gets the rest
+LAYOUT_SEARCH_SHARE = 0.3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -256,7 +259,11 @@ def plan_with_optimizer_state(args: argparse.Namespace, bg, cluster, training, l
     from opsched.cluster import OPTIMIZER_STATE_BYTES
     from opsched.units import plain
 
-    today = megatron_layouts(args, dims, cluster, training, limit, global_batch) if global_batch else []
+    def layouts_today(training) -> list:  # within its share of the time left
+        share = time.monotonic() + LAYOUT_SEARCH_SHARE * max(0.0, deadline - time.monotonic())
+        return megatron_layouts(args, dims, cluster, training, limit, global_batch, share) if global_batch else []
+
+    today = layouts_today(training)
     try:
         return plan_with_recompute(args, bg, cluster, training, limit, deadline, today, bool(global_batch))
     except StateInBf16Fits as exc:
@@ -266,7 +273,7 @@ def plan_with_optimizer_state(args: argparse.Namespace, bg, cluster, training, l
         log.info("plan: %s; planning again with Adam's state in bf16", exc)
         training = dataclasses.replace(training, optimizer_state="bf16",
                                        recompute="none" if args.recompute == "auto" else args.recompute)
-        today = megatron_layouts(args, dims, cluster, training, limit, global_batch) if global_batch else []
+        today = layouts_today(training)
         planned = plan_with_recompute(args, bg, cluster, training, limit, max(deadline, time.monotonic() + 1.0),
                                       today, bool(global_batch))
         warnings.append(f"Adam's state is kept in bf16 ({plain(OPTIMIZER_STATE_BYTES['bf16'])} bytes per parameter, "
@@ -377,14 +384,15 @@ def runtimes_fields(runtimes: dict[str, str | None]) -> dict:
 
 
 def megatron_layouts(args: argparse.Namespace, dims: dict[str, int], cluster, training, limit: float,
-                     global_batch: int) -> list:
+                     global_batch: int, deadline: float | None = None) -> list:
     """The fastest Megatron-style layout that fits (:func:`opsched.evaluate.search_layouts`) as a baseline row;
     with ``--runtime R``, the fastest R can run (:func:`opsched.export.runtimes.refusal`).
 
     The model is imported again with one sequence per microbatch (Megatron's
     micro-batch size 1); its step is counted as the planner counts every
     candidate's (makespan + the whole gradient sync), so the rows compare like
-    with like. Empty when no such layout fits.
+    with like. Empty when no such layout fits. Past ``deadline`` the layouts
+    not yet evaluated are skipped.
     """
     from opsched.coarsen import coarsen
     from opsched.evaluate import RECOMPUTE_SEARCH, search_layouts
@@ -407,7 +415,7 @@ def megatron_layouts(args: argparse.Namespace, dims: dict[str, int], cluster, tr
     found = search_layouts(bg, cluster, training, global_batch=global_batch,
                            tokens_per_sequence=int(og.graph.get("dims", {}).get("seq", 1)), memory_limit=limit,
                            recompute=modes, zero=training.zero, accept=runs,
-                           fewer_devices=True)
+                           fewer_devices=True, deadline=deadline)
     rows = []
     for e in found:
         rows.append(layout_row(e, bg, cluster, t0))
