@@ -21,7 +21,7 @@ from opsched.baselines.placement import onto_groups
 from opsched.cluster import Cluster, Training, with_devices
 from opsched.cost import stage_streams
 from opsched.errors import OverMemory, Unsupported
-from opsched.isolate import Call, run_isolated_all
+from opsched.isolate import Call, SolverCrash, run_isolated_all
 from opsched.schedule import Edge, Schedule, Stage, StageGraph, metrics
 from opsched.upper.layouts import Layout, layouts
 from opsched.units import bytes_text, plain, seconds_text
@@ -208,23 +208,25 @@ def _contiguous_rows(
     """
     table = table or CostTable(bg, cluster, training)  # costs do not change with the memory scale
     depths = [lay for lay in layouts(cluster, max_virtual=1) if lay.groups >= 2]
-    found: list[_DepthRows | None] = []
-    skipped = False
+    found: list[_DepthRows | SolverCrash | None] = [None] * len(depths)  # filled as each depth's rows arrive
+
+    def take(k: int, rows: _DepthRows | SolverCrash) -> None:
+        found[k] = rows
 
     def next_call(k: int, running: int) -> Call | None:
-        nonlocal skipped
         # past the deadline, the depths not yet tried are skipped once some method has a baseline
-        if deadline is not None and time.monotonic() > deadline and any(r and r.best for r in found):
-            skipped = True
+        if deadline is not None and time.monotonic() > deadline and \
+                any(isinstance(r, _DepthRows) and r.best for r in found):
             return None
         return Call(_rows_at_depth, (bg, depths[k], cluster, training, memory_limit, table), timeout=DEPTH_TIMEOUT)
 
     if workers > 1:
-        found = run_isolated_all(next_call, len(depths), jobs=workers)
+        run_isolated_all(next_call, len(depths), jobs=workers, on_result=take)
     else:  # in this process: no fork per depth
         for k in range(len(depths)):
-            call = next_call(k, 0)
-            found.append(None if call is None else call.fn(*call.args))
+            if (call := next_call(k, 0)) is not None:
+                take(k, call.fn(*call.args))
+    skipped = False
     best: dict[str, Baseline] = {}
     reasons: dict[str, dict[int, str]] = {name: {} for name in NAMES}  # method -> depth -> first reason
     for lay, rows in zip(depths, found):

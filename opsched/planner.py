@@ -335,7 +335,7 @@ def _half_option(half: PlanResult, cluster: Cluster) -> Option:
     >>> re.sub(ON_FEWER, "", "8x2 contiguous, dp2, on 16 of the 32 devices")
     '8x2 contiguous, dp2'
     """
-    layout = re.sub(ON_FEWER, "", half.layout)  # the plan on half may itself be one on fewer nodes still
+    layout = FewerNodesPlan.of(half, chosen=False).layout  # the plan on half may be one on fewer nodes still
     return Option(half.step_time, half.source,
                   f"{layout}, on {plain(half.schedule.stage_graph.num_devices)} of the {plain(cluster.devices)} devices",
                   half.schedule, half.solver_metrics, half.grad_sync, {}, half.stage_contents, half.microbatch_size,

@@ -168,3 +168,7 @@ def test_baselines_past_their_deadline_keep_what_they_found_and_say_what_was_not
     for method, why in refused.items():  # refused at 2 groups; at 4 and 8 not tried: not called a refusal there
         assert why.startswith("not tried on every split: the time limit was spent (at 2 groups: ")
         assert "at 8 groups" in refused_everywhere[method] and "8 groups" not in why
+    # two workers start the first two depths at once; the third waits, and past the deadline it is skipped
+    _, _, refused = contiguous_baselines(bg, cluster, training, 2e9, deadline=0.0, workers=2)
+    assert set(refused) == set(refused_everywhere)
+    assert all(why.startswith("not tried on every split") and "8 groups" not in why for why in refused.values())
