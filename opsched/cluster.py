@@ -157,6 +157,9 @@ class Training:
     #: an overlapped F&B pair runs one pass's communication under the other's compute (a runtime that overlaps
     #: them, as DualPipe's does); False: a pair costs its two passes, as torch runs OVERLAP_F_B (F, then B)
     overlap_pairs: bool = True
+    #: Megatron's ``--tp-comm-overlap`` (Transformer Engine's userbuffers, with sequence parallelism): a block's
+    #: tensor-parallel collectives run under its GEMMs (``cost.tp_comm_overlapped``); False: they run exposed
+    tp_comm_overlap: bool = False
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_MODES:

@@ -152,26 +152,28 @@ class BlockCost:
         return PassStreams(*(tuple(op for op in chain if op.seconds > 0) for chain in (forward, rerun + backward, w)))
 
 
-def tp_comm_overlapped(cost: BlockCost) -> BlockCost:
+def tp_comm_overlapped(cost: BlockCost, others: float = 0.0) -> BlockCost:
     """``cost`` with its tensor-parallel collectives run under its GEMMs: Megatron's ``--tp-comm-overlap``.
 
     Transformer Engine's userbuffer overlap splits each all-gather /
     reduce-scatter of a tensor-parallel layer into chunks that run while the
     GEMM beside it computes (Megatron-Core's ``tp_comm_overlap`` option), so
-    a pass takes its compute, or its communication when that is longer; the
-    rest of the communication is exposed. Applies to ``f_comm`` and
-    ``i_comm`` (evaluate costs a block under tensor parallelism alone; expert
-    and context communication comes on top).
+    a pass takes its compute, or its tensor-parallel communication when that
+    is longer. ``others``: the part of ``f_comm`` and of ``i_comm`` that is
+    not tensor-parallel (the expert all-to-alls), which stays exposed.
+    :func:`block_cost` applies this when ``Training.tp_comm_overlap`` is set.
 
     >>> c = BlockCost(F=3.0, I=5.0, W=2.0, param_bytes=0, act_bytes=0, act_w_bytes=0, f_comm=1.0, i_comm=1.0)
     >>> o = tp_comm_overlapped(c)
     >>> o.F, o.I, o.f_comm, o.streams().total("F")
     (2.0, 4.0, 0.0, 2.0)
+    >>> tp_comm_overlapped(c, others=0.5).F   # 2 of compute hide 0.5 of tp traffic; 0.5 of all-to-all stays
+    2.5
     """
     f_compute = cost.F - cost.f_comm
-    forward = max(f_compute, cost.f_comm)
+    forward = max(f_compute, cost.f_comm - others) + others
     own_compute = cost.I - cost.i_comm - (cost.F if cost.rerun_forward else 0.0)
-    own = max(own_compute, cost.i_comm)
+    own = max(own_compute, cost.i_comm - others) + others
     return dataclasses.replace(cost, F=forward, I=(forward if cost.rerun_forward else 0.0) + own,
                                f_comm=forward - f_compute, i_comm=own - own_compute)
 
@@ -407,8 +409,7 @@ def block_cost(
         # Megatron's scheme: an all-reduce after each row-parallel layer in F, and the same in I
         bw, lat = cluster.link(devices[: mode.tp], devices[: mode.tp])
         tp_comm = allreduce_time(tensor_parallel_bytes(block, token_bytes) / mode.dp, mode.tp, bw, lat)
-        f += tp_comm
-        i += tp_comm
+        f, i = f + tp_comm, i + tp_comm
     sync = 0.0
     param_bytes = held_param_bytes(block.param_count / mode.tp, mode.dp, training, training.zero)
     if mode.ep > 1:
@@ -444,8 +445,10 @@ def block_cost(
         whole = share if training.sequence_parallel else share // mode.tp
         kept = (block.output_bytes if token_bytes is None else token_bytes) / whole
         act, act_w = min(act, kept), min(act_w, kept)
-    return BlockCost(F=f, I=i, W=w, param_bytes=param_bytes, act_bytes=act, act_w_bytes=act_w, grad_sync=sync,
+    cost = BlockCost(F=f, I=i, W=w, param_bytes=param_bytes, act_bytes=act, act_w_bytes=act_w, grad_sync=sync,
                      f_comm=tp_comm + ep_comm, i_comm=tp_comm + ep_comm, rerun_forward=training.recompute == "full")
+    hidden = tp_comm > 0 and training.tp_comm_overlap and training.sequence_parallel  # Megatron asserts sp with it
+    return tp_comm_overlapped(cost, others=ep_comm) if hidden else cost
 
 
 def stored_activation_bytes(block: Block, mode: Mode, sequence_parallel: bool = True) -> float:

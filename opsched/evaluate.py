@@ -40,7 +40,7 @@ import networkx as nx
 from opsched.baselines import run_baseline
 from opsched.cluster import RECOMPUTE_MODES, Cluster, Training, with_devices
 from opsched.cost import (BlockCost, Mode, alltoall_time, allreduce_time, attention_core_time, block_cost,
-                          context_ring_time, expert_count, held_param_bytes, stage_streams, tp_comm_overlapped)
+                          context_ring_time, expert_count, held_param_bytes, stage_streams)
 from opsched.errors import OpschedError, Unsupported
 from opsched.graph import Block
 from opsched.overlap import PassStreams
@@ -468,7 +468,8 @@ def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: P
                 training: Training, rank: int) -> _ChunkCost:
     """One device's share of a chunk: pass times per microbatch, memory, gradient sync and optimizer step."""
     groups = _rank_devices(layout, cluster.devices, rank)
-    training = dataclasses.replace(training, recompute=layout.recompute, sequence_parallel=layout.sp)
+    training = dataclasses.replace(training, recompute=layout.recompute, sequence_parallel=layout.sp,
+                                   tp_comm_overlap=layout.tp_overlap)
     # a context rank takes 1/cp of each sequence: costed like a replica taking 1/cp of the microbatch
     mode = Mode(tp=layout.tp, dp=layout.cp)
     again = training.recompute != "none"  # a recomputed attention forward passes the keys and values round again
@@ -479,8 +480,6 @@ def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: P
         block: Block = bg.nodes[b]["block"]
         tokens = index.tokens_in[b]
         c = block_cost(block, mode, groups.sequence, cluster, training, token_bytes=tokens)
-        if layout.tp_overlap:
-            c = tp_comm_overlapped(c)
         params = block.param_count / layout.tp
         replicas = layout.dp * layout.cp  # the ranks holding the same parameters: what ZeRO shards over
         f, i = c.F, c.I
@@ -596,7 +595,7 @@ def context_degrees(per_pipeline_rank: int, tp: int, devices_per_node: int, seq_
 
 
 def layout_grid(devices: int, devices_per_node: int, layers: int, experts: int, zero: int = 1,
-                seq_len: int = 0) -> list[ParallelLayout]:
+                seq_len: int = 0, tp_overlap: bool = False) -> list[ParallelLayout]:
     """Megatron-style layouts a user could run on ``devices``: the space :func:`search_layouts` evaluates.
 
     tp up to a node (tensor groups stay on NVLink), pp dividing the layers,
@@ -605,7 +604,8 @@ def layout_grid(devices: int, devices_per_node: int, layers: int, experts: int, 
     :func:`context_degrees` for a sequence of ``seq_len`` tokens (with ep = 1:
     cp with ep is not modelled), sequence parallelism whenever tp > 1, and
     ZeRO level ``zero`` (default 1, the distributed optimizer: the same
-    gradient traffic as an all-reduce, less memory).
+    gradient traffic as an all-reduce, less memory), and with ``tp_overlap``
+    Megatron's ``--tp-comm-overlap`` wherever tp > 1.
 
     >>> [str(l) for l in layout_grid(4, 4, layers=2, experts=0)]
     ['tp1 pp1 dp4 zero1', 'tp1 pp2 dp2 zero1', 'tp2 pp1 dp2 sp zero1', 'tp2 pp2 dp1 sp zero1', 'tp4 pp1 dp1 sp zero1']
@@ -627,7 +627,7 @@ def layout_grid(devices: int, devices_per_node: int, layers: int, experts: int, 
                     for ep in eps:
                         # sequence parallel with tensor parallel, as Megatron recommends and opsched exports plans
                         grid.append(ParallelLayout(tp=tp, pp=pp, vpp=vpp, ep=ep, cp=cp, dp=dp, sp=tp > 1, zero=zero,
-                                                   ends_as_layers=ends))
+                                                   ends_as_layers=ends, tp_overlap=tp_overlap and tp > 1))
     return grid
 
 
@@ -683,14 +683,15 @@ def search_layouts(
     faster. ``accept``: a layout that fits but is not accepted (a runtime
     that cannot run it) is left out. Past ``deadline`` (a
     :func:`time.monotonic` instant) the layouts not yet tried are skipped
-    (a log line says how many).
+    (a log line says how many). With ``training.tp_comm_overlap`` every
+    layout with tp > 1 overlaps its tensor-parallel collectives.
     """
     index = model_index(bg)
     found: list[Evaluation] = []
     counts = device_counts(cluster.devices) if fewer_devices else [cluster.devices]
     grid = [lay for n in counts
             for lay in layout_grid(n, cluster.devices_per_node, len(index.layers), index.experts, zero,
-                                   seq_len=tokens_per_sequence)]
+                                   seq_len=tokens_per_sequence, tp_overlap=training.tp_comm_overlap)]
     for tried, layout in enumerate(grid):
         if deadline is not None and time.monotonic() > deadline:
             log.info("layouts: the time limit was spent: %s of %s not tried", plain(len(grid) - tried),

@@ -160,6 +160,7 @@ class StageGraph:
             self._preds[e.dst].append(e)
         self._topo = _topological_order(self)
         self._on_device: dict[int, list[int]] | None = None  # device -> its stages, when first asked
+        self._alike: dict[int, tuple[int, ...]] | None = None  # see alike_devices, when first asked
         self._pair_lengths: dict[tuple[int, str, int, str], float] = {}  # pair_duration's, per pair of passes
         self._largest_saving: dict[frozenset | None, float] = {}  # largest_pair_saving's, per set of stages
 
@@ -223,6 +224,24 @@ class StageGraph:
                 for d in s.devices:
                     self._on_device.setdefault(d, []).append(s.id)
         return list(self._on_device.get(device, ()))
+
+    def alike_devices(self) -> dict[int, tuple[int, ...]]:
+        """First device -> every device hosting exactly the same stages (so running exactly the same events).
+
+        What is timed per device (busy time, memory, overlap checks) is timed
+        once per class: a plan on 3,072 devices in two groups has two classes.
+
+        >>> sg = StageGraph([Stage(0, (0, 1), {"F": 1, "I": 1, "W": 1}), Stage(1, (2, 3), {"F": 1, "I": 1, "W": 1})],
+        ...                 [Edge(0, 1)], num_devices=5)
+        >>> sg.alike_devices()
+        {0: (0, 1), 2: (2, 3), 4: (4,)}
+        """
+        if self._alike is None:
+            classes: dict[tuple[int, ...], list[int]] = {}
+            for d in range(self.num_devices or 0):
+                classes.setdefault(tuple(self.stages_on(d)), []).append(d)
+            self._alike = {devs[0]: tuple(devs) for devs in classes.values()}
+        return self._alike
 
     def jobs(self, microbatches: int, split_backward: bool = True) -> list["Job"]:
         """Every job the schedule must contain, stage by stage in topological order."""
@@ -860,19 +879,22 @@ def _check_pairs(sg: StageGraph, events: list[Event], eps: float) -> list[str]:
 
 
 def _device_intervals(sg: StageGraph, events: Iterable[Event]) -> dict[int, list[tuple[float, float, str]]]:
-    """device -> (start, end, label) of what occupies it; a pair is one interval."""
-    out: dict[int, list[tuple[float, float, str]]] = {d: [] for d in range(sg.num_devices or 0)}
+    """First device of each class of :meth:`StageGraph.alike_devices` -> (start, end, label) of what occupies it
+    (every device of the class alike); a pair is one interval."""
+    out: dict[int, list[tuple[float, float, str]]] = {d: [] for d in sg.alike_devices()}
     by_pair: dict[int, list[Event]] = {}
     for e in events:
         if e.pair is not None:
             by_pair.setdefault(e.pair, []).append(e)
             continue
         for d in sg.stage(e.stage).devices:
-            out[d].append((e.start, e.end, _name(e)))
+            if d in out:
+                out[d].append((e.start, e.end, _name(e)))
     for halves in by_pair.values():
         label = "(" + ";".join(_name(e) for e in halves) + ")"
         for d in sg.stage(halves[0].stage).devices:
-            out[d].append((halves[0].start, max(e.end for e in halves), label))
+            if d in out:
+                out[d].append((halves[0].start, max(e.end for e in halves), label))
     for d in out:
         out[d].sort()
     return out
@@ -911,7 +933,8 @@ def _check_dependencies(sg: StageGraph, events: list[Event], eps: float) -> list
 
 
 def _memory_changes(sg: StageGraph, events: Iterable[Event], eps: float):
-    """Activation changes as (snapped time, order, device, delta, event): frees (order 0) before allocations (1).
+    """Activation changes as (snapped time, order, device, delta, event): frees (order 0) before allocations (1),
+    for the first device of each class of :meth:`StageGraph.alike_devices` (its other devices change alike).
 
     Times within ``eps`` of each other are snapped to one value so that a
     free a rounding error after an allocation still counts as simultaneous.
@@ -929,16 +952,23 @@ def _memory_changes(sg: StageGraph, events: Iterable[Event], eps: float):
             rep = t
         snapped[t] = rep
     changes = []
+    first = sg.alike_devices()  # the other devices of a class see the same changes
     for t, order, delta, e in raw:
         for d in sg.stage(e.stage).devices:
-            changes.append((snapped[t], order, d, delta, e))
+            if d in first:
+                changes.append((snapped[t], order, d, delta, e))
     changes.sort(key=lambda c: (c[0], c[1], c[2], c[4].stage, c[4].microbatch, PASSES.index(c[4].pass_)))
     return changes
 
 
 def device_param_bytes(sg: StageGraph) -> list[float]:
     """Parameter bytes resident on each device: the sum over the stages it hosts."""
-    return [sum((sg.stage(s).param_bytes for s in sg.stages_on(d)), 0.0) for d in range(sg.num_devices or 0)]
+    out = [0.0] * (sg.num_devices or 0)
+    for first, devices in sg.alike_devices().items():
+        held = sum((sg.stage(s).param_bytes for s in sg.stages_on(first)), 0.0)
+        for d in devices:
+            out[d] = held
+    return out
 
 
 def _check_memory(sg: StageGraph, events: list[Event], limit: float, eps: float) -> list[str]:
@@ -987,8 +1017,9 @@ def memory_profile(schedule: Schedule, *, rel_tol: float = 1e-9) -> dict[int, li
     """
     sg = schedule.stage_graph
     eps = _tolerance(schedule.events, rel_tol)
-    level = {d: 0.0 for d in range(sg.num_devices or 0)}
-    profile = {d: [(0.0, 0.0)] for d in level}
+    alike = sg.alike_devices()
+    level = {d: 0.0 for d in alike}
+    profile = {d: [(0.0, 0.0)] for d in alike}
     for t, _, d, delta, _e in _memory_changes(sg, schedule.events, eps):
         level[d] += delta
         steps = profile[d]
@@ -997,7 +1028,7 @@ def memory_profile(schedule: Schedule, *, rel_tol: float = 1e-9) -> dict[int, li
             steps[-1] = (float(max(t, 0.0)), value)
         else:
             steps.append((float(t), value))
-    return profile
+    return {d: list(profile[first]) for first, devices in sorted(alike.items()) for d in devices}
 
 
 @dataclass
@@ -1043,8 +1074,9 @@ class Metrics:
 
 def busy_time(schedule: Schedule) -> list[float]:
     """Time each device runs something (the union of its events' intervals)."""
-    out = []
-    for d, spans in sorted(_device_intervals(schedule.stage_graph, schedule.events).items()):
+    sg = schedule.stage_graph
+    out = [0.0] * (sg.num_devices or 0)
+    for first, spans in _device_intervals(sg, schedule.events).items():
         total, cur_start, cur_end = 0.0, None, None
         for start, end, _ in spans:
             if cur_end is None or start > cur_end:
@@ -1055,7 +1087,8 @@ def busy_time(schedule: Schedule) -> list[float]:
                 cur_end = max(cur_end, end)
         if cur_end is not None:
             total += cur_end - cur_start
-        out.append(total)
+        for d in sg.alike_devices()[first]:
+            out[d] = total
     return out
 
 

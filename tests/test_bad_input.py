@@ -102,6 +102,10 @@ CASES = {
     "plan cluster with a million devices": (PLAN + ["--cluster", "{tmp}/huge.json"] + OUT, "at most 65,536"),
     "plan unknown solver": (PLAN + ["--devices", "8", "--solver", "gurobi"] + OUT, "invalid choice"),
     "plan unknown runtime": (PLAN + ["--devices", "8", "--runtime", "tpu"] + OUT, "invalid choice: 'tpu'"),
+    "plan tp overlap for torch": (PLAN + ["--devices", "8", "--runtime", "torch", "--tp-comm-overlap", "on"] + OUT,
+                                  "torch does not overlap tensor-parallel collectives"),
+    "plan tp overlap for torchtitan": (PLAN + ["--devices", "8", "--runtime", "torchtitan", "--tp-comm-overlap", "on"]
+                                       + OUT, "plan with --tp-comm-overlap off"),
     "plan no devices": (PLAN + OUT, "--devices N"),
     "plan no output": (PLAN + ["--devices", "8"], "required"),
     "plan unknown flag": (PLAN + ["--devices", "8", "--frobnicate"] + OUT, "unrecognized arguments"),

@@ -290,3 +290,26 @@ def test_matmuls_pay_their_tile_padding():
     assert compute_time(exact, 1, h100, "bf16") == pytest.approx(5e12 / (0.5 * 989e12))
     assert compute_time(padded, 1, h100, "bf16") == pytest.approx(9e12 / (0.5 * 989e12))
     assert compute_time(padded, 1, kinds, "bf16") == pytest.approx(8e12 / (0.8 * 989e12) + 1e12 / (0.5 * 989e12))
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+@pytest.mark.parametrize("tp_bytes", [1e7, 1e9, 2e10])  # communication far below, near and far above the compute
+def test_tp_comm_overlap_takes_the_longer_of_compute_and_tensor_parallel_traffic_per_pass(recompute, tp_bytes):
+    """Megatron's --tp-comm-overlap in the per-block cost every plan uses: each pass takes max(compute, tp
+    traffic), never more than exposed and never less than either; W (no collective) and memory are unchanged;
+    without sequence parallelism (Megatron requires it) nothing changes."""
+    b = block(tp_bytes=tp_bytes)
+    devs = (0, 1, 2, 3)
+    exposed = block_cost(b, Mode(tp=4), devs, C, Training(microbatches=4, recompute=recompute))
+    hidden = block_cost(b, Mode(tp=4), devs, C, Training(microbatches=4, recompute=recompute, tp_comm_overlap=True))
+    compute_f = exposed.F - exposed.f_comm
+    assert hidden.F == pytest.approx(max(compute_f, exposed.f_comm))
+    assert hidden.F <= exposed.F and hidden.I <= exposed.I and hidden.W == exposed.W
+    rerun_comm = exposed.f_comm if exposed.rerun_forward else 0.0  # the recomputed forward's collectives hide too
+    assert hidden.I >= exposed.I - exposed.i_comm - rerun_comm - 1e-15
+    assert (hidden.act_bytes, hidden.param_bytes) == (exposed.act_bytes, exposed.param_bytes)
+    no_sp = Training(microbatches=4, recompute=recompute, tp_comm_overlap=True, sequence_parallel=False)
+    assert block_cost(b, Mode(tp=4), devs, C, no_sp).F == block_cost(
+        b, Mode(tp=4), devs, C, Training(microbatches=4, recompute=recompute, sequence_parallel=False)).F
+    one = block_cost(b, Mode(dp=4), devs, C, Training(microbatches=4, recompute=recompute, tp_comm_overlap=True))
+    assert one == block_cost(b, Mode(dp=4), devs, C, Training(microbatches=4, recompute=recompute))

@@ -172,6 +172,29 @@ def test_layout_search_prunes_without_losing_the_best(llama):
     assert "tp1 pp4 vpp8 dp2 zero1" in grid and "tp8 pp1 dp1 sp zero1" in grid
 
 
+def test_layout_search_with_tp_comm_overlap_overlaps_every_tensor_parallel_layout_and_is_never_slower(llama):
+    """``Training.tp_comm_overlap`` (`plan --tp-comm-overlap on`): every layout with tp > 1 is evaluated with
+    Megatron's --tp-comm-overlap, each exactly as `evaluate --layout ...,tp_overlap=1` gives it, none slower than
+    without, and the tp = 1 layouts unchanged."""
+    from opsched.evaluate import search_layouts
+
+    c = preset("h100-sxm", 8)
+    kw = dict(global_batch=32, tokens_per_sequence=4096, keep=1000)
+    exposed = {str(e.layout): e for e in search_layouts(llama, c, Training(), **kw)}
+    hidden = search_layouts(llama, c, Training(tp_comm_overlap=True), **kw)
+    assert {e.layout.tp_overlap for e in hidden} == {True, False}
+    for e in hidden:
+        assert e.layout.tp_overlap == (e.layout.tp > 1)
+        before = exposed[str(e.layout).replace(" tp-overlap", "")]
+        assert e.step_time <= before.step_time and (e.layout.tp > 1 or e.step_time == before.step_time)
+    assert min(e.step_time for e in hidden if e.layout.tp > 1) < min(e.step_time for e in exposed.values()
+                                                                     if e.layout.tp > 1)
+    best = min((e for e in hidden if e.layout.tp > 1), key=lambda e: e.step_time)
+    same = evaluate_layout(llama, c, Training(), best.layout, global_batch=32, micro_batch_size=1,
+                           tokens_per_sequence=4096)  # the layout as given: the training's flag is not needed
+    assert same.step_time == pytest.approx(best.step_time)
+
+
 def test_layout_search_keeps_only_accepted_layouts_and_still_the_fastest_of_them(llama):
     """``accept`` (a runtime that cannot run a layout, for `plan --runtime`) leaves layouts out before pruning
     against them, so the result is the fastest accepted layout, as the unpruned search ranks them."""

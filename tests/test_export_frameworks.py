@@ -60,6 +60,7 @@ def make_plan(
     modules: list[list[str]] | None = None,
     name: str = "plan.json",
     optimizer_state: str | None = None,
+    tp_comm_overlap: bool | None = None,
 ) -> Path:
     """A plan.json as `opsched plan` writes one: ``method`` run on ``len(layers)`` stages over ``groups`` device
     groups of ``group_size`` devices, stage k holding ``layers[k]`` numbered layers (the embedding with the first,
@@ -81,6 +82,8 @@ def make_plan(
              "dims": {"batch": microbatch_size} | ({"seq": seq} if seq else {})}
     if optimizer_state is not None:  # a plan from before opsched recorded it has none (fp32)
         extra["optimizer_state"] = optimizer_state
+    if tp_comm_overlap is not None:  # nor this (exposed tensor-parallel collectives)
+        extra["tp_comm_overlap"] = tp_comm_overlap
     path = tmp_path / name
     write_plan(path, sched, extra=extra)
     return path
@@ -293,6 +296,26 @@ def test_megatron_keeps_adams_state_in_bf16_with_its_precision_aware_optimizer(t
                                                              *PRECISION_AWARE_CHOICES)} <= fields
 
 
+def test_megatron_overlaps_tensor_parallel_collectives_when_the_plan_was_costed_so(tmp_path):
+    """A plan costed with --tp-comm-overlap (tp2 with sequence parallelism) exports Megatron's flag, which
+    Megatron-Core's TransformerConfig accepts with sequence parallelism; torch's runtime alone refuses the plan,
+    and a plan without tensor parallelism exports no flag (it has nothing to overlap)."""
+    plan = make_plan(tmp_path, layers=L16, tp_comm_overlap=True)
+    assert export(tmp_path, plan, "--megatron", str(tmp_path / "m.sh"))[0] == 0
+    argv = megatron_argv(tmp_path / "m.sh")
+    flags = flags_of(argv)
+    assert flags["--tp-comm-overlap"] is None and flags["--sequence-parallel"] is None
+    config, _ = megatron_config(argv, **LLAMA)
+    assert config.tp_comm_overlap and config.sequence_parallel
+    code, _, err = export(tmp_path, plan, "--torch-csv", str(tmp_path / "s.csv"))
+    assert code == 2 and len(err.splitlines()) == 1 and not (tmp_path / "s.csv").exists()
+    assert "(tp2.dp2) are costed as running under their GEMMs" in err and "--tp-comm-overlap off" in err
+    for config_name, overlap in (("dp4", True), ("tp2.dp2", None)):  # nothing to overlap; an older plan
+        other = make_plan(tmp_path, layers=L16, config=config_name, tp_comm_overlap=overlap, name=f"{config_name}.json")
+        assert export(tmp_path, other, "--megatron", str(tmp_path / f"{config_name}.sh"))[0] == 0
+        assert "--tp-comm-overlap" not in flags_of(megatron_argv(tmp_path / f"{config_name}.sh"))
+
+
 def test_megatron_says_when_it_runs_another_order_than_the_plan(tmp_path):
     plan = make_plan(tmp_path, layers=[16, 16], method="zb-h1")
     assert export(tmp_path, plan, "--megatron", str(tmp_path / "m.sh"))[0] == 0
@@ -499,6 +522,10 @@ REFUSALS = {
         _p(layers=L16, zero=0, optimizer_state="bf16"),
         {"megatron": "precision-aware optimizer runs only with its distributed optimizer: plan with --zero 1",
          "torchtitan": "fused_opt_states_bf16 keeps fp32 weights and gradients"}),
+    "tensor-parallel collectives under their GEMMs": (
+        _p(layers=L16, tp_comm_overlap=True), {"torchtitan": "plan with --tp-comm-overlap off, or export it --megatron"}),
+    "a tp_comm_overlap that is no boolean": (
+        _p(layers=L16, tp_comm_overlap="yes"), dict.fromkeys(BOTH, "field tp_comm_overlap is 'yes'; true or false")),
     "an unknown optimizer state": (
         _p(layers=L16, optimizer_state="fp8"), dict.fromkeys(BOTH, "field optimizer_state is 'fp8'; one of fp32, bf16")),
     "a sequence context parallelism cannot split in 2 x cp chunks": (

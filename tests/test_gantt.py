@@ -15,15 +15,13 @@ from opsched.errors import OpschedError
 from opsched.export.gantt import gantt_bars, write_gantt
 from opsched.export.gantt_image import write_image
 from opsched.export.plan_json import write_plan
-from opsched.schedule import Job, Pair, Schedule, Stage, StageGraph, chain_stage_graph, simulate
+from opsched.schedule import Edge, Job, Pair, Schedule, Stage, StageGraph, chain_stage_graph, metrics, simulate
 
 
 def small_schedule():
     """Three devices: a 2-device stage, a V-shaped second stage on device 0, one overlapped pair."""
     t = {"F": 1.0, "I": 1.0, "W": 1.0}
     stages = [Stage(0, (0, 1), t, name="embed"), Stage(1, (2,), t), Stage(2, (0,), t, name="head")]
-    from opsched.schedule import Edge
-
     sg = StageGraph(stages, [Edge(0, 1, 0.5, 10.0), Edge(1, 2, 0.5, 10.0)], overlap_gain=0.5)
     order = {
         0: [Job(0, 0, "F"), Job(0, 1, "F"), Job(2, 0, "F"), Pair(Job(2, 1, "F"), Job(2, 0, "B")), Job(2, 1, "I"),
@@ -49,7 +47,7 @@ def test_trace_json_fields(tmp_path):
     doc = json.loads(path.read_text())
     evs = doc["traceEvents"]
     names = {e["tid"]: e["args"]["name"] for e in evs if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert names == {0: "device 0", 1: "device 1", 2: "device 2"}
+    assert names == {0: "device 0", 1: "device 1", 2: "device 2"}  # device 0 hosts stage 2 too: its own track
     xs = [e for e in evs if e["ph"] == "X"]
     # one X event per (event, device of its stage's group)
     assert len(xs) == sum(len(s.stage_graph.stage(e.stage).devices) for e in s.events)
@@ -60,6 +58,24 @@ def test_trace_json_fields(tmp_path):
     assert len(paired) == 2 and paired[0]["ts"] == paired[1]["ts"] and paired[0]["dur"] == paired[1]["dur"]
     assert any(e["ph"] == "C" for e in evs)
     assert doc["otherData"]["method"] == "hand-made"
+
+
+def test_devices_hosting_the_same_stages_share_one_track_and_their_figures_are_each_devices(tmp_path):
+    t = {"F": 1.0, "I": 2.0, "W": 1.0}
+    sg = StageGraph([Stage(0, tuple(range(0, 512)), t, act_bytes=3.0), Stage(1, tuple(range(512, 1024)), t)],
+                    [Edge(0, 1)], num_devices=1025)  # device 1024 holds nothing
+    order = {d: [Job(d // 512, 0, p) for p in "FIW"] for d in range(1024)}
+    s = Schedule(sg, 1, simulate(sg, order, 1), name="wide")
+    doc = json.loads(write_gantt(s, tmp_path / "trace.json").read_text())
+    names = [e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"]
+    assert names == ["devices 0-511", "devices 512-1023", "device 1024"]
+    assert sum(1 for e in doc["traceEvents"] if e["ph"] == "X") == 6
+    m = metrics(s)  # per device, computed once per class of alike devices
+    assert m.busy[0] == m.busy[511] == 4.0 and m.busy[512] == m.busy[1023] == 4.0 and m.busy[1024] == 0.0
+    assert m.peak_activation_bytes[0] == m.peak_activation_bytes[511] == 3.0 and m.peak_activation_bytes[1024] == 0
+    assert len(m.busy) == 1025
+    html = write_gantt(s, tmp_path / "g.html").read_text()
+    assert html.count("<tr><td>") == 3 and "<tr><td>0-511</td>" in html and "<tr><td>1024</td>" in html
 
 
 def test_svg_is_xml_with_title(tmp_path):

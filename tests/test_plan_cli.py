@@ -614,3 +614,24 @@ def test_the_plan_on_half_the_nodes_is_returned_when_the_search_on_all_finds_onl
     doc = plan_dict(result.schedule, extra=plan_extra("chain.onnx", cluster_from_dict(spec), Training(4), result))
     assert doc["on_half_the_nodes"]["chosen"] is True and doc["on_half_the_nodes"]["devices"] == 2
     assert schema_errors(doc) == []
+
+
+def test_tp_comm_overlap_is_recorded_and_only_megatron_runs_a_tensor_parallel_plan_costed_so(tmp_path):
+    """`plan --tp-comm-overlap on` costs every tensor-parallel block with its collectives under its GEMMs: plan.json
+    says so (schema-valid), report.md too, and the runtimes' verdicts follow the plan's stages (torch and
+    torchtitan refuse only a plan with tp > 1). With --runtime megatron (auto) it is on; off by default."""
+    from conftest import real_export
+
+    model = str(real_export("clip.legacy.onnx"))
+    out = tmp_path / "on"
+    assert main(["plan", model, "--devices", "4", "--tp-comm-overlap", "on", "--time-limit", "3", "--quiet",
+                 "-o", str(out)]) == 0
+    _, doc = read_plan(out / "plan.json")
+    assert doc["tp_comm_overlap"] is True and schema_errors(doc) == []
+    assert "run under their GEMMs (Megatron's --tp-comm-overlap" in (out / "report.md").read_text()
+    tensor_parallel = any(parse_config(c["config"])[0].tp > 1 for c in doc["stage_contents"].values()
+                          if c.get("config"))
+    refused = doc["runtimes_refused"]
+    assert ("torch" in refused and "--tp-comm-overlap off" in refused["torch"]) == tensor_parallel
+    assert main(["plan", model, "--devices", "4", "--time-limit", "2", "--quiet", "-o", str(tmp_path / "off")]) == 0
+    assert read_plan(tmp_path / "off" / "plan.json")[1]["tp_comm_overlap"] is False

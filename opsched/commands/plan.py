@@ -155,6 +155,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "Megatron-style layouts try none, selective, then full, each keeping the first that "
                              "fits, and the planner's own search plans without recomputation and with full "
                              "recomputation only if nothing fits")
+    parser.add_argument("--tp-comm-overlap", choices=("auto", "on", "off"), default="auto",
+                        help="Megatron's --tp-comm-overlap (Transformer Engine's userbuffers, with sequence "
+                             "parallelism): on costs every tensor-parallel block with its collectives run under its "
+                             "GEMMs and writes the flag into the Megatron export; torch and torchtitan do not do "
+                             "this and refuse such a plan with tp > 1. auto (default): on with --runtime megatron, "
+                             "off otherwise")
     parser.add_argument("--runtime", choices=RUNTIME_CHOICES, default="any",
                         help="keep only plans this runtime can run, so that `opsched export` writes its files: "
                              "torch (--torch-csv), megatron (--megatron), torchtitan (--torchtitan with --torch-csv); "
@@ -193,10 +199,10 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     check_output_dir(out, "-o")  # an unwritable place fails here, not after the search
 
+    overlap_tp = tp_comm_overlap(args)  # a runtime that cannot overlap them fails here, before the import
     dims, microbatches = batch_dims(args)  # a batch that does not divide fails here, before the import
     # no progress line before the import: a refused --dim is then the only line on stderr
-    og = import_onnx(args.model, dims=dims or None, capacity_factor=args.capacity_factor,
-                     strict_dims=True)
+    og = import_onnx(args.model, dims=dims or None, capacity_factor=args.capacity_factor, strict_dims=True)
     used_dims = dict(og.graph.get("dims", {}))
     if args.global_batch is not None and "batch" not in used_dims:
         raise OpschedError(f"{args.model} has no symbolic batch dimension, so --global-batch cannot size its "
@@ -205,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
                         zero=args.zero, recompute="none" if args.recompute == "auto" else args.recompute,
                         optimizer_state="fp32" if args.optimizer_state == "auto" else args.optimizer_state,
                         whole_sequences=args.global_batch is not None,
+                        tp_comm_overlap=overlap_tp,
                         # torch (and torchtitan, through it) runs an OVERLAP_F_B pair as F then B; Megatron pairs nothing
                         overlap_pairs=args.runtime == "any")
     bg = coarsen(og)
@@ -249,6 +256,27 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(summary_text(args.model, cluster, training, result, samples, out, names, warnings, runtimes))
     return 0
+
+
+def tp_comm_overlap(args: argparse.Namespace) -> bool:
+    """Whether the plan overlaps tensor-parallel collectives with GEMMs (``--tp-comm-overlap``), or
+    :class:`OpschedError` for a runtime that cannot.
+
+    >>> tp_comm_overlap(argparse.Namespace(tp_comm_overlap="auto", runtime="megatron"))
+    True
+    >>> tp_comm_overlap(argparse.Namespace(tp_comm_overlap="on", runtime="torch"))
+    Traceback (most recent call last):
+    opsched.errors.OpschedError: --tp-comm-overlap on: torch does not overlap tensor-parallel collectives with their GEMMs (Megatron-LM with Transformer Engine does); plan with --tp-comm-overlap off, or --runtime megatron or any
+    """
+    from opsched.errors import OpschedError
+
+    if args.tp_comm_overlap == "auto":
+        return args.runtime == "megatron"
+    if args.tp_comm_overlap == "on" and args.runtime in ("torch", "torchtitan"):
+        raise OpschedError(f"--tp-comm-overlap on: {args.runtime} does not overlap tensor-parallel collectives with "
+                           "their GEMMs (Megatron-LM with Transformer Engine does); plan with --tp-comm-overlap off, "
+                           "or --runtime megatron or any")
+    return args.tp_comm_overlap == "on"
 
 
 def plan_with_optimizer_state(args: argparse.Namespace, bg, cluster, training, limit: float, deadline: float,
@@ -410,7 +438,8 @@ def megatron_layouts(args: argparse.Namespace, dims: dict[str, int], cluster, tr
             return True
         row = layout_row(e, bg, cluster, t0)
         return refusal(args.runtime, row.schedule, layout_fields(row.contents, row.microbatch_size, training.zero,
-                                                                 row.recompute, training.optimizer_state)) is None
+                                                                 row.recompute, training.optimizer_state,
+                                                                 training.tp_comm_overlap)) is None
 
     found = search_layouts(bg, cluster, training, global_batch=global_batch,
                            tokens_per_sequence=int(og.graph.get("dims", {}).get("seq", 1)), memory_limit=limit,
@@ -551,7 +580,7 @@ def plan_extra(model: str, cluster, training, result, warnings: list[str] | None
         "grad_sync_seconds": result.grad_sync,
         "throughput": samples / result.step_time if result.step_time > 0 else 0.0,
         **layout_fields(result.stage_contents, result.microbatch_size, training.zero, result.recompute,
-                        training.optimizer_state),
+                        training.optimizer_state, training.tp_comm_overlap),
         "stage_blocks": {str(k): c.blocks for k, c in result.stage_contents.items()},
         "baselines": [b.to_dict(samples) for b in result.baselines],
         "refused_baselines": [{"method": k, "reason": v} for k, v in result.refused_baselines.items()],
@@ -636,6 +665,8 @@ def report_text(model: str, cluster, training, limit: float, result, warnings: l
         f"- optimizer states: {ZERO_WORDS[training.zero]}, in {training.optimizer_state} "
         f"({plain(training.bytes_per_param)} bytes per parameter with weight and gradient); "
         f"activation recomputation: {result.recompute}",
+        "- tensor-parallel collectives: " + ("run under their GEMMs (Megatron's --tp-comm-overlap; torch and "
+                                             "torchtitan do not)" if training.tp_comm_overlap else "exposed"),
         f"- chosen: {result.source} on layout {result.layout} ({describe_layout(result.layout)}), "
         f"{plural(stages, 'pipeline stage')}",
         f"- step time {seconds_text(result.step_time)} (makespan {seconds_text(m.makespan)} + gradient sync "

@@ -17,6 +17,7 @@ dispatcher that imports it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 from opsched.schedule import PASSES, Event, Metrics, Schedule, metrics
 from opsched.units import Unit, ranges_text, seconds_text, time_unit
@@ -54,10 +55,11 @@ class Bar:
         return len(self.events) > 1
 
 
-def gantt_bars(schedule: Schedule) -> list[Bar]:
-    """Every bar to draw, sorted by (device, start); a stage on a group gives one bar per device."""
+def gantt_bars(schedule: Schedule, devices: Iterable[int] | None = None) -> list[Bar]:
+    """Every bar to draw, sorted by (device, start); a stage on a group gives one bar per device (per device of
+    ``devices`` only, when given: the first of each row a chart draws)."""
     sg = schedule.stage_graph
-    hosted = {d: sg.stages_on(d) for d in range(sg.num_devices or 0)}
+    hosted = {d: sg.stages_on(d) for d in (range(sg.num_devices or 0) if devices is None else devices)}
     groups: dict[tuple, list[Event]] = {}
     for e in schedule.events:
         key = ("pair", e.pair) if e.pair is not None else ("job", e.stage, e.microbatch, e.pass_, e.start)
@@ -67,6 +69,8 @@ def gantt_bars(schedule: Schedule) -> list[Bar]:
         evs.sort(key=lambda e: (PASSES.index(e.pass_) != 0, e.stage, e.microbatch))  # F half first
         first = evs[0]
         for d in sg.stage(first.stage).devices:
+            if d not in hosted:
+                continue
             chunks = tuple(hosted[d].index(e.stage) if e.stage in hosted[d] else 0 for e in evs)
             bars.append(Bar(d, first.start, max(e.end for e in evs), tuple(evs), chunks))
     bars.sort(key=lambda b: (b.device, b.start, b.label))

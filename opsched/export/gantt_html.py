@@ -40,7 +40,7 @@ from opsched.export.gantt_bars import (
 from opsched.export.plan_json import plan_dict
 from opsched.fileio import write_text
 from opsched.schedule import PASSES, Schedule, metrics
-from opsched.units import Unit, bytes_text, column_size_unit, plain
+from opsched.units import Unit, bytes_text, column_size_unit, plain, ranges_text
 
 CHART_WIDTH = 1200  # pixels of the time axis
 ROW = 30
@@ -80,7 +80,7 @@ def svg_chart(schedule: Schedule, unit: Unit | None = None) -> str:
     row_of = {row[0]: r for r, row in enumerate(rows)}
     n = len(rows)
     unit = unit or chart_time_unit(schedule)
-    bars = [b for b in gantt_bars(schedule) if b.device in row_of]
+    bars = gantt_bars(schedule, row_of)
     makespan = max((b.end for b in bars), default=1.0) or 1.0
     scale = CHART_WIDTH / makespan
     bottom = TOP + n * ROW
@@ -300,15 +300,16 @@ def html_page(schedule: Schedule, *, title: str | None = None, step_time: float 
     legend = "".join(
         f'<span><i style="background:{PASS_COLOURS[p]}"></i>{p} {escape(PASS_NAMES[p])}</span>' for p in used
     )
-    if any(max(b.chunks) > 0 for b in gantt_bars(schedule)):
+    rows = device_rows(schedule)
+    if any(max(b.chunks) > 0 for b in gantt_bars(schedule, [row[0] for row in rows])):
         legend += f'<span><i style="background:{lighten("#777777", 0.45)}"></i>lighter: 2nd stage on the device</span>'
     if any(e.pair is not None for e in schedule.events):
         legend += '<span><i style="background:#fff;border-color:#000"></i>overlapped F&amp;B pair (top/bottom halves)</span>'
     sizes = column_size_unit(list(m.peak_activation_bytes) + list(m.param_bytes))
-    rows = "".join(
-        f"<tr><td>{d}</td><td>{unit.number(m.busy[d])}</td><td>{unit.number(m.idle[d])}</td>"
+    table = "".join(  # one line per chart row: its devices host the same stages, so have the same figures
+        f"<tr><td>{ranges_text(row)}</td><td>{unit.number(m.busy[d])}</td><td>{unit.number(m.idle[d])}</td>"
         f"<td>{sizes.number(m.peak_activation_bytes[d])}</td><td>{sizes.number(m.param_bytes[d])}</td></tr>"
-        for d in range(len(m.busy))
+        for row in rows for d in row[:1]
     )
     data = json.dumps(plan_dict(schedule, m), allow_nan=False).replace("</", "<\\/")
     return f"""<!DOCTYPE html>
@@ -327,8 +328,8 @@ double-click (or 0) to see the whole step again.</p>
 <p class="zoom"><button id="zoom-in" type="button">zoom in</button><button id="zoom-out" type="button">zoom out</button><button id="zoom-reset" type="button">whole step</button><output id="zoom-window" data-unit="{unit.name}">the whole step</output></p>
 {svg_chart(schedule, unit)}
 <table>
-<tr><th>device</th><th>busy ({unit.name})</th><th>idle ({unit.name})</th><th>peak activations ({sizes.name})</th><th>parameters ({sizes.name})</th></tr>
-{rows}
+<tr><th>devices</th><th>busy ({unit.name})</th><th>idle ({unit.name})</th><th>peak activations ({sizes.name})</th><th>parameters ({sizes.name})</th></tr>
+{table}
 </table>
 <p>bubble ratio {m.bubble_ratio:.4f}, transferred {bytes_text(m.transferred_bytes)}, parameter copies {plain(m.param_copies, 3)}</p>
 <script type="application/json" id="plan">{data}</script>

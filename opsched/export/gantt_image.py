@@ -88,7 +88,7 @@ def _draw(fig, schedule: Schedule, title: str | None, step_time: float | None, P
     rows = device_rows(schedule) or [(0,)]
     n = len(rows)
     row_of = {row[0]: k for k, row in enumerate(rows)}  # the devices of a row draw the same bars: the first's are drawn
-    bars = [b for b in gantt_bars(schedule) if b.device in row_of]
+    bars = gantt_bars(schedule, row_of)
     makespan = max((b.end for b in bars), default=1.0) or 1.0
     width_in, height_in = fig.get_size_inches()
     # fixed margins in inches, so rows keep their size whatever the device count

@@ -94,6 +94,9 @@ def megatron_args(layout: PlanLayout) -> list[MegatronArg]:
     ]
     if p.sp:
         out.append(arg("--sequence-parallel", None, "the cost model shards activations tp ways (docs/cost-model.md)"))
+    if p.tp_overlap:  # needs Transformer Engine (--transformer-impl transformer_engine, Megatron's default)
+        out.append(arg("--tp-comm-overlap", None, "plan tp_comm_overlap: tensor-parallel collectives costed under "
+                                                  "their GEMMs (Transformer Engine's userbuffers)"))
     if p.ep > 1:
         out += [
             arg("--expert-model-parallel-size", str(p.ep), f"{layout.config}: the experts spread over each group"),

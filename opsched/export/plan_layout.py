@@ -22,6 +22,9 @@ reason (their own limits stay in their modules). From plan.json:
   final norm, head) on the first and the last stage;
 * ``optimizer_state``: the precision of Adam's state (fp32 when the plan
   does not say, as before opsched recorded it);
+* ``tp_comm_overlap``: the tensor-parallel collectives were costed as
+  running under their GEMMs (Megatron's ``--tp-comm-overlap``; false when
+  the plan does not say);
 * ``microbatch_size``, ``microbatches``, ``zero``, ``recompute`` and
   ``dims.seq``: a ``dpN`` stage gives each of its N replicas ``1/N`` of a
   microbatch's samples, so a framework's per-rank micro-batch size is
@@ -46,6 +49,7 @@ ParallelLayout(tp=2, pp=2, vpp=1, ep=1, etp=0, cp=1, dp=1, sp=True, zero=1, reco
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 from opsched.cluster import OPTIMIZER_STATE_BYTES
 from opsched.errors import OpschedError
@@ -130,7 +134,7 @@ def plan_layout(schedule: Schedule, doc: dict, runtime: Runtime) -> PlanLayout:
             tp=base.tp, pp=layout.groups, vpp=layout.virtual, ep=base.size if experts else 1,
             etp=1 if experts else 0,  # opsched's expert-parallel mode does not split an expert tensor-parallel
             cp=base.cp, dp=base.dp, sp=base.tp > 1,  # the cost model shards activations tp ways: sequence parallelism
-            zero=zero, recompute=recompute,
+            zero=zero, recompute=recompute, tp_overlap=_tp_comm_overlap(doc, refuse) and base.tp > 1,
         ).resolved(layout.devices)
     except OpschedError as exc:
         raise refuse(str(exc)) from None
@@ -160,13 +164,8 @@ def check_without_context_parallel(doc: dict, runtime: Runtime) -> None:
     Traceback (most recent call last):
     opsched.errors.OpschedError: torch.distributed.pipelining cannot run this plan: its stages split each sequence over 2 context-parallel ranks (cp2.dp4), which it does not do; export it with --torchtitan F.toml --torch-csv F.csv or --megatron F
     """
-    raw = doc.get("stage_contents")
-    entries = raw.values() if isinstance(raw, dict) else []
-    for config in dict.fromkeys(e.get("config") for e in entries if isinstance(e, dict)):
-        try:
-            cp = parse_config(config)[0].cp if isinstance(config, str) else 1
-        except OpschedError:
-            continue  # a name the notation does not cover says nothing of cp; the frameworks refuse it themselves
+    for config in _configs(doc):
+        cp = parse_config(config)[0].cp
         if cp > 1:
             raise OpschedError(f"{runtime[0]} cannot run this plan: its stages split each sequence over {cp} "
                                f"context-parallel ranks ({config}), which it does not do; export it with "
@@ -269,6 +268,50 @@ def _optimizer_state(doc: dict, refuse) -> str:
     if state not in OPTIMIZER_STATE_BYTES:
         raise refuse(f"field optimizer_state is {state!r}; one of {', '.join(OPTIMIZER_STATE_BYTES)}")
     return state
+
+
+def _tp_comm_overlap(doc: Mapping, refuse) -> bool:
+    """Whether the plan was costed with its tensor-parallel collectives under their GEMMs; a plan from before it
+    was recorded was not."""
+    overlap = doc.get("tp_comm_overlap", False)
+    if not isinstance(overlap, bool):
+        raise refuse(f"field tp_comm_overlap is {overlap!r}; true or false")
+    return overlap
+
+
+def check_torch_can_run(doc: Mapping, runtime: Runtime) -> None:
+    """Refuse a plan that torch's pipeline runtime alone cannot run as costed: stages that split sequences over
+    context-parallel ranks (:func:`check_without_context_parallel`), or tensor-parallel collectives costed as
+    overlapped with their GEMMs.
+
+    >>> doc = {"tp_comm_overlap": True, "stage_contents": {"0": {"modules": ["model.layers.0"], "config": "tp2.dp4"}}}
+    >>> check_torch_can_run(doc, ("torch.distributed.pipelining", ""))
+    Traceback (most recent call last):
+    opsched.errors.OpschedError: torch.distributed.pipelining cannot run this plan: its tensor-parallel collectives (tp2.dp4) are costed as running under their GEMMs (Megatron's --tp-comm-overlap), which it does not do; export it with --megatron F, or plan with --tp-comm-overlap off
+    """
+    check_without_context_parallel(doc, runtime)
+    if doc.get("tp_comm_overlap") is not True:
+        return
+    for config in _configs(doc):
+        if parse_config(config)[0].tp > 1:
+            raise OpschedError(f"{runtime[0]} cannot run this plan: its tensor-parallel collectives ({config}) are "
+                               "costed as running under their GEMMs (Megatron's --tp-comm-overlap), which it does "
+                               "not do; export it with --megatron F, or plan with --tp-comm-overlap off")
+
+
+def _configs(doc: Mapping) -> list[str]:
+    """The distinct stage configurations of plan.json's ``stage_contents`` that the notation reads."""
+    raw = doc.get("stage_contents")
+    entries = raw.values() if isinstance(raw, dict) else []
+    out = []
+    for config in dict.fromkeys(e.get("config") for e in entries if isinstance(e, dict)):
+        try:
+            if isinstance(config, str):
+                parse_config(config)
+                out.append(config)
+        except OpschedError:
+            continue  # a name the notation does not cover says nothing; the frameworks refuse it themselves
+    return out
 
 
 def _layer_split(contents: list[dict], refuse) -> tuple[str, list[int]]:

@@ -37,7 +37,7 @@ from typing import Mapping
 
 from opsched.errors import OpschedError
 from opsched.export.megatron import megatron_file
-from opsched.export.plan_layout import check_without_context_parallel
+from opsched.export.plan_layout import check_torch_can_run
 from opsched.export.torch_csv import TORCH_RUNTIME, check_expressible, torch_rows
 from opsched.export.torchtitan import torchtitan_file
 from opsched.schedule import Schedule, order_from_schedule
@@ -59,7 +59,8 @@ def refusal(runtime: str, schedule: Schedule, doc: Mapping) -> str | None:
 
     ``doc`` needs what the export reads besides the schedule:
     ``stage_contents``, ``microbatch_size``, ``zero``, ``recompute`` and
-    ``optimizer_state`` (:func:`layout_fields`; a plan without it had FP32 state). A schedule without events (a candidate's stages
+    ``optimizer_state`` and ``tp_comm_overlap`` (:func:`layout_fields`; a plan without them had FP32 state and
+    exposed tensor-parallel collectives). A schedule without events (a candidate's stages
     before the lower level orders them) is asked about its layout only; with
     events, torch's checks of the order (complete, no deadlock) run too.
     """
@@ -71,8 +72,8 @@ def refusal(runtime: str, schedule: Schedule, doc: Mapping) -> str | None:
             megatron_file(schedule, doc, _PLAN)
         elif runtime == "torchtitan":
             torchtitan_file(schedule, doc, _PLAN, csv=_CSV, torch_check=False)
-        elif runtime == "torch":  # torch's pipeline runtime alone runs no context parallelism
-            check_without_context_parallel(doc, TORCH_RUNTIME)
+        elif runtime == "torch":  # torch's pipeline runtime alone: no context parallelism, no tp overlap
+            check_torch_can_run(doc, TORCH_RUNTIME)
         if runtime in ("torch", "torchtitan"):  # torchtitan runs the order from torch's CSV
             if schedule.events:
                 torch_rows(schedule.stage_graph, order_from_schedule(schedule), schedule.microbatches)
@@ -89,17 +90,18 @@ def verdicts(schedule: Schedule, doc: Mapping) -> dict[str, str | None]:
 
 
 def layout_fields(contents: Mapping[int, StageContents], microbatch_size: int, zero: int, recompute: str,
-                  optimizer_state: str = "fp32") -> dict:
+                  optimizer_state: str = "fp32", tp_comm_overlap: bool = False) -> dict:
     """The plan.json fields besides the schedule that a runtime's export reads (``opsched plan`` writes them so).
 
     >>> from opsched.upper.stages import stage_contents
     >>> sorted(layout_fields({0: stage_contents([("model/layers.0", "tp2")])}, 1, 1, "none"))
-    ['microbatch_size', 'optimizer_state', 'recompute', 'stage_contents', 'zero']
+    ['microbatch_size', 'optimizer_state', 'recompute', 'stage_contents', 'tp_comm_overlap', 'zero']
     """
     return {
         "microbatch_size": microbatch_size,
         "zero": zero,
         "recompute": recompute,
         "optimizer_state": optimizer_state,
+        "tp_comm_overlap": tp_comm_overlap,
         "stage_contents": {str(k): c.to_dict() for k, c in contents.items()},
     }

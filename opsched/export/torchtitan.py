@@ -79,18 +79,20 @@ class TomlKey:
     source: str
 
 
-def torchtitan_keys(layout: PlanLayout, csv: str | None = None) -> list[TomlKey]:
-    """The keys that set ``layout`` in torchtitan, or :class:`OpschedError` for a plan it cannot run.
-
-    ``csv`` is the path the TOML names for the plan's own order (a torch CSV
-    written beside it), None to use torch's schedule of the plan's method.
-    """
+def _check_training(layout: PlanLayout) -> None:
+    """Refuse a plan costed with training settings torchtitan has no equivalent of (one line saying which)."""
     p = layout.parallel
     if p.recompute == "selective":
         # torchtitan's selective modes checkpoint every n-th layer or chosen ops, not the attention core alone
         raise OpschedError(f"{TORCHTITAN[0]} cannot run this plan: its selective recomputation runs the attention "
                            "core again (Megatron's); torchtitan's selective modes recompute other things: plan with "
                            "--recompute none or full")
+    if p.tp_overlap:
+        # torchtitan's async tensor parallel (a compiler pass, with torch.compile) is another mechanism, not costed
+        raise OpschedError(f"{TORCHTITAN[0]} cannot run this plan: its tensor-parallel collectives are costed as "
+                           "running under their GEMMs (Megatron's --tp-comm-overlap, Transformer Engine's "
+                           "userbuffers), which torchtitan does not do: plan with --tp-comm-overlap off, or export "
+                           "it --megatron")
     if layout.optimizer_state != "fp32":
         # torchtitan's optimizer.implementation "fused_opt_states_bf16" keeps the moments in bf16 beside fp32
         # parameters and gradients: 4 + 4 + 2 + 2 = 12 bytes per parameter where the plan costs 2 + 2 + 6 = 10
@@ -98,6 +100,16 @@ def torchtitan_keys(layout: PlanLayout, csv: str | None = None) -> list[TomlKey]
                            "with the master weight as 16-bit remainders of the bf16 weight (Megatron's precision-aware "
                            "optimizer); torchtitan's fused_opt_states_bf16 keeps fp32 weights and gradients, 2 bytes "
                            "more per parameter: plan with --optimizer-state fp32, or export it --megatron")
+
+
+def torchtitan_keys(layout: PlanLayout, csv: str | None = None) -> list[TomlKey]:
+    """The keys that set ``layout`` in torchtitan, or :class:`OpschedError` for a plan it cannot run.
+
+    ``csv`` is the path the TOML names for the plan's own order (a torch CSV
+    written beside it), None to use torch's schedule of the plan's method.
+    """
+    _check_training(layout)
+    p = layout.parallel
     schedule = _schedule(layout, csv)
     key = TomlKey
     samples = layout.global_batch_size // layout.microbatches
