@@ -30,6 +30,7 @@ ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, rec
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import logging
 import time
 from dataclasses import dataclass
@@ -375,11 +376,8 @@ def evaluate_layout(
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
     chunks = layer_chunks(bg, layout.pp * layout.vpp, index, layout.ends_as_layers)
     stages, sync, optimizer, ring = _chunk_stages(bg, index, chunks, layout, cluster, training)
-    if above is not None:
-        work = [M * sum(s.duration("F") + s.duration("I") + s.duration("W") for s in stages if s.devices == (r,))
-                for r in range(layout.pp)]
-        if max(work) + max(optimizer) >= above:
-            return None  # no schedule of this layout beats ``above``
+    if above is not None and name in FUSED_BACKWARD and _busiest_rank_work(stages, optimizer, layout.pp, M) >= above:
+        return None  # no schedule of this layout beats ``above``
     crossing = _boundary_bytes(bg, chunks)
     edges = [Edge(c, c + 1, time=_boundary_time(crossing[c], c, layout, cluster), bytes=crossing[c])
              for c in range(len(chunks) - 1)]
@@ -411,6 +409,50 @@ def evaluate_layout(
         peak_memory_bytes=max(m.peak_memory_bytes, default=0.0), memory_limit=limit,
         breakdown=breakdown, schedule=sched, grad_sync=max(sync), chunks=chunks,
     )
+
+
+def _busiest_rank_work(stages: list[Stage], optimizer: list[float], pp: int, microbatches: int) -> float:
+    """A floor under any step of the layout with Megatron's (interleaved) 1F1B, whose backwards are whole (B):
+    over the pipeline ranks r, the most of head_r + M x r's F + I + W + tail_r, plus the longest optimizer step.
+
+    Stage c is chunk c, on rank c mod pp. Rank r runs one pass at a time and
+    none before a microbatch's forward has crossed chunks 0..r-1 (head_r,
+    their F); its last pass is a B (a forward's B comes after it), after
+    which that microbatch's B still crosses chunks r-1..0 (tail_r, their B).
+    Transfers are left out (a floor).
+    """
+    head = tail = 0.0
+    floor = 0.0
+    for r in range(pp):
+        work = microbatches * sum(s.duration("F") + s.duration("I") + s.duration("W") for s in stages
+                                  if s.devices == (r,))
+        floor = max(floor, head + work + tail)
+        head += stages[r].duration("F")
+        tail += stages[r].duration("B")
+    return floor + max(optimizer)
+
+
+def layout_floor(bg: nx.DiGraph, cluster: Cluster, training: Training, layout: ParallelLayout, *, global_batch: int,
+                 micro_batch_size: int, memory_limit: float | None = None, index: ModelIndex | None = None
+                 ) -> float | None:
+    """A lower bound on :func:`evaluate_layout`'s step time for ``layout`` (its busiest rank's work, costed
+    without simulating a schedule), or None when its parameters' state alone overflows the memory limit (no
+    recomputation makes it fit).
+
+    Cheap next to :func:`evaluate_layout` (no schedule is simulated), so
+    :func:`search_layouts` ranks every layout by it first.
+    """
+    index = index or model_index(bg)
+    layout = layout.resolved(cluster.devices)
+    layout.check_model(len(index.layers), index.experts)
+    M = global_batch // (layout.dp * micro_batch_size)
+    chunks = layer_chunks(bg, layout.pp * layout.vpp, index, layout.ends_as_layers)
+    stages, _, optimizer, _ = _chunk_stages(bg, index, chunks, layout, cluster, training)
+    limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
+    held = [sum(s.param_bytes for s in stages if s.devices == (r,)) for r in range(layout.pp)]
+    if max(held) > limit:
+        return None
+    return _busiest_rank_work(stages, optimizer, layout.pp, M)
 
 
 def _breakdown(busy: list[float], context: list[float] | None, makespan: float, pipeline_end: float,
@@ -553,15 +595,21 @@ def _boundary_time(nbytes: float, c: int, layout: ParallelLayout, cluster: Clust
 
 def _last_backward(sched: Schedule, ranks: int) -> list[tuple[float, float]]:
     """Per pipeline rank: (end of its last backward job, time its last microbatch's backwards took)."""
-    out = []
+    ends, windows = [0.0] * ranks, [0.0] * ranks
     last_mb = sched.microbatches - 1
-    for r in range(ranks):
-        backs = [e for e in sched.events if r in sched.stage_graph.stage(e.stage).devices and e.pass_ != "F"]
-        end = max((e.end for e in backs), default=0.0)
-        window = sum(e.end - e.start for e in backs if e.microbatch == last_mb)
-        out.append((end, window))
-    return out
+    for e in sched.events:  # one pass: a scan of every event per rank is quadratic at pp 128 x 256 microbatches
+        if e.pass_ == "F":
+            continue
+        for r in sched.stage_graph.stage(e.stage).devices:
+            if r < ranks:
+                ends[r] = max(ends[r], e.end)
+                if e.microbatch == last_mb:
+                    windows[r] += e.end - e.start
+    return list(zip(ends, windows))
 
+
+#: the schedules evaluate runs by default (Megatron's), whose backwards are whole: what the layout floor assumes
+FUSED_BACKWARD = ("1f1b", "interleaved-1f1b")
 
 #: virtual pipeline degrees the layout search tries (each must divide the layers per pipeline rank)
 SEARCH_VPP = (1, 2, 4, 8)
@@ -651,6 +699,35 @@ def pipeline_depths(layers: int, devices: int) -> list[tuple[int, bool]]:
     return sorted(plain + ends)
 
 
+def _costed_layouts(bg: nx.DiGraph, cluster: Cluster, training: Training, grid: list[ParallelLayout], *,
+                    global_batch: int, memory_limit: float | None, recompute: tuple[str, ...], index: ModelIndex,
+                    deadline: float | None) -> list[tuple[float, int, int, ParallelLayout]]:
+    """A heap of (floor, grid position, 0, layout with ``recompute[0]``) for every layout of ``grid`` whose
+    replicas divide the global batch and whose parameters' state fits (:func:`layout_floor`)."""
+    heap: list[tuple[float, int, int, ParallelLayout]] = []
+    for k, layout in enumerate(grid):
+        if deadline is not None and time.monotonic() > deadline:
+            log.info("layouts: the time limit was spent: %s of %s not costed", plain(len(grid) - k), plain(len(grid)))
+            break
+        if global_batch % layout.dp == 0:
+            _push_costed(heap, bg, cluster, training, dataclasses.replace(layout, recompute=recompute[0]), k, 0,
+                         global_batch=global_batch, memory_limit=memory_limit, index=index)
+    return heap
+
+
+def _push_costed(heap: list, bg: nx.DiGraph, cluster: Cluster, training: Training, layout: ParallelLayout, k: int,
+                 r: int, *, global_batch: int, memory_limit: float | None, index: ModelIndex) -> None:
+    """Push ``layout`` (grid position ``k``, recomputation setting ``r``) with its floor, unless it cannot fit or
+    the model cannot take it."""
+    try:
+        floor = layout_floor(bg, with_devices(cluster, layout.devices), training, layout, global_batch=global_batch,
+                             micro_batch_size=1, memory_limit=memory_limit, index=index)
+    except OpschedError:
+        return  # a layout the model cannot take (evaluate_layout would refuse it too)
+    if floor is not None:
+        heapq.heappush(heap, (floor, k, r, layout))
+
+
 def device_counts(devices: int) -> list[int]:
     """``devices`` and its halvings down to one device: the counts :func:`search_layouts` tries with ``fewer_devices``.
 
@@ -674,9 +751,13 @@ def search_layouts(
 
     ``bg`` is the model imported with one sequence per microbatch. A layout is
     tried with each ``recompute`` setting in turn and kept with the first that
-    fits; layouts whose replicas do not divide the global batch are skipped.
-    With ``keep=1`` a layout whose busiest rank's work alone is not below the
-    best step so far is not simulated (it cannot win). With
+    fits; layouts whose replicas do not divide the global batch, or whose
+    parameters' state alone overflows the memory, are skipped. Best first:
+    every layout's :func:`layout_floor` is costed first (no schedule is
+    simulated), and the layouts are simulated in the order of their floors, so
+    with ``keep=1`` the search stops at the first floor not below the best step
+    so far (no layout left can win); a time limit then cuts the least
+    promising layouts. With
     ``fewer_devices`` the layouts on the first half, quarter, ... of the
     devices are tried too (the rest idle): a global batch too small for
     every device, or replicas that would straddle nodes, can make those
@@ -687,33 +768,38 @@ def search_layouts(
     layout with tp > 1 overlaps its tensor-parallel collectives.
     """
     index = model_index(bg)
-    found: list[Evaluation] = []
     counts = device_counts(cluster.devices) if fewer_devices else [cluster.devices]
     grid = [lay for n in counts
             for lay in layout_grid(n, cluster.devices_per_node, len(index.layers), index.experts, zero,
                                    seq_len=tokens_per_sequence, tp_overlap=training.tp_comm_overlap)]
-    for tried, layout in enumerate(grid):
+    # best first: (floor, grid position, recompute position) in a heap; a layout's next recomputation setting
+    # joins it only when the one before does not fit, with its own (higher) floor
+    heap = _costed_layouts(bg, cluster, training, grid, global_batch=global_batch, memory_limit=memory_limit,
+                           recompute=recompute, index=index, deadline=deadline)
+    found: list[Evaluation] = []
+    while heap:
+        floor, k, r, layout = heapq.heappop(heap)
+        best = min((f.step_time for f in found), default=None) if keep == 1 else None
+        if best is not None and floor >= best:
+            break  # the floors only rise from here: no layout left beats the best
         if deadline is not None and time.monotonic() > deadline:
-            log.info("layouts: the time limit was spent: %s of %s not tried", plain(len(grid) - tried),
-                     plain(len(grid)))
+            log.info("layouts: the time limit was spent: %s that fit not simulated (the least promising)",
+                     plain(len(heap) + 1))
             break
-        if global_batch % layout.dp:
-            continue
-        for mode in recompute:
-            try:
-                e = evaluate_layout(bg, with_devices(cluster, layout.devices), training,
-                                    dataclasses.replace(layout, recompute=mode),
-                                    global_batch=global_batch, micro_batch_size=1,
-                                    tokens_per_sequence=tokens_per_sequence, memory_limit=memory_limit, index=index,
-                                    above=min((f.step_time for f in found), default=None) if keep == 1 else None)
-            except OpschedError:
-                break  # the schedule cannot run this layout (e.g. too few microbatches for interleaving)
-            if e is None:
-                break  # cannot beat the best so far, with more work (recomputation) even less
-            if e.fits:
-                if accept is None or accept(e):
-                    found.append(e)
-                break
+        try:
+            e = evaluate_layout(bg, with_devices(cluster, layout.devices), training, layout,
+                                global_batch=global_batch, micro_batch_size=1, tokens_per_sequence=tokens_per_sequence,
+                                memory_limit=memory_limit, index=index, above=best)
+        except OpschedError:
+            continue  # the schedule cannot run this layout (e.g. too few microbatches for interleaving)
+        if e is None:
+            continue  # cannot beat the best so far, with more work (recomputation) even less
+        if e.fits:
+            if accept is None or accept(e):
+                found.append(e)
+        elif r + 1 < len(recompute):
+            _push_costed(heap, bg, cluster, training, dataclasses.replace(layout, recompute=recompute[r + 1]), k,
+                         r + 1, global_batch=global_batch, memory_limit=memory_limit, index=index)
     # on a tie (to the nanosecond: sums of the same work in another order differ in the last bits) the layout
     # that uses more devices goes first: it leaves none idle for nothing; then the one with the fewest
     # context-parallel ranks (a shorter K/V ring for the same step)

@@ -195,6 +195,31 @@ def test_layout_search_with_tp_comm_overlap_overlaps_every_tensor_parallel_layou
     assert same.step_time == pytest.approx(best.step_time)
 
 
+@pytest.mark.parametrize("devices, global_batch", [(8, 32), (16, 16), pytest.param(32, 64, marks=pytest.mark.slow)])
+def test_the_layout_floor_is_below_every_evaluated_step_and_the_best_first_search_finds_the_best(llama, devices,
+                                                                                               global_batch):
+    """:func:`layout_floor` (what the search ranks and prunes by, without simulating) is never above the step
+    :func:`evaluate_layout` gives the layout, with any recomputation, pipelines of 1 to 32 ranks and interleaving;
+    so the best-first search returns the fastest of all the layouts."""
+    from opsched.evaluate import layout_floor, search_layouts
+
+    c = preset("h100-sxm", devices)
+    every = search_layouts(llama, c, Training(), global_batch=global_batch, tokens_per_sequence=4096, keep=10_000,
+                           recompute=("none",))
+    assert len({e.layout.pp for e in every}) >= 3
+    for e in every:
+        for mode in ("none", "selective", "full"):
+            lay = dataclasses.replace(e.layout, recompute=mode)
+            step = evaluate_layout(llama, c, Training(), lay, global_batch=global_batch, micro_batch_size=1,
+                                   tokens_per_sequence=4096).step_time
+            floor = layout_floor(llama, c, Training(), lay, global_batch=global_batch, micro_batch_size=1,
+                                 memory_limit=1e30)
+            assert floor <= step * (1 + 1e-12), (str(lay), floor, step)
+    fits = search_layouts(llama, c, Training(), global_batch=global_batch, tokens_per_sequence=4096, keep=10_000)
+    best = search_layouts(llama, c, Training(), global_batch=global_batch, tokens_per_sequence=4096)
+    assert best[0].step_time == fits[0].step_time and str(best[0].layout) == str(fits[0].layout)
+
+
 def test_layout_search_keeps_only_accepted_layouts_and_still_the_fastest_of_them(llama):
     """``accept`` (a runtime that cannot run a layout, for `plan --runtime`) leaves layouts out before pruning
     against them, so the result is the fastest accepted layout, as the unpruned search ranks them."""
