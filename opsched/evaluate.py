@@ -433,11 +433,13 @@ def _busiest_rank_work(stages: list[Stage], optimizer: list[float], pp: int, mic
 
 
 def layout_floor(bg: nx.DiGraph, cluster: Cluster, training: Training, layout: ParallelLayout, *, global_batch: int,
-                 micro_batch_size: int, memory_limit: float | None = None, index: ModelIndex | None = None
-                 ) -> float | None:
+                 micro_batch_size: int, memory_limit: float | None = None, index: ModelIndex | None = None,
+                 than: StageGraph | None = None) -> float | None:
     """A lower bound on :func:`evaluate_layout`'s step time for ``layout`` (its busiest rank's work, costed
     without simulating a schedule), or None when its parameters' state alone overflows the memory limit (no
-    recomputation makes it fit).
+    recomputation makes it fit), or when ``than`` (the stages of the same layout under another recomputation,
+    whose schedule overflowed) held no more activations in any stage: Megatron's schedules run a fixed order
+    per rank, so the peak would be the same.
 
     Cheap next to :func:`evaluate_layout` (no schedule is simulated), so
     :func:`search_layouts` ranks every layout by it first.
@@ -447,10 +449,12 @@ def layout_floor(bg: nx.DiGraph, cluster: Cluster, training: Training, layout: P
     layout.check_model(len(index.layers), index.experts)
     M = global_batch // (layout.dp * micro_batch_size)
     chunks = layer_chunks(bg, layout.pp * layout.vpp, index, layout.ends_as_layers)
-    stages, _, optimizer, _ = _chunk_stages(bg, index, chunks, layout, cluster, training)
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
-    held = [sum(s.param_bytes for s in stages if s.devices == (r,)) for r in range(layout.pp)]
-    if max(held) > limit:
+    if max(_held_param_bytes(bg, index, chunks, layout, training)) > limit:
+        return None  # checked before the passes are costed: most layouts of a large model end here
+    stages, _, optimizer, _ = _chunk_stages(bg, index, chunks, layout, cluster, training)
+    if than is not None and all(s.act_bytes >= t.act_bytes and s.act_w_bytes >= t.act_w_bytes
+                                for s, t in zip(stages, than.stages)):
         return None
     return _busiest_rank_work(stages, optimizer, layout.pp, M)
 
@@ -506,6 +510,28 @@ class _ChunkCost:
     streams: PassStreams | None = None  # the passes' compute and communication operations
 
 
+def _block_shard(block: Block, expert: bool, layout: ParallelLayout) -> tuple[float, int]:
+    """(parameters one device holds of ``block``, replicas holding the same ones: what ZeRO shards over).
+
+    Experts folded over the data-parallel replicas: each holds 1/ep of them.
+    """
+    if expert and layout.ep > 1:
+        return block.param_count / layout.tp / layout.ep, layout.dp // layout.ep
+    return block.param_count / layout.tp, layout.dp * layout.cp
+
+
+def _held_param_bytes(bg: nx.DiGraph, index: ModelIndex, chunks: list[list[int]], layout: ParallelLayout,
+                      training: Training) -> list[float]:
+    """Per pipeline rank: the bytes of parameter state (weights, gradients, optimizer) one device holds, as
+    :func:`_chunk_cost` counts them, without costing any pass."""
+    held = [0.0] * layout.pp
+    for c, members in enumerate(chunks):
+        for b in members:
+            params, replicas = _block_shard(bg.nodes[b]["block"], index.experts_of[b] > 0, layout)
+            held[c % layout.pp] += held_param_bytes(params, replicas, training, layout.zero)
+    return held
+
+
 def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: ParallelLayout, cluster: Cluster,
                 training: Training, rank: int) -> _ChunkCost:
     """One device's share of a chunk: pass times per microbatch, memory, gradient sync and optimizer step."""
@@ -522,8 +548,7 @@ def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: P
         block: Block = bg.nodes[b]["block"]
         tokens = index.tokens_in[b]
         c = block_cost(block, mode, groups.sequence, cluster, training, token_bytes=tokens)
-        params = block.param_count / layout.tp
-        replicas = layout.dp * layout.cp  # the ranks holding the same parameters: what ZeRO shards over
+        params, replicas = _block_shard(block, index.experts_of[b] > 0, layout)
         f, i = c.F, c.I
         f_comm, i_comm = c.f_comm, c.i_comm
         if layout.cp > 1:
@@ -544,8 +569,6 @@ def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: P
             i += a2a * (2 if training.recompute == "full" else 1)  # a recomputed forward swaps them again
             f_comm += a2a
             i_comm += a2a
-            params /= layout.ep
-            replicas = layout.dp // layout.ep
         out.F += f
         out.I += i
         out.W += c.W
@@ -710,22 +733,29 @@ def _costed_layouts(bg: nx.DiGraph, cluster: Cluster, training: Training, grid: 
             log.info("layouts: the time limit was spent: %s of %s not costed", plain(len(grid) - k), plain(len(grid)))
             break
         if global_batch % layout.dp == 0:
-            _push_costed(heap, bg, cluster, training, dataclasses.replace(layout, recompute=recompute[0]), k, 0,
-                         global_batch=global_batch, memory_limit=memory_limit, index=index)
+            _push_costed(heap, bg, cluster, training, layout, k, recompute, 0, global_batch=global_batch,
+                         memory_limit=memory_limit, index=index)
     return heap
 
 
 def _push_costed(heap: list, bg: nx.DiGraph, cluster: Cluster, training: Training, layout: ParallelLayout, k: int,
-                 r: int, *, global_batch: int, memory_limit: float | None, index: ModelIndex) -> None:
-    """Push ``layout`` (grid position ``k``, recomputation setting ``r``) with its floor, unless it cannot fit or
-    the model cannot take it."""
-    try:
-        floor = layout_floor(bg, with_devices(cluster, layout.devices), training, layout, global_batch=global_batch,
-                             micro_batch_size=1, memory_limit=memory_limit, index=index)
-    except OpschedError:
-        return  # a layout the model cannot take (evaluate_layout would refuse it too)
-    if floor is not None:
-        heapq.heappush(heap, (floor, k, r, layout))
+                 recompute: tuple[str, ...], r: int, *, global_batch: int, memory_limit: float | None,
+                 index: ModelIndex, than: StageGraph | None = None) -> None:
+    """Push ``layout`` (grid position ``k``) with recomputation ``recompute[r]`` and its floor, or with the first
+    later setting that could fit where that one cannot (:func:`layout_floor`, ``than`` as there); nothing when
+    none can or the model cannot take the layout."""
+    for r in range(r, len(recompute)):
+        lay = dataclasses.replace(layout, recompute=recompute[r])
+        try:
+            floor = layout_floor(bg, with_devices(cluster, layout.devices), training, lay, global_batch=global_batch,
+                                 micro_batch_size=1, memory_limit=memory_limit, index=index, than=than)
+        except OpschedError:
+            return  # a layout the model cannot take (evaluate_layout would refuse it too)
+        if floor is not None:
+            heapq.heappush(heap, (floor, k, r, lay))
+            return
+        if than is None:
+            return  # its parameters' state overflows: so with every setting
 
 
 def device_counts(devices: int) -> list[int]:
@@ -797,9 +827,9 @@ def search_layouts(
         if e.fits:
             if accept is None or accept(e):
                 found.append(e)
-        elif r + 1 < len(recompute):
-            _push_costed(heap, bg, cluster, training, dataclasses.replace(layout, recompute=recompute[r + 1]), k,
-                         r + 1, global_batch=global_batch, memory_limit=memory_limit, index=index)
+        elif r + 1 < len(recompute):  # the next setting that stores less (one that does not would peak the same)
+            _push_costed(heap, bg, cluster, training, layout, k, recompute, r + 1, global_batch=global_batch,
+                         memory_limit=memory_limit, index=index, than=e.schedule.stage_graph)
     # on a tie (to the nanosecond: sums of the same work in another order differ in the last bits) the layout
     # that uses more devices goes first: it leaves none idle for nothing; then the one with the fewest
     # context-parallel ranks (a shorter K/V ring for the same step)

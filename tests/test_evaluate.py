@@ -201,7 +201,7 @@ def test_the_layout_floor_is_below_every_evaluated_step_and_the_best_first_searc
     """:func:`layout_floor` (what the search ranks and prunes by, without simulating) is never above the step
     :func:`evaluate_layout` gives the layout, with any recomputation, pipelines of 1 to 32 ranks and interleaving;
     so the best-first search returns the fastest of all the layouts."""
-    from opsched.evaluate import layout_floor, search_layouts
+    from opsched.evaluate import _held_param_bytes, layout_floor, search_layouts
 
     c = preset("h100-sxm", devices)
     every = search_layouts(llama, c, Training(), global_batch=global_batch, tokens_per_sequence=4096, keep=10_000,
@@ -215,6 +215,12 @@ def test_the_layout_floor_is_below_every_evaluated_step_and_the_best_first_searc
             floor = layout_floor(llama, c, Training(), lay, global_batch=global_batch, micro_batch_size=1,
                                  memory_limit=1e30)
             assert floor <= step * (1 + 1e-12), (str(lay), floor, step)
+        # the floor's memory check counts each rank's parameter state as the costed stages hold it
+        chunks = layer_chunks(llama, e.layout.pp * e.layout.vpp, model_index(llama), e.layout.ends_as_layers)
+        held = _held_param_bytes(llama, model_index(llama), chunks, e.layout.resolved(devices), Training())
+        sg = e.schedule.stage_graph
+        assert held == pytest.approx([sum(s.param_bytes for s in sg.stages if s.devices == (r,))
+                                      for r in range(e.layout.pp)])
     fits = search_layouts(llama, c, Training(), global_batch=global_batch, tokens_per_sequence=4096, keep=10_000)
     best = search_layouts(llama, c, Training(), global_batch=global_batch, tokens_per_sequence=4096)
     assert best[0].step_time == fits[0].step_time and str(best[0].layout) == str(fits[0].layout)
@@ -341,13 +347,47 @@ def test_layout_search_keeps_the_cheapest_recomputation_that_fits(llama, monkeyp
         e = real(bg, cluster, training, layout, **{**kw, "above": None})
         return dataclasses.replace(e, peak_memory_bytes=memory[layout.recompute] * e.memory_limit / 2.5)
 
+    real_floor = ev.layout_floor
+
+    def floor(*a, **kw):  # the stub's peaks are not the stages' activations: no setting is skipped as storing no less
+        return real_floor(*a, **{**kw, "than": None})
+
     monkeypatch.setattr(ev, "evaluate_layout", stub)
+    monkeypatch.setattr(ev, "layout_floor", floor)
     found = ev.search_layouts(llama, preset("h100-sxm", 8), Training(), global_batch=32, tokens_per_sequence=4096,
                               keep=1000)
     assert found and all(e.layout.recompute == "selective" for e in found)
     memory["selective"] = 2.6  # selective no longer fits: full is next
     found = ev.search_layouts(llama, preset("h100-sxm", 8), Training(), global_batch=32, tokens_per_sequence=4096)
     assert found[0].layout.recompute == "full"
+
+
+def test_a_recomputation_that_stores_no_less_than_one_that_overflowed_is_not_simulated(llama, monkeypatch):
+    """Megatron's schedules run a fixed order per rank, so a setting whose stages hold no fewer activations peaks
+    the same: with a fused attention (no stored scores) selective holds what none holds, so where none overflows
+    the search goes straight to full, and finds what simulating selective too would."""
+    import opsched.evaluate as ev
+
+    c = preset("h100-sxm", 8)
+    tried = []
+    real = ev.evaluate_layout
+
+    def spy(bg, cluster, training, layout, **kw):
+        tried.append(layout.recompute)
+        return real(bg, cluster, training, layout, **kw)
+
+    limit = 24 * 2**30  # none overflows on most layouts
+    monkeypatch.setattr(ev, "evaluate_layout", spy)
+    found = ev.search_layouts(llama, c, Training(), global_batch=32, tokens_per_sequence=4096, memory_limit=limit,
+                              keep=1000)
+    assert "selective" not in tried and "full" in tried and found
+    for e in found[:3]:  # simulated with each setting in turn, the first that fits is the one kept
+        for mode in ("none", "selective", "full"):
+            lay = dataclasses.replace(e.layout, recompute=mode)
+            if real(llama, c, Training(), lay, global_batch=32, micro_batch_size=1, tokens_per_sequence=4096,
+                    memory_limit=limit).fits:
+                break
+        assert mode == e.layout.recompute
 
 
 # --------------------------------------------------------------------------- context parallelism in the search
