@@ -32,20 +32,22 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 import networkx as nx
 
-from opsched.baselines import run_baseline
+from opsched.baselines import baseline_order, placed_stage_graph, run_baseline
 from opsched.cluster import RECOMPUTE_MODES, Cluster, Training, with_devices
 from opsched.cost import (BlockCost, Mode, alltoall_time, allreduce_time, attention_core_time, block_cost,
                           context_ring_time, expert_count, held_param_bytes, stage_streams)
 from opsched.errors import OpschedError, Unsupported
 from opsched.graph import Block
 from opsched.overlap import PassStreams
-from opsched.schedule import Edge, Schedule, Stage, StageGraph, metrics
+from opsched.lower.jobs import order_peak_activation
+from opsched.schedule import Edge, Schedule, Stage, StageGraph, device_param_bytes, metrics
 from opsched.units import plain
 from opsched.upper.stages import LAYER_COMPONENT, layer_path
 
@@ -351,6 +353,7 @@ def evaluate_layout(
     memory_limit: float | None = None,
     index: ModelIndex | None = None,
     above: float | None = None,
+    memory_first: bool = False,
 ) -> Evaluation | None:
     """Predict the training step of ``layout`` (see the module docstring).
 
@@ -360,7 +363,11 @@ def evaluate_layout(
     ``interleaved-1f1b`` when vpp > 1, else ``1f1b``). ``index``: ``bg``'s
     :func:`model_index`, when the caller evaluates many layouts. With
     ``above``, returns None without simulating when the busiest rank's work
-    alone (M x its F + I + W, plus the optimizer step) is not below it.
+    alone (M x its F + I + W, plus the optimizer step) is not below it. With
+    ``memory_first``, a layout whose schedule overflows the memory limit is
+    not timed: its peak comes from the schedule's order alone (a rank's order
+    fixes its peak, :func:`opsched.lower.jobs.order_peak_activation`), and
+    the evaluation has no events and an infinite step time.
     """
     index = index or model_index(bg)
     layout = layout.resolved(cluster.devices)
@@ -382,6 +389,14 @@ def evaluate_layout(
     edges = [Edge(c, c + 1, time=_boundary_time(crossing[c], c, layout, cluster), bytes=crossing[c])
              for c in range(len(chunks) - 1)]
     sg = StageGraph(stages, edges, num_devices=layout.pp)
+    if memory_first:
+        untimed = _untimed_if_over_memory(name, sg, M, limit)
+        if untimed is not None:
+            return Evaluation(layout=layout, schedule_name=name, microbatches=M, global_batch=global_batch,
+                              tokens_per_step=global_batch * tokens_per_sequence, step_time=math.inf,
+                              tokens_per_second_per_device=0.0, mfu=0.0, model_flops_per_step=0.0,
+                              peak_memory_bytes=untimed[1], memory_limit=limit, breakdown={}, schedule=untimed[0],
+                              grad_sync=max(sync), chunks=chunks)
     try:
         sched = run_baseline(name, sg, M)
     except Unsupported as exc:
@@ -457,6 +472,23 @@ def layout_floor(bg: nx.DiGraph, cluster: Cluster, training: Training, layout: P
                                 for s, t in zip(stages, than.stages)):
         return None
     return _busiest_rank_work(stages, optimizer, layout.pp, M)
+
+
+def _untimed_if_over_memory(name: str, sg: StageGraph, microbatches: int, limit: float
+                            ) -> tuple[Schedule, float] | None:
+    """(the schedule ``name`` would run, with no events; its peak bytes per device) when that peak overflows
+    ``limit``, else None. The peak comes from each rank's order, without timing it."""
+    try:
+        placed = placed_stage_graph(name, sg, microbatches)
+        order = baseline_order(name, placed, microbatches)
+    except Unsupported:
+        return None  # run_baseline refuses it with the reason
+    held = order_peak_activation(placed, order)
+    params = device_param_bytes(placed)
+    peak = max(params[d] + held.get(d, 0.0) for d in range(len(params)))
+    if peak <= limit * (1 + 1e-9):
+        return None
+    return Schedule(placed, microbatches, [], name=name), peak
 
 
 def _breakdown(busy: list[float], context: list[float] | None, makespan: float, pipeline_end: float,
@@ -819,7 +851,7 @@ def search_layouts(
         try:
             e = evaluate_layout(bg, with_devices(cluster, layout.devices), training, layout,
                                 global_batch=global_batch, micro_batch_size=1, tokens_per_sequence=tokens_per_sequence,
-                                memory_limit=memory_limit, index=index, above=best)
+                                memory_limit=memory_limit, index=index, above=best, memory_first=True)
         except OpschedError:
             continue  # the schedule cannot run this layout (e.g. too few microbatches for interleaving)
         if e is None:

@@ -226,6 +226,29 @@ def test_the_layout_floor_is_below_every_evaluated_step_and_the_best_first_searc
     assert best[0].step_time == fits[0].step_time and str(best[0].layout) == str(fits[0].layout)
 
 
+def test_a_layout_over_memory_is_refused_from_its_order_with_the_simulated_peak(llama):
+    """``memory_first``: the peak of Megatron's schedules follows from each rank's order, so a layout over the
+    limit is not timed, and that peak equals the simulated one; every layout under it is evaluated as before."""
+    from opsched.evaluate import layout_grid
+
+    c = preset("h100-sxm", 8)
+    limit = 30 * 2**30
+    untimed = 0
+    for lay in layout_grid(8, 8, layers=32, experts=0):
+        for mode in ("none", "full"):
+            kw = dict(global_batch=32, micro_batch_size=1, tokens_per_sequence=4096, memory_limit=limit)
+            lay = dataclasses.replace(lay, recompute=mode)
+            timed = evaluate_layout(llama, c, Training(), lay, **kw)
+            quick = evaluate_layout(llama, c, Training(), lay, memory_first=True, **kw)
+            assert quick.fits == timed.fits and quick.peak_memory_bytes == pytest.approx(timed.peak_memory_bytes)
+            if quick.fits:
+                assert quick.step_time == timed.step_time
+            else:
+                untimed += 1
+                assert quick.step_time == float("inf") and not quick.schedule.events
+    assert untimed >= 3
+
+
 def test_layout_search_keeps_only_accepted_layouts_and_still_the_fastest_of_them(llama):
     """``accept`` (a runtime that cannot run a layout, for `plan --runtime`) leaves layouts out before pruning
     against them, so the result is the fastest accepted layout, as the unpruned search ranks them."""
