@@ -272,9 +272,11 @@ def _plan_against(run: Run, planned: Run, doc: dict, path: str | None, time_limi
     published_step = doc["makespan"] + doc["grad_sync_seconds"]
     # plan's default 16 microbatches need a global batch they divide; else one sequence per microbatch
     micro = [] if run.global_batch % 16 == 0 else ["--micro-batch-size", "1"]
+    # a published layout run with Megatron's --tp-comm-overlap: the plan may overlap the same way
+    overlap = ["--tp-comm-overlap", "on"] if "tp_overlap=1" in run.layout else []
     with tempfile.TemporaryDirectory() as out:
         command = ["opsched", "plan", path or f"models/{run.model}", "--devices", str(run.devices), "--preset", run.preset,
-                   "--global-batch", str(run.global_batch), *micro, "--seq-len", str(run.seq_len), "--time-limit",
+                   "--global-batch", str(run.global_batch), *micro, *overlap, "--seq-len", str(run.seq_len), "--time-limit",
                    str(time_limit), "-o", out, "--json", "-q"]
         t0 = time.perf_counter()
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
