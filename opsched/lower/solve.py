@@ -334,7 +334,7 @@ def _search(
     run = _Search(js, budgets, objective, solver, threads, deadline, bound, report, search_bound=search_bound)
     name, start, _ = _best_start(run, allow_pairs, warm_orders)
     best = evaluate(js, start, objective)
-    pairs = _pairs_searched(js, allow_pairs, objective)
+    pairs = _pairs_searched(js, allow_pairs)
     slot = slot or auto_slot(js.sg, best.makespan, pairs=pairs)
     run.pairs = pairs  # an inexact slot rounds pair lengths up, as it does every pass (pair_length)
     if _has_pairs(start) and not run.pairs:  # the MIP cannot move these pairs: the order is kept as it is
@@ -351,12 +351,10 @@ def _search(
     return run.news(done=True)
 
 
-def _pairs_searched(js: JobSet, allow_pairs: bool, objective: Objective) -> bool:
-    """Whether the search may use overlapped F&B pairs: allowed, a positive overlap gain, the makespan objective.
-
-    (The span objective's device spans are written for single jobs.)
-    """
-    return allow_pairs and js.sg.may_overlap and objective == Objective.MAKESPAN
+def _pairs_searched(js: JobSet, allow_pairs: bool) -> bool:
+    """Whether the search may use overlapped F&B pairs: allowed, and a positive overlap gain (for either
+    objective: a device's span ends at the end of a pair whose backward is its last W or B)."""
+    return allow_pairs and js.sg.may_overlap
 
 
 def _search_bound(js: JobSet, budgets, objective: Objective, bound: float, allow_pairs: bool) -> float:
@@ -366,7 +364,7 @@ def _search_bound(js: JobSet, budgets, objective: Objective, bound: float, allow
     may use pairs; else the same combinatorial bounds on ``js`` as it is,
     without pair shares (the search makes ``js``'s jobs one at a time).
     """
-    if own_orders_hold_every_schedule(js) or _pairs_searched(js, allow_pairs, objective):
+    if own_orders_hold_every_schedule(js) or _pairs_searched(js, allow_pairs):
         return bound
     if objective == Objective.MAKESPAN:
         return combinatorial_bound(js, budgets, own_orders=True)

@@ -523,7 +523,8 @@ def makespan_definition(model: mip.Model, sp: SlotProblem, z: dict, C: mip.Var) 
 
 
 def device_span_definition(model: mip.Model, sp: SlotProblem, z: dict) -> mip.Var:
-    """``Z >= E_d - A_d`` per device: ``A_d <= S_j`` for its F jobs, ``E_d >= S_j + p_j`` for its W/B jobs.
+    """``Z >= E_d - A_d`` per device: ``A_d <= S_j`` for its F jobs, ``E_d >= S_j + p_j`` for its W/B jobs
+    (the end of the pair, for a job that runs in an overlapped pair).
 
     ``Z`` is the Zero Bubble paper's cost (the longest device span from its
     first F to its last W or B); returned for use as an objective.
@@ -533,6 +534,9 @@ def device_span_definition(model: mip.Model, sp: SlotProblem, z: dict) -> mip.Va
 
     def start(j):
         return sp.fixed[j] if j in sp.fixed else start_expr(sp, z, j)
+
+    def end(j):
+        return sp.fixed[j] + sp.length(j) if j in sp.fixed else end_expr(sp, z, j)
 
     for d, ks in sorted(js.on_device.items()):
         forwards = [k for k in ks if js.jobs[k].pass_ == "F"]
@@ -544,7 +548,7 @@ def device_span_definition(model: mip.Model, sp: SlotProblem, z: dict) -> mip.Va
         for k in forwards:
             model.add_constr(A <= start(k), name=f"first_{d}_{k}")
         for k in lasts:
-            model.add_constr(E >= start(k) + sp.p[k], name=f"last_{d}_{k}")
+            model.add_constr(E >= end(k), name=f"last_{d}_{k}")
         model.add_constr(Z >= E - A, name=f"spanZ_{d}")
     return Z
 
@@ -666,7 +670,7 @@ def complete_warm_start(
     spans = [0.0]
     for d, ks in js.on_device.items():
         firsts = [at[k] for k in ks if js.jobs[k].pass_ == "F"]
-        lasts = [at[k] + sp.p[k] for k in ks if js.jobs[k].pass_ in ("W", "B")]
+        lasts = [at[k] + lengths.get(k, sp.length(k)) for k in ks if js.jobs[k].pass_ in ("W", "B")]
         if firsts and lasts:
             values[f"A_{d}"], values[f"E_{d}"] = float(min(firsts)), float(max(lasts))
             spans.append(max(lasts) - min(firsts))
