@@ -214,11 +214,13 @@ def _contiguous_rows(
         found[k] = rows
 
     def next_call(k: int, running: int) -> Call | None:
-        # past the deadline, the depths not yet tried are skipped once some method has a baseline
-        if deadline is not None and time.monotonic() > deadline and \
-                any(isinstance(r, _DepthRows) and r.best for r in found):
+        # past the deadline, the depths not yet tried are skipped once some method has a baseline, and a depth
+        # under way stops between methods (once it, or a depth before it, has one)
+        some = any(isinstance(r, _DepthRows) and r.best for r in found)
+        if deadline is not None and time.monotonic() > deadline and some:
             return None
-        return Call(_rows_at_depth, (bg, depths[k], cluster, training, memory_limit, table), timeout=DEPTH_TIMEOUT)
+        return Call(_rows_at_depth, (bg, depths[k], cluster, training, memory_limit, table, deadline, some),
+                    timeout=DEPTH_TIMEOUT)
 
     if workers > 1:
         run_isolated_all(next_call, len(depths), jobs=workers, on_result=take)
@@ -233,6 +235,7 @@ def _contiguous_rows(
         if not isinstance(rows, _DepthRows):  # skipped, or its process died
             skipped = True
             continue
+        skipped = skipped or rows.cut
         for method, reason in rows.reasons.items():
             reasons[method].setdefault(lay.groups, reason)
         for method, cand in rows.best.items():
@@ -257,17 +260,22 @@ class _DepthRows:
 
     best: dict[str, Baseline]
     reasons: dict[str, str]
+    #: the deadline stopped the depth before every method ran
+    cut: bool = False
 
 
 def _rows_at_depth(bg: nx.DiGraph, lay: Layout, cluster: Cluster, training: Training, memory_limit: float,
-                   table: CostTable) -> _DepthRows:
-    """Every method on its best contiguous split into ``lay.groups`` groups (each memory scale's cut)."""
+                   table: CostTable, deadline: float | None = None, found_before: bool = False) -> _DepthRows:
+    """Every method on its best contiguous split into ``lay.groups`` groups (each memory scale's cut); past
+    ``deadline``, the methods left are not run once a baseline exists (here, or ``found_before`` elsewhere)."""
     M, G = training.microbatches, lay.groups
     best: dict[str, Baseline] = {}
     reasons: dict[str, str] = {}
     chains: dict[tuple[int, float], ContiguousChain | None] = {}
     ran: set[tuple] = set()  # a tighter memory scale often cuts the same split: each method runs on it once
     for method, scale in itertools.product(NAMES, SPLIT_MEMORY_SCALES):
+        if deadline is not None and (best or found_before) and time.monotonic() > deadline:
+            return _DepthRows(best, reasons, cut=True)
         count = method_stage_count(method, G)
         if (count, scale) not in chains:
             shape = Layout(lay.devices, G) if count == G else Layout(lay.devices, G, count // G, "interleaved")

@@ -150,7 +150,8 @@ def test_the_plan_is_the_same_for_any_number_of_workers():
 
 
 def test_baselines_past_their_deadline_keep_what_they_found_and_say_what_was_not_tried():
-    """Past the deadline the first pipeline depth is tried whole (no method has a baseline yet), the others not."""
+    """Past the deadline the first pipeline depth runs its methods until one gives a baseline (none has one yet),
+    then stops; the other depths are not tried, and nothing left untried is called a refusal."""
     import networkx as nx
 
     from opsched.contiguous import contiguous_baselines
@@ -162,13 +163,15 @@ def test_baselines_past_their_deadline_keep_what_they_found_and_say_what_was_not
     bg.add_edges_from([(i, i + 1) for i in range(7)], bytes=1e8)
     cluster, training = cluster_from_dict({**SLOW_LINK_CLUSTER, "devices": 8, "devices_per_node": 4}), Training(8)
     every, _, refused_everywhere = contiguous_baselines(bg, cluster, training, 2e9)
+    assert len(every) >= 2
     cut, best, refused = contiguous_baselines(bg, cluster, training, 2e9, deadline=0.0)
-    assert best is cut[0] and all(b.layout.startswith("2x4 ") for b in cut)  # the first depth: 2 groups
-    assert set(refused) == set(refused_everywhere) != set()
-    for method, why in refused.items():  # refused at 2 groups; at 4 and 8 not tried: not called a refusal there
-        assert why.startswith("not tried on every split: the time limit was spent (at 2 groups: ")
-        assert "at 8 groups" in refused_everywhere[method] and "8 groups" not in why
-    # two workers start the first two depths at once; the third waits, and past the deadline it is skipped
-    _, _, refused = contiguous_baselines(bg, cluster, training, 2e9, deadline=0.0, workers=2)
-    assert set(refused) == set(refused_everywhere)
-    assert all(why.startswith("not tried on every split") and "8 groups" not in why for why in refused.values())
+    assert len(cut) == 1 and best is cut[0] and cut[0].layout.startswith("2x4 ")  # the first depth: 2 groups
+    assert set(refused_everywhere) <= set(refused) and best.method not in refused
+    for method, why in refused.items():  # at 4 and 8 groups not tried: not called a refusal there
+        assert why.startswith("not tried") and "the time limit was spent" in why and "8 groups" not in why
+        if method in refused_everywhere and why != "not tried: the time limit was spent":
+            assert why.startswith("not tried on every split: the time limit was spent (at 2 groups: ")
+    # two workers start the first two depths at once, each stopping at its first baseline; the third is skipped
+    cut, _, refused = contiguous_baselines(bg, cluster, training, 2e9, deadline=0.0, workers=2)
+    assert 1 <= len(cut) <= 2 and set(refused_everywhere) <= set(refused)
+    assert all(why.startswith("not tried") and "8 groups" not in why for why in refused.values())
