@@ -362,8 +362,10 @@ def evaluate_layout(
     micro-batch size). ``schedule`` is a baseline name (default:
     ``interleaved-1f1b`` when vpp > 1, else ``1f1b``). ``index``: ``bg``'s
     :func:`model_index`, when the caller evaluates many layouts. With
-    ``above``, returns None without simulating when the busiest rank's work
-    alone (M x its F + I + W, plus the optimizer step) is not below it. With
+    ``above`` and Megatron's schedules (the default ones), returns None
+    without simulating when the layout's floor (:func:`_busiest_rank_work`:
+    the busiest rank's work with the pipeline's head and tail, plus the
+    optimizer step) is not below it; other schedules are always simulated. With
     ``memory_first``, a layout whose schedule overflows the memory limit is
     not timed: its peak comes from the schedule's order alone (a rank's order
     fixes its peak, :func:`opsched.lower.jobs.order_peak_activation`), and

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from opsched.cluster import OPTIMIZER_STATE_BYTES
+from opsched.cost import Mode
 from opsched.errors import OpschedError
 from opsched.evaluate import RECOMPUTE, ParallelLayout
 from opsched.export.torch_csv import check_expressible
@@ -164,8 +165,8 @@ def check_without_context_parallel(doc: dict, runtime: Runtime) -> None:
     Traceback (most recent call last):
     opsched.errors.OpschedError: torch.distributed.pipelining cannot run this plan: its stages split each sequence over 2 context-parallel ranks (cp2.dp4), which it does not do; export it with --torchtitan F.toml --torch-csv F.csv or --megatron F
     """
-    for config in _configs(doc):
-        cp = parse_config(config)[0].cp
+    for config, base in _configs(doc):
+        cp = base.cp
         if cp > 1:
             raise OpschedError(f"{runtime[0]} cannot run this plan: its stages split each sequence over {cp} "
                                f"context-parallel ranks ({config}), which it does not do; export it with "
@@ -292,23 +293,24 @@ def check_torch_can_run(doc: Mapping, runtime: Runtime) -> None:
     check_without_context_parallel(doc, runtime)
     if doc.get("tp_comm_overlap") is not True:
         return
-    for config in _configs(doc):
-        if parse_config(config)[0].tp > 1:
+    for config, base in _configs(doc):
+        if base.tp > 1:
             raise OpschedError(f"{runtime[0]} cannot run this plan: its tensor-parallel collectives ({config}) are "
                                "costed as running under their GEMMs (Megatron's --tp-comm-overlap), which it does "
                                "not do; export it with --megatron F, or plan with --tp-comm-overlap off")
 
 
-def _configs(doc: Mapping) -> list[str]:
-    """The distinct stage configurations of plan.json's ``stage_contents`` that the notation reads."""
+def _configs(doc: Mapping) -> list[tuple[str, Mode]]:
+    """(name, base mode) of each distinct stage configuration of plan.json's ``stage_contents`` that the notation
+    reads (:func:`opsched.upper.layouts.parse_config`)."""
     raw = doc.get("stage_contents")
     entries = raw.values() if isinstance(raw, dict) else []
     out = []
     for config in dict.fromkeys(e.get("config") for e in entries if isinstance(e, dict)):
+        if not isinstance(config, str):
+            continue
         try:
-            if isinstance(config, str):
-                parse_config(config)
-                out.append(config)
+            out.append((config, parse_config(config)[0]))
         except OpschedError:
             continue  # a name the notation does not cover says nothing; the frameworks refuse it themselves
     return out
