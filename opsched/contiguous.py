@@ -342,7 +342,7 @@ def fewer_device_baselines(
     >>> from opsched.graph import Block
     >>> bg = nx.DiGraph(kind="BlockGraph")
     >>> for i in range(4):
-    ...     bg.add_node(i, block=Block(i, f"b{i}", (), (), flops=1e12, param_count=10**6, output_bytes=1e6))
+    ...     bg.add_node(i, block=Block(i, f"b{i}", (), (), flops=1e12, param_count=10**6, output_bytes=1e6, saved_bytes=1e6))
     >>> bg.add_edges_from([(0, 1), (1, 2), (2, 3)], bytes=1e6)
     >>> [b.layout.split(", on ")[1] for b in fewer_device_baselines(bg, preset("h100-sxm", 32), Training(), 8e10)]
     ['16 of the 32 devices', '8 of the 32 devices']

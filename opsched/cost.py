@@ -12,9 +12,10 @@ One module, one set of formulas (written out in ``docs/cost-model.md``):
 * **recomputation** (``Training.recompute``): ``full``, the block keeps only
   its input per microbatch and runs its forward again before I;
   ``selective``, its attention core's forward runs again before I;
-* **activations** stored: every output of the block, split over the mode's
-  devices; without sequence parallelism the residual stream is held whole
-  by every tensor-parallel rank (:func:`stored_activation_bytes`);
+* **activations** stored: what the block's operators keep for the backward
+  (:mod:`opsched.saved`), split over the mode's devices; without sequence
+  parallelism the norms' inputs and outputs are held whole by every
+  tensor-parallel rank (:func:`stored_activation_bytes`);
 * **context parallelism**: ring attention's K/V exchange, overlapped with the
   attention (:func:`context_ring_time`);
 * **parallel modes** on a group of ``k`` devices: tensor parallel degree
@@ -454,17 +455,19 @@ def block_cost(
 def stored_activation_bytes(block: Block, mode: Mode, sequence_parallel: bool = True) -> float:
     """Bytes one device stores from the block's forward for its backward, per microbatch (no recomputation).
 
-    Every output the block writes, split over the mode's devices, except
-    that without sequence parallelism a tensor-parallel rank holds whole
-    what lies outside the column-/row-parallel pairs (``tp_replicated_bytes``:
-    norms, residual adds, row-parallel outputs): Korthikanti et al. 2022,
-    Table 2, ``sbh(10 + 24/t)`` without and ``34·sbh/t`` with it.
+    What the block's operators keep for the backward (``saved_bytes``,
+    :mod:`opsched.saved`), split over the mode's devices, except that without
+    sequence parallelism a tensor-parallel rank holds whole what lies outside
+    the column-/row-parallel pairs (``tp_replicated_bytes``: the norms' inputs
+    and outputs): Korthikanti et al. 2022, Table 2, ``sbh(10 + 24/t)``
+    without and ``34·sbh/t`` with it (their counts include two dropout masks
+    of ``sbh`` each).
 
-    >>> b = Block(0, "layer", (), (), param_count=9, output_bytes=34.0, tp_replicated_bytes=10.0)
+    >>> b = Block(0, "layer", (), (), param_count=9, saved_bytes=34.0, tp_replicated_bytes=10.0)
     >>> stored_activation_bytes(b, Mode(tp=2)), stored_activation_bytes(b, Mode(tp=2), sequence_parallel=False)
     (17.0, 22.0)
     """
-    split = block.output_bytes - block.tp_replicated_bytes
+    split = block.saved_bytes - block.tp_replicated_bytes
     replicated_over = mode.size if sequence_parallel or mode.tp == 1 else mode.size // mode.tp
     return split / mode.size + block.tp_replicated_bytes / replicated_over
 

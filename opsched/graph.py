@@ -44,6 +44,9 @@ class OpNode:
     param_bytes: float = 0.0  # bytes of those parameters in their stored dtype
     output_bytes: float = 0.0  # bytes of the tensors this op writes
     io_bytes: float = 0.0  # bytes read + written (memory traffic, for the roofline)
+    #: bytes of the activations kept for the backward that this op is the first to keep (opsched.saved:
+    #: a weight matmul keeps its input, a norm its input, a bias or residual add nothing; views share storage)
+    saved_bytes: float = 0.0
     #: bytes a tensor-parallel all-reduce moves after this op: its output when it is a row-parallel
     #: linear layer (a weight matmul that feeds the residual stream), else 0 (see onnx_import)
     tp_comm_bytes: float = 0.0
@@ -56,13 +59,13 @@ class OpNode:
     #: ``matmul_flops`` with each GEMM's dimensions padded to the tile it runs in (``opsched.gemm``: tile
     #: quantisation); what ``cost.compute_time`` charges at the matmul ceiling (0: not known, ``matmul_flops``)
     matmul_padded_flops: float = 0.0
-    #: of ``output_bytes``: what a tensor-parallel group holds whole on every rank unless sequence parallelism
-    #: splits it (outputs outside the column-/row-parallel pairs: norms, residual adds, row-parallel outputs)
+    #: of ``saved_bytes``: what a tensor-parallel group keeps whole on every rank unless sequence parallelism
+    #: splits it (tensors outside the column-/row-parallel pairs: norms' inputs and outputs, residual adds)
     tp_replicated_bytes: float = 0.0
     #: bytes of the keys and values an attention reads: what context parallelism's ring passes around
     attention_kv_bytes: float = 0.0
-    #: of ``output_bytes``: an unfused attention's scores (QKᵀ, scaling, mask, softmax, dropout), which
-    #: selective recomputation does not store (a fused Attention never writes them)
+    #: of ``saved_bytes``: what an unfused attention keeps of its scores (softmax output, dropout mask and
+    #: output), which selective recomputation does not store (a fused Attention never writes them)
     attention_scores_bytes: float = 0.0
 
 
@@ -79,6 +82,7 @@ class Block:
     param_bytes: float = 0.0
     output_bytes: float = 0.0
     io_bytes: float = 0.0
+    saved_bytes: float = 0.0
     tp_comm_bytes: float = 0.0
     matmul_flops: float = 0.0
     matmul_io_bytes: float = 0.0
@@ -91,9 +95,9 @@ class Block:
     op_types: dict[str, int] = field(default_factory=dict, compare=False)
 
 
-COST_FIELDS = ("flops", "param_count", "param_bytes", "output_bytes", "io_bytes", "tp_comm_bytes", "matmul_flops",
-               "matmul_io_bytes", "attention_flops", "attention_io_bytes", "tp_replicated_bytes", "attention_kv_bytes",
-               "attention_scores_bytes", "matmul_padded_flops")
+COST_FIELDS = ("flops", "param_count", "param_bytes", "output_bytes", "io_bytes", "saved_bytes", "tp_comm_bytes",
+               "matmul_flops", "matmul_io_bytes", "attention_flops", "attention_io_bytes", "tp_replicated_bytes",
+               "attention_kv_bytes", "attention_scores_bytes", "matmul_padded_flops")
 
 
 def common_scope(scopes) -> tuple[str, ...]:

@@ -130,6 +130,7 @@ from onnx import TensorProto, numpy_helper
 from opsched.errors import OpschedError
 from opsched.gemm import matmul_shape, padded_flops
 from opsched.graph import OpNode, gc_paused, new_op_graph
+from opsched.saved import NO_GRADIENT, VIEW_OPS, saved_tensors
 from opsched.stacked_experts import find_families, router_sizes, split_families, stacked_weights
 from opsched.units import plural
 
@@ -954,7 +955,8 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
                 readers.setdefault(x, []).append(n)
     nodes: list[tuple[str, dict]] = []
     split_tensors: set[str] = set()  # activations each tensor-parallel rank holds a part of (see _split_over_tensor_ranks)
-    unfused = _UnfusedAttention(nodes)
+    kept = _KeptActivations(nodes, weights, const_tensors, bytes_of)
+    unfused = _UnfusedAttention(nodes, kept)
     edges: dict[tuple[str, str], dict] = {}  # (writer, reader) -> bytes and tensors, in the order met
     for i in order:
         n = g_onnx.node[i]
@@ -977,6 +979,7 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
         split = _split_over_tensor_ranks(op_type, inputs, param_count, row_parallel, split_tensors)
         if split:
             split_tensors.update(outputs)
+        saved = kept.see(len(nodes), op_type, inputs, outputs)
         op = OpNode(key, op_type, scopes[i], flops=float(flops), param_count=int(param_count),
                     param_bytes=float(param_bytes), output_bytes=float(out_bytes), io_bytes=float(in_bytes + out_bytes),
                     tp_comm_bytes=float(out_bytes) if row_parallel else 0.0,
@@ -985,7 +988,8 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
                     matmul_padded_flops=_matmul_padded_flops(n, shapes, flops) if kind["matmul"] else 0.0,
                     attention_flops=float(flops) if kind["attention"] else 0.0,
                     attention_io_bytes=float(in_bytes + out_bytes) if kind["attention"] else 0.0,
-                    tp_replicated_bytes=0.0 if split else float(out_bytes),
+                    saved_bytes=float(sum(saved.values())),
+                    tp_replicated_bytes=float(sum(b for t, b in saved.items() if t not in split_tensors)),
                     attention_kv_bytes=float(sum(bytes_of[x] for x in inputs[1:3] if x)) if kind["attention"] else 0.0)
         is_const = all((not x) or x in const_tensors for x in inputs)
         nodes.append((key, {"op": op, "const": is_const}))
@@ -1005,6 +1009,74 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
 _PASS_THROUGH = frozenset({"Reshape", "Identity", "Dropout", "Cast", "Squeeze", "Unsqueeze", "Flatten"})
 
 
+class _KeptActivations:
+    """The activations each node keeps for the backward (:mod:`opsched.saved`), each storage counted once.
+
+    Walks the nodes in topological order, tracking which tensors need a
+    gradient (parameters and what is computed from them), which storage a
+    view shares, and which node keeps each storage first: that node's
+    ``saved_bytes`` counts it. Weights and constants are no activations.
+    """
+
+    def __init__(self, nodes: list[tuple[str, dict]], weights: "_ParamCounter", const_tensors: set[str], bytes_of):
+        self.nodes, self.weights, self.const_tensors, self.bytes_of = nodes, weights, const_tensors, bytes_of
+        self.sigmoid_of: dict[str, str] = {}  # a Sigmoid's output -> its input
+        self.gradient: set[str] = set()  # activations that need a gradient
+        self.storage: dict[str, str] = {}  # view -> the tensor whose storage it shares
+        self.keeper: dict[str, int] = {}  # storage tensor -> index of the first node keeping it
+        self.producer: dict[str, int] = {}  # tensor -> index of the node writing it
+        self.by_node: list[dict[str, float]] = []  # per node index: storage tensor -> bytes it keeps first
+
+    def needs_gradient(self, name: str) -> bool:
+        return name in self.gradient or self.weights.is_parameter(name)
+
+    def see(self, index: int, op_type: str, inputs: list[str], outputs: list[str]) -> dict[str, float]:
+        """Storage tensors node ``index`` keeps first, with their bytes; nodes must come in topological order."""
+        mine: dict[str, float] = {}
+        kept = saved_tensors(op_type, inputs, outputs, self.needs_gradient)
+        if op_type == "Mul" and self._silu(inputs):
+            kept = tuple(x for x in inputs if x not in self.sigmoid_of)  # SiLU's backward recomputes the sigmoid
+        for name in kept:
+            base = self.storage.get(name, name)
+            if base not in self.const_tensors and base not in self.keeper:
+                self.keeper[base] = index
+                mine[base] = float(self.bytes_of[base])
+        if op_type not in NO_GRADIENT and any(self.needs_gradient(x) for x in inputs if x):
+            self.gradient.update(outputs[:1] if op_type == "TopK" else outputs)
+        if inputs and (op_type in VIEW_OPS or op_type == "Dropout" and len(outputs) == 1):
+            self.storage.update((o, self.storage.get(inputs[0], inputs[0])) for o in outputs)
+        self.producer.update((o, index) for o in outputs)
+        if op_type == "Sigmoid" and inputs and outputs:
+            self.sigmoid_of[outputs[0]] = inputs[0]
+        self.by_node.append(mine)
+        return mine
+
+    def _silu(self, inputs: list[str]) -> bool:
+        """Whether ``Mul(inputs)`` is ``x · sigmoid(x)``, SiLU written out; if so, the sigmoid no longer keeps its output.
+
+        PyTorch's SiLU keeps only x; an export writes it as a Sigmoid and a Mul, whose rules would keep the sigmoid's
+        output too (an FFN-wide tensor per SwiGLU layer).
+        """
+        if len(inputs) != 2:
+            return False
+        for x, s in (inputs, inputs[::-1]):
+            if self.sigmoid_of.get(s) == x:
+                writer = self.keeper.get(s)
+                if writer is not None and s in self.by_node[writer]:  # take it back from the Sigmoid
+                    nbytes = self.by_node[writer].pop(s)
+                    del self.keeper[s]
+                    key, data = self.nodes[writer]
+                    op = data["op"]
+                    data["op"] = dataclasses.replace(op, saved_bytes=op.saved_bytes - nbytes,
+                                                     tp_replicated_bytes=max(0.0, op.tp_replicated_bytes - nbytes))
+                return True
+        return False
+
+    def kept_from(self, index: int, writers: set[int]) -> float:
+        """Bytes node ``index`` keeps first of tensors written by the nodes ``writers``."""
+        return sum(b for t, b in self.by_node[index].items() if self.producer.get(t) in writers)
+
+
 class _UnfusedAttention:
     """Marks attention cores an exporter wrote as operators: ``MatMul(Q, Kᵀ)`` → ... → ``Softmax`` → ... → ``MatMul(·, V)``.
 
@@ -1013,14 +1085,15 @@ class _UnfusedAttention:
     mask, softmax, dropout, casts); a second such MatMul reading it after a
     Softmax closes it. The closed chain's operators become attention
     (``attention_flops``, ``attention_io_bytes``), the tensors before the
-    closing MatMul its scores (``attention_scores_bytes``: Korthikanti et
-    al.'s ``5·a·s²·b``), and the two MatMuls' second inputs its keys and
+    closing MatMul its scores (``attention_scores_bytes``: what the chain
+    keeps of them, Korthikanti et al.'s ``5·a·s²·b`` with dropout, the
+    softmax's output without), and the two MatMuls' second inputs its keys and
     values (``attention_kv_bytes``). A router's Softmax reads a weight
     matmul's output, so it never starts a chain.
     """
 
-    def __init__(self, nodes: list[tuple[str, dict]]):
-        self.nodes = nodes
+    def __init__(self, nodes: list[tuple[str, dict]], kept: _KeptActivations):
+        self.nodes, self.kept = nodes, kept
         self.chains: dict[str, tuple[tuple[int, ...], bool, float]] = {}  # tensor -> (node indices, softmax seen, K bytes)
 
     def see(self, index: int, inputs: list[str], outputs: list[str], is_const: bool, bytes_of) -> None:
@@ -1044,7 +1117,7 @@ class _UnfusedAttention:
             op = data["op"]
             data["op"] = dataclasses.replace(
                 op, attention_flops=op.flops, attention_io_bytes=op.io_bytes,
-                attention_scores_bytes=op.output_bytes if i != closing else 0.0,
+                attention_scores_bytes=self.kept.kept_from(i, set(scores)),
                 attention_kv_bytes=kv_bytes if i == closing else 0.0)
 
 
@@ -1145,6 +1218,13 @@ class _ParamCounter:
         self.weightlike = {t.name: t.name for t in g_onnx.initializer if t.data_type in _FLOAT_TYPES}
         self.weightlike.update((w, w) for w in weight_inputs)
         self.counted: set[str] = set()
+
+    def is_parameter(self, name: str) -> bool:
+        """Whether tensor ``name`` is a weight (or a view of one) of at least two elements: a trained parameter."""
+        if name not in self.weightlike:
+            return False
+        shape, _ = self.shapes.get(self.weightlike[name], (None, 0))
+        return _static(shape) and _numel(shape) >= 2
 
     def read_by(self, n) -> tuple[int, float]:
         """(parameter count, parameter bytes) node ``n`` reads; nodes must come in topological order."""

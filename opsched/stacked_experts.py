@@ -284,6 +284,10 @@ def _folded_cost(read: OpNode, matmul: OpNode, gathered: float) -> OpNode:
     summed = {f: getattr(read, f) + getattr(matmul, f) for f in COST_FIELDS}
     weight_read = read.io_bytes - read.output_bytes  # the stacked weight and the expert ids
     summed["output_bytes"] = matmul.output_bytes
+    # the matmul kept the gathered copy for its backward (its other operand's gradient reads it); a grouped GEMM
+    # keeps the stacked weight instead, a parameter
+    summed["saved_bytes"] = read.saved_bytes + max(0.0, matmul.saved_bytes - gathered)
+    summed["tp_replicated_bytes"] = min(summed["tp_replicated_bytes"], summed["saved_bytes"])
     summed["io_bytes"] = matmul.io_bytes - gathered + weight_read
     summed["matmul_io_bytes"] = max(0.0, matmul.matmul_io_bytes - gathered) + weight_read * bool(matmul.matmul_io_bytes)
     return OpNode(matmul.name, matmul.op_type, matmul.scope, **summed)

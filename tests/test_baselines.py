@@ -487,7 +487,7 @@ def test_the_planner_offers_the_best_baseline_on_fewer_nodes_when_more_are_slowe
 
     bg = nx.DiGraph(kind="BlockGraph")
     for i in range(4):
-        bg.add_node(i, block=Block(i, f"layers.{i}", (), (), flops=1e9, param_count=10**6, output_bytes=1e8))
+        bg.add_node(i, block=Block(i, f"layers.{i}", (), (), flops=1e9, param_count=10**6, output_bytes=1e8, saved_bytes=1e8))
     bg.add_edges_from([(i, i + 1) for i in range(3)], bytes=1e8)
     cluster = cluster_from_dict({**SLOW_LINK_CLUSTER, "devices": 8, "devices_per_node": 2,
                                  "inter_node_bandwidth": 1e9})
@@ -516,7 +516,7 @@ def test_baselines_are_the_same_for_any_number_of_workers():
     bg = nx.DiGraph(kind="BlockGraph")
     for i in range(8):
         bg.add_node(i, block=Block(i, f"layers.{i}", (), (), flops=1e12 * (1 + i % 3), param_count=10**8,
-                                   output_bytes=1e8, tp_comm_bytes=1e7))
+                                   output_bytes=1e8, saved_bytes=1e8, tp_comm_bytes=1e7))
     bg.add_edges_from([(i, i + 1) for i in range(7)], bytes=1e8)
     cluster = cluster_from_dict({**SLOW_LINK_CLUSTER, "devices": 8, "devices_per_node": 4})
     key = lambda found: ([(b.method, b.layout, b.step_time, b.schedule.events) for b in found[0]],  # noqa: E731

@@ -27,7 +27,7 @@ T = Training(microbatches=4)
 
 
 def block(flops=50e12, io=0.0, params=1_000_000, out=1e9, ops=(), tp_bytes=1e9):
-    return Block(0, "b", ("layers.0",), tuple(ops), flops=flops, param_count=params, output_bytes=out, io_bytes=io,
+    return Block(0, "b", ("layers.0",), tuple(ops), flops=flops, param_count=params, output_bytes=out, saved_bytes=out, io_bytes=io,
                  tp_comm_bytes=tp_bytes)
 
 
@@ -218,7 +218,7 @@ def test_full_recomputation_keeps_the_input_and_runs_the_forward_again():
 def test_selective_recomputation_runs_the_attention_core_again_and_nothing_else():
     from dataclasses import replace
 
-    layer = Block(0, "layer", ("layers.0",), (), flops=60e12, param_count=10, output_bytes=1e9, tp_comm_bytes=1e8,
+    layer = Block(0, "layer", ("layers.0",), (), flops=60e12, param_count=10, output_bytes=1e9, saved_bytes=1e9, tp_comm_bytes=1e8,
                   attention_flops=10e12, attention_io_bytes=0.0)
     plain = block_cost(layer, Mode(tp=2), (0, 1), C, T)
     selective = block_cost(layer, Mode(tp=2), (0, 1), C, replace(T, recompute="selective"))
@@ -238,7 +238,8 @@ def test_sequence_parallelism_splits_what_tensor_ranks_hold_whole():
     from dataclasses import replace
 
     # Korthikanti et al. 2022 Table 2, per layer in units of sbh: 34 stored, 10 of them outside the tp regions
-    layer = Block(0, "layer", ("layers.0",), (), flops=1e12, param_count=10, output_bytes=34.0, tp_replicated_bytes=10.0)
+    layer = Block(0, "layer", ("layers.0",), (), flops=1e12, param_count=10, output_bytes=34.0, saved_bytes=34.0,
+                  tp_replicated_bytes=10.0)
     for t in (2, 4, 8):
         devices = tuple(range(t))
         sp = block_cost(layer, Mode(tp=t), devices, C, T)

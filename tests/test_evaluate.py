@@ -262,13 +262,20 @@ def test_layout_search_keeps_only_accepted_layouts_and_still_the_fastest_of_them
     assert len(best) == 1 and str(best[0].layout) == str(every[1].layout) != banned
 
 
-def test_layout_search_finds_mixtrals_published_layout(mixtral):
-    """Megatron-Core's Mixtral run (TP1 EP8 PP4 VPP8 on 64 H100, GBS 256) is the best the search finds."""
+def test_layout_search_at_least_matches_mixtrals_published_layout(mixtral):
+    """Megatron-Core's Mixtral run (TP1 EP8 PP4 VPP8 on 64 H100, GBS 256): the search's best is no slower than that
+    layout as evaluated, and it keeps the experts spread over eight devices without tensor parallelism, as Megatron
+    does (with stored activations counted as autograd keeps them, PP2 fits too and has half the bubble)."""
     from opsched.evaluate import search_layouts
 
     bg = coarsen(import_onnx(MODELS / "mixtral_8x7b.onnx", dims={"batch": 1, "seq": 4096}))
-    best = search_layouts(bg, preset("h100-sxm", 64), Training(), global_batch=256, tokens_per_sequence=4096)
-    assert str(best[0].layout) == "tp1 pp4 vpp8 ep8 dp16 zero1"
+    cluster = preset("h100-sxm", 64)
+    best = search_layouts(bg, cluster, Training(), global_batch=256, tokens_per_sequence=4096)
+    published = evaluate_layout(bg, cluster, Training(), ParallelLayout.parse("tp=1,pp=4,vpp=8,ep=8,zero=1"),
+                                global_batch=256, micro_batch_size=1, tokens_per_sequence=4096)
+    assert published.fits and best[0].fits
+    assert best[0].step_time <= published.step_time
+    assert (best[0].layout.tp, best[0].layout.ep) == (1, 8)
 
 
 def test_layout_search_on_fewer_devices_never_loses_to_the_search_on_all(llama):
@@ -290,14 +297,15 @@ def test_layout_search_on_fewer_devices_never_loses_to_the_search_on_all(llama):
 
 
 def test_import_marks_the_residual_stream_and_the_attention_keys_and_values(llama):
-    """Per Llama layer: 2 norms, 2 row-parallel outputs and 2 residual adds are whole on every tensor rank."""
+    """Per Llama layer the tensors kept whole on every tensor rank are the 2 norms' inputs and outputs (row-parallel
+    outputs and residual adds are written whole, but their backward reads neither)."""
     hidden = 4096 * 4096 * 2  # one [seq, d] bf16 activation
     layers = [llama.nodes[b]["block"] for b in model_index(llama).order if "layers." in llama.nodes[b]["block"].name]
     assert len(layers) == 32
     for block in layers[1:-1]:  # the first holds the embedding too, the last the final norm
-        assert block.tp_replicated_bytes == 6 * hidden  # Korthikanti's "10 sbh" counts dropout masks we do not have
+        assert block.tp_replicated_bytes == 4 * hidden  # Korthikanti's "10 sbh" counts dropout masks we do not have
         assert block.attention_kv_bytes == 2 * hidden  # 32 key and 32 value heads of 128
-        assert block.tp_replicated_bytes < block.output_bytes
+        assert block.tp_replicated_bytes < block.saved_bytes < block.output_bytes
 
 
 def test_selective_recomputation_repeats_the_attention_core(llama):

@@ -100,7 +100,7 @@ def _costs():
     from opsched.graph import Block
 
     cluster = preset("h100-sxm", 8)
-    layer = Block(0, "model.layers.0.mlp.experts", (), (), flops=4e12, param_count=10**8, output_bytes=64e6,
+    layer = Block(0, "model.layers.0.mlp.experts", (), (), flops=4e12, param_count=10**8, output_bytes=64e6, saved_bytes=64e6,
                   tp_comm_bytes=64e6)
     out = []
     for recompute in ("none", "selective", "full"):
@@ -179,7 +179,7 @@ def test_planned_stages_carry_stream_operations_only_for_a_runtime_that_overlaps
 
     bg = nx.DiGraph(kind="BlockGraph")
     for i in range(2):
-        bg.add_node(i, block=Block(i, f"model.layers.{i}", (), (), flops=1e13, param_count=10**8, output_bytes=64e6,
+        bg.add_node(i, block=Block(i, f"model.layers.{i}", (), (), flops=1e13, param_count=10**8, output_bytes=64e6, saved_bytes=64e6,
                                    tp_comm_bytes=64e6))
     bg.add_edge(0, 1, bytes=1e6)
     p = upper_problem(bg, Layout(2, 1), preset("h100-sxm", 2), Training(overlap_pairs=overlap_pairs))

@@ -159,7 +159,7 @@ def test_baselines_past_their_deadline_keep_what_they_found_and_say_what_was_not
     bg = nx.DiGraph(kind="BlockGraph")
     for i in range(8):
         bg.add_node(i, block=Block(i, f"layers.{i}", (), (), flops=1e12 * (1 + i % 3), param_count=10**8,
-                                   output_bytes=1e8, tp_comm_bytes=1e7))
+                                   output_bytes=1e8, saved_bytes=1e8, tp_comm_bytes=1e7))
     bg.add_edges_from([(i, i + 1) for i in range(7)], bytes=1e8)
     cluster, training = cluster_from_dict({**SLOW_LINK_CLUSTER, "devices": 8, "devices_per_node": 4}), Training(8)
     every, _, refused_everywhere = contiguous_baselines(bg, cluster, training, 2e9)

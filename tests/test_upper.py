@@ -29,7 +29,7 @@ def block_graph(flops, edges, params=None, out=None, edge_bytes=1e8):
                 (),
                 flops=f,
                 param_count=(params or [10**8] * len(flops))[i],
-                output_bytes=(out or [1e8] * len(flops))[i],
+                output_bytes=(out or [1e8] * len(flops))[i], saved_bytes=(out or [1e8] * len(flops))[i],
             ),
         )
     for u, v in edges:

@@ -76,6 +76,7 @@ def summarise(path: str, dims: dict[str, int] | None = None, capacity_factor: fl
         "param_bytes": t["param_bytes"],
         "flops": t["flops"],
         "activation_bytes": t["output_bytes"],
+        "kept_activation_bytes": t["saved_bytes"],
         "op_types": dict(sorted(types.items(), key=lambda kv: (-kv[1], kv[0]))),
         "flops_by_op_type": {k: v for k, v in sorted(flops_by_type.items(), key=lambda kv: (-kv[1], kv[0])) if v},
         "blocks": bg.number_of_nodes(),
@@ -102,7 +103,8 @@ def format_summary(s: dict) -> str:
         f"operators    {plural(s['nodes'], 'node')}, {plural(s['edges'], 'edge')}",
         f"parameters   {s['params']:,} ({si_text(s['params'])}, {bytes_text(s['param_bytes'])})",
         f"forward      {si_text(s['flops'], 'FLOP')} per microbatch at these dims",
-        f"activations  {bytes_text(s['activation_bytes'])} written by the forward pass",
+        f"activations  {bytes_text(s['activation_bytes'])} written by the forward pass, "
+        f"{bytes_text(s['kept_activation_bytes'])} of them kept for the backward",
         f"branches     at most {plural(s['max_parallel_branches'], 'block')} in parallel",
         f"blocks       {s['blocks']} after coarsening, {plural(s['block_edges'], 'edge')}"
         + ("" if s["blocks_target_met"] else " (no more merges keep branches apart: target not reached)"),

@@ -219,9 +219,11 @@ class ClipStage(nn.Module):
         return x
 
     def _similarity(self, image: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
-        image = image / image.norm(dim=-1, keepdim=True)
-        text = text / text.norm(dim=-1, keepdim=True)
-        return image @ text.t() * self.inner.logit_scale.exp()
+        # transformers' norm (a sum of squares to the power 0.5, not torch.norm), for its rounding
+        image = image / image.pow(2).sum(dim=-1, keepdim=True).pow(0.5)
+        text = text / text.pow(2).sum(dim=-1, keepdim=True).pow(0.5)
+        # transformers' order (text x image, scaled, transposed): the same rounding as CLIPModel's logits_per_image
+        return (text @ image.t() * self.inner.logit_scale.exp()).t()
 
 
 def _end_of_text(ids: torch.Tensor, eos: int | None) -> torch.Tensor:

@@ -18,7 +18,7 @@ microbatches in flight at slot ``s``.
 >>> from opsched.upper.layouts import Layout
 >>> bg = nx.DiGraph(kind="BlockGraph")
 >>> for i in range(4):
-...     bg.add_node(i, block=Block(i, f"b{i}", (), (), flops=1e12, param_count=10**6, output_bytes=1e6))
+...     bg.add_node(i, block=Block(i, f"b{i}", (), (), flops=1e12, param_count=10**6, output_bytes=1e6, saved_bytes=1e6))
 >>> bg.add_edges_from([(0, 1), (1, 2), (2, 3)], bytes=1e6)
 >>> p = upper_problem(bg, Layout(2, 2), preset("h100-sxm", 2), Training(microbatches=4))
 >>> sol = solve_upper(p)
