@@ -240,6 +240,12 @@ class Evaluation:
     def schedule_makespan(self) -> float:
         return max((e.end for e in self.schedule.events), default=0.0)
 
+    @property
+    def planner_step(self) -> float:
+        """The step as ``opsched plan`` counts every candidate's: the makespan plus the whole gradient sync (none of
+        it hidden under the last backward), no optimizer step; like with like across its candidates."""
+        return self.schedule_makespan + self.grad_sync
+
 
 @dataclass
 class ModelIndex:
@@ -428,7 +434,8 @@ def evaluate_layout(
     )
 
 
-def _busiest_rank_work(stages: list[Stage], optimizer: list[float], pp: int, microbatches: int) -> float:
+def _busiest_rank_work(stages: list[Stage], optimizer: list[float], pp: int, microbatches: int,
+                       with_optimizer: bool = True) -> float:
     """A floor under any step of the layout with Megatron's (interleaved) 1F1B, whose backwards are whole (B):
     over the pipeline ranks r, the most of head_r + M x r's F + I + W + tail_r, plus the longest optimizer step.
 
@@ -446,14 +453,15 @@ def _busiest_rank_work(stages: list[Stage], optimizer: list[float], pp: int, mic
         floor = max(floor, head + work + tail)
         head += stages[r].duration("F")
         tail += stages[r].duration("B")
-    return floor + max(optimizer)
+    return floor + (max(optimizer) if with_optimizer else 0.0)
 
 
 def layout_floor(bg: nx.DiGraph, cluster: Cluster, training: Training, layout: ParallelLayout, *, global_batch: int,
                  micro_batch_size: int, memory_limit: float | None = None, index: ModelIndex | None = None,
-                 than: StageGraph | None = None) -> float | None:
+                 than: StageGraph | None = None, whole_sync: bool = False) -> float | None:
     """A lower bound on :func:`evaluate_layout`'s step time for ``layout`` (its busiest rank's work, costed
-    without simulating a schedule), or None when its parameters' state alone overflows the memory limit (no
+    without simulating a schedule; with ``whole_sync`` on its :attr:`Evaluation.planner_step`, which has no
+    optimizer step), or None when its parameters' state alone overflows the memory limit (no
     recomputation makes it fit), or when ``than`` (the stages of the same layout under another recomputation,
     whose schedule overflowed) held no more activations in any stage: Megatron's schedules run a fixed order
     per rank, so the peak would be the same.
@@ -473,7 +481,7 @@ def layout_floor(bg: nx.DiGraph, cluster: Cluster, training: Training, layout: P
     if than is not None and all(s.act_bytes >= t.act_bytes and s.act_w_bytes >= t.act_w_bytes
                                 for s, t in zip(stages, than.stages)):
         return None
-    return _busiest_rank_work(stages, optimizer, layout.pp, M)
+    return _busiest_rank_work(stages, optimizer, layout.pp, M, with_optimizer=not whole_sync)
 
 
 def _untimed_if_over_memory(name: str, sg: StageGraph, microbatches: int, limit: float
@@ -758,7 +766,7 @@ def pipeline_depths(layers: int, devices: int) -> list[tuple[int, bool]]:
 
 def _costed_layouts(bg: nx.DiGraph, cluster: Cluster, training: Training, grid: list[ParallelLayout], *,
                     global_batch: int, memory_limit: float | None, recompute: tuple[str, ...], index: ModelIndex,
-                    deadline: float | None) -> list[tuple[float, int, int, ParallelLayout]]:
+                    deadline: float | None, whole_sync: bool) -> list[tuple[float, int, int, ParallelLayout]]:
     """A heap of (floor, grid position, 0, layout with ``recompute[0]``) for every layout of ``grid`` whose
     replicas divide the global batch and whose parameters' state fits (:func:`layout_floor`)."""
     heap: list[tuple[float, int, int, ParallelLayout]] = []
@@ -768,13 +776,13 @@ def _costed_layouts(bg: nx.DiGraph, cluster: Cluster, training: Training, grid: 
             break
         if global_batch % layout.dp == 0:
             _push_costed(heap, bg, cluster, training, layout, k, recompute, 0, global_batch=global_batch,
-                         memory_limit=memory_limit, index=index)
+                         memory_limit=memory_limit, index=index, whole_sync=whole_sync)
     return heap
 
 
 def _push_costed(heap: list, bg: nx.DiGraph, cluster: Cluster, training: Training, layout: ParallelLayout, k: int,
                  recompute: tuple[str, ...], r: int, *, global_batch: int, memory_limit: float | None,
-                 index: ModelIndex, than: StageGraph | None = None) -> None:
+                 index: ModelIndex, than: StageGraph | None = None, whole_sync: bool = False) -> None:
     """Push ``layout`` (grid position ``k``) with recomputation ``recompute[r]`` and its floor, or with the first
     later setting that could fit where that one cannot (:func:`layout_floor`, ``than`` as there); nothing when
     none can or the model cannot take the layout."""
@@ -782,7 +790,8 @@ def _push_costed(heap: list, bg: nx.DiGraph, cluster: Cluster, training: Trainin
         lay = dataclasses.replace(layout, recompute=recompute[r])
         try:
             floor = layout_floor(bg, with_devices(cluster, layout.devices), training, lay, global_batch=global_batch,
-                                 micro_batch_size=1, memory_limit=memory_limit, index=index, than=than)
+                                 micro_batch_size=1, memory_limit=memory_limit, index=index, than=than,
+                                 whole_sync=whole_sync)
         except OpschedError:
             return  # a layout the model cannot take (evaluate_layout would refuse it too)
         if floor is not None:
@@ -810,6 +819,7 @@ def search_layouts(
     fewer_devices: bool = False,
     accept: Callable[[Evaluation], bool] | None = None,
     deadline: float | None = None,
+    whole_sync: bool = False,
 ) -> list[Evaluation]:
     """The ``keep`` fastest layouts of :func:`layout_grid` that fit, evaluated at micro-batch size 1.
 
@@ -829,8 +839,13 @@ def search_layouts(
     that cannot run it) is left out. Past ``deadline`` (a
     :func:`time.monotonic` instant) the layouts not yet tried are skipped
     (a log line says how many). With ``training.tp_comm_overlap`` every
-    layout with tp > 1 overlaps its tensor-parallel collectives.
+    layout with tp > 1 overlaps its tensor-parallel collectives. With
+    ``whole_sync`` layouts are ranked by :attr:`Evaluation.planner_step`
+    (how ``opsched plan`` counts every candidate), not by the step time, so
+    a layout with more replicas, whose larger sync the step time partly hides,
+    does not win on a count the planner does not use.
     """
+    counted = (lambda e: e.planner_step) if whole_sync else (lambda e: e.step_time)
     index = model_index(bg)
     counts = device_counts(cluster.devices) if fewer_devices else [cluster.devices]
     grid = [lay for n in counts
@@ -839,11 +854,11 @@ def search_layouts(
     # best first: (floor, grid position, recompute position) in a heap; a layout's next recomputation setting
     # joins it only when the one before does not fit, with its own (higher) floor
     heap = _costed_layouts(bg, cluster, training, grid, global_batch=global_batch, memory_limit=memory_limit,
-                           recompute=recompute, index=index, deadline=deadline)
+                           recompute=recompute, index=index, deadline=deadline, whole_sync=whole_sync)
     found: list[Evaluation] = []
     while heap:
         floor, k, r, layout = heapq.heappop(heap)
-        best = min((f.step_time for f in found), default=None) if keep == 1 else None
+        best = min((counted(f) for f in found), default=None) if keep == 1 else None
         if best is not None and floor >= best:
             break  # the floors only rise from here: no layout left beats the best
         if deadline is not None and time.monotonic() > deadline:
@@ -853,7 +868,8 @@ def search_layouts(
         try:
             e = evaluate_layout(bg, with_devices(cluster, layout.devices), training, layout,
                                 global_batch=global_batch, micro_batch_size=1, tokens_per_sequence=tokens_per_sequence,
-                                memory_limit=memory_limit, index=index, above=best, memory_first=True)
+                                memory_limit=memory_limit, index=index, above=None if whole_sync else best,
+                                memory_first=True)
         except OpschedError:
             continue  # the schedule cannot run this layout (e.g. too few microbatches for interleaving)
         if e is None:
@@ -863,8 +879,8 @@ def search_layouts(
                 found.append(e)
         elif r + 1 < len(recompute):  # the next setting that stores less (one that does not would peak the same)
             _push_costed(heap, bg, cluster, training, layout, k, recompute, r + 1, global_batch=global_batch,
-                         memory_limit=memory_limit, index=index, than=e.schedule.stage_graph)
+                         memory_limit=memory_limit, index=index, than=e.schedule.stage_graph, whole_sync=whole_sync)
     # on a tie (to the nanosecond: sums of the same work in another order differ in the last bits) the layout
     # that uses more devices goes first: it leaves none idle for nothing; then the one with the fewest
     # context-parallel ranks (a shorter K/V ring for the same step)
-    return sorted(found, key=lambda e: (round(e.step_time, 9), -e.layout.devices, e.layout.cp, str(e.layout)))[:keep]
+    return sorted(found, key=lambda e: (round(counted(e), 9), -e.layout.devices, e.layout.cp, str(e.layout)))[:keep]

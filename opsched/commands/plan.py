@@ -461,7 +461,7 @@ def megatron_layouts(args: argparse.Namespace, dims: dict[str, int], cluster, tr
     found = search_layouts(bg, cluster, training, global_batch=global_batch,
                            tokens_per_sequence=int(og.graph.get("dims", {}).get("seq", 1)), memory_limit=limit,
                            recompute=modes, zero=training.zero, accept=runs,
-                           fewer_devices=True, deadline=deadline)
+                           fewer_devices=True, deadline=deadline, whole_sync=True)
     rows = []
     for e in found:
         rows.append(layout_row(e, bg, cluster, t0))
@@ -523,7 +523,7 @@ def layout_row(e, bg, cluster, t0: float):
     return Baseline(
         method=f"megatron {e.schedule_name}", layout=f"{lay}, micro-batch 1{used}",
         schedule=on_real_devices(e.schedule, Layout(lay.devices, lay.pp)),
-        makespan=m.makespan, step_time=m.makespan + e.grad_sync, bubble_ratio=m.bubble_ratio,
+        makespan=m.makespan, step_time=e.planner_step, bubble_ratio=m.bubble_ratio,
         peak_memory_bytes=e.peak_memory_bytes, grad_sync=e.grad_sync, solve_seconds=time.perf_counter() - t0,
         contents=contents, microbatch_size=lay.dp, recompute=lay.recompute,  # one sequence per replica
     )
