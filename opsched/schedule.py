@@ -463,8 +463,13 @@ def pair_duration(sg: StageGraph, pair: Pair) -> float:
     (:func:`opsched.overlap.pair_length`). Otherwise the graph's rule
     ``a + b - gain * min(a, b)``: with the default gain 0 a pair costs
     exactly its two parts; gain 1 hides the shorter part entirely. Rounded
-    up to whole slots on a slotted graph (``pair_slot``).
+    up to whole slots on a slotted graph (``pair_slot``). The forward is
+    taken first whatever the pair's order: a large pair's length is a greedy
+    schedule's (:func:`opsched.overlap.greedy_pair_length`), which depends on
+    the order, and a pair must last the same for every caller.
     """
+    if pair.second.pass_ == "F" and pair.first.pass_ != "F":
+        pair = Pair(pair.second, pair.first)
     first, second = sg.stage(pair.first.stage), sg.stage(pair.second.stage)
     key = (first.id, pair.first.pass_, second.id, pair.second.pass_)
     length = sg._pair_lengths.get(key)
