@@ -29,7 +29,7 @@ import heapq
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
 from opsched.errors import Deadlock, OpschedError
 from opsched.overlap import PassStreams, pair_length
@@ -527,7 +527,13 @@ def order_from_schedule(schedule: Schedule) -> Order:
 
     The two halves of an overlapped pair (events with the same ``pair`` id)
     become one :class:`~opsched.schedule.Pair`, its F first as PyTorch writes it.
+    The caller gets its own copy (computed once per schedule, :func:`cached_on`).
     """
+    order = cached_on(schedule, "order", _order_from_schedule)
+    return {d: list(actions) for d, actions in order.items()}
+
+
+def _order_from_schedule(schedule: Schedule) -> Order:
     sg = schedule.stage_graph
     by_pair: dict[int, list] = {}
     for e in schedule.events:
@@ -1105,7 +1111,34 @@ def metrics(schedule: Schedule) -> Metrics:
     >>> m = metrics(Schedule(sg, 1, simulate(sg, order, 1)))
     >>> m.makespan, m.idle, m.bubble_ratio
     (6.0, [3.0, 3.0], 0.5)
+
+    Kept on the schedule once computed (the report, the charts, the trace and
+    each runtime's check ask for them: at 32,768 events the memory profile
+    alone takes a second), and computed again if its events are replaced.
     """
+    return cached_on(schedule, "metrics", _metrics)
+
+
+def cached_on(schedule: Schedule, name: str, compute: Callable[[Schedule], Any]) -> Any:
+    """``compute(schedule)``, kept on the schedule under ``name`` and computed again only if its events (or memory
+    limit) are replaced: what every file of a plan asks of the same schedule is worked out once.
+
+    >>> s = Schedule(chain_stage_graph(1), 1, [])
+    >>> calls = []
+    >>> _ = [cached_on(s, "n", lambda sched: calls.append(1) or len(sched.events)) for _ in range(3)]
+    >>> len(calls)
+    1
+    """
+    key = (id(schedule.events), len(schedule.events), schedule.memory_limit)
+    kept = schedule.__dict__.setdefault("_cached", {}).get(name)
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    value = compute(schedule)
+    schedule.__dict__["_cached"][name] = (key, value)
+    return value
+
+
+def _metrics(schedule: Schedule) -> Metrics:
     sg = schedule.stage_graph
     n = sg.num_devices or 0
     makespan = max((e.end for e in schedule.events), default=0.0)

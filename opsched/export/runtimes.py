@@ -40,7 +40,7 @@ from opsched.export.megatron import megatron_file
 from opsched.export.plan_layout import check_torch_can_run
 from opsched.export.torch_csv import TORCH_RUNTIME, check_expressible, torch_rows
 from opsched.export.torchtitan import torchtitan_file
-from opsched.schedule import Schedule, order_from_schedule
+from opsched.schedule import Schedule, cached_on, order_from_schedule
 from opsched.upper.stages import StageContents
 
 #: every runtime ``opsched plan --runtime`` knows, with the export that writes its files (docs/export.md)
@@ -76,12 +76,23 @@ def refusal(runtime: str, schedule: Schedule, doc: Mapping) -> str | None:
             check_torch_can_run(doc, TORCH_RUNTIME)
         if runtime in ("torch", "torchtitan"):  # torchtitan runs the order from torch's CSV
             if schedule.events:
-                torch_rows(schedule.stage_graph, order_from_schedule(schedule), schedule.microbatches)
+                problem = cached_on(schedule, "torch_order", _torch_order_problem)  # the same check for both
+                if problem:
+                    raise OpschedError(problem)
             else:
                 check_expressible(schedule.stage_graph, schedule.microbatches)
     except OpschedError as exc:
         return str(exc)
     return None
+
+
+def _torch_order_problem(schedule: Schedule) -> str:
+    """Why torch's runtime cannot run the schedule's order ("" if it can): :func:`torch_rows`'s checks."""
+    try:
+        torch_rows(schedule.stage_graph, order_from_schedule(schedule), schedule.microbatches)
+    except OpschedError as exc:
+        return str(exc)
+    return ""
 
 
 def verdicts(schedule: Schedule, doc: Mapping) -> dict[str, str | None]:
