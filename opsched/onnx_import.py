@@ -1218,13 +1218,18 @@ class _ParamCounter:
         self.weightlike = {t.name: t.name for t in g_onnx.initializer if t.data_type in _FLOAT_TYPES}
         self.weightlike.update((w, w) for w in weight_inputs)
         self.counted: set[str] = set()
+        self.parameters: dict[str, bool] = {}  # weight -> is_parameter's answer
 
     def is_parameter(self, name: str) -> bool:
         """Whether tensor ``name`` is a weight (or a view of one) of at least two elements: a trained parameter."""
-        if name not in self.weightlike:
+        weight = self.weightlike.get(name)
+        if weight is None:
             return False
-        shape, _ = self.shapes.get(self.weightlike[name], (None, 0))
-        return _static(shape) and _numel(shape) >= 2
+        known = self.parameters.get(weight)
+        if known is None:
+            shape, _ = self.shapes.get(weight, (None, 0))
+            known = self.parameters[weight] = _static(shape) and _numel(shape) >= 2
+        return known
 
     def read_by(self, n) -> tuple[int, float]:
         """(parameter count, parameter bytes) node ``n`` reads; nodes must come in topological order."""

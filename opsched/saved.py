@@ -84,10 +84,10 @@ def saved_tensors(op_type: str, inputs: Sequence[str], outputs: Sequence[str],
     >>> saved_tensors("Relu", ["mask"], ["r"], needs)                  # nothing here needs a gradient
     ()
     """
+    if op_type in KEEP_NOTHING:
+        return ()
     present = [x for x in inputs if x]
     if not any(needs_gradient(x) for x in present):
-        return ()
-    if op_type in KEEP_NOTHING:
         return ()
     if op_type in PRODUCTS:
         operands = present if op_type == "Einsum" else present[:2]

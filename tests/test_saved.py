@@ -106,7 +106,7 @@ def _autograd_saved_bytes(model, ids) -> int:
     return sum(kept.values())
 
 
-@pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
+@pytest.mark.parametrize("exporter", ["legacy", pytest.param("dynamo", marks=pytest.mark.slow)])  # dynamo: ~10 s
 @pytest.mark.parametrize("arch", ["gpt", "llama"])
 def test_saved_bytes_match_autograd(tmp_path, arch, exporter):
     torch = pytest.importorskip("torch")
