@@ -393,10 +393,7 @@ def evaluate_layout(
     stages, sync, optimizer, ring = _chunk_stages(bg, index, chunks, layout, cluster, training)
     if above is not None and name in FUSED_BACKWARD and _busiest_rank_work(stages, optimizer, layout.pp, M) >= above:
         return None  # no schedule of this layout beats ``above``
-    crossing = _boundary_bytes(bg, chunks)
-    edges = [Edge(c, c + 1, time=_boundary_time(crossing[c], c, layout, cluster), bytes=crossing[c])
-             for c in range(len(chunks) - 1)]
-    sg = StageGraph(stages, edges, num_devices=layout.pp)
+    sg = _chunk_stage_graph(bg, chunks, stages, layout, cluster)
     if memory_first:
         untimed = _untimed_if_over_memory(name, sg, M, limit)
         if untimed is not None:
@@ -405,13 +402,7 @@ def evaluate_layout(
                               tokens_per_second_per_device=0.0, mfu=0.0, model_flops_per_step=0.0,
                               peak_memory_bytes=untimed[1], memory_limit=limit, breakdown={}, schedule=untimed[0],
                               grad_sync=max(sync), chunks=chunks)
-    try:
-        sched = run_baseline(name, sg, M)
-    except Unsupported as exc:
-        raise OpschedError(f"schedule {name} cannot run this layout: {exc}") from None
-    if len(sched.stage_graph.stages) != len(stages):
-        raise OpschedError(f"schedule {name} regroups the {len(stages)} chunks; pick a schedule for pp={layout.pp}, "
-                           f"vpp={layout.vpp} (1f1b for vpp=1, interleaved-1f1b for vpp>1)")
+    sched = _run_on_chunks(name, sg, M, layout)
     m = metrics(sched)
     # Gradient reduction overlaps the last microbatch's backward (Megatron's --overlap-grad-reduce): buckets
     # are reduced as that backward makes them; only what is left when it ends is exposed.
@@ -572,6 +563,27 @@ def _held_param_bytes(bg: nx.DiGraph, index: ModelIndex, chunks: list[list[int]]
             params, replicas = _block_shard(bg.nodes[b]["block"], index.experts_of[b] > 0, layout)
             held[c % layout.pp] += held_param_bytes(params, replicas, training, layout.zero)
     return held
+
+
+def _chunk_stage_graph(bg: nx.DiGraph, chunks: list[list[int]], stages: list[Stage], layout: ParallelLayout,
+                       cluster: Cluster) -> StageGraph:
+    """The chunks' stages on the pipeline ranks, each chunk boundary an edge timed as its point-to-point transfer."""
+    crossing = _boundary_bytes(bg, chunks)
+    edges = [Edge(c, c + 1, time=_boundary_time(crossing[c], c, layout, cluster), bytes=crossing[c])
+             for c in range(len(chunks) - 1)]
+    return StageGraph(stages, edges, num_devices=layout.pp)
+
+
+def _run_on_chunks(name: str, sg: StageGraph, microbatches: int, layout: ParallelLayout) -> Schedule:
+    """Schedule ``name`` run on the chunks as they are (one stage per chunk); refused when it cannot, or regroups them."""
+    try:
+        sched = run_baseline(name, sg, microbatches)
+    except Unsupported as exc:
+        raise OpschedError(f"schedule {name} cannot run this layout: {exc}") from None
+    if len(sched.stage_graph.stages) != len(sg.stages):
+        raise OpschedError(f"schedule {name} regroups the {len(sg.stages)} chunks; pick a schedule for pp={layout.pp}, "
+                           f"vpp={layout.vpp} (1f1b for vpp=1, interleaved-1f1b for vpp>1)")
+    return sched
 
 
 def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: ParallelLayout, cluster: Cluster,
