@@ -1114,14 +1114,14 @@ def metrics(schedule: Schedule) -> Metrics:
 
     Kept on the schedule once computed (the report, the charts, the trace and
     each runtime's check ask for them: at 32,768 events the memory profile
-    alone takes a second), and computed again if its events are replaced.
+    alone takes a second), and computed again if its events change.
     """
     return cached_on(schedule, "metrics", _metrics)
 
 
 def cached_on(schedule: Schedule, name: str, compute: Callable[[Schedule], Any]) -> Any:
     """``compute(schedule)``, kept on the schedule under ``name`` and computed again only if its events (or memory
-    limit) are replaced: what every file of a plan asks of the same schedule is worked out once.
+    limit) change: what every file of a plan asks of the same schedule is worked out once.
 
     >>> s = Schedule(chain_stage_graph(1), 1, [])
     >>> calls = []
@@ -1129,7 +1129,9 @@ def cached_on(schedule: Schedule, name: str, compute: Callable[[Schedule], Any])
     >>> len(calls)
     1
     """
-    key = (id(schedule.events), len(schedule.events), schedule.memory_limit)
+    # The events' contents, not the list's identity: a list edited in place must not return stale figures.
+    # Hashing 32,768 frozen events takes about 15 ms, against seconds for what is cached.
+    key = (hash(tuple(schedule.events)), schedule.memory_limit)
     kept = schedule.__dict__.setdefault("_cached", {}).get(name)
     if kept is not None and kept[0] == key:
         return kept[1]

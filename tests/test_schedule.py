@@ -139,6 +139,17 @@ def test_simulate_does_not_mutate_the_order():
     assert list(order) == [0]
 
 
+def test_metrics_follow_events_edited_in_place():
+    """The figures kept on a schedule are computed again when its event list is edited in place."""
+    sg = chain_stage_graph(2, f=1, b=2, w=1)
+    order = {0: [Job(0, 0, "F"), Job(0, 0, "B")], 1: [Job(1, 0, "F"), Job(1, 0, "B")]}
+    sched = Schedule(sg, 1, simulate(sg, order, 1))
+    assert metrics(sched).makespan == 6.0
+    last = max(sched.events, key=lambda e: e.end)
+    sched.events[sched.events.index(last)] = Event(last.stage, last.microbatch, last.pass_, last.start, last.end + 1)
+    assert metrics(sched).makespan == 7.0
+
+
 def test_bad_stage_graphs_are_refused():
     with pytest.raises(OpschedError, match="outside"):
         StageGraph([Stage(0, (2,), {"F": 1, "I": 1, "W": 1})], num_devices=2)
