@@ -358,9 +358,8 @@ def evaluate_layout(
     schedule: str | None = None,
     memory_limit: float | None = None,
     index: ModelIndex | None = None,
-    above: float | None = None,
     memory_first: bool = False,
-) -> Evaluation | None:
+) -> Evaluation:
     """Predict the training step of ``layout`` (see the module docstring).
 
     ``bg``'s costs are for one microbatch of ``micro_batch_size`` sequences
@@ -368,10 +367,6 @@ def evaluate_layout(
     micro-batch size). ``schedule`` is a baseline name (default:
     ``interleaved-1f1b`` when vpp > 1, else ``1f1b``). ``index``: ``bg``'s
     :func:`model_index`, when the caller evaluates many layouts. With
-    ``above`` and Megatron's schedules (the default ones), returns None
-    without simulating when the layout's floor (:func:`_busiest_rank_work`:
-    the busiest rank's work with the pipeline's head and tail, plus the
-    optimizer step) is not below it; other schedules are always simulated. With
     ``memory_first``, a layout whose schedule overflows the memory limit is
     not timed: its peak comes from the schedule's order alone (a rank's order
     fixes its peak, :func:`opsched.lower.jobs.order_peak_activation`), and
@@ -391,8 +386,6 @@ def evaluate_layout(
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
     chunks = layer_chunks(bg, layout.pp * layout.vpp, index, layout.ends_as_layers)
     stages, sync, optimizer, ring = _chunk_stages(bg, index, chunks, layout, cluster, training)
-    if above is not None and name in FUSED_BACKWARD and _busiest_rank_work(stages, optimizer, layout.pp, M) >= above:
-        return None  # no schedule of this layout beats ``above``
     sg = _chunk_stage_graph(bg, chunks, stages, layout, cluster)
     if memory_first:
         untimed = _untimed_if_over_memory(name, sg, M, limit)
@@ -880,12 +873,9 @@ def search_layouts(
         try:
             e = evaluate_layout(bg, with_devices(cluster, layout.devices), training, layout,
                                 global_batch=global_batch, micro_batch_size=1, tokens_per_sequence=tokens_per_sequence,
-                                memory_limit=memory_limit, index=index, above=None if whole_sync else best,
-                                memory_first=True)
+                                memory_limit=memory_limit, index=index, memory_first=True)
         except OpschedError:
             continue  # the schedule cannot run this layout (e.g. too few microbatches for interleaving)
-        if e is None:
-            continue  # cannot beat the best so far, with more work (recomputation) even less
         if e.fits:
             if accept is None or accept(e):
                 found.append(e)

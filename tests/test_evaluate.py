@@ -381,7 +381,7 @@ def test_layout_search_keeps_the_cheapest_recomputation_that_fits(llama, monkeyp
     memory = {"none": 3.0, "selective": 2.0, "full": 1.0}  # what each setting needs, in units of the limit below
 
     def stub(bg, cluster, training, layout, **kw):
-        e = real(bg, cluster, training, layout, **{**kw, "above": None})
+        e = real(bg, cluster, training, layout, **kw)
         return dataclasses.replace(e, peak_memory_bytes=memory[layout.recompute] * e.memory_limit / 2.5)
 
     real_floor = ev.layout_floor
