@@ -955,7 +955,7 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
                 readers.setdefault(x, []).append(n)
     nodes: list[tuple[str, dict]] = []
     split_tensors: set[str] = set()  # activations each tensor-parallel rank holds a part of (see _split_over_tensor_ranks)
-    kept = _KeptActivations(nodes, weights, const_tensors, bytes_of)
+    kept = _KeptActivations(weights, const_tensors, bytes_of, readers)
     unfused = _UnfusedAttention(nodes, kept)
     edges: dict[tuple[str, str], dict] = {}  # (writer, reader) -> bytes and tensors, in the order met
     for i in order:
@@ -1018,9 +1018,9 @@ class _KeptActivations:
     ``saved_bytes`` counts it. Weights and constants are no activations.
     """
 
-    def __init__(self, nodes: list[tuple[str, dict]], weights: "_ParamCounter", const_tensors: set[str], bytes_of):
-        self.nodes, self.weights, self.const_tensors, self.bytes_of = nodes, weights, const_tensors, bytes_of
-        self.sigmoid_of: dict[str, str] = {}  # a Sigmoid's output -> its input
+    def __init__(self, weights: "_ParamCounter", const_tensors: set[str], bytes_of, readers: dict[str, list]):
+        self.weights, self.const_tensors, self.bytes_of, self.readers = weights, const_tensors, bytes_of, readers
+        self.silu_sigmoid: dict[str, str] = {}  # the output of a Sigmoid that is half of a SiLU -> its input
         self.gradient: set[str] = set()  # activations that need a gradient
         self.storage: dict[str, str] = {}  # view -> the tensor whose storage it shares
         self.keeper: dict[str, int] = {}  # storage tensor -> index of the first node keeping it
@@ -1034,8 +1034,13 @@ class _KeptActivations:
         """Storage tensors node ``index`` keeps first, with their bytes; nodes must come in topological order."""
         mine: dict[str, float] = {}
         kept = saved_tensors(op_type, inputs, outputs, self.needs_gradient)
-        if op_type == "Mul" and self._silu(inputs):
-            kept = tuple(x for x in inputs if x not in self.sigmoid_of)  # SiLU's backward recomputes the sigmoid
+        if op_type == "Sigmoid" and inputs and outputs and self._silu_half(inputs[0], outputs[0]):
+            # PyTorch's SiLU keeps only x, and recomputes the sigmoid in its backward; an export writes it as
+            # x · sigmoid(x), whose rules alone would keep the sigmoid's output too (FFN-wide, per SwiGLU layer)
+            self.silu_sigmoid[outputs[0]] = inputs[0]
+            kept = ()
+        elif op_type == "Mul" and any(self.silu_sigmoid.get(s) == x for x, s in (inputs, inputs[::-1])):
+            kept = tuple(x for x in inputs if x not in self.silu_sigmoid)
         for name in kept:
             base = self.storage.get(name, name)
             if base not in self.const_tensors and base not in self.keeper:
@@ -1046,31 +1051,13 @@ class _KeptActivations:
         if inputs and (op_type in VIEW_OPS or op_type == "Dropout" and len(outputs) == 1):
             self.storage.update((o, self.storage.get(inputs[0], inputs[0])) for o in outputs)
         self.producer.update((o, index) for o in outputs)
-        if op_type == "Sigmoid" and inputs and outputs:
-            self.sigmoid_of[outputs[0]] = inputs[0]
         self.by_node.append(mine)
         return mine
 
-    def _silu(self, inputs: list[str]) -> bool:
-        """Whether ``Mul(inputs)`` is ``x · sigmoid(x)``, SiLU written out; if so, the sigmoid no longer keeps its output.
-
-        PyTorch's SiLU keeps only x; an export writes it as a Sigmoid and a Mul, whose rules would keep the sigmoid's
-        output too (an FFN-wide tensor per SwiGLU layer).
-        """
-        if len(inputs) != 2:
-            return False
-        for x, s in (inputs, inputs[::-1]):
-            if self.sigmoid_of.get(s) == x:
-                writer = self.keeper.get(s)
-                if writer is not None and s in self.by_node[writer]:  # take it back from the Sigmoid
-                    nbytes = self.by_node[writer].pop(s)
-                    del self.keeper[s]
-                    key, data = self.nodes[writer]
-                    op = data["op"]
-                    data["op"] = dataclasses.replace(op, saved_bytes=op.saved_bytes - nbytes,
-                                                     tp_replicated_bytes=max(0.0, op.tp_replicated_bytes - nbytes))
-                return True
-        return False
+    def _silu_half(self, x: str, sigmoid: str) -> bool:
+        """Whether ``sigmoid`` = Sigmoid(``x``) is read by a ``Mul(x, sigmoid)``: SiLU written out."""
+        return any(n.op_type == "Mul" and sorted(n.input) == sorted((x, sigmoid))
+                   for n in self.readers.get(sigmoid, ()))
 
     def kept_from(self, index: int, writers: set[int]) -> float:
         """Bytes node ``index`` keeps first of tensors written by the nodes ``writers``."""
