@@ -186,7 +186,11 @@ def stage_streams(costs: Sequence[BlockCost], before: float = 0.0) -> PassStream
     all-gather). Chains longer than :data:`opsched.overlap.STORED_OPS`
     operations are compacted (:func:`opsched.overlap.compact`).
     """
-    chains = [c.streams() for c in costs]
+    return joined_streams([c.streams() for c in costs], before)
+
+
+def joined_streams(chains: Sequence[PassStreams], before: float = 0.0) -> PassStreams:
+    """:func:`stage_streams` from the blocks' own stream operations (:meth:`BlockCost.streams`), in block order."""
     gather = [StreamOp(COMM, before)] if before > 0 else []
     forward = gather + [op for c in chains for op in c.F]
     backward = gather + [op for c in reversed(chains) for op in c.I]

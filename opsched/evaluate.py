@@ -42,9 +42,9 @@ import networkx as nx
 from opsched.baselines import baseline_order, placed_stage_graph, run_baseline
 from opsched.cluster import RECOMPUTE_MODES, Cluster, Training, with_devices
 from opsched.cost import (BlockCost, Mode, alltoall_time, allreduce_time, attention_core_time, block_cost,
-                          context_ring_time, expert_count, held_param_bytes, stage_streams)
+                          context_ring_time, expert_count, held_param_bytes, joined_streams)
 from opsched.errors import OpschedError, Unsupported
-from opsched.graph import Block
+from opsched.graph import COST_FIELDS, Block
 from opsched.overlap import PassStreams
 from opsched.lower.jobs import order_peak_activation
 from opsched.schedule import Edge, Schedule, Stage, StageGraph, device_param_bytes, metrics
@@ -258,6 +258,11 @@ class ModelIndex:
     experts: int  # experts of one MoE layer (0: dense)
     tokens_in: dict[int, float]  # block -> its largest input edge (bytes)
     forward_flops: float
+    #: block -> its class of blocks alike in everything a block's cost reads (its cost fields, input size and
+    #: whether it holds experts): every layer of a uniform model, every expert of a layer
+    cost_class: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: per setting of a layout's terms, one device's share of a block (:func:`_block_share`) by its cost class
+    block_shares: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
 
 def model_index(bg: nx.DiGraph) -> ModelIndex:
@@ -286,8 +291,11 @@ def model_index(bg: nx.DiGraph) -> ModelIndex:
         if experts_of[b]:
             per_layer[path] = per_layer.get(path, 0) + experts_of[b]
     tokens_in = {b: max((d.get("bytes", 0.0) for _, _, d in bg.in_edges(b, data=True)), default=0.0) for b in order}
+    classes: dict[tuple, int] = {}
+    cost_class = {b: classes.setdefault((tuple(getattr(bg.nodes[b]["block"], f) for f in COST_FIELDS), tokens_in[b],
+                                         experts_of[b] > 0), len(classes)) for b in order}
     return ModelIndex(order, layer_of, list(layers), experts_of, max(per_layer.values(), default=0), tokens_in,
-                      sum(bg.nodes[b]["block"].flops for b in order))
+                      sum(bg.nodes[b]["block"].flops for b in order), cost_class)
 
 
 def layer_chunks(bg: nx.DiGraph, chunks: int, index: ModelIndex | None = None,
@@ -461,7 +469,7 @@ def layout_floor(bg: nx.DiGraph, cluster: Cluster, training: Training, layout: P
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
     if max(_held_param_bytes(bg, index, chunks, layout, training)) > limit:
         return None  # checked before the passes are costed: most layouts of a large model end here
-    stages, _, optimizer, _ = _chunk_stages(bg, index, chunks, layout, cluster, training)
+    stages, _, optimizer, _ = _chunk_stages(bg, index, chunks, layout, cluster, training, streams=False)
     if than is not None and all(s.act_bytes >= t.act_bytes and s.act_w_bytes >= t.act_w_bytes
                                 for s, t in zip(stages, than.stages)):
         return None
@@ -506,13 +514,15 @@ def _breakdown(busy: list[float], context: list[float] | None, makespan: float, 
 
 def _chunk_stages(
     bg: nx.DiGraph, index: ModelIndex, chunks: list[list[int]], layout: ParallelLayout, cluster: Cluster,
-    training: Training,
+    training: Training, streams: bool = True,
 ) -> tuple[list[Stage], list[float], list[float], list[float]]:
-    """One stage per chunk on its pipeline rank, with each rank's gradient sync, optimizer step and exposed K/V ring."""
+    """One stage per chunk on its pipeline rank, with each rank's gradient sync, optimizer step and exposed K/V ring;
+    without ``streams`` the stages carry no stream operations (a floor needs only the passes' times)."""
     stages, sync, optimizer, ring = [], [0.0] * layout.pp, [0.0] * layout.pp, [0.0] * layout.pp
     for c, members in enumerate(chunks):
         rank = c % layout.pp
-        cost = _chunk_cost(bg, index, members, layout, cluster, training, rank)
+        cost = _chunk_cost(bg, index, members, layout, cluster, training, rank,
+                           streams=streams and training.overlap_pairs)
         stages.append(Stage(id=c, devices=(rank,), time={"F": cost.F, "I": cost.I, "W": cost.W},
                             param_bytes=cost.param_bytes, act_bytes=cost.act_bytes, act_w_bytes=cost.act_w_bytes,
                             name=f"chunk{c}", streams=cost.streams if training.overlap_pairs else None))
@@ -551,10 +561,16 @@ def _held_param_bytes(bg: nx.DiGraph, index: ModelIndex, chunks: list[list[int]]
     """Per pipeline rank: the bytes of parameter state (weights, gradients, optimizer) one device holds, as
     :func:`_chunk_cost` counts them, without costing any pass."""
     held = [0.0] * layout.pp
+    # a block's held bytes by its cost class, under what decides them (kept on the index like the blocks' shares)
+    by_class = index.block_shares.setdefault(("held", layout.tp, layout.ep, layout.dp, layout.cp, layout.zero,
+                                              training), {})
     for c, members in enumerate(chunks):
         for b in members:
-            params, replicas = _block_shard(bg.nodes[b]["block"], index.experts_of[b] > 0, layout)
-            held[c % layout.pp] += held_param_bytes(params, replicas, training, layout.zero)
+            k = index.cost_class[b]
+            if k not in by_class:
+                params, replicas = _block_shard(bg.nodes[b]["block"], index.experts_of[b] > 0, layout)
+                by_class[k] = held_param_bytes(params, replicas, training, layout.zero)
+            held[c % layout.pp] += by_class[k]
     return held
 
 
@@ -580,66 +596,134 @@ def _run_on_chunks(name: str, sg: StageGraph, microbatches: int, layout: Paralle
 
 
 def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: ParallelLayout, cluster: Cluster,
-                training: Training, rank: int) -> _ChunkCost:
-    """One device's share of a chunk: pass times per microbatch, memory, gradient sync and optimizer step."""
-    groups = _rank_devices(layout, cluster.devices, rank)
+                training: Training, rank: int, streams: bool = True) -> _ChunkCost:
+    """One device's share of a chunk: pass times per microbatch, memory, gradient sync and optimizer step; with
+    ``streams``, its passes' stream operations too."""
     training = dataclasses.replace(training, recompute=layout.recompute, sequence_parallel=layout.sp,
                                    tp_comm_overlap=layout.tp_overlap)
-    # a context rank takes 1/cp of each sequence: costed like a replica taking 1/cp of the microbatch
-    mode = Mode(tp=layout.tp, dp=layout.cp)
-    again = training.recompute != "none"  # a recomputed attention forward passes the keys and values round again
+    groups = _rank_devices(layout, cluster.devices, rank)
+    links = _ChunkLinks.of(groups, layout, cluster)
+    # what every block's share depends on besides the block: the blocks' shares are kept on the index under it
+    setting = ("share", layout.tp, layout.cp, layout.ep, layout.dp, layout.zero, links, _cluster_key(cluster),
+               training)
+    shares = index.block_shares.setdefault(setting, {})  # cost class -> its share under this setting
     out = _ChunkCost()
     weights = 0.0  # bytes of this device's share of the chunk's weights, unsharded
-    timed: list[BlockCost] = []  # each block's cost with this layout's communication: the chunk's stream operations
+    timed: list[PassStreams] = []  # each block's operations with this layout's communication
     for b in members:
-        block: Block = bg.nodes[b]["block"]
-        tokens = index.tokens_in[b]
-        c = block_cost(block, mode, groups.sequence, cluster, training, token_bytes=tokens)
-        params, replicas = _block_shard(block, index.experts_of[b] > 0, layout)
-        f, i = c.F, c.I
-        f_comm, i_comm = c.f_comm, c.i_comm
-        if layout.cp > 1:
-            bw, lat = cluster.link(groups.context, groups.context)
-            attention = attention_core_time(block, mode.size, cluster, training.dtype)
-            ring = context_ring_time(block, layout.tp, layout.cp, attention, bw, lat)
-            f += ring.forward
-            i += ring.backward + (ring.forward if again else 0.0)
-            out.context_ring += ring.forward + ring.backward + (ring.forward if again else 0.0)
-            # under full recomputation the forward's ring runs again inside the rerun forward, not as I's own
-            f_comm += ring.forward
-            i_comm += ring.backward + (ring.forward if again and not c.rerun_forward else 0.0)
-        if index.experts_of[b] > 0 and layout.ep > 1:
-            # folded over the data-parallel replicas: each holds 1/ep of the experts and swaps routed tokens
-            bw, lat = cluster.link(groups.expert, groups.expert)
-            a2a = 2 * alltoall_time(tokens / layout.tp, layout.ep, bw, lat)  # dispatch and combine
-            f += a2a
-            i += a2a * (2 if training.recompute == "full" else 1)  # a recomputed forward swaps them again
-            f_comm += a2a
-            i_comm += a2a
-        out.F += f
-        out.I += i
-        out.W += c.W
-        timed.append(dataclasses.replace(c, F=f, I=i, f_comm=f_comm, i_comm=i_comm))
-        out.param_bytes += held_param_bytes(params, replicas, training, layout.zero)
-        weights += params * training.param_bytes
-        out.act_bytes += c.act_bytes
-        out.act_w_bytes += c.act_w_bytes
-        if replicas > 1 and block.param_count > 0:
-            group = groups.weights[:: (layout.dp * layout.cp) // replicas]  # every ep-th replica: the same experts
-            bw, lat = cluster.link(group, group)
-            # all-reduce, or reduce-scatter + all-gather with ZeRO: the same ring volume
-            out.grad_sync += allreduce_time(params * training.grad_bytes, replicas, bw, lat)
-        updated = params / (replicas if layout.zero >= 1 else 1)
-        out.optimizer += updated * training.optimizer_step_bytes / cluster.memory_bandwidth
+        k = index.cost_class[b]
+        share = shares.get(k)
+        if share is None:
+            share = shares[k] = _block_share(bg.nodes[b]["block"], index.tokens_in[b],
+                                                           index.experts_of[b] > 0, layout, groups, links, cluster,
+                                                           training)
+        out.F += share.cost.F
+        out.I += share.cost.I
+        out.W += share.cost.W
+        timed.append(share.streams)
+        out.param_bytes += share.param_bytes
+        weights += share.weight_bytes
+        out.act_bytes += share.cost.act_bytes
+        out.act_w_bytes += share.cost.act_w_bytes
+        out.grad_sync += share.grad_sync
+        out.optimizer += share.optimizer
+        out.context_ring += share.context_ring
     gather = 0.0
     if layout.zero >= 3:
         # FSDP gathers the weights before use in F and again in I; an all-gather is half a ring all-reduce
-        bw, lat = cluster.link(groups.weights, groups.weights)
+        bw, lat = links.weights
         gather = allreduce_time(weights, layout.dp * layout.cp, bw, lat) / 2
         out.F += gather
         out.I += gather
-    out.streams = stage_streams(timed, before=gather)
+    out.streams = joined_streams(timed, before=gather) if streams else None
     return out
+
+
+@dataclass(frozen=True)
+class _ChunkLinks:
+    """(bandwidth, latency) of each group a pipeline rank's blocks talk over: found once per chunk, not per block."""
+
+    tensor: tuple[float, float]  # the tensor-parallel ranks
+    sequence_replicas: tuple[float, float]  # the first tensor rank of each context rank (block_cost's replicas)
+    context: tuple[float, float]
+    expert: tuple[float, float]
+    weights: tuple[float, float]  # every rank holding the same dense weights
+    expert_weights: tuple[float, float]  # every ep-th of them: the ranks holding the same experts
+
+    @classmethod
+    def of(cls, groups: RankGroups, layout: ParallelLayout, cluster: Cluster) -> _ChunkLinks:
+        def link(group):
+            return cluster.link(group, group)
+
+        expert_replicas = max(1, layout.dp // layout.ep)
+        return cls(link(groups.sequence[: layout.tp]), link(groups.sequence[:: layout.tp]), link(groups.context),
+                   link(groups.expert), link(groups.weights),
+                   link(groups.weights[:: (layout.dp * layout.cp) // expert_replicas]))
+
+
+def _cluster_key(cluster: Cluster) -> tuple:
+    """Every field of ``cluster`` but its device count, hashable: what a block's cost depends on besides links."""
+    return tuple((f.name, tuple(sorted(v.items())) if isinstance(v, dict) else v)
+                 for f in dataclasses.fields(cluster) if f.name != "devices"
+                 for v in (getattr(cluster, f.name),))
+
+
+@dataclass(frozen=True)
+class _BlockShare:
+    """One device's share of one block under a layout: the terms :func:`_chunk_cost` sums."""
+
+    cost: BlockCost  # with this layout's context ring and expert all-to-alls in F, I and their communication
+    streams: PassStreams  # cost's passes as stream operations (BlockCost.streams)
+    param_bytes: float  # parameter state held (weights, gradients, optimizer)
+    weight_bytes: float  # weights held, unsharded (what ZeRO-3 gathers)
+    grad_sync: float
+    optimizer: float
+    context_ring: float  # exposed K/V ring time per microbatch, in F and I
+
+
+def _block_share(block: Block, tokens: float, expert: bool, layout: ParallelLayout, groups: RankGroups,
+                 links: _ChunkLinks, cluster: Cluster, training: Training) -> _BlockShare:
+    """One device's share of ``block`` on a pipeline rank whose groups are ``groups`` (``training`` with the
+    layout's recomputation, sequence parallelism and tp overlap)."""
+    # a context rank takes 1/cp of each sequence: costed like a replica taking 1/cp of the microbatch
+    mode = Mode(tp=layout.tp, dp=layout.cp)
+    again = training.recompute != "none"  # a recomputed attention forward passes the keys and values round again
+    c = block_cost(block, mode, groups.sequence, cluster, training, token_bytes=tokens)
+    params, replicas = _block_shard(block, expert, layout)
+    f, i = c.F, c.I
+    f_comm, i_comm = c.f_comm, c.i_comm
+    context_ring = 0.0
+    if layout.cp > 1:
+        bw, lat = links.context
+        attention = attention_core_time(block, mode.size, cluster, training.dtype)
+        ring = context_ring_time(block, layout.tp, layout.cp, attention, bw, lat)
+        f += ring.forward
+        i += ring.backward + (ring.forward if again else 0.0)
+        context_ring = ring.forward + ring.backward + (ring.forward if again else 0.0)
+        # under full recomputation the forward's ring runs again inside the rerun forward, not as I's own
+        f_comm += ring.forward
+        i_comm += ring.backward + (ring.forward if again and not c.rerun_forward else 0.0)
+    if expert and layout.ep > 1:
+        # folded over the data-parallel replicas: each holds 1/ep of the experts and swaps routed tokens
+        bw, lat = links.expert
+        a2a = 2 * alltoall_time(tokens / layout.tp, layout.ep, bw, lat)  # dispatch and combine
+        f += a2a
+        i += a2a * (2 if training.recompute == "full" else 1)  # a recomputed forward swaps them again
+        f_comm += a2a
+        i_comm += a2a
+    grad_sync = 0.0
+    if replicas > 1 and block.param_count > 0:
+        # every ep-th replica holds the same experts; all-reduce, or reduce-scatter + all-gather with ZeRO: the
+        # same ring volume
+        bw, lat = links.expert_weights if expert and layout.ep > 1 else links.weights
+        grad_sync = allreduce_time(params * training.grad_bytes, replicas, bw, lat)
+    updated = params / (replicas if layout.zero >= 1 else 1)
+    cost = dataclasses.replace(c, F=f, I=i, f_comm=f_comm, i_comm=i_comm)
+    return _BlockShare(cost=cost, streams=cost.streams(),
+                       param_bytes=held_param_bytes(params, replicas, training, layout.zero),
+                       weight_bytes=params * training.param_bytes, grad_sync=grad_sync,
+                       optimizer=updated * training.optimizer_step_bytes / cluster.memory_bandwidth,
+                       context_ring=context_ring)
 
 
 def _boundary_bytes(bg: nx.DiGraph, chunks: list[list[int]]) -> list[float]:
