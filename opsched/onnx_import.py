@@ -374,11 +374,24 @@ def _substitute_dims(model: onnx.ModelProto, dims: dict[str, int]) -> None:
             _set_dims(vi.type.tensor_type, dims, keep_unknown=False)
 
 
-def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
+def _infer(model: onnx.ModelProto, data_prop: bool = True) -> onnx.ModelProto:
     try:
-        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=data_prop)
     except Exception as exc:  # inference errors on malformed graphs: report, keep going without it
         raise OpschedError(f"ONNX shape inference failed: {str(exc).splitlines()[0][:200]}") from None
+
+
+def _infer_after_pins(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shape inference again once NonZero outputs are pinned: without data propagation when that leaves no shape
+    unknown, else with it.
+
+    ONNX's data propagation walks every 1-D tensor's values, and each routed-token list is one: with 64 sequences of
+    4,096 tokens per microbatch, DeepSeek-MoE's 1,728 expert selections took it 16 s, against 0.14 s without it
+    (the same shapes, every one static)."""
+    fast = _infer(model, data_prop=False)
+    if all(shape is not None and None not in shape for shape, _ in _shape_table(fast).values()):
+        return fast
+    return _infer(model)
 
 
 def _shape_table(model: onnx.ModelProto) -> dict[str, tuple[tuple[int | None, ...] | None, int]]:
@@ -823,7 +836,7 @@ def import_onnx(path, dims: dict[str, int] | None = None, capacity_factor: float
     for _ in range(8):  # NonZero pins may unlock further NonZeros downstream
         if not _pin_nonzero(model, shapes, capacity_factor, warnings, routing, masks):
             break
-        model = _infer(model)
+        model = _infer_after_pins(model)
         shapes = _shape_table(model)
     meta = _metadata(model)
     data_meta = [s.strip() for s in meta[DATA_INPUTS_KEY].split(",") if s.strip()] if DATA_INPUTS_KEY in meta else None
