@@ -273,9 +273,10 @@ def compute_time(block: Block, share: int, cluster: Cluster, dtype: str) -> floa
     at its attention efficiency, and the rest (norms, activations, residual
     adds, ...) at the general efficiency; each kind takes the slower of its
     FLOPs and its memory traffic (at ``memory_efficiency`` of the bandwidth),
-    and the kinds run one after another. A cluster without efficiencies by
-    kind (the presets) costs the block as one roofline at its efficiency, and
-    so does a block whose operators carry no kind (a hand-made Block).
+    and the kinds run one after another (the presets set each kind's
+    efficiency: docs/cost-model.md). A cluster without efficiencies by kind
+    costs the block as one roofline at its efficiency, and so does a block
+    whose operators carry no kind (a hand-made Block).
     Either way, matrix multiplies are charged their tile-padded FLOPs
     (:mod:`opsched.gemm`), and attention runs at the BF16 rate under FP8
     (:meth:`opsched.cluster.Cluster.attention_flops_per_second`).
@@ -286,8 +287,9 @@ def compute_time(block: Block, share: int, cluster: Cluster, dtype: str) -> floa
     >>> round(compute_time(b, 1, c, "bf16"), 3)   # 1 s of matmul at 0.801 of 989e12, 792.1e12 FLOPs at 0.5
     2.602
     >>> att = Block(0, "attn", (), (), flops=989e12, attention_flops=989e12)
-    >>> compute_time(att, 1, preset("h100-sxm"), "fp8")   # attention stays at 0.5 of the BF16 peak
-    2.0
+    >>> h100 = preset("h100-sxm")
+    >>> compute_time(att, 1, h100, "fp8") == 989e12 / (h100.attention_efficiency * 989e12)  # BF16, not FP8, peak
+    True
     """
     padding = max(0.0, block.matmul_padded_flops - block.matmul_flops)  # 0 for a block without padded FLOPs
     attention_rate = cluster.attention_flops_per_second(dtype)
@@ -483,9 +485,10 @@ def attention_core_time(block: Block, share: int, cluster: Cluster, dtype: str) 
     traffic at the attention efficiency, or at the cluster's one efficiency
     when it sets none by kind.
 
-    >>> from opsched.cluster import preset
+    >>> from opsched.cluster import cluster_from_dict
+    >>> c = cluster_from_dict({"preset": "h100-sxm", "devices": 8, "attention_efficiency": 0.5})
     >>> b = Block(0, "attn", (), (), flops=3 * 989e12, attention_flops=989e12 / 2)
-    >>> attention_core_time(b, 1, preset("h100-sxm"), "bf16")   # half a second of peak at 0.5 efficiency
+    >>> attention_core_time(b, 1, c, "bf16")   # half a second of peak at 0.5 efficiency
     1.0
     """
     if block.attention_flops <= 0 and block.attention_io_bytes <= 0:

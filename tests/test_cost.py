@@ -25,6 +25,10 @@ SPEC = {**SLOW_LINK_CLUSTER, "devices": 8, "devices_per_node": 4}
 C = cluster_from_dict(SPEC)
 T = Training(microbatches=4)
 
+#: the H100 preset with one efficiency (0.5) for every operator: no efficiency by kind
+ONE_ROOFLINE = {"preset": "h100-sxm", "devices": 8, "efficiency": 0.5, "matmul_efficiency": {},
+                "attention_efficiency": None, "memory_efficiency": 1.0}
+
 
 def block(flops=50e12, io=0.0, params=1_000_000, out=1e9, ops=(), tp_bytes=1e9):
     return Block(0, "b", ("layers.0",), tuple(ops), flops=flops, param_count=params, output_bytes=out, saved_bytes=out, io_bytes=io,
@@ -184,8 +188,14 @@ def test_operator_kinds_take_their_own_efficiency():
     assert compute_time(b, 2, kinds, "bf16") == pytest.approx(expected / 2)
     # FP8 keeps attention in BF16: only the matmuls change rate
     assert compute_time(b, 1, kinds, "fp8") > 8e12 / (0.5 * 1979e12) + 1e12 / (0.6 * peak)
-    # the presets: one roofline at 0.5 over all FLOPs and bytes
-    assert compute_time(b, 1, preset("h100-sxm"), "bf16") == pytest.approx(max(10e12 / (0.5 * peak), 90e9 / 3.35e12))
+    # a cluster without them: one roofline at its efficiency over all FLOPs and bytes
+    one = cluster_from_dict({**ONE_ROOFLINE, "efficiency": 0.5})
+    assert compute_time(b, 1, one, "bf16") == pytest.approx(max(10e12 / (0.5 * peak), 90e9 / 3.35e12))
+    # the presets set them: the same block costs each kind at the preset's own efficiency for it
+    h100 = preset("h100-sxm")
+    by_kind = (8e12 / (h100.matmul_efficiency["bf16"] * peak) + 1e12 / (h100.attention_efficiency * peak)
+               + max(1e12 / (h100.efficiency * peak), 60e9 / (h100.memory_efficiency * 3.35e12)))
+    assert h100.costs_by_kind and compute_time(b, 1, h100, "bf16") == pytest.approx(by_kind)
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -266,17 +276,19 @@ def test_attention_under_fp8_runs_at_the_bf16_rate_on_presets_too():
     from opsched.cluster import preset
     from opsched.cost import attention_core_time, compute_time
 
-    h100 = preset("h100-sxm")
-    attention = Block(0, "attn", (), (), flops=4e12, attention_flops=3e12)
-    bf16_attention, fp8_rest = 3e12 / (0.5 * 989e12), 1e12 / (0.5 * 1979e12)
-    assert compute_time(attention, 1, h100, "fp8") == pytest.approx(bf16_attention + fp8_rest)
-    # the whole block at the FP8 rate would be about half as long: the test fails if attention took the FP8 peak
-    assert compute_time(attention, 1, h100, "fp8") > 1.5 * 4e12 / (0.5 * 1979e12)
-    assert compute_time(attention, 2, h100, "fp8") == pytest.approx((bf16_attention + fp8_rest) / 2)
-    # selective recomputation's re-run attention is costed the same way
-    assert attention_core_time(attention, 1, h100, "fp8") == pytest.approx(bf16_attention)
-    # BF16 is unchanged: one roofline at 0.5 of the BF16 peak
-    assert compute_time(attention, 1, h100, "bf16") == pytest.approx(4e12 / (0.5 * 989e12))
+    for h100 in (preset("h100-sxm"), cluster_from_dict(ONE_ROOFLINE)):
+        attention = Block(0, "attn", (), (), flops=4e12, attention_flops=3e12)
+        on_attention = h100.attention_efficiency or h100.efficiency
+        bf16_attention, fp8_rest = 3e12 / (on_attention * 989e12), 1e12 / (h100.efficiency * 1979e12)
+        assert compute_time(attention, 1, h100, "fp8") == pytest.approx(bf16_attention + fp8_rest)
+        # the whole block at the FP8 rate would be about half as long: the test fails if attention took the FP8 peak
+        assert compute_time(attention, 1, h100, "fp8") > 1.5 * 4e12 / (on_attention * 1979e12)
+        assert compute_time(attention, 2, h100, "fp8") == pytest.approx((bf16_attention + fp8_rest) / 2)
+        # selective recomputation's re-run attention is costed the same way
+        assert attention_core_time(attention, 1, h100, "fp8") == pytest.approx(bf16_attention)
+        # BF16: the attention at its BF16 rate, the rest at the BF16 peak
+        assert compute_time(attention, 1, h100, "bf16") == pytest.approx(
+            3e12 / (on_attention * 989e12) + 1e12 / (h100.efficiency * 989e12))
 
 
 def test_matmuls_pay_their_tile_padding():
@@ -284,13 +296,14 @@ def test_matmuls_pay_their_tile_padding():
     from opsched.cluster import preset
     from opsched.cost import compute_time
 
-    h100 = preset("h100-sxm")
+    one = cluster_from_dict(ONE_ROOFLINE)
     kinds = cluster_from_dict({"preset": "h100-sxm", "devices": 8, "matmul_efficiency": {"bf16": 0.8}})
     exact = Block(0, "mlp", (), (), flops=5e12, matmul_flops=4e12)
     padded = Block(0, "mlp", (), (), flops=5e12, matmul_flops=4e12, matmul_padded_flops=8e12)
-    assert compute_time(exact, 1, h100, "bf16") == pytest.approx(5e12 / (0.5 * 989e12))
-    assert compute_time(padded, 1, h100, "bf16") == pytest.approx(9e12 / (0.5 * 989e12))
+    assert compute_time(exact, 1, one, "bf16") == pytest.approx(5e12 / (0.5 * 989e12))
+    assert compute_time(padded, 1, one, "bf16") == pytest.approx(9e12 / (0.5 * 989e12))
     assert compute_time(padded, 1, kinds, "bf16") == pytest.approx(8e12 / (0.8 * 989e12) + 1e12 / (0.5 * 989e12))
+    assert compute_time(padded, 1, preset("h100-sxm"), "bf16") > compute_time(exact, 1, preset("h100-sxm"), "bf16")
 
 
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
