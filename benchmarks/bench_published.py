@@ -216,7 +216,12 @@ def model_file(run: Run, folder: str) -> str | None:
 
 def predicted(run: Run, kernels: bool = False, model_path: str | None = None) -> tuple[float, dict]:
     """The row's predicted figure in the published unit, and evaluate's whole JSON."""
-    out = subprocess.run(run.command(kernels, model_path), cwd=ROOT, capture_output=True, text=True)
+    return predicted_by(run, run.command(kernels, model_path))
+
+
+def predicted_by(run: Run, command: list[str]) -> tuple[float, dict]:
+    """:func:`predicted` with ``command`` run in place of the row's own (e.g. on another cluster file)."""
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if out.returncode == 2:
         raise NotEvaluated(out.stderr.strip().splitlines()[-1])
     out.check_returncode()
