@@ -519,9 +519,10 @@ def _chunk_stages(
     """One stage per chunk on its pipeline rank, with each rank's gradient sync, optimizer step and exposed K/V ring;
     without ``streams`` the stages carry no stream operations (a floor needs only the passes' times)."""
     stages, sync, optimizer, ring = [], [0.0] * layout.pp, [0.0] * layout.pp, [0.0] * layout.pp
+    cluster_key = _cluster_key(cluster)  # the same for every chunk
     for c, members in enumerate(chunks):
         rank = c % layout.pp
-        cost = _chunk_cost(bg, index, members, layout, cluster, training, rank,
+        cost = _chunk_cost(bg, index, members, layout, cluster, cluster_key, training, rank,
                            streams=streams and training.overlap_pairs)
         stages.append(Stage(id=c, devices=(rank,), time={"F": cost.F, "I": cost.I, "W": cost.W},
                             param_bytes=cost.param_bytes, act_bytes=cost.act_bytes, act_w_bytes=cost.act_w_bytes,
@@ -556,6 +557,12 @@ def _block_shard(block: Block, expert: bool, layout: ParallelLayout) -> tuple[fl
     return block.param_count / layout.tp, layout.dp * layout.cp
 
 
+def _block_held_bytes(block: Block, expert: bool, layout: ParallelLayout, training: Training) -> float:
+    """The bytes of parameter state (weights, gradients, optimizer) one device holds of ``block``."""
+    params, replicas = _block_shard(block, expert, layout)
+    return held_param_bytes(params, replicas, training, layout.zero)
+
+
 def _held_param_bytes(bg: nx.DiGraph, index: ModelIndex, chunks: list[list[int]], layout: ParallelLayout,
                       training: Training) -> list[float]:
     """Per pipeline rank: the bytes of parameter state (weights, gradients, optimizer) one device holds, as
@@ -568,8 +575,7 @@ def _held_param_bytes(bg: nx.DiGraph, index: ModelIndex, chunks: list[list[int]]
         for b in members:
             k = index.cost_class[b]
             if k not in by_class:
-                params, replicas = _block_shard(bg.nodes[b]["block"], index.experts_of[b] > 0, layout)
-                by_class[k] = held_param_bytes(params, replicas, training, layout.zero)
+                by_class[k] = _block_held_bytes(bg.nodes[b]["block"], index.experts_of[b] > 0, layout, training)
             held[c % layout.pp] += by_class[k]
     return held
 
@@ -596,16 +602,15 @@ def _run_on_chunks(name: str, sg: StageGraph, microbatches: int, layout: Paralle
 
 
 def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: ParallelLayout, cluster: Cluster,
-                training: Training, rank: int, streams: bool = True) -> _ChunkCost:
+                cluster_key: tuple, training: Training, rank: int, streams: bool = True) -> _ChunkCost:
     """One device's share of a chunk: pass times per microbatch, memory, gradient sync and optimizer step; with
-    ``streams``, its passes' stream operations too."""
+    ``streams``, its passes' stream operations too. ``cluster_key`` is :func:`_cluster_key` of ``cluster``."""
     training = dataclasses.replace(training, recompute=layout.recompute, sequence_parallel=layout.sp,
                                    tp_comm_overlap=layout.tp_overlap)
     groups = _rank_devices(layout, cluster.devices, rank)
     links = _ChunkLinks.of(groups, layout, cluster)
     # what every block's share depends on besides the block: the blocks' shares are kept on the index under it
-    setting = ("share", layout.tp, layout.cp, layout.ep, layout.dp, layout.zero, links, _cluster_key(cluster),
-               training)
+    setting = ("share", layout.tp, layout.cp, layout.ep, layout.dp, layout.zero, links, cluster_key, training)
     shares = index.block_shares.setdefault(setting, {})  # cost class -> its share under this setting
     out = _ChunkCost()
     weights = 0.0  # bytes of this device's share of the chunk's weights, unsharded
@@ -614,9 +619,8 @@ def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: P
         k = index.cost_class[b]
         share = shares.get(k)
         if share is None:
-            share = shares[k] = _block_share(bg.nodes[b]["block"], index.tokens_in[b],
-                                                           index.experts_of[b] > 0, layout, groups, links, cluster,
-                                                           training)
+            share = shares[k] = _block_share(bg.nodes[b]["block"], index.tokens_in[b], index.experts_of[b] > 0,
+                                             layout, groups, links, cluster, training)
         out.F += share.cost.F
         out.I += share.cost.I
         out.W += share.cost.W
@@ -720,7 +724,7 @@ def _block_share(block: Block, tokens: float, expert: bool, layout: ParallelLayo
     updated = params / (replicas if layout.zero >= 1 else 1)
     cost = dataclasses.replace(c, F=f, I=i, f_comm=f_comm, i_comm=i_comm)
     return _BlockShare(cost=cost, streams=cost.streams(),
-                       param_bytes=held_param_bytes(params, replicas, training, layout.zero),
+                       param_bytes=_block_held_bytes(block, expert, layout, training),
                        weight_bytes=params * training.param_bytes, grad_sync=grad_sync,
                        optimizer=updated * training.optimizer_step_bytes / cluster.memory_bandwidth,
                        context_ring=context_ring)

@@ -381,17 +381,19 @@ def _infer(model: onnx.ModelProto, data_prop: bool = True) -> onnx.ModelProto:
         raise OpschedError(f"ONNX shape inference failed: {str(exc).splitlines()[0][:200]}") from None
 
 
-def _infer_after_pins(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Shape inference again once NonZero outputs are pinned: without data propagation when that leaves no shape
-    unknown, else with it.
+def _infer_after_pins(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict]:
+    """Shape inference again once NonZero outputs are pinned, and the model's shape table (:func:`_shape_table`):
+    without data propagation when that leaves no shape unknown, else with it.
 
     ONNX's data propagation walks every 1-D tensor's values, and each routed-token list is one: with 64 sequences of
     4,096 tokens per microbatch, DeepSeek-MoE's 1,728 expert selections took it 16 s, against 0.14 s without it
     (the same shapes, every one static)."""
     fast = _infer(model, data_prop=False)
-    if all(shape is not None and None not in shape for shape, _ in _shape_table(fast).values()):
-        return fast
-    return _infer(model)
+    shapes = _shape_table(fast)
+    if all(shape is not None and None not in shape for shape, _ in shapes.values()):
+        return fast, shapes
+    slow = _infer(model)
+    return slow, _shape_table(slow)
 
 
 def _shape_table(model: onnx.ModelProto) -> dict[str, tuple[tuple[int | None, ...] | None, int]]:
@@ -836,8 +838,7 @@ def import_onnx(path, dims: dict[str, int] | None = None, capacity_factor: float
     for _ in range(8):  # NonZero pins may unlock further NonZeros downstream
         if not _pin_nonzero(model, shapes, capacity_factor, warnings, routing, masks):
             break
-        model = _infer_after_pins(model)
-        shapes = _shape_table(model)
+        model, shapes = _infer_after_pins(model)
     meta = _metadata(model)
     data_meta = [s.strip() for s in meta[DATA_INPUTS_KEY].split(",") if s.strip()] if DATA_INPUTS_KEY in meta else None
     weight_inputs = _weight_inputs(model, shapes, data_meta)
