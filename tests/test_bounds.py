@@ -30,12 +30,12 @@ from opsched.baselines import NAMES, baseline_orders, run_baseline
 from opsched.errors import Deadlock, OpschedError
 from opsched.isolate import Call, SolverCrash, run_isolated_all
 from opsched.lower import solve
-from opsched.lower.bounds import lower_bound, span_lower_bound
+from opsched.lower.bounds import idle_lower_bound, lower_bound, span_lower_bound
 from opsched.lower.jobs import JobSet, activation_budgets, minimum_memory_limit, order_fits
 from opsched.lower.listsched import default_variants, list_schedule
 from opsched.lower.lns import objective_value
 from opsched.overlap import COMM, COMPUTE, PassStreams, StreamOp
-from opsched.schedule import Edge, Job, Pair, Stage, StageGraph, simulate, stage_placement
+from opsched.schedule import Edge, Job, Pair, Schedule, Stage, StageGraph, busy_time, simulate, stage_placement
 
 TOL = 1e-9
 TIMES = [0.5, 1.0, 1.5, 2.0]
@@ -131,8 +131,9 @@ def instances(draw, max_stages: int = 4, max_microbatches: int = 3) -> Instance:
 # --------------------------------------------------------------------------- what methods achieve
 
 
-def _values(js: JobSet, order, budgets) -> tuple[float, float] | None:
-    """(makespan, Zero Bubble span) of an order that fits in memory, timed by the simulator; None otherwise.
+def _values(js: JobSet, order, budgets) -> tuple[float, float, tuple[float, ...]] | None:
+    """(makespan, Zero Bubble span, each device's idle) of an order that fits in memory, timed by the simulator;
+    None otherwise.
 
     (``objective_value`` reads only ``js``'s graph, so any job set of it will do.)
     """
@@ -143,7 +144,14 @@ def _values(js: JobSet, order, budgets) -> tuple[float, float] | None:
         events = simulate(sg, {d: list(a) for d, a in order.items()}, js.microbatches)
     except Deadlock:
         return None
-    return max(e.end for e in events), objective_value(js, events, "zb-span")
+    return _figures(sg, js.microbatches, events)
+
+
+def _figures(sg: StageGraph, m: int, events) -> tuple[float, float, tuple[float, ...]]:
+    """(makespan, Zero Bubble span, each device's idle: the makespan less its busy time) of timed events."""
+    makespan = max(e.end for e in events)
+    idle = tuple(makespan - b for b in busy_time(Schedule(sg, m, events)))
+    return makespan, objective_value(JobSet(sg, m), events, "zb-span"), idle
 
 
 def _same_graph(a: StageGraph, b: StageGraph) -> bool:
@@ -168,9 +176,7 @@ def baseline_values(inst: Instance, budgets) -> dict[str, tuple[float, float]]:
             except OpschedError:
                 continue
             if _same_graph(schedule.stage_graph, inst.sg):
-                events = schedule.events
-                out["run " + name] = (max(e.end for e in events),
-                                      objective_value(JobSet(inst.sg, inst.microbatches), events, "zb-span"))
+                out["run " + name] = _figures(inst.sg, inst.microbatches, schedule.events)
     return out
 
 
@@ -243,8 +249,9 @@ def device_actions(js: JobSet, device: int, budget: float | None, pairs: bool, c
     return out if extend([], set(), 0.0) else None
 
 
-def brute_force(inst: Instance, budgets, split: bool, cap: int) -> tuple[float, float] | None:
-    """(least makespan, least span) over every combination of device orders; None when there are over ``cap``."""
+def brute_force(inst: Instance, budgets, split: bool, cap: int) -> tuple[float, float, tuple[float, ...]] | None:
+    """(least makespan, least span, each device's least idle) over every combination of device orders; None when
+    there are over ``cap``."""
     js = JobSet(inst.sg, inst.microbatches, split)
     pairs = inst.sg.may_overlap
     per_device = []
@@ -267,7 +274,7 @@ def brute_force(inst: Instance, budgets, split: bool, cap: int) -> tuple[float, 
         except OpschedError:  # a stage on a group paired on one device and not on another
             continue
         if v is not None:
-            best = v if best is None else (min(best[0], v[0]), min(best[1], v[1]))
+            best = v if best is None else (min(best[0], v[0]), min(best[1], v[1]), tuple(map(min, best[2], v[2])))
     return best
 
 
@@ -289,6 +296,8 @@ def check_bounds(inst: Instance, cap: int, solve_it: bool) -> None:
         js = JobSet(sg, m, split)
         assert lower_bound(js, budgets) <= least_makespan + TOL, (split, achieved)
         assert span_lower_bound(js) <= least_span + TOL, (split, achieved)
+        for d, floor in idle_lower_bound(js, budgets).items():
+            assert all(floor <= v[2][d] + TOL for v in achieved.values()), (split, d, floor, achieved)
     if solve_it:  # what solve reports, which may include the whole MIP's bound
         makespan, span = _solve_isolated(
             sg, m, dict(memory_limit=inst.limit, search_budget=0, time_limit=2),

@@ -184,21 +184,37 @@ def device_bound(js: JobSet, device: int, pairs: bool = True) -> float:
 def warmup_bound(js: JobSet, device: int, budget: float | None, pairs: bool = True) -> float:
     """Idle forced by memory before the first backward of ``device``, plus its work and least tail.
 
-    Before ``h``, the earliest head of any backward on the device, only
-    forwards can run, one at a time (a pair needs a backward); their
-    activations sum to at most ``budget``, so at most a fractional knapsack of
-    them (by duration per byte) fits. The device is idle for the rest of
-    ``[min forward head, h)``; the work counts each job's pair share.
+    The idle is :func:`warmup_idle`'s; the work counts each job's pair share.
     """
     ks = js.on_device[device]
     if budget is None or not ks:
         return 0.0
+    start, idle = warmup_idle(js, device, budget)
+    if idle is None:
+        return 0.0
+    total = max(sum(durations) for durations in pair_shares(js, ks, pairs))
+    return start + idle + total + min(js.tail[k] for k in ks)
+
+
+def warmup_idle(js: JobSet, device: int, budget: float | None) -> tuple[float, float | None]:
+    """(the earliest head of a forward on ``device``, the idle memory forces on it before its first backward).
+
+    Before ``h``, the earliest head of any backward on the device, only
+    forwards can run, one at a time (a pair needs a backward); their
+    activations sum to at most ``budget``, so at most a fractional knapsack of
+    them (by duration per byte) fits. The device is idle for the rest of
+    ``[min forward head, h)``. The idle is None when the device has no forward
+    or no backward; 0 without a budget.
+    """
+    ks = js.on_device[device]
     backward = [k for k in ks if js.jobs[k].pass_ in ("I", "B")]
     forward = [k for k in ks if js.jobs[k].pass_ == "F"]
     if not backward or not forward:
-        return 0.0
+        return (min(js.head[k] for k in forward) if forward else 0.0), None
     h = min(js.head[k] for k in backward)
     start = min(js.head[k] for k in forward)
+    if budget is None:
+        return start, 0.0
     usable = sorted(
         (k for k in forward if js.head[k] < h), key=lambda k: (-js.duration[k] / max(js.mem[k], 1e-300), k)
     )
@@ -210,9 +226,49 @@ def warmup_bound(js: JobSet, device: int, budget: float | None, pairs: bool = Tr
         else:
             work += js.duration[k] * max(room, 0.0) / js.mem[k]
             break
-    idle = max(0.0, (h - start) - work)
-    total = max(sum(durations) for durations in pair_shares(js, ks, pairs))
-    return start + idle + total + min(js.tail[k] for k in ks)
+    return start, max(0.0, (h - start) - work)
+
+
+def idle_lower_bound(js: JobSet, budgets: Mapping[int, float] | None = None) -> dict[int, float]:
+    """Per device, a floor on its idle time (makespan minus busy time) in every schedule of ``js``'s StageGraph.
+
+    Two floors, each holding for every schedule, pairs or not, split or fused:
+
+    * before its first job the device idles at least the earliest head of its
+      jobs, and memory may force more idle before its first backward
+      (:func:`warmup_idle`; pairs need a backward, so they do not hide it).
+      Heads on the bound job set are no later than in any schedule, and its
+      forwards are the schedule's own;
+    * the makespan is at least :func:`lower_bound`, and the device is busy at
+      most the longest its jobs can take (each backward as the longer of
+      ``I + W`` and ``B``; pairs only shorten that), so it idles at least the
+      difference.
+
+    >>> from opsched.schedule import chain_stage_graph
+    >>> idle_lower_bound(JobSet(chain_stage_graph(2, f=1, b=2, w=1), 4))
+    {0: 1.0, 1: 1.0}
+    """
+    rel = bound_jobs(js)
+    makespan = lower_bound(js, budgets)
+    out = {}
+    for d, ks in rel.on_device.items():
+        first, forced = warmup_idle(rel, d, None if budgets is None else budgets.get(d))
+        before_first = first + (forced or 0.0) if ks else makespan
+        out[d] = max(before_first, makespan - _longest_busy(js, js.on_device[d]))
+    return out
+
+
+def _longest_busy(js: JobSet, ks: list[int]) -> float:
+    """The longest the jobs ``ks`` of ``js`` can keep their device busy, each backward split or fused."""
+    busy = 0.0
+    for k in ks:
+        job = js.jobs[k]
+        if job.pass_ == "F":
+            busy += js.duration[k]
+        elif job.pass_ in ("I", "B"):  # the whole backward of that stage and microbatch, in its longer form
+            stage = js.sg.stage(job.stage)
+            busy += max(stage.duration("I") + stage.duration("W"), stage.duration("B"))
+    return busy
 
 
 def lower_bound(js: JobSet, budgets: Mapping[int, float] | None = None, own_orders: bool = False) -> float:
