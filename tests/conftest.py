@@ -22,7 +22,6 @@ from pathlib import Path
 import hypothesis
 import numpy as np
 import onnx
-import pytest
 from onnx import TensorProto, helper
 
 ONNX_DIR = Path(__file__).resolve().parent / "data" / "onnx"  # copies of ../shared/data/onnx
