@@ -81,7 +81,11 @@ def score(ratios: list[float | None]) -> tuple[int, float]:
 
 def best(table: dict[tuple, list[float | None]], rows: list[int]) -> tuple:
     """The setting with the most of ``rows`` (positions) within, then the least mean |ln ratio|."""
-    return min(table, key=lambda s: (-score([table[s][k] for k in rows])[0], score([table[s][k] for k in rows])[1]))
+    def rank(setting: tuple) -> tuple[int, float]:
+        within, mean = score([table[setting][k] for k in rows])
+        return -within, mean
+
+    return min(table, key=rank)
 
 
 def fit(preset: str, grid: list[tuple], folder: Path, cache: dict, cache_path: Path | None) -> None:

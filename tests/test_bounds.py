@@ -130,8 +130,11 @@ def instances(draw, max_stages: int = 4, max_microbatches: int = 3) -> Instance:
 
 # --------------------------------------------------------------------------- what methods achieve
 
+#: (makespan, Zero Bubble span, each device's idle) of one schedule
+Figures = tuple[float, float, tuple[float, ...]]
 
-def _values(js: JobSet, order, budgets) -> tuple[float, float, tuple[float, ...]] | None:
+
+def _values(js: JobSet, order, budgets) -> Figures | None:
     """(makespan, Zero Bubble span, each device's idle) of an order that fits in memory, timed by the simulator;
     None otherwise.
 
@@ -144,14 +147,15 @@ def _values(js: JobSet, order, budgets) -> tuple[float, float, tuple[float, ...]
         events = simulate(sg, {d: list(a) for d, a in order.items()}, js.microbatches)
     except Deadlock:
         return None
-    return _figures(sg, js.microbatches, events)
+    return _figures(js, events)
 
 
-def _figures(sg: StageGraph, m: int, events) -> tuple[float, float, tuple[float, ...]]:
-    """(makespan, Zero Bubble span, each device's idle: the makespan less its busy time) of timed events."""
+def _figures(js: JobSet, events) -> Figures:
+    """(makespan, Zero Bubble span, each device's idle: the makespan less its busy time) of events timed on
+    ``js``'s graph."""
     makespan = max(e.end for e in events)
-    idle = tuple(makespan - b for b in busy_time(Schedule(sg, m, events)))
-    return makespan, objective_value(JobSet(sg, m), events, "zb-span"), idle
+    idle = tuple(makespan - b for b in busy_time(Schedule(js.sg, js.microbatches, events)))
+    return makespan, objective_value(js, events, "zb-span"), idle
 
 
 def _same_graph(a: StageGraph, b: StageGraph) -> bool:
@@ -161,7 +165,7 @@ def _same_graph(a: StageGraph, b: StageGraph) -> bool:
     return key(a) == key(b)
 
 
-def baseline_values(inst: Instance, budgets) -> dict[str, tuple[float, float]]:
+def baseline_values(inst: Instance, budgets) -> dict[str, Figures]:
     """Each baseline that runs on the graph as given (or re-places a chain into the very same graph)."""
     out = {}
     js = JobSet(inst.sg, inst.microbatches)
@@ -176,11 +180,11 @@ def baseline_values(inst: Instance, budgets) -> dict[str, tuple[float, float]]:
             except OpschedError:
                 continue
             if _same_graph(schedule.stage_graph, inst.sg):
-                out["run " + name] = _figures(inst.sg, inst.microbatches, schedule.events)
+                out["run " + name] = _figures(js, schedule.events)
     return out
 
 
-def list_values(inst: Instance, budgets) -> dict[str, tuple[float, float]]:
+def list_values(inst: Instance, budgets) -> dict[str, Figures]:
     """Every list-scheduler variant, split and fused, with and without pairs."""
     out = {}
     timed = {}  # most variants give an order another one gave: each distinct order is simulated once
@@ -249,7 +253,7 @@ def device_actions(js: JobSet, device: int, budget: float | None, pairs: bool, c
     return out if extend([], set(), 0.0) else None
 
 
-def brute_force(inst: Instance, budgets, split: bool, cap: int) -> tuple[float, float, tuple[float, ...]] | None:
+def brute_force(inst: Instance, budgets, split: bool, cap: int) -> Figures | None:
     """(least makespan, least span, each device's least idle) over every combination of device orders; None when
     there are over ``cap``."""
     js = JobSet(inst.sg, inst.microbatches, split)

@@ -249,7 +249,7 @@ def idle_lower_bound(js: JobSet, budgets: Mapping[int, float] | None = None) -> 
     {0: 1.0, 1: 1.0}
     """
     rel = bound_jobs(js)
-    makespan = lower_bound(js, budgets)
+    makespan = lower_bound(rel, budgets)  # the bound job set of rel is rel itself: it is not relaxed twice
     out = {}
     for d, ks in rel.on_device.items():
         first, forced = warmup_idle(rel, d, None if budgets is None else budgets.get(d))
