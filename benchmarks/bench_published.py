@@ -117,11 +117,29 @@ def sc21(model: str, size: str, devices: int, layers: int, hidden: int, layout: 
          micro_batch_size: int, tflops: float) -> Run:
     """One of the larger rows of SC'21 Table 1, as a step time from the paper's Eq. 3 and its TFLOP/s."""
     return Run(f"GPT {size}, Megatron-LM SC'21 Table 1, {devices} x A100", model, devices, "a100-80g",
-               f"{layout},recompute=full", 2048, global_batch, micro_batch_size,
+               f"{layout},recompute=full,attention=unfused", 2048, global_batch, micro_batch_size,
                round(sc21_step_seconds(layers, hidden, global_batch, tflops, devices), 2), "s/step",
                f"{SC21_SOURCE} ({tflops:g} TFLOP/s)",
                f"step time from Eq. 3 and {tflops:g} TFLOP/s per GPU; vpp from --num-layers-per-virtual-pipeline-stage; "
-               "no distributed optimizer (2021)", dtype="fp16")
+               "no distributed optimizer (2021); attention unfused, as the 1.7B row", dtype="fp16")
+
+
+FOUNDRY_SOURCE = ("mosaicml/llm-foundry @ 061f2c7c, scripts/train/benchmarking/README.md, tables "
+                  "\"{gpu} 80GB BF16\" / \"A100 80GB with 1600 Gbps node-node interconnect (RoCE)\", row {size} at "
+                  "sequence {seq}")
+
+
+def foundry(size: str, gpu: str, seq: int, micro_batch_size: int, global_batch: int, checkpointing: bool,
+            tokens: float) -> Run:
+    """One row of llm-foundry's MPT training benchmarks on 8 GPUs (FSDP full shard, amp_bf16, FlashAttention)."""
+    preset, label = {"H100": ("h100-sxm", "H100"), "A100": ("a100-80g", "A100-80GB")}[gpu]
+    recompute = "full" if checkpointing else "none"
+    return Run(f"MPT-{size}, llm-foundry, 8 x {label}, seq {seq}", f"mpt_{size.lower()}.onnx", 8, preset,
+               f"tp=1,pp=1,zero=3,recompute={recompute}", seq, global_batch, micro_batch_size, tokens,
+               "tokens/s/GPU", FOUNDRY_SOURCE.format(gpu=gpu, size=size.lower(), seq=seq),
+               f"micro-batch {micro_batch_size}, {global_batch // (8 * micro_batch_size)} accumulation steps; FSDP "
+               f"full shard as zero=3; activation checkpointing {'on: recompute=full' if checkpointing else 'off'}; "
+               "learned position embeddings of the benchmark's configuration left out (models/build.py)")
 
 
 RUNS = [
@@ -143,17 +161,19 @@ RUNS = [
         "NVIDIA/NeMo @ 8e3d65dc, docs/source/performance/performance_summary.md line 18",
         "DP8; the page gives no optimizer or recompute settings: NeMo's default distributed optimizer (zero=1), no recompute", dtype="fp8"),
     Run("GPT 1.7B, Megatron-LM SC'21 Table 1, 32 x A100", "gpt_1_7b.onnx", 32, "a100-80g",
-        "tp=1,pp=1,recompute=full", 2048, 512, 16, 3.53, "s/step",
+        "tp=1,pp=1,recompute=full,attention=unfused", 2048, 512, 16, 3.53, "s/step",
         "NVIDIA/Megatron-LM @ b83477a3 images/cases_april2021.png (137 TFLOP/s); examples/sc21/run_table_1.sh @ e70f8312",
-        "step time from the paper's FLOP formula (Eq. 3) and its 137 TFLOP/s per GPU", dtype="fp16"),
+        "step time from the paper's FLOP formula (Eq. 3) and its 137 TFLOP/s per GPU; Megatron-LM of 2021 had no "
+        "FlashAttention: attention=unfused, with its default --attention-dropout 0.1 (megatron/arguments.py)",
+        dtype="fp16"),
     Run("GPT 3.6B, Megatron-LM SC'21 Table 1, 64 x A100", "gpt_3_6b.onnx", 64, "a100-80g",
-        "tp=2,pp=1,recompute=full", 2048, 512, 16, 3.70, "s/step", "as the 1.7B row (138 TFLOP/s)",
+        "tp=2,pp=1,recompute=full,attention=unfused", 2048, 512, 16, 3.70, "s/step", "as the 1.7B row (138 TFLOP/s)",
         "as the 1.7B row", dtype="fp16"),
     Run("GPT 7.5B, Megatron-LM SC'21 Table 1, 128 x A100", "gpt_7_5b.onnx", 128, "a100-80g",
-        "tp=4,pp=1,recompute=full", 2048, 512, 16, 3.70, "s/step", "as the 1.7B row (142 TFLOP/s)",
+        "tp=4,pp=1,recompute=full,attention=unfused", 2048, 512, 16, 3.70, "s/step", "as the 1.7B row (142 TFLOP/s)",
         "as the 1.7B row", dtype="fp16"),
     Run("GPT 18.4B, Megatron-LM SC'21 Table 1, 256 x A100", "gpt_18_4b.onnx", 256, "a100-80g",
-        "tp=8,pp=1,recompute=full", 2048, 1024, 8, 9.40, "s/step", "as the 1.7B row (135 TFLOP/s)",
+        "tp=8,pp=1,recompute=full,attention=unfused", 2048, 1024, 8, 9.40, "s/step", "as the 1.7B row (135 TFLOP/s)",
         "as the 1.7B row", dtype="fp16"),
     Run("Llama 3.1 8B, torchtitan, 8 x H100", "llama3_8b.onnx", 8, "h100-sxm", "tp=1,pp=1,zero=3,recompute=selective",
         8192, 16, 2, 5762.0, "tokens/s/GPU",
@@ -189,11 +209,23 @@ RUNS = [
     mcore_r08("mcore_gpt_314b.onnx", "314B", 3072, 8, 8, 1536, 474.4),
     mcore_r08("mcore_gpt_462b.onnx", "462B", 6144, 8, 16, 3072, 459.9),
     Run("BLOOM-176B, Megatron-DeepSpeed, 384 x A100-80GB", "bloom_176b.onnx", 384, "a100-80g",
-        "tp=4,pp=12,zero=1,recompute=full,ends_as_layers=1", 2048, 2048, 2, 104.70, "s/step",
+        "tp=4,pp=12,zero=1,recompute=full,ends_as_layers=1,attention=unfused", 2048, 2048, 2, 104.70, "s/step",
         "bigscience-workshop/bigscience @ 9e64edec train/tr11-176B-ml/README.md lines 661-663; "
         "tr11-176B-ml.slurm @ dc8d99ff",
         "the published seconds per iteration at global batch 2048; DP8, 128 microbatches of 2; the BF16 optimizer's "
-        "ZeRO-1 as zero=1; --checkpoint-activations as recompute=full; --pp-partition-method type:transformer|embedding as ends_as_layers=1 (70 layers + 2 embeddings = 6 per stage)"),
+        "ZeRO-1 as zero=1; --checkpoint-activations as recompute=full; --pp-partition-method type:transformer|embedding as ends_as_layers=1 (70 layers + 2 embeddings = 6 per stage); "
+        "Megatron-DeepSpeed's fused softmax (--abort-on-unmet-fused-kernel-constraints), no FlashAttention, no dropout "
+        "flag (the default 0.1): attention=unfused"),
+    # further rows of llm-foundry's table (added with the unfused attention rule, 2026-12-01): other sizes,
+    # sequences and checkpointing settings on both GPUs
+    foundry("13B", "A100", 4096, 10, 240, True, 2060.0),
+    foundry("30B", "A100", 2048, 3, 504, True, 916.0),
+    foundry("7B", "A100", 2048, 6, 96, False, 4641.0),
+    foundry("7B", "A100", 8192, 8, 128, True, 3206.0),
+    foundry("13B", "H100", 4096, 10, 240, True, 4717.0),
+    foundry("30B", "H100", 2048, 3, 504, True, 2002.0),
+    foundry("7B", "H100", 2048, 6, 48, False, 10643.0),
+    foundry("7B", "H100", 8192, 8, 128, True, 6935.0),
 ]
 
 
@@ -279,6 +311,8 @@ def _plan_against(run: Run, planned: Run, doc: dict, path: str | None, time_limi
     micro = [] if run.global_batch % 16 == 0 else ["--micro-batch-size", "1"]
     # a published layout run with Megatron's --tp-comm-overlap: the plan may overlap the same way
     overlap = ["--tp-comm-overlap", "on"] if "tp_overlap=1" in run.layout else []
+    # the plan runs the published run's attention kernel: a kernel is the user's, not the plan's to choose
+    overlap += ["--attention", "unfused"] if "attention=unfused" in run.layout else []
     with tempfile.TemporaryDirectory() as out:
         command = ["opsched", "plan", path or f"models/{run.model}", "--devices", str(run.devices), "--preset", run.preset,
                    "--global-batch", str(run.global_batch), *micro, *overlap, "--seq-len", str(run.seq_len), "--time-limit",

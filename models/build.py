@@ -461,21 +461,17 @@ def build_llama3_8b() -> onnx.ModelProto:
     return _llama3("llama3_8b", build_llama3_8b.__doc__, layers=32, dim=4096, heads=32, ffn=14336)
 
 
-def build_mpt_7b() -> onnx.ModelProto:
-    """MPT-7B: 32 layers, d=4096, 32 heads of 128 (no GQA) with one fused Wqkv projection, ALiBi,
-    GELU FFN 16384 (not gated), LayerNorm without bias, no linear biases, vocab 50432, output
-    projection tied to the token embedding (6.65 B)."""
-    # mosaicml/mpt-7b config.json: d_model 4096, n_heads 32, n_layers 32, expansion_ratio 4,
-    # vocab_size 50432, no_bias true (drops every bias, LayerNorm's included), attn_config.alibi
-    # true (which turns learned_pos_emb off), norm_type low_precision_layernorm; the logits
-    # reuse wte. ALiBi adds a fixed per-head bias to the attention scores: no parameters and
-    # one add per score, left out like RoPE. Names follow transformers' MptForCausalLM.
-    b = GraphBuilder("mpt_7b")
-    dim, heads, ff, vocab = 4096, 32, 16384, 50432
+def mpt(name: str, layers: int, dim: int, heads: int, vocab: int, doc: str) -> onnx.ModelProto:
+    """An MPT decoder: ``layers`` blocks of width ``dim`` with ``heads`` heads behind one fused Wqkv, ALiBi,
+    GELU FFN 4 x dim (not gated), LayerNorm without bias, no linear biases, output tied to the token embedding."""
+    # ALiBi adds a fixed per-head bias to the attention scores: no parameters and one add per score, left out
+    # like RoPE. Names follow transformers' MptForCausalLM.
+    b = GraphBuilder(name)
+    ff = 4 * dim
     ids = b.data("input_ids", ["batch", "seq"], I64)
     wte = b.weight("transformer/wte", "weight", [vocab, dim])
     h = b.node("transformer/wte", "Gather", [wte, ids], axis=0)
-    for i in range(32):
+    for i in range(layers):
         scope = f"transformer/blocks.{i}"
         x = layer_norm(b, f"{scope}/norm_1", h, dim, bias=False)
         qkv = linear(b, f"{scope}/attn/Wqkv", x, dim, 3 * dim)
@@ -489,7 +485,35 @@ def build_mpt_7b() -> onnx.ModelProto:
     w_t = b.node("lm_head", "Transpose", [wte], perm=[1, 0])  # tied: logits = h @ wte^T
     logits = b.node("lm_head", "MatMul", [h, w_t])
     b.output(logits, "logits", ["batch", "seq", vocab])
-    return b.model({"batch": 1, "seq": 4096}, build_mpt_7b.__doc__)
+    return b.model({"batch": 1, "seq": 4096}, doc)
+
+
+def build_mpt_7b() -> onnx.ModelProto:
+    """MPT-7B: 32 layers, d=4096, 32 heads of 128 (no GQA) with one fused Wqkv projection, ALiBi,
+    GELU FFN 16384 (not gated), LayerNorm without bias, no linear biases, vocab 50432, output
+    projection tied to the token embedding (6.65 B)."""
+    # mosaicml/mpt-7b config.json: d_model 4096, n_heads 32, n_layers 32, expansion_ratio 4,
+    # vocab_size 50432, no_bias true (drops every bias, LayerNorm's included), attn_config.alibi
+    # true (which turns learned_pos_emb off), norm_type low_precision_layernorm; the logits
+    # reuse wte.
+    return mpt("mpt_7b", 32, 4096, 32, 50432, build_mpt_7b.__doc__)
+
+
+# llm-foundry's training benchmarks (scripts/train/benchmarking/README.md) run the MPT sizes of
+# scripts/train/yamls/pretrain/mpt-{13b,30b}.yaml: d_model, n_heads, n_layers as below, expansion
+# ratio 4, vocab_size 50368, FlashAttention. Those configurations keep learned position embeddings
+# (max_seq_len x d_model, the NumParams column grows with the sequence: 0.2 % of the 13B at 4096)
+# where MPT-7B's release has ALiBi; they are left out here, as ALiBi's none.
+
+
+def build_mpt_13b() -> onnx.ModelProto:
+    """MPT-13B of llm-foundry's benchmarks: 40 layers, d=5120, 40 heads of 128, vocab 50368 (12.84 B)."""
+    return mpt("mpt_13b", 40, 5120, 40, 50368, build_mpt_13b.__doc__)
+
+
+def build_mpt_30b() -> onnx.ModelProto:
+    """MPT-30B of llm-foundry's benchmarks: 48 layers, d=7168, 56 heads of 128, vocab 50368 (29.96 B)."""
+    return mpt("mpt_30b", 48, 7168, 56, 50368, build_mpt_30b.__doc__)
 
 
 # Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
@@ -935,13 +959,16 @@ MODELS = {
     "gpt_1008b": build_gpt_1008b,
     **{name: functools.partial(mcore_r08_gpt, name) for name in MCORE_R08_GPT},
     "bloom_176b": build_bloom_176b,
+    "mpt_13b": build_mpt_13b,
+    "mpt_30b": build_mpt_30b,
 }
 
 # Written on demand only (``python models/build.py deepseek_v3``), never shipped:
 # DeepSeek-V3's 14,848 expert branches make a 19 MB file that takes seconds to build; the
-# published-run GPTs of 300 KB and more (benchmarks/bench_published.py writes them when it needs them).
+# published-run GPTs of 300 KB and more, and llm-foundry's MPT-13B and MPT-30B (benchmarks/bench_published.py
+# writes them when it needs them).
 ON_DEMAND = ("deepseek_v3", "gpt_310_1b", "gpt_529_6b", "gpt_1008b", "mcore_gpt_177b", "mcore_gpt_314b",
-             "mcore_gpt_462b")
+             "mcore_gpt_462b", "mpt_13b", "mpt_30b")
 BUNDLED = tuple(name for name in MODELS if name not in ON_DEMAND)
 
 

@@ -120,6 +120,10 @@ class Cluster:
 #: activation recomputation settings (docs/cost-model.md, "Recomputation")
 RECOMPUTE_MODES = ("none", "selective", "full")
 
+#: how attention runs (docs/cost-model.md, "Unfused attention"): "fused", one kernel whose scores never leave the
+#: chip (FlashAttention, cuDNN, torch's SDPA); "unfused", Megatron-LM's attention before FlashAttention
+ATTENTION_MODES = ("fused", "unfused")
+
 
 @dataclass(frozen=True)
 class Training:
@@ -162,10 +166,15 @@ class Training:
     #: Megatron's ``--tp-comm-overlap`` (Transformer Engine's userbuffers, with sequence parallelism): a block's
     #: tensor-parallel collectives run under its GEMMs (``cost.tp_comm_overlapped``); False: they run exposed
     tp_comm_overlap: bool = False
+    #: one of :data:`ATTENTION_MODES`: "unfused" runs Q·Kᵀ and scores·V as batched GEMMs with the scores in memory
+    #: between them (scale-mask-softmax and dropout read and write them), ``cost.unfused_attention_time``
+    attention: str = "fused"
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_MODES:
             raise OpschedError(f"recompute must be one of {', '.join(RECOMPUTE_MODES)}, got {self.recompute!r}")
+        if self.attention not in ATTENTION_MODES:
+            raise OpschedError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {self.attention!r}")
         if self.zero not in (0, 1, 2, 3):
             raise OpschedError(f"ZeRO level must be 0, 1, 2 or 3, got {self.zero!r}")
         if not isinstance(self.microbatches, int) or self.microbatches < 1:

@@ -266,7 +266,7 @@ def modes_for(block: Block, group_size: int, samples: int | None = None) -> list
     return modes
 
 
-def compute_time(block: Block, share: int, cluster: Cluster, dtype: str) -> float:
+def compute_time(block: Block, share: int, cluster: Cluster, dtype: str, attention: str = "fused") -> float:
     """One device's time for ``1/share`` of a block's operators: a roofline per kind of operator, summed.
 
     Matrix multiplies run at the cluster's matmul efficiency, fused attention
@@ -279,7 +279,9 @@ def compute_time(block: Block, share: int, cluster: Cluster, dtype: str) -> floa
     whose operators carry no kind (a hand-made Block).
     Either way, matrix multiplies are charged their tile-padded FLOPs
     (:mod:`opsched.gemm`), and attention runs at the BF16 rate under FP8
-    (:meth:`opsched.cluster.Cluster.attention_flops_per_second`).
+    (:meth:`opsched.cluster.Cluster.attention_flops_per_second`). With
+    ``attention="unfused"``, a fused ``Attention`` op is costed as the
+    unfused kernels it stands for instead (:func:`unfused_attention_time`).
 
     >>> from opsched.cluster import cluster_from_dict, preset
     >>> c = cluster_from_dict({"preset": "h100-sxm", "devices": 8, "matmul_efficiency": {"bf16": 0.801}})
@@ -293,6 +295,12 @@ def compute_time(block: Block, share: int, cluster: Cluster, dtype: str) -> floa
     """
     padding = max(0.0, block.matmul_padded_flops - block.matmul_flops)  # 0 for a block without padded FLOPs
     attention_rate = cluster.attention_flops_per_second(dtype)
+    if attention == "unfused" and block.attention_scores > 0:
+        # the attention ops leave the roofline below and are costed as their unfused kernels
+        rest = dataclasses.replace(block, flops=block.flops - block.attention_flops,
+                                   io_bytes=block.io_bytes - block.attention_io_bytes, attention_flops=0.0,
+                                   attention_io_bytes=0.0, attention_scores=0.0)
+        return compute_time(rest, share, cluster, dtype) + unfused_attention_time(block, share, cluster, dtype)
     if not cluster.costs_by_kind:
         flop_time = ((block.flops - block.attention_flops + padding) / cluster.flops_per_second(dtype)
                      + block.attention_flops / attention_rate)
@@ -306,6 +314,57 @@ def compute_time(block: Block, share: int, cluster: Cluster, dtype: str) -> floa
         + max(block.attention_flops / share / attention_rate, block.attention_io_bytes / share / bandwidth)
         + max(rest_flops / share / cluster.flops_per_second(dtype), rest_io / share / bandwidth)
     )
+
+
+def score_element_bytes(dtype: str) -> int:
+    """Bytes of one attention score: attention stays 16-bit under FP8 (Transformer Engine's recipes), 4 in FP32."""
+    return 4 if dtype == "fp32" else 2
+
+
+def unfused_attention_time(block: Block, share: int, cluster: Cluster, dtype: str) -> float:
+    """One device's forward time for ``1/share`` of the block's fused ``Attention`` ops run unfused.
+
+    Megatron-LM's attention before FlashAttention (``CoreAttention``):
+    Q·Kᵀ as a batched GEMM writes the scores, a fused scale-mask-softmax reads
+    and writes them, dropout (Megatron's default ``--attention-dropout 0.1``)
+    reads them and writes its output and a one-byte mask, and scores·V as a
+    batched GEMM reads that output: ``6e + 1`` bytes per score element of
+    ``e`` bytes (13 in 16 bits; Korthikanti et al. 2022, section 4.1, count
+    the same tensors among the activations). The two GEMMs run at the matmul
+    ceiling on their tile-padded FLOPs (a head dimension of 96 fills 3/4 of a
+    128-wide tile); the softmax's 6 FLOPs per score and the traffic (scores,
+    plus the op's own inputs and output) are one roofline at the memory
+    efficiency. The backward, as for every operator, costs the forward twice.
+
+    >>> from opsched.cluster import preset
+    >>> c = preset("a100-80g")
+    >>> b = Block(0, "attn", (), (), flops=8.0, attention_flops=8.0, attention_scores=1e9,
+    ...           attention_gemm_padded_flops=0.0)
+    >>> round(unfused_attention_time(b, 1, c, "bf16") * 1e3, 2)   # 13 GB at half of 2.039 TB/s
+    12.75
+    """
+    element = score_element_bytes(dtype)
+    traffic = block.attention_scores * (6 * element + 1) + block.attention_io_bytes
+    gemm_dtype = "bf16" if dtype == "fp8" and "bf16" in cluster.peak_flops else dtype
+    if cluster.costs_by_kind:
+        gemm_rate, vector_rate = cluster.matmul_flops_per_second(gemm_dtype), cluster.flops_per_second(dtype)
+        bandwidth = cluster.memory_bandwidth * cluster.memory_efficiency
+    else:
+        gemm_rate, vector_rate = cluster.flops_per_second(gemm_dtype), cluster.flops_per_second(dtype)
+        bandwidth = cluster.memory_bandwidth
+    return (block.attention_gemm_padded_flops / share / gemm_rate
+            + max(6 * block.attention_scores / share / vector_rate, traffic / share / bandwidth))
+
+
+def unfused_kept_score_bytes(block: Block, dtype: str) -> float:
+    """Bytes an unfused attention keeps for its backward: softmax output, dropout mask and output (``2e + 1`` a score).
+
+    Korthikanti et al. 2022, section 4.1: ``5·a·s²·b`` bytes per layer in 16 bits.
+
+    >>> unfused_kept_score_bytes(Block(0, "attn", (), (), attention_scores=10.0), "bf16")
+    50.0
+    """
+    return block.attention_scores * (2 * score_element_bytes(dtype) + 1)
 
 
 def tensor_parallel_bytes(block: Block, token_bytes: float | None = None) -> float:
@@ -407,7 +466,7 @@ def block_cost(
     if mode.cp > 1:  # its K/V ring is costed per layout, by opsched.evaluate (_chunk_cost)
         raise OpschedError(f"mode {mode}: context parallelism is costed by opsched.evaluate, not per block")
     share = mode.size  # every mode splits a microbatch's compute over the whole group
-    compute = compute_time(block, share, cluster, training.dtype)
+    compute = compute_time(block, share, cluster, training.dtype, training.attention)
     has_weights = block.param_count > 0
     f = i = compute
     w = compute if has_weights else 0.0
@@ -439,11 +498,14 @@ def block_cost(
     act = stored_activation_bytes(block, mode, training.sequence_parallel)
     # the weight gradient needs the inputs of the weight matmuls: about half the saved tensors
     act_w = act / 2 if has_weights else 0.0
+    # an unfused attention keeps its scores for the backward too (a fused one recomputes them inside its kernel)
+    kept_scores = unfused_kept_score_bytes(block, training.dtype) / share if training.attention == "unfused" else 0.0
+    act += kept_scores
     if training.recompute == "selective":
         # Korthikanti et al. 2022 section 5: the attention core's forward runs again before its backward; its
         # scores (QK^T, softmax, dropout) are not stored (a fused Attention op never writes them)
-        i += attention_core_time(block, share, cluster, training.dtype)
-        act = max(0.0, act - block.attention_scores_bytes / share)
+        i += attention_core_time(block, share, cluster, training.dtype, training.attention)
+        act = max(0.0, act - block.attention_scores_bytes / share - kept_scores)
         act_w = min(act_w, act)
     if training.recompute == "full":
         # Megatron's full recomputation: keep only the block's input, run its forward again before I; the input
@@ -478,7 +540,7 @@ def stored_activation_bytes(block: Block, mode: Mode, sequence_parallel: bool = 
     return split / mode.size + block.tp_replicated_bytes / replicated_over
 
 
-def attention_core_time(block: Block, share: int, cluster: Cluster, dtype: str) -> float:
+def attention_core_time(block: Block, share: int, cluster: Cluster, dtype: str, attention: str = "fused") -> float:
     """One device's forward time for ``1/share`` of the block's attention core (what selective recomputation repeats).
 
     The attention operators' part of :func:`compute_time`: their FLOPs and
@@ -495,8 +557,9 @@ def attention_core_time(block: Block, share: int, cluster: Cluster, dtype: str) 
         return 0.0
     core = Block(block.id, block.name, block.scope, (), flops=block.attention_flops,
                  io_bytes=block.attention_io_bytes, attention_flops=block.attention_flops,
-                 attention_io_bytes=block.attention_io_bytes)
-    return compute_time(core, share, cluster, dtype)
+                 attention_io_bytes=block.attention_io_bytes, attention_scores=block.attention_scores,
+                 attention_gemm_padded_flops=block.attention_gemm_padded_flops)
+    return compute_time(core, share, cluster, dtype, attention)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ tokens by all-to-all. The rules and their sources are in
 ``docs/cost-model.md`` (section "Evaluating a layout").
 
 >>> ParallelLayout.parse("tp=2,pp=4,vpp=2,zero=1,recompute=full")
-ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, recompute='full', ends_as_layers=False, tp_overlap=False)
+ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, recompute='full', ends_as_layers=False, tp_overlap=False, attention='fused')
 >>> ParallelLayout.parse("tp=2,pp=4").resolved(16).dp
 2
 """
@@ -40,7 +40,7 @@ from typing import Callable
 import networkx as nx
 
 from opsched.baselines import baseline_order, placed_stage_graph, run_baseline
-from opsched.cluster import RECOMPUTE_MODES, Cluster, Training, with_devices
+from opsched.cluster import ATTENTION_MODES, RECOMPUTE_MODES, Cluster, Training, with_devices
 from opsched.cost import (BlockCost, Mode, alltoall_time, allreduce_time, attention_core_time, block_cost,
                           context_ring_time, expert_count, held_param_bytes, joined_streams)
 from opsched.errors import OpschedError, Unsupported
@@ -79,6 +79,10 @@ class ParallelLayout:
     ``tp_overlap``: Megatron's ``--tp-comm-overlap`` (needs tp > 1 and sp):
     each tensor-parallel collective runs under its GEMM
     (:func:`opsched.cost.tp_comm_overlapped`).
+    ``attention``: ``fused`` (FlashAttention and its kin, the default) or
+    ``unfused`` (Megatron-LM before FlashAttention: the scores written to
+    memory between Q·Kᵀ, softmax, dropout and scores·V;
+    :func:`opsched.cost.unfused_attention_time`).
     The expert grid ``ep x etp`` must divide the ``tp x dp`` devices of a
     pipeline rank (Megatron-Core's parallel folding): with ``etp = tp``
     that is ``ep`` dividing ``dp``; opsched's expert-parallel mode spreads
@@ -100,6 +104,7 @@ class ParallelLayout:
     recompute: str = "none"
     ends_as_layers: bool = False
     tp_overlap: bool = False
+    attention: str = "fused"
 
     @classmethod
     def parse(cls, text: str) -> "ParallelLayout":
@@ -113,9 +118,10 @@ class ParallelLayout:
                 raise OpschedError(f"layout item {item!r} is not KEY=VALUE with KEY one of {', '.join(sorted(known))}")
             if key in values:
                 raise OpschedError(f"layout sets {key} twice")
-            if key == "recompute":
-                if value not in RECOMPUTE:
-                    raise OpschedError(f"layout recompute={value!r}: choose one of {', '.join(RECOMPUTE)}")
+            choices = {"recompute": RECOMPUTE, "attention": ATTENTION_MODES}.get(key)
+            if choices:
+                if value not in choices:
+                    raise OpschedError(f"layout {key}={value!r}: choose one of {', '.join(choices)}")
                 values[key] = value
                 continue
             try:
@@ -187,7 +193,8 @@ class ParallelLayout:
             (f" ep{self.ep}" if self.ep > 1 else "") + (f" etp{self.etp}" if self.etp else "") + f" dp{self.dp}"
         return text + (" sp" if self.sp else "") + (f" zero{self.zero}" if self.zero else "") + \
             (f" recompute={self.recompute}" if self.recompute != "none" else "") + \
-            (" ends-as-layers" if self.ends_as_layers else "") + (" tp-overlap" if self.tp_overlap else "")
+            (" ends-as-layers" if self.ends_as_layers else "") + (" tp-overlap" if self.tp_overlap else "") + \
+            (f" attention={self.attention}" if self.attention != "fused" else "")
 
 
 @dataclass
@@ -606,7 +613,7 @@ def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: P
     """One device's share of a chunk: pass times per microbatch, memory, gradient sync and optimizer step; with
     ``streams``, its passes' stream operations too. ``cluster_key`` is :func:`_cluster_key` of ``cluster``."""
     training = dataclasses.replace(training, recompute=layout.recompute, sequence_parallel=layout.sp,
-                                   tp_comm_overlap=layout.tp_overlap)
+                                   tp_comm_overlap=layout.tp_overlap, attention=layout.attention)
     groups = _rank_devices(layout, cluster.devices, rank)
     links = _ChunkLinks.of(groups, layout, cluster)
     # what every block's share depends on besides the block: the blocks' shares are kept on the index under it
@@ -699,7 +706,7 @@ def _block_share(block: Block, tokens: float, expert: bool, layout: ParallelLayo
     context_ring = 0.0
     if layout.cp > 1:
         bw, lat = links.context
-        attention = attention_core_time(block, mode.size, cluster, training.dtype)
+        attention = attention_core_time(block, mode.size, cluster, training.dtype, training.attention)
         ring = context_ring_time(block, layout.tp, layout.cp, attention, bw, lat)
         f += ring.forward
         i += ring.backward + (ring.forward if again else 0.0)
@@ -801,7 +808,7 @@ def context_degrees(per_pipeline_rank: int, tp: int, devices_per_node: int, seq_
 
 
 def layout_grid(devices: int, devices_per_node: int, layers: int, experts: int, zero: int = 1,
-                seq_len: int = 0, tp_overlap: bool = False) -> list[ParallelLayout]:
+                seq_len: int = 0, tp_overlap: bool = False, attention: str = "fused") -> list[ParallelLayout]:
     """Megatron-style layouts a user could run on ``devices``: the space :func:`search_layouts` evaluates.
 
     tp up to a node (tensor groups stay on NVLink), pp dividing the layers,
@@ -811,7 +818,8 @@ def layout_grid(devices: int, devices_per_node: int, layers: int, experts: int, 
     cp with ep is not modelled), sequence parallelism whenever tp > 1, and
     ZeRO level ``zero`` (default 1, the distributed optimizer: the same
     gradient traffic as an all-reduce, less memory), and with ``tp_overlap``
-    Megatron's ``--tp-comm-overlap`` wherever tp > 1.
+    Megatron's ``--tp-comm-overlap`` wherever tp > 1; every layout runs
+    ``attention`` (the user's kernel, not a choice of the search).
 
     >>> [str(l) for l in layout_grid(4, 4, layers=2, experts=0)]
     ['tp1 pp1 dp4 zero1', 'tp1 pp2 dp2 zero1', 'tp2 pp1 dp2 sp zero1', 'tp2 pp2 dp1 sp zero1', 'tp4 pp1 dp1 sp zero1']
@@ -833,7 +841,8 @@ def layout_grid(devices: int, devices_per_node: int, layers: int, experts: int, 
                     for ep in eps:
                         # sequence parallel with tensor parallel, as Megatron recommends and opsched exports plans
                         grid.append(ParallelLayout(tp=tp, pp=pp, vpp=vpp, ep=ep, cp=cp, dp=dp, sp=tp > 1, zero=zero,
-                                                   ends_as_layers=ends, tp_overlap=tp_overlap and tp > 1))
+                                                   ends_as_layers=ends, tp_overlap=tp_overlap and tp > 1,
+                                                   attention=attention))
     return grid
 
 
@@ -943,7 +952,8 @@ def search_layouts(
     counts = device_counts(cluster.devices) if fewer_devices else [cluster.devices]
     grid = [lay for n in counts
             for lay in layout_grid(n, cluster.devices_per_node, len(index.layers), index.experts, zero,
-                                   seq_len=tokens_per_sequence, tp_overlap=training.tp_comm_overlap)]
+                                   seq_len=tokens_per_sequence, tp_overlap=training.tp_comm_overlap,
+                                   attention=training.attention)]
     # best first: (floor, grid position, recompute position) in a heap; a layout's next recomputation setting
     # joins it only when the one before does not fit, with its own (higher) floor
     heap = _costed_layouts(bg, cluster, training, grid, global_batch=global_batch, memory_limit=memory_limit,

@@ -67,6 +67,12 @@ class OpNode:
     #: of ``saved_bytes``: what an unfused attention keeps of its scores (softmax output, dropout mask and
     #: output), which selective recomputation does not store (a fused Attention never writes them)
     attention_scores_bytes: float = 0.0
+    #: score elements (batch × heads × query length × key length) of a fused ``Attention`` op, and the FLOPs of its
+    #: two multiplies (Q·Kᵀ and scores·V) run as batched GEMMs padded to their tiles: what the op costs when the
+    #: run computes attention unfused, writing the scores to memory (``cost.compute_time``); 0 for an attention
+    #: exported as its MatMul / Softmax chain, whose ops carry that traffic already
+    attention_scores: float = 0.0
+    attention_gemm_padded_flops: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -91,13 +97,16 @@ class Block:
     tp_replicated_bytes: float = 0.0
     attention_kv_bytes: float = 0.0
     attention_scores_bytes: float = 0.0
+    attention_scores: float = 0.0
+    attention_gemm_padded_flops: float = 0.0
     matmul_padded_flops: float = 0.0
     op_types: dict[str, int] = field(default_factory=dict, compare=False)
 
 
 COST_FIELDS = ("flops", "param_count", "param_bytes", "output_bytes", "io_bytes", "saved_bytes", "tp_comm_bytes",
                "matmul_flops", "matmul_io_bytes", "attention_flops", "attention_io_bytes", "tp_replicated_bytes",
-               "attention_kv_bytes", "attention_scores_bytes", "matmul_padded_flops")
+               "attention_kv_bytes", "attention_scores_bytes", "attention_scores", "attention_gemm_padded_flops",
+               "matmul_padded_flops")
 
 
 def common_scope(scopes) -> tuple[str, ...]:

@@ -128,7 +128,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from opsched.errors import OpschedError
-from opsched.gemm import matmul_shape, padded_flops
+from opsched.gemm import GemmShape, matmul_shape, padded_flops
 from opsched.graph import OpNode, gc_paused, new_op_graph
 from opsched.saved import NO_GRADIENT, VIEW_OPS, saved_tensors
 from opsched.stacked_experts import find_families, router_sizes, split_families, stacked_weights
@@ -668,6 +668,39 @@ def _einsum_flops(node, in_shapes) -> float | None:
 
 
 def _attention_flops(node, in_shapes) -> float | None:
+    dims = _attention_dims(node, in_shapes)
+    if dims is None:
+        return None
+    scores = dims.scores
+    return float(2 * scores * (dims.dqk + dims.dv) + 6 * scores)
+
+
+@dataclasses.dataclass(frozen=True)
+class _AttentionDims:
+    """An ``Attention`` op's sizes: ``batch × heads`` score matrices of ``sq × skv``, head dims ``dqk`` and ``dv``."""
+
+    batch_heads: int
+    sq: int
+    skv: int
+    dqk: int
+    dv: int
+
+    @property
+    def scores(self) -> int:
+        return self.batch_heads * self.sq * self.skv
+
+    def gemm_padded_flops(self) -> float:
+        """Q·Kᵀ and scores·V as the batched GEMMs an unfused attention runs, padded to their tiles (opsched.gemm).
+
+        >>> _AttentionDims(batch_heads=2, sq=128, skv=128, dqk=96, dv=96).gemm_padded_flops() == 2 * 2 * 2 * 128 * 128 * 128
+        True
+        """
+        qk = GemmShape(m=self.sq, n=self.skv, k=self.dqk, batch=self.batch_heads)
+        pv = GemmShape(m=self.sq, n=self.dv, k=self.skv, batch=self.batch_heads)
+        return padded_flops(qk) + padded_flops(pv)
+
+
+def _attention_dims(node, in_shapes) -> _AttentionDims | None:
     q, k, v = (in_shapes + [None, None, None])[:3]
     if not (_static(q) and _static(k) and _static(v)):
         return None
@@ -686,8 +719,7 @@ def _attention_flops(node, in_shapes) -> float | None:
     past = in_shapes[4] if len(in_shapes) > 4 else None
     if _static(past) and len(past) == 4:
         skv += past[2]
-    scores = b * h * sq * skv
-    return float(2 * scores * (dqk + dv) + 6 * scores)
+    return _AttentionDims(batch_heads=b * h, sq=sq, skv=skv, dqk=dqk, dv=dv)
 
 
 # --------------------------------------------------------------------------- scopes
@@ -1004,7 +1036,8 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
                     attention_io_bytes=float(in_bytes + out_bytes) if kind["attention"] else 0.0,
                     saved_bytes=float(sum(saved.values())),
                     tp_replicated_bytes=float(sum(b for t, b in saved.items() if t not in split_tensors)),
-                    attention_kv_bytes=float(sum(bytes_of[x] for x in inputs[1:3] if x)) if kind["attention"] else 0.0)
+                    attention_kv_bytes=float(sum(bytes_of[x] for x in inputs[1:3] if x)) if kind["attention"] else 0.0,
+                    **(_attention_unfused_fields(n, shapes) if kind["attention"] else {}))
         is_const = all((not x) or x in const_tensors for x in inputs)
         nodes.append((key, {"op": op, "const": is_const}))
         unfused.see(len(nodes) - 1, inputs, outputs, is_const, bytes_of)
@@ -1197,6 +1230,14 @@ def _matmul_padded_flops(n, shapes, flops: float) -> float:
         return float(flops)
     # a Gemm's bias adds FLOPs outside the GEMM: scale the counted FLOPs by the padding
     return float(flops) * padded_flops(shape) / shape.flops
+
+
+def _attention_unfused_fields(n, shapes) -> dict[str, float]:
+    """An ``Attention`` op's ``attention_scores`` and ``attention_gemm_padded_flops`` (none if its shapes are unknown)."""
+    dims = _attention_dims(n, [shapes.get(x, (None, 0))[0] if x else None for x in n.input])
+    if dims is None:
+        return {}
+    return {"attention_scores": float(dims.scores), "attention_gemm_padded_flops": dims.gemm_padded_flops()}
 
 
 def _node_flops(n, shapes) -> float | None:

@@ -327,3 +327,66 @@ def test_tp_comm_overlap_takes_the_longer_of_compute_and_tensor_parallel_traffic
         b, Mode(tp=4), devs, C, Training(microbatches=4, recompute=recompute, sequence_parallel=False)).F
     one = block_cost(b, Mode(dp=4), devs, C, Training(microbatches=4, recompute=recompute, tp_comm_overlap=True))
     assert one == block_cost(b, Mode(dp=4), devs, C, Training(microbatches=4, recompute=recompute))
+
+
+def test_unfused_attention_writes_its_scores_and_runs_its_multiplies_as_gemms():
+    """attention="unfused" (Megatron-LM before FlashAttention) costs a fused Attention op as its kernels: the two
+    batched GEMMs at the matmul rate on their padded FLOPs, the scores' 13 bytes a score (16-bit) at the memory
+    rate; the rest of the block is costed as with a fused attention."""
+    from dataclasses import replace
+
+    from opsched.cluster import preset
+    from opsched.cost import compute_time, unfused_attention_time
+
+    a100, scores = preset("a100-80g"), 1e9
+    gemm = 2 * scores * 2 * 96  # Q·Kᵀ and scores·V with head dims 96: padded to 128 in the tile
+    layer = Block(0, "layer", ("layers.0",), (), flops=20e12, io_bytes=3e9, matmul_flops=19e12, matmul_io_bytes=2e9,
+                  attention_flops=gemm + 6 * scores, attention_io_bytes=1e8, attention_scores=scores,
+                  attention_gemm_padded_flops=gemm * 128 / 96, param_count=10, output_bytes=1e9, saved_bytes=1e9)
+    bandwidth = a100.memory_bandwidth * a100.memory_efficiency
+    expected = gemm * 128 / 96 / a100.matmul_flops_per_second("bf16") + (13 * scores + 1e8) / bandwidth
+    assert unfused_attention_time(layer, 1, a100, "bf16") == pytest.approx(expected)
+    fused_attention = max(layer.attention_flops / a100.attention_flops_per_second("bf16"), 1e8 / bandwidth)
+    fused, unfused = compute_time(layer, 1, a100, "bf16"), compute_time(layer, 1, a100, "bf16", "unfused")
+    assert unfused - fused == pytest.approx(expected - fused_attention)
+    assert compute_time(layer, 4, a100, "bf16", "unfused") == pytest.approx(unfused / 4)
+    # FP32 scores take 4 bytes: 6 x 4 + 1 a score
+    assert unfused_attention_time(layer, 1, a100, "fp32") > unfused_attention_time(layer, 1, a100, "bf16")
+    # an attention exported as its MatMul / Softmax chain has no score count: its ops carry their traffic already
+    chain = replace(layer, attention_scores=0.0, attention_gemm_padded_flops=0.0)
+    assert compute_time(chain, 1, a100, "bf16", "unfused") == compute_time(chain, 1, a100, "bf16")
+    # FP8 recipes keep attention in BF16: the GEMMs at the BF16 matmul rate, not FP8's
+    h100 = preset("h100-sxm")
+    assert unfused_attention_time(layer, 1, h100, "fp8") == pytest.approx(unfused_attention_time(layer, 1, h100, "bf16"))
+    # one roofline (no efficiencies by kind): the GEMMs at the one efficiency, the traffic at the full bandwidth
+    one = cluster_from_dict(ONE_ROOFLINE)
+    assert unfused_attention_time(layer, 1, one, "bf16") == pytest.approx(
+        gemm * 128 / 96 / (0.5 * 989e12) + (13 * scores + 1e8) / one.memory_bandwidth)
+
+
+def test_unfused_attention_keeps_its_scores_unless_recomputed():
+    from dataclasses import replace
+
+    from opsched.cluster import preset
+    from opsched.cost import attention_core_time
+
+    a100 = preset("a100-80g", 8)
+    layer = Block(0, "layer", ("layers.0",), (), flops=20e12, matmul_flops=19e12, attention_flops=4e11,
+                  attention_scores=1e9, attention_gemm_padded_flops=4e11, param_count=10, output_bytes=1e9,
+                  saved_bytes=2e9)
+    devices = (0, 1)
+    for recompute in ("none", "selective", "full"):
+        t = replace(T, recompute=recompute)
+        fused = block_cost(layer, Mode(tp=2), devices, a100, t, token_bytes=1e9)
+        unfused = block_cost(layer, Mode(tp=2), devices, a100, replace(t, attention="unfused"), token_bytes=1e9)
+        assert unfused.F > fused.F and unfused.I > fused.I and unfused.W > fused.W
+        # softmax output, dropout mask and output: 5 bytes a score, split over the 2 ranks; none kept when
+        # recomputed (selective re-runs the unfused core, full the whole forward)
+        extra = 5e9 / 2 if recompute == "none" else 0.0
+        assert unfused.act_bytes == pytest.approx(fused.act_bytes + extra)
+    selective = block_cost(layer, Mode(tp=2), devices, a100, replace(T, recompute="selective", attention="unfused"))
+    plain = block_cost(layer, Mode(tp=2), devices, a100, replace(T, attention="unfused"))
+    assert selective.I == pytest.approx(plain.I + attention_core_time(layer, 2, a100, "bf16", "unfused"))
+    assert attention_core_time(layer, 2, a100, "bf16", "unfused") > attention_core_time(layer, 2, a100, "bf16")
+    with pytest.raises(OpschedError, match="attention must be one of fused, unfused"):
+        Training(attention="flash")

@@ -39,6 +39,7 @@ def run(bg, devices, layout, global_batch=64, **kw):
     ("tp=0", "at least 1"),
     ("tp=2,tp=4", "twice"),
     ("recompute=some", "choose one of none, selective, full"),
+    ("attention=flash", "choose one of fused, unfused"),
     ("zero=4", "0, 1, 2 or 3"),
     ("tp=x", "whole number"),
 ])
@@ -320,6 +321,21 @@ def test_selective_recomputation_repeats_the_attention_core(llama):
     assert selective.mfu < base.mfu  # the recomputed attention is not model FLOPs
     # the fused Attention stores no scores: selective keeps what no recomputation keeps
     assert selective.peak_memory_bytes == base.peak_memory_bytes > full.peak_memory_bytes
+
+
+def test_unfused_attention_costs_time_and_keeps_its_scores_until_recomputed(llama):
+    """attention=unfused (Megatron-LM before FlashAttention): every pass is longer; without recomputation each
+    layer keeps 5 bytes a score, so at least the first pipeline rank's layers' scores of one microbatch show."""
+    assert str(ParallelLayout.parse("tp=2,pp=1,attention=unfused").resolved(2)) == "tp2 pp1 dp1 attention=unfused"
+    for recompute in ("none", "selective", "full"):
+        fused = run(llama, 8, f"tp=1,pp=2,recompute={recompute}")
+        unfused = run(llama, 8, f"tp=1,pp=2,recompute={recompute},attention=unfused")
+        assert unfused.step_time > fused.step_time and unfused.mfu < fused.mfu
+        if recompute == "none":
+            scores = 32 * 4096 * 4096  # heads x s x s of one sequence
+            assert unfused.peak_memory_bytes >= fused.peak_memory_bytes + 16 * 5 * scores
+        else:
+            assert unfused.peak_memory_bytes == fused.peak_memory_bytes
 
 
 def test_sequence_parallelism_saves_activation_memory_not_time(llama):

@@ -61,6 +61,7 @@ def make_plan(
     name: str = "plan.json",
     optimizer_state: str | None = None,
     tp_comm_overlap: bool | None = None,
+    attention: str | None = None,
 ) -> Path:
     """A plan.json as `opsched plan` writes one: ``method`` run on ``len(layers)`` stages over ``groups`` device
     groups of ``group_size`` devices, stage k holding ``layers[k]`` numbered layers (the embedding with the first,
@@ -84,6 +85,8 @@ def make_plan(
         extra["optimizer_state"] = optimizer_state
     if tp_comm_overlap is not None:  # nor this (exposed tensor-parallel collectives)
         extra["tp_comm_overlap"] = tp_comm_overlap
+    if attention is not None:  # nor this (fused attention)
+        extra["attention"] = attention
     path = tmp_path / name
     write_plan(path, sched, extra=extra)
     return path
@@ -172,6 +175,11 @@ def megatron_config(argv: list[str], **model):
         field = next(f for f in dataclasses.fields(TransformerConfig) if f.name == MEGATRON_LM_FLAGS[flag]) \
             if flag in MEGATRON_LM_FLAGS else by_flag.get(flag)
         assert field is not None, f"{flag} sets no TransformerConfig field"
+        if field.name == "attention_backend":  # Megatron-LM parses it as AttnBackend[value]
+            from megatron.core.transformer.enums import AttnBackend
+
+            fields[field.name] = AttnBackend[value]
+            continue
         fields[field.name] = True if value is None else value if field.name in (
             "recompute_granularity", "recompute_method", "pipeline_model_parallel_layout") else int(value)
     with warnings.catch_warnings():
@@ -314,6 +322,26 @@ def test_megatron_overlaps_tensor_parallel_collectives_when_the_plan_was_costed_
         other = make_plan(tmp_path, layers=L16, config=config_name, tp_comm_overlap=overlap, name=f"{config_name}.json")
         assert export(tmp_path, other, "--megatron", str(tmp_path / f"{config_name}.sh"))[0] == 0
         assert "--tp-comm-overlap" not in flags_of(megatron_argv(tmp_path / f"{config_name}.sh"))
+
+
+def test_megatron_runs_attention_unfused_when_the_plan_was_costed_so(tmp_path):
+    """A plan costed with --attention unfused exports Megatron-Core's unfused attention backend, which its
+    TransformerConfig takes; a fused plan, or one from before the field, leaves Megatron's default backend."""
+    from megatron.core.transformer.enums import AttnBackend
+
+    plan = make_plan(tmp_path, layers=L16, attention="unfused")
+    assert export(tmp_path, plan, "--megatron", str(tmp_path / "m.sh"))[0] == 0
+    argv = megatron_argv(tmp_path / "m.sh")
+    assert flags_of(argv)["--attention-backend"] == "unfused"
+    config, _ = megatron_config(argv, **LLAMA)
+    assert config.attention_backend == AttnBackend.unfused
+    for attention in ("fused", None):
+        other = make_plan(tmp_path, layers=L16, attention=attention, name=f"{attention}.json")
+        assert export(tmp_path, other, "--megatron", str(tmp_path / f"{attention}.sh"))[0] == 0
+        assert "--attention-backend" not in flags_of(megatron_argv(tmp_path / f"{attention}.sh"))
+    bad = make_plan(tmp_path, layers=L16, attention="flash", name="bad.json")
+    code, _, err = export(tmp_path, bad, "--megatron", str(tmp_path / "bad.sh"))
+    assert code == 2 and "field attention is 'flash'; one of fused, unfused" in err and not (tmp_path / "bad.sh").exists()
 
 
 def test_megatron_says_when_it_runs_another_order_than_the_plan(tmp_path):

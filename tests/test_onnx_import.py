@@ -543,3 +543,21 @@ def test_inference_after_pins_propagates_data_when_shapes_would_be_left_unknown(
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     assert _shape_table(_infer(model, data_prop=False))["r"][0] != (2, 3)  # the case this test is about
     assert _infer_after_pins(model)[1]["r"] == ((2, 3), TensorProto.FLOAT)
+
+
+@pytest.mark.parametrize("model, layers, heads, head_dim", [("gpt_1_7b", 24, 24, 96), ("mpt_7b", 32, 32, 128)])
+def test_attention_ops_record_their_scores_and_padded_multiplies(model, layers, heads, head_dim):
+    """What an unfused run of each fused Attention op writes (batch x heads x s x s scores) and computes (Q·Kᵀ and
+    scores·V as batched GEMMs, a head dimension of 96 padded to the 128-wide tile: 4/3 of the FLOPs)."""
+    batch, seq = 2, 256
+    g = import_onnx(str(REPO / "models" / f"{model}.onnx"), dims={"batch": batch, "seq": seq})
+    attention = [op for op in ops(g) if op.op_type == "Attention"]
+    assert len(attention) == layers
+    scores = batch * heads * seq * seq
+    gemm = 2 * scores * 2 * head_dim  # useful FLOPs of the two multiplies
+    for op in attention:
+        assert op.attention_scores == scores
+        assert op.attention_flops == gemm + 6 * scores
+        assert op.attention_gemm_padded_flops == pytest.approx(gemm * math.ceil(head_dim / 128) * 128 / head_dim)
+    assert all(op.attention_scores == 0 for op in ops(g) if op.op_type != "Attention")
+    assert totals(g)["attention_scores"] == layers * scores

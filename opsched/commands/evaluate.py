@@ -20,6 +20,8 @@ The layout is comma-separated KEY=VALUE, Megatron's names:
       split into pp x vpp chunks (Megatron's --account-for-embedding/loss-in-pipeline-split)
   tp_overlap 0 or 1: Megatron's --tp-comm-overlap (needs tp > 1 and sp=1): each tensor-parallel
       collective runs under its GEMM, so only what outlasts the compute shows
+  attention fused (default: FlashAttention, cuDNN, torch's SDPA) | unfused (Megatron-LM before
+      FlashAttention, e.g. the SC'21 runs: the scores written to memory for softmax and dropout)
 Microbatches per pipeline = global batch / (dp x micro-batch size).
 
 Prints the step time, tokens/s per device, MFU (model FLOPs = 3 x the

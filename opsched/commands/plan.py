@@ -88,6 +88,7 @@ from opsched.commands.args import (
     positive_float,
     positive_int,
 )
+from opsched.cluster import ATTENTION_MODES
 from opsched.errors import MemoryTooSmall
 from opsched.export.runtimes import RUNTIMES
 from opsched.planner import GLOSSARY
@@ -164,6 +165,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "GEMMs and writes the flag into the Megatron export; torch and torchtitan do not do "
                              "this and refuse such a plan with tp > 1. auto (default): on with --runtime megatron, "
                              "off otherwise")
+    parser.add_argument("--attention", choices=ATTENTION_MODES, default="fused",
+                        help="how your framework runs attention: fused (default: FlashAttention, cuDNN or torch's "
+                             "SDPA, the scores never leave the chip) or unfused (Megatron-LM before FlashAttention: "
+                             "Q·Kᵀ and scores·V as batched GEMMs, the scores written to memory for softmax and "
+                             "dropout and kept for the backward); a kernel, not a choice the plan makes")
     parser.add_argument("--runtime", choices=RUNTIME_CHOICES, default="any",
                         help="keep only plans this runtime can run, so that `opsched export` writes its files: "
                              "torch (--torch-csv), megatron (--megatron), torchtitan (--torchtitan with --torch-csv); "
@@ -214,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
                         zero=args.zero, recompute="none" if args.recompute == "auto" else args.recompute,
                         optimizer_state="fp32" if args.optimizer_state == "auto" else args.optimizer_state,
                         whole_sequences=args.global_batch is not None,
-                        tp_comm_overlap=overlap_tp,
+                        tp_comm_overlap=overlap_tp, attention=args.attention,
                         # torch (and torchtitan, through it) runs an OVERLAP_F_B pair as F then B; Megatron pairs nothing
                         overlap_pairs=args.runtime == "any")
     bg = coarsen(og)
@@ -456,7 +462,7 @@ def megatron_layouts(args: argparse.Namespace, dims: dict[str, int], cluster, tr
         row = layout_row(e, bg, cluster, t0)
         return refusal(args.runtime, row.schedule, layout_fields(row.contents, row.microbatch_size, training.zero,
                                                                  row.recompute, training.optimizer_state,
-                                                                 training.tp_comm_overlap)) is None
+                                                                 training.tp_comm_overlap, training.attention)) is None
 
     found = search_layouts(bg, cluster, training, global_batch=global_batch,
                            tokens_per_sequence=int(og.graph.get("dims", {}).get("seq", 1)), memory_limit=limit,
@@ -597,7 +603,7 @@ def plan_extra(model: str, cluster, training, result, warnings: list[str] | None
         "grad_sync_seconds": result.grad_sync,
         "throughput": samples / result.step_time if result.step_time > 0 else 0.0,
         **layout_fields(result.stage_contents, result.microbatch_size, training.zero, result.recompute,
-                        training.optimizer_state, training.tp_comm_overlap),
+                        training.optimizer_state, training.tp_comm_overlap, training.attention),
         "stage_blocks": {str(k): c.blocks for k, c in result.stage_contents.items()},
         "baselines": [b.to_dict(samples) for b in result.baselines],
         "refused_baselines": [{"method": k, "reason": v} for k, v in result.refused_baselines.items()],
@@ -684,6 +690,8 @@ def report_text(model: str, cluster, training, limit: float, result, warnings: l
         f"activation recomputation: {result.recompute}",
         "- tensor-parallel collectives: " + ("run under their GEMMs (Megatron's --tp-comm-overlap; torch and "
                                              "torchtitan do not)" if training.tp_comm_overlap else "exposed"),
+        f"- attention: {training.attention}" + (" (the scores written to memory between its kernels)"
+                                                if training.attention == "unfused" else " (one kernel)"),
         f"- chosen: {result.source} on layout {result.layout} ({describe_layout(result.layout)}), "
         f"{plural(stages, 'pipeline stage')}",
         f"- step time {seconds_text(result.step_time)} (makespan {seconds_text(m.makespan)} + gradient sync "

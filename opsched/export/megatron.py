@@ -97,6 +97,9 @@ def megatron_args(layout: PlanLayout) -> list[MegatronArg]:
     if p.tp_overlap:  # needs Transformer Engine (--transformer-impl transformer_engine, Megatron's default)
         out.append(arg("--tp-comm-overlap", None, "plan tp_comm_overlap: tensor-parallel collectives costed under "
                                                   "their GEMMs (Transformer Engine's userbuffers)"))
+    if p.attention == "unfused":  # Megatron-Core's AttnBackend: the scores in memory, as costed
+        out.append(arg("--attention-backend", "unfused", "plan attention unfused: Q·Kᵀ, softmax, dropout and "
+                                                         "scores·V as separate kernels"))
     if p.ep > 1:
         out += [
             arg("--expert-model-parallel-size", str(p.ep), f"{layout.config}: the experts spread over each group"),

@@ -25,6 +25,8 @@ reason (their own limits stay in their modules). From plan.json:
 * ``tp_comm_overlap``: the tensor-parallel collectives were costed as
   running under their GEMMs (Megatron's ``--tp-comm-overlap``; false when
   the plan does not say);
+* ``attention``: the attention kernel the plan was costed with, ``fused``
+  (when the plan does not say) or ``unfused``;
 * ``microbatch_size``, ``microbatches``, ``zero``, ``recompute`` and
   ``dims.seq``: a ``dpN`` stage gives each of its N replicas ``1/N`` of a
   microbatch's samples, so a framework's per-rank micro-batch size is
@@ -41,7 +43,7 @@ reason (their own limits stay in their modules). From plan.json:
 ...                           "1": {"modules": ["model.layers.1", "model.norm", "lm_head"], "config": "tp2"}}}
 >>> lay = plan_layout(Schedule(sg, 8, [], name="1f1b"), doc, ("Megatron-LM", "plan a chain"))
 >>> lay.parallel
-ParallelLayout(tp=2, pp=2, vpp=1, ep=1, etp=0, cp=1, dp=1, sp=True, zero=1, recompute='none', ends_as_layers=False, tp_overlap=False)
+ParallelLayout(tp=2, pp=2, vpp=1, ep=1, etp=0, cp=1, dp=1, sp=True, zero=1, recompute='none', ends_as_layers=False, tp_overlap=False, attention='fused')
 >>> lay.stage_layers, lay.micro_batch_size, lay.global_batch_size, lay.seq_len
 ((1, 1), 4, 32, 2048)
 """
@@ -51,7 +53,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from opsched.cluster import OPTIMIZER_STATE_BYTES
+from opsched.cluster import ATTENTION_MODES, OPTIMIZER_STATE_BYTES
 from opsched.cost import Mode
 from opsched.errors import OpschedError
 from opsched.evaluate import RECOMPUTE, ParallelLayout
@@ -136,6 +138,7 @@ def plan_layout(schedule: Schedule, doc: dict, runtime: Runtime) -> PlanLayout:
             etp=1 if experts else 0,  # opsched's expert-parallel mode does not split an expert tensor-parallel
             cp=base.cp, dp=base.dp, sp=base.tp > 1,  # the cost model shards activations tp ways: sequence parallelism
             zero=zero, recompute=recompute, tp_overlap=_tp_comm_overlap(doc, refuse) and base.tp > 1,
+            attention=_attention(doc, refuse),
         ).resolved(layout.devices)
     except OpschedError as exc:
         raise refuse(str(exc)) from None
@@ -278,6 +281,14 @@ def _tp_comm_overlap(doc: Mapping, refuse) -> bool:
     if not isinstance(overlap, bool):
         raise refuse(f"field tp_comm_overlap is {overlap!r}; true or false")
     return overlap
+
+
+def _attention(doc: Mapping, refuse) -> str:
+    """The attention kernel the plan was costed with; a plan from before it was recorded ran it fused."""
+    attention = doc.get("attention", "fused")
+    if attention not in ATTENTION_MODES:
+        raise refuse(f"field attention is {attention!r}; one of {', '.join(ATTENTION_MODES)}")
+    return attention
 
 
 def check_torch_can_run(doc: Mapping, runtime: Runtime) -> None:
