@@ -642,3 +642,19 @@ def test_tp_comm_overlap_is_recorded_and_only_megatron_runs_a_tensor_parallel_pl
     assert ("torch" in refused and "--tp-comm-overlap off" in refused["torch"]) == tensor_parallel
     assert main(["plan", model, "--devices", "4", "--time-limit", "2", "--quiet", "-o", str(tmp_path / "off")]) == 0
     assert read_plan(tmp_path / "off" / "plan.json")[1]["tp_comm_overlap"] is False
+
+
+def test_attention_unfused_is_recorded_and_costed(tmp_path):
+    """`plan --attention unfused` plans with each fused Attention op costed as its unfused kernels: plan.json
+    records the kernel (schema-valid) for the Megatron export, and report.md says it; by default it is fused."""
+    from conftest import REPO
+
+    model = str(REPO / "models" / "gpt_1_7b.onnx")
+    out = tmp_path / "unfused"
+    assert main(["plan", model, "--devices", "2", "--attention", "unfused", "--time-limit", "5", "--quiet",
+                 "-o", str(out)]) == 0
+    _, doc = read_plan(out / "plan.json")
+    assert doc["attention"] == "unfused" and schema_errors(doc) == []
+    assert "- attention: unfused (the scores written to memory between its kernels)" in (out / "report.md").read_text()
+    assert main(["plan", model, "--devices", "2", "--time-limit", "3", "--quiet", "-o", str(tmp_path / "f")]) == 0
+    assert read_plan(tmp_path / "f" / "plan.json")[1]["attention"] == "fused"
