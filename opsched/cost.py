@@ -340,8 +340,8 @@ def unfused_attention_time(block: Block, share: int, cluster: Cluster, dtype: st
     >>> c = preset("a100-80g")
     >>> b = Block(0, "attn", (), (), flops=8.0, attention_flops=8.0, attention_scores=1e9,
     ...           attention_gemm_padded_flops=0.0)
-    >>> round(unfused_attention_time(b, 1, c, "bf16") * 1e3, 2)   # 13 GB at half of 2.039 TB/s
-    12.75
+    >>> round(unfused_attention_time(b, 1, c, "bf16") * 1e3, 2)   # 13 GB at 0.8 of 2.039 TB/s
+    7.97
     """
     element = score_element_bytes(dtype)
     traffic = block.attention_scores * (6 * element + 1) + block.attention_io_bytes
