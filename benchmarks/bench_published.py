@@ -27,7 +27,8 @@ cluster, sequence length and global batch (``--time-limit 60``) and compares
 the plan's step time with the published layout's, both counted the planner's
 way (makespan + the whole gradient sync): the issue's target is a plan at
 least as fast. An FP8 row is planned in BF16 (plan has no --dtype) and its
-published layout evaluated in BF16 for the comparison.
+published layout evaluated in BF16 for the comparison; a row whose layout
+runs ``attention=unfused`` is planned with ``--attention unfused``.
 
 usage:
   python benchmarks/bench_published.py            # markdown table on stdout

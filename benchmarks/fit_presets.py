@@ -12,12 +12,15 @@ check: the best setting on every other row (RUNS order), scored on the rest,
 both ways, against the preset on the same rows.
 
 Each evaluation is cached (``--cache FILE``, JSON), so a run cut short goes on
-where it stopped. The full grid (45 settings x 29 rows) takes about an hour on
-2 cores; ``--matmul/--attention/--memory`` narrow it.
+where it stopped. The default grid (45 settings x 37 rows) takes more than an
+hour on 2 cores; ``--matmul/--attention/--memory`` choose another. The H100
+preset comes from the default grid; the A100 preset from the second command
+below (attention at or below FlashAttention-2's A100 ceiling, 0.63).
 
 usage:
-  python benchmarks/fit_presets.py --cache fit.json                      # both GPUs, the whole grid
-  python benchmarks/fit_presets.py --presets a100-80g --matmul 0.6 --attention 0.35 --memory 0.5
+  python benchmarks/fit_presets.py --cache fit.json                      # both GPUs, the default grid
+  python benchmarks/fit_presets.py --presets a100-80g --matmul 0.65 0.7 0.75 --attention 0.45 0.55 0.6 \
+      --memory 0.5 0.6 0.7 0.8 0.9 --cache fit.json
 """
 
 from __future__ import annotations
