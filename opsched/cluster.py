@@ -48,6 +48,16 @@ ADAM_MIXED_PRECISION_BYTES = {"param": 2.0, "grad": 2.0, "optimizer": OPTIMIZER_
 DTYPE_BYTES = {"fp8": 1, "bf16": 2, "fp16": 2, "fp32": 4}
 
 
+def attention_dtype(dtype: str) -> str:
+    """The precision attention runs in under a training ``dtype``: FP8 recipes keep it in BF16 (Transformer Engine's
+    default, ``fp8_dpa=False``; torchtitan's Float8 converts only linear layers).
+
+    >>> attention_dtype("fp8"), attention_dtype("fp16")
+    ('bf16', 'fp16')
+    """
+    return "bf16" if dtype == "fp8" else dtype
+
+
 @dataclass(frozen=True)
 class Cluster:
     """Identical devices, ``devices_per_node`` to a node.
@@ -99,10 +109,14 @@ class Cluster:
         return self.flops_per_second(dtype) / self.efficiency * self.matmul_efficiency.get(dtype, self.efficiency)
 
     def attention_flops_per_second(self, dtype: str) -> float:
-        """Achievable FLOP/s of fused attention: FP8 recipes keep attention in BF16 (Transformer Engine's default)."""
-        compute = "bf16" if dtype == "fp8" and "bf16" in self.peak_flops else dtype
+        """Achievable FLOP/s of fused attention, in :func:`attention_dtype` where the device has its peak."""
+        compute = self.attention_compute_dtype(dtype)
         fraction = self.efficiency if self.attention_efficiency is None else self.attention_efficiency
         return self.flops_per_second(compute) / self.efficiency * fraction
+
+    def attention_compute_dtype(self, dtype: str) -> str:
+        """The dtype whose peak attention runs at: :func:`attention_dtype`, or ``dtype`` on a device without it."""
+        return attention_dtype(dtype) if attention_dtype(dtype) in self.peak_flops else dtype
 
     def link(self, devices_a: tuple[int, ...], devices_b: tuple[int, ...]) -> tuple[float, float]:
         """(bandwidth, latency) of the slowest link between two device sets.

@@ -41,7 +41,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from opsched.cluster import Cluster, Training
+from opsched.cluster import DTYPE_BYTES, Cluster, Training, attention_dtype
 from opsched.errors import OpschedError
 from opsched.graph import Block
 from opsched.overlap import COMM, COMPUTE, PassStreams, StreamOp, compact
@@ -317,8 +317,8 @@ def compute_time(block: Block, share: int, cluster: Cluster, dtype: str, attenti
 
 
 def score_element_bytes(dtype: str) -> int:
-    """Bytes of one attention score: attention stays 16-bit under FP8 (Transformer Engine's recipes), 4 in FP32."""
-    return 4 if dtype == "fp32" else 2
+    """Bytes of one attention score, in the precision attention runs in (16 bits under FP8, 4 bytes in FP32)."""
+    return DTYPE_BYTES[attention_dtype(dtype)]
 
 
 def unfused_attention_time(block: Block, share: int, cluster: Cluster, dtype: str) -> float:
@@ -345,15 +345,11 @@ def unfused_attention_time(block: Block, share: int, cluster: Cluster, dtype: st
     """
     element = score_element_bytes(dtype)
     traffic = block.attention_scores * (6 * element + 1) + block.attention_io_bytes
-    gemm_dtype = "bf16" if dtype == "fp8" and "bf16" in cluster.peak_flops else dtype
-    if cluster.costs_by_kind:
-        gemm_rate, vector_rate = cluster.matmul_flops_per_second(gemm_dtype), cluster.flops_per_second(dtype)
-        bandwidth = cluster.memory_bandwidth * cluster.memory_efficiency
-    else:
-        gemm_rate, vector_rate = cluster.flops_per_second(gemm_dtype), cluster.flops_per_second(dtype)
-        bandwidth = cluster.memory_bandwidth
+    # a cluster without efficiencies by kind has matmuls at its one efficiency and memory_efficiency 1
+    gemm_rate = cluster.matmul_flops_per_second(cluster.attention_compute_dtype(dtype))
+    bandwidth = cluster.memory_bandwidth * cluster.memory_efficiency
     return (block.attention_gemm_padded_flops / share / gemm_rate
-            + max(6 * block.attention_scores / share / vector_rate, traffic / share / bandwidth))
+            + max(6 * block.attention_scores / share / cluster.flops_per_second(dtype), traffic / share / bandwidth))
 
 
 def unfused_kept_score_bytes(block: Block, dtype: str) -> float:

@@ -1223,7 +1223,7 @@ def _matmul_padded_flops(n, shapes, flops: float) -> float:
     >>> _matmul_padded_flops(n, shapes, 2.0 * 8 * 4096 * 4096) == 2.0 * 128 * 4096 * 4096   # 8 rows fill a 128-row tile
     True
     """
-    in_shapes = [shapes.get(x, (None, 0))[0] if x else None for x in n.input]
+    in_shapes = _input_shapes(n, shapes)
     out_shape = shapes.get(n.output[0], (None, 0))[0] if n.output else None
     shape = matmul_shape(n.op_type, in_shapes, out_shape, trans_a=bool(_attr(n, "transA", 0)))
     if shape is None or shape.flops <= 0:
@@ -1234,14 +1234,19 @@ def _matmul_padded_flops(n, shapes, flops: float) -> float:
 
 def _attention_unfused_fields(n, shapes) -> dict[str, float]:
     """An ``Attention`` op's ``attention_scores`` and ``attention_gemm_padded_flops`` (none if its shapes are unknown)."""
-    dims = _attention_dims(n, [shapes.get(x, (None, 0))[0] if x else None for x in n.input])
+    dims = _attention_dims(n, _input_shapes(n, shapes))
     if dims is None:
         return {}
     return {"attention_scores": float(dims.scores), "attention_gemm_padded_flops": dims.gemm_padded_flops()}
 
 
+def _input_shapes(n, shapes) -> list:
+    """The static shapes of a node's inputs (None for an absent or unknown one), as the cost rules take them."""
+    return [shapes.get(x, (None, 0))[0] if x else None for x in n.input]
+
+
 def _node_flops(n, shapes) -> float | None:
-    in_shapes = [shapes.get(x, (None, 0))[0] if x else None for x in n.input]
+    in_shapes = _input_shapes(n, shapes)
     out_shapes = [shapes.get(x, (None, 0))[0] if x else None for x in n.output]
     return op_flops(n.op_type, n, in_shapes, out_shapes)
 
