@@ -24,7 +24,7 @@ counts once in all) is the memory the run holds; the summed resident sizes
 usage:
   python benchmarks/bench_scale.py [--models deepseek_v3 llama3_405b]
   python benchmarks/bench_scale.py --models deepseek_v3 --profile 25
-  python benchmarks/bench_scale.py --plan [--rows llama3_405b:1024:60 deepseek_v3:256:300]
+  python benchmarks/bench_scale.py --plan [--rows llama3_405b:1024:60 deepseek_v3:256:300] [--plan-args '--global-batch 2048']
 
 Prints a markdown table: wall seconds with CPU seconds (user + system) in
 brackets, which stay meaningful when other work shares the cores; peak RSS in
@@ -40,9 +40,11 @@ import cProfile
 import importlib.util
 import io
 import json
+import math
 import os
 import pstats
 import resource
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -194,26 +196,30 @@ def tree_memory_kb(root: int) -> tuple[int, int]:
     return pss, rss
 
 
-def plan_row(model: str, devices: int, time_limit: int, folder: str) -> PlanRow:
-    """Run ``opsched plan --json`` on ``model`` (``models/MODEL.onnx``, generated into ``folder`` if absent)."""
+def plan_row(model: str, devices: int, time_limit: int, folder: str, extra: tuple[str, ...] = ()) -> PlanRow:
+    """Run ``opsched plan --json`` on ``model`` (``models/MODEL.onnx``, generated into ``folder`` if absent),
+    with ``extra`` arguments (e.g. ``--global-batch 1024``)."""
     path = ROOT / "models" / f"{model}.onnx"
     if not path.exists():
         path = Path(folder) / f"{model}.onnx"
         if not path.exists():
             run_child("generate", model, str(path))
     cmd = [sys.executable, "-m", "opsched", "plan", str(path), "--devices", str(devices),
-           "--time-limit", str(time_limit), "--json", "-q", "-o", str(Path(folder) / f"{model}-{devices}")]
+           "--time-limit", str(time_limit), "--json", "-q", "-o", str(Path(folder) / f"{model}-{devices}"), *extra]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # -q: little on stderr
     pss = rss = 0
     while proc.poll() is None:
         now_pss, now_rss = tree_memory_kb(proc.pid)
         pss, rss = max(pss, now_pss), max(rss, now_rss)
         time.sleep(0.2)
     wall = time.perf_counter() - t0
-    out = proc.stdout.read()
+    out, err = proc.stdout.read(), proc.stderr.read()
+    if proc.returncode == 2:  # a refusal (e.g. nothing fits): a row of the table, in the planner's own words
+        return PlanRow(model, devices, time_limit, wall, pss / 1024, rss / 1024, os.getloadavg(),
+                       f"refused: {err.strip().splitlines()[-1]}", math.nan, "-")
     if proc.returncode:
-        raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}")
+        raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}: {err.strip()[-2000:]}")
     doc = json.loads(out)
     idle = [w for w in doc["warnings"] if "hold no stage" in w or "holds no stage" in w]
     return PlanRow(model, devices, time_limit, wall, pss / 1024, rss / 1024, os.getloadavg(),
@@ -228,7 +234,7 @@ def plan_table(rows: list[PlanRow]) -> str:
     for r in rows:
         lines.append(f"| {r.model} | {r.devices:,} | {r.time_limit} | {r.wall_s:.1f} | {r.tree_pss_mb:,.0f} "
                      f"| {r.tree_rss_mb:,.0f} | {' '.join(f'{x:.1f}' for x in r.load)} | {r.chosen} "
-                     f"| {r.step_time_s * 1e3:.1f} ms | {r.idle} |")
+                     f"| {'-' if math.isnan(r.step_time_s) else f'{r.step_time_s * 1e3:.1f} ms'} | {r.idle} |")
     return "\n".join(lines)
 
 
@@ -239,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan", action="store_true", help="time opsched plan on issue 13's planning rows")
     parser.add_argument("--rows", nargs="+", default=list(PLAN_ROWS), metavar="MODEL:DEVICES:TIME_LIMIT",
                         help="the planning rows to run with --plan")
+    parser.add_argument("--plan-args", default="", metavar="ARGS",
+                        help="more arguments for every opsched plan, e.g. '--global-batch 1024 --seq-len 4096'")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -253,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             rows = []
             for row in args.rows:
                 model, devices, limit = row.split(":")
-                rows.append(plan_row(model, int(devices), int(limit), folder))
+                rows.append(plan_row(model, int(devices), int(limit), folder, tuple(shlex.split(args.plan_args))))
                 print(plan_table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)  # each row as it ends
             print(plan_table(rows))
             return 0
