@@ -22,7 +22,7 @@ every placement tried. The floor is computed at DualPipeV's peak, as the solve i
 
 Usage::
 
-    python benchmarks/bench_dualpipe_grid.py [--devices 4,8] [--time-limit 60] [--json out.json]
+    python benchmarks/bench_dualpipe_grid.py [--devices 4,8] [--gains 0,0.5,1] [--time-limit 60] [--json out.json]
 """
 
 from __future__ import annotations
@@ -112,8 +112,10 @@ def main_(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", default="4,8")
     parser.add_argument("--time-limit", type=float, default=60.0)
+    parser.add_argument("--gains", default=",".join(f"{g:g}" for g in GAINS), help="overlap gains to run (default: all)")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
+    gains = [float(g) for g in args.gains.split(",")]
     header = ["D", "M", "F:I:W", "gain", *NAMES, "mip", "mip placement", "bound (that placement)",
               "bound (all tried)", "status", "mip vs best baseline", "idle / dualpipev's", "makespan for half",
               "half dualpipev's idle", "idle floor (V / all tried)", "half idle", "s"]
@@ -121,7 +123,7 @@ def main_(argv: list[str] | None = None) -> None:
     print("|" + "---|" * len(header))
     results = []
     for d in (int(x) for x in args.devices.split(",")):
-        for m, ratio, gain in itertools.product((2 * d, 4 * d), RATIOS, GAINS):
+        for m, ratio, gain in itertools.product((2 * d, 4 * d), RATIOS, gains):
             case = run_case(d, m, ratio, gain, args.time_limit)
             print(row_text(d, m, ratio, gain, case), flush=True)
             results.append({"devices": d, "microbatches": m, "ratio": ratio, "gain": gain, **case})

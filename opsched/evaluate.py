@@ -263,6 +263,10 @@ class ModelIndex:
     layers: list[str]  # numbered layers in model order
     experts_of: dict[int, int]  # block -> experts it holds
     experts: int  # experts of one MoE layer (0: dense)
+    #: block -> the share of its MoE layer's experts it holds (0: no expert). A layer's dispatch and combine are
+    #: one all-to-all each, whatever blocks its experts were exported as, so a block carries this share of the
+    #: collective's latency (and its own tokens' bytes)
+    expert_share: dict[int, float]
     tokens_in: dict[int, float]  # block -> its largest input edge (bytes)
     forward_flops: float
     #: block -> its class of blocks alike in everything a block's cost reads (its cost fields, input size and
@@ -297,12 +301,14 @@ def model_index(bg: nx.DiGraph) -> ModelIndex:
         experts_of[b] = expert_count(block)
         if experts_of[b]:
             per_layer[path] = per_layer.get(path, 0) + experts_of[b]
+    expert_share = {b: experts_of[b] / per_layer[layer_path(bg.nodes[b]["block"].name)] if experts_of[b] else 0.0
+                    for b in order}
     tokens_in = {b: max((d.get("bytes", 0.0) for _, _, d in bg.in_edges(b, data=True)), default=0.0) for b in order}
     classes: dict[tuple, int] = {}
     cost_class = {b: classes.setdefault((tuple(getattr(bg.nodes[b]["block"], f) for f in COST_FIELDS), tokens_in[b],
-                                         experts_of[b] > 0), len(classes)) for b in order}
-    return ModelIndex(order, layer_of, list(layers), experts_of, max(per_layer.values(), default=0), tokens_in,
-                      sum(bg.nodes[b]["block"].flops for b in order), cost_class)
+                                         expert_share[b]), len(classes)) for b in order}
+    return ModelIndex(order, layer_of, list(layers), experts_of, max(per_layer.values(), default=0), expert_share,
+                      tokens_in, sum(bg.nodes[b]["block"].flops for b in order), cost_class)
 
 
 def layer_chunks(bg: nx.DiGraph, chunks: int, index: ModelIndex | None = None,
@@ -626,7 +632,7 @@ def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: P
         k = index.cost_class[b]
         share = shares.get(k)
         if share is None:
-            share = shares[k] = _block_share(bg.nodes[b]["block"], index.tokens_in[b], index.experts_of[b] > 0,
+            share = shares[k] = _block_share(bg.nodes[b]["block"], index.tokens_in[b], index.expert_share[b],
                                              layout, groups, links, cluster, training)
         out.F += share.cost.F
         out.I += share.cost.I
@@ -692,14 +698,24 @@ class _BlockShare:
     context_ring: float  # exposed K/V ring time per microbatch, in F and I
 
 
-def _block_share(block: Block, tokens: float, expert: bool, layout: ParallelLayout, groups: RankGroups,
+def _block_share(block: Block, tokens: float, expert_share: float, layout: ParallelLayout, groups: RankGroups,
                  links: _ChunkLinks, cluster: Cluster, training: Training) -> _BlockShare:
     """One device's share of ``block`` on a pipeline rank whose groups are ``groups`` (``training`` with the
-    layout's recomputation, sequence parallelism and tp overlap)."""
+    layout's recomputation, sequence parallelism and tp overlap); ``expert_share``: the share of its MoE layer's
+    experts it holds (:attr:`ModelIndex.expert_share`, 0 for a block without experts)."""
+    expert = expert_share > 0
+    layer_cluster = cluster
+    if expert:
+        # a MoE layer's collectives (its tensor-parallel ones, its dispatch and combine) run once for all its
+        # experts, however many blocks they were exported as: each block pays its share of their latency
+        layer_cluster = dataclasses.replace(cluster, intra_node_latency=cluster.intra_node_latency * expert_share,
+                                            inter_node_latency=cluster.inter_node_latency * expert_share)
+        if layout.ep > 1:
+            block = _weights_read_once_per_ep(block, layout.ep)
     # a context rank takes 1/cp of each sequence: costed like a replica taking 1/cp of the microbatch
     mode = Mode(tp=layout.tp, dp=layout.cp)
     again = training.recompute != "none"  # a recomputed attention forward passes the keys and values round again
-    c = block_cost(block, mode, groups.sequence, cluster, training, token_bytes=tokens)
+    c = block_cost(block, mode, groups.sequence, layer_cluster, training, token_bytes=tokens)
     params, replicas = _block_shard(block, expert, layout)
     f, i = c.F, c.I
     f_comm, i_comm = c.f_comm, c.i_comm
@@ -717,7 +733,9 @@ def _block_share(block: Block, tokens: float, expert: bool, layout: ParallelLayo
     if expert and layout.ep > 1:
         # folded over the data-parallel replicas: each holds 1/ep of the experts and swaps routed tokens
         bw, lat = links.expert
-        a2a = 2 * alltoall_time(tokens / layout.tp, layout.ep, bw, lat)  # dispatch and combine
+        # dispatch and combine: the layer's two all-to-alls, of which this block moves its own routed tokens and
+        # pays its share of the latency (one expert of 256 exported as a block pays 1/256 of it, not all of it)
+        a2a = 2 * alltoall_time(tokens / layout.tp, layout.ep, bw, lat * expert_share)
         f += a2a
         i += a2a * (2 if training.recompute == "full" else 1)  # a recomputed forward swaps them again
         f_comm += a2a
@@ -735,6 +753,22 @@ def _block_share(block: Block, tokens: float, expert: bool, layout: ParallelLayo
                        weight_bytes=params * training.param_bytes, grad_sync=grad_sync,
                        optimizer=updated * training.optimizer_step_bytes / cluster.memory_bandwidth,
                        context_ring=context_ring)
+
+
+def _weights_read_once_per_ep(block: Block, ep: int) -> Block:
+    """An expert block as one device of ``ep`` runs it, folded over the replicas: it holds 1/ep of the layer's
+    experts and runs each on the tokens ep replicas route to it, the same FLOPs as its own tokens on every
+    expert, but each expert's weights are read once for ep times the tokens: 1/ep of the weight traffic.
+    Fine-grained experts (DeepSeek-V3: 256, 128 tokens each per sequence of 4,096) are memory-bound alone.
+
+    >>> b = Block(0, "experts.0", (), (), flops=1e9, param_bytes=800.0, io_bytes=1000.0, matmul_io_bytes=900.0)
+    >>> e = _weights_read_once_per_ep(b, 8)
+    >>> e.io_bytes, e.matmul_io_bytes, e.flops
+    (300.0, 200.0, 1000000000.0)
+    """
+    unread = block.param_bytes * (1 - 1 / ep)
+    return dataclasses.replace(block, io_bytes=max(0.0, block.io_bytes - unread),
+                               matmul_io_bytes=max(0.0, block.matmul_io_bytes - unread))
 
 
 def _boundary_bytes(bg: nx.DiGraph, chunks: list[list[int]]) -> list[float]:

@@ -108,6 +108,9 @@ class PlanResult:
     #: on two nodes or more: the plan found on the first half of the nodes, the others idle (None: one node, or
     #: nothing fits there)
     on_half_the_nodes: FewerNodesPlan | None = None
+    #: the most devices (the first nodes, the others idle) on which no plan was searched because the time limit
+    #: was spent first: a run on that many devices alone may then find a faster plan (None: every half searched)
+    fewer_nodes_unsearched: int | None = None
 
 
 @dataclass(frozen=True)
@@ -250,7 +253,7 @@ def plan_block_graph(
     jobs = runnable.jobs(jobs, training.microbatches)
     _schedule_jobs(jobs, training.microbatches, limit, clock, solver, keep, workers)
     options = [_job_option(j) for j in jobs if j.schedule is not None] + [_baseline_option(b) for b in baselines]
-    t_lower, half = time.perf_counter(), _plan_on_half_the_nodes(
+    t_lower, (half, unsearched) = time.perf_counter(), _plan_on_half_the_nodes(
         bg, cluster, training, limit, clock, t_base - t_upper, solver=solver, keep=keep, target_blocks=target_blocks,
         workers=workers, runtime=runtime)
     options = runnable.options(options) + ([_half_option(half, cluster)] if half is not None else [])
@@ -279,16 +282,20 @@ def plan_block_graph(
         idle_devices=idle,
         on_every_device=every,
         on_half_the_nodes=None if half is None else FewerNodesPlan.of(half, chosen=best.schedule is half.schedule),
+        fewer_nodes_unsearched=unsearched,
     )
 
 
 def _plan_on_half_the_nodes(bg: nx.DiGraph, cluster: Cluster, training: Training, limit: float, clock: Clock,
-                            baselines_took: float, **options) -> PlanResult | None:
-    """:func:`plan_block_graph` on the first half of the nodes, in the time left; None on one node (or an odd
-    number of them), when nothing fits there, or when less than :data:`LEAST_PART` is left, or less than half
-    of ``baselines_took`` (the seconds the baselines took on every node): the search there could not finish
-    even its first baseline in time (on Megatron-Core's 462B over 6,144 H100s it started with 2.2 s left and
-    ran 4.6 s past the time limit for a plan 5 times slower).
+                            baselines_took: float, **options) -> tuple[PlanResult | None, int | None]:
+    """(:func:`plan_block_graph` on the first half of the nodes, in the time left, or None; the most devices on
+    which the time limit left no search, or None).
+
+    No plan on one node (or an odd number of them), when nothing fits there, or when less than
+    :data:`LEAST_PART` is left, or less than half of ``baselines_took`` (the seconds the baselines took on
+    every node): the search there could not finish even its first baseline in time (on Megatron-Core's 462B
+    over 6,144 H100s it started with 2.2 s left and ran 4.6 s past the time limit for a plan 5 times slower).
+    Only that last case leaves fewer nodes unsearched: on the others no plan there could beat this one.
 
     Those nodes are a cluster of their own, so that plan (and, through its
     own half, the plans on a quarter, an eighth, ... of the nodes) is one
@@ -302,7 +309,7 @@ def _plan_on_half_the_nodes(bg: nx.DiGraph, cluster: Cluster, training: Training
     """
     per_node = cluster.devices_per_node
     if cluster.devices % (2 * per_node) != 0:
-        return None
+        return None, None
     half = with_devices(cluster, cluster.devices // 2)
     # every parameter's weight, gradient and optimizer state is held once at least, however they are sharded: when
     # that alone overflows half the devices, the search there (and on its own halves) cannot fit anything
@@ -310,20 +317,20 @@ def _plan_on_half_the_nodes(bg: nx.DiGraph, cluster: Cluster, training: Training
     if state > limit * half.devices:
         log.info("plan: not on %s devices: the parameters' state alone (%s) needs more", plain(half.devices),
                  bytes_text(state))
-        return None
+        return None, None
     if clock.left() < max(LEAST_PART, baselines_took / 2):
         log.info("plan: not on %s devices: the time limit was spent", plain(half.devices))
-        return None
+        return None, half.devices
     log.info("plan: now on %s of the %s devices (the others idle), within %s", plain(half.devices),
              plain(cluster.devices), seconds_text(clock.left()))
     try:
         found = plan_block_graph(bg, half, training, memory_limit=limit, deadline=clock.deadline, **options)
     except (MemoryTooSmall, NoRunnablePlan) as exc:
         log.info("plan: nothing on %s devices: %s", plain(half.devices), exc)
-        return None
+        return None, None
     log.info("plan: on %s devices: %s on %s, step time %s", plain(half.devices), found.source,
              found.layout, seconds_text(found.step_time))
-    return found
+    return found, found.fewer_nodes_unsearched
 
 
 #: how a layout on fewer devices than the cluster's ends

@@ -30,7 +30,7 @@ from opsched.baselines import NAMES, baseline_orders, run_baseline
 from opsched.errors import Deadlock, OpschedError
 from opsched.isolate import Call, SolverCrash, run_isolated_all
 from opsched.lower import solve
-from opsched.lower.bounds import idle_lower_bound, lower_bound, span_lower_bound
+from opsched.lower.bounds import device_bound, idle_lower_bound, lower_bound, span_lower_bound
 from opsched.lower.jobs import JobSet, activation_budgets, minimum_memory_limit, order_fits
 from opsched.lower.listsched import default_variants, list_schedule
 from opsched.lower.lns import objective_value
@@ -358,6 +358,25 @@ def test_overlap_bound_sits_below_dualpipev():
     assert lower_bound(JobSet(sg, 16), budgets) <= 76.0
     r = solve(sg, 16, memory_limit=9.0, time_limit=20, search_budget=0)
     assert r.lower_bound <= 76.0 and r.status != "optimal"
+
+
+def test_forwards_before_the_first_backward_count_whole_with_a_gain():
+    """The DualPipe grid's D=4, M=8, 1:1:1 case at gain 0.5: with pair shares the device bound gives 43, but a
+    device's forwards run before its first backward cannot pair; counted whole, the bound is 47, still at most
+    DualPipeV's 49 and every list-scheduler order (pairs or not) that fits DualPipeV's peak memory."""
+    from opsched.schedule import chain_stage_graph, metrics
+
+    sg = chain_stage_graph(8, f=1, b=2, w=1, devices=4, placement="v", overlap_gain=0.5)
+    dualpipev = baseline_orders(sg, 8)["dualpipev"]
+    events = simulate(sg, dualpipev, 8)
+    budgets = activation_budgets(sg, max(metrics(Schedule(sg, 8, events)).peak_memory_bytes))
+    js = JobSet(sg, 8)
+    assert max(device_bound(js, d) for d in js.on_device) == pytest.approx(43.0)
+    assert lower_bound(js, budgets) == pytest.approx(47.0)
+    assert _values(js, dualpipev, budgets)[0] == pytest.approx(49.0)
+    makespans = [v[0] for v in (_values(js, list_schedule(js, budgets, variant), budgets)
+                                for variant in default_variants(js, allow_pairs=True, budgets=budgets)) if v]
+    assert makespans and min(makespans) >= 47.0 - TOL
 
 
 def test_measured_fused_backward_below_i_keeps_the_bound_below_a_fused_schedule():

@@ -595,6 +595,26 @@ def test_adding_nodes_never_makes_the_plan_slower():
     assert four.step_time <= two.step_time <= two.on_half_the_nodes.step_time
 
 
+def test_a_plan_says_when_the_time_limit_left_fewer_nodes_unsearched(monkeypatch):
+    """Issue 13 item 4 holds only when the search on half the nodes runs: when the time limit is spent first, the
+    plan says so (on which device count, and what to do), and says nothing when every half was searched."""
+    import opsched.planner as planner
+    from opsched.commands.plan import plan_warnings
+
+    spec = {**SLOW_LINK_CLUSTER, "inter_node_bandwidth": 1e9, "devices": 4}  # one device per node
+    cluster = cluster_from_dict(spec)
+    searched = plan_block_graph(_slow_link_chain(), cluster, Training(2), time_limit=300)
+    assert searched.fewer_nodes_unsearched is None
+    assert not any("no plan was searched" in w for w in plan_warnings(searched, Training(2), cluster))
+    monkeypatch.setattr(planner, "LEAST_PART", 1e9)  # as if the search on every node had spent the time limit
+    cut = plan_block_graph(_slow_link_chain(), cluster, Training(2), time_limit=300)
+    assert cut.on_half_the_nodes is None and cut.fewer_nodes_unsearched == 2
+    said = [w for w in plan_warnings(cut, Training(2), cluster) if "no plan was searched" in w]
+    assert said == ["no plan was searched on 2 devices (the first nodes, the others idle): the time limit was spent "
+                    "first, so a run on 2 devices alone may find a faster plan than this one; a larger --time-limit "
+                    "leaves that search time, and then adding devices never gives a slower plan"]
+
+
 def test_the_plan_on_half_the_nodes_is_returned_when_the_search_on_all_finds_only_slower_ones(monkeypatch):
     """The search on both nodes sees only 4 groups of 1 device here (as if its layouts missed the good ones), whose
     splits send the large activations between the nodes: the plan on one node wins, the other node idle, and the

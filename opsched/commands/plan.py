@@ -41,7 +41,8 @@ run the chosen plan; report.md says why each other one cannot.
 On two nodes or more the search also runs on the first half of the nodes
 (and so on down to one node) with the time the search on every node leaves,
 and that plan competes with the others idle: when the time limit does not
-bind, more nodes never give a slower plan. A plan that leaves devices idle
+bind, more nodes never give a slower plan; when it leaves that search no
+time, the plan's warnings say on how many devices none was searched. A plan that leaves devices idle
 says which, and why, in its warnings.
 
 With --json, stdout is one JSON object instead of the summary: model,
@@ -477,7 +478,8 @@ def megatron_layouts(args: argparse.Namespace, dims: dict[str, int], cluster, tr
 
 
 def plan_warnings(result, training, cluster) -> list[str]:
-    """What a reader of the chosen plan must know about it: uncosted sequence splits, devices left idle."""
+    """What a reader of the chosen plan must know about it: uncosted sequence splits, devices left idle, fewer nodes
+    the time limit left unsearched."""
     from opsched.units import plain, plural, ranges_text, seconds_text
 
     out = []
@@ -501,6 +503,11 @@ def plan_warnings(result, training, cluster) -> list[str]:
         which = f"device {idle[0]} (1 of {cluster.devices}) holds" if len(idle) == 1 else \
             f"devices {ranges_text(idle)} ({len(idle)} of {cluster.devices}) hold"
         out.append(f"{which} no stage of this plan: {why}")
+    if result.fewer_nodes_unsearched is not None:
+        fewer = plain(result.fewer_nodes_unsearched)
+        out.append(f"no plan was searched on {fewer} devices (the first nodes, the others idle): the time limit was "
+                   f"spent first, so a run on {fewer} devices alone may find a faster plan than this one; a larger "
+                   "--time-limit leaves that search time, and then adding devices never gives a slower plan")
     return out
 
 

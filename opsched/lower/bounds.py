@@ -182,18 +182,75 @@ def device_bound(js: JobSet, device: int, pairs: bool = True) -> float:
 
 
 def warmup_bound(js: JobSet, device: int, budget: float | None, pairs: bool = True) -> float:
-    """Idle forced by memory before the first backward of ``device``, plus its work and least tail.
+    """Memory and pairs in the warm-up: a bound on the makespan from the time before ``device``'s first backward.
 
-    The idle is :func:`warmup_idle`'s; the work counts each job's pair share.
+    Before ``h``, the earliest head of any backward on the device, only
+    forwards run on it, one at a time and unpaired (a pair starts with its
+    backward, so not before ``h``): from the earliest forward head to ``h``
+    the device is idle or runs forwards whole. After ``h`` it runs the rest
+    of its work, each job at least at its pair share, and then its least
+    tail passes. So the makespan is at least ``h`` plus all its pair shares,
+    less the shares of the forward work done before ``h``: forwards with a
+    head before ``h``, in that much time, their activations (all held at
+    ``h``) within ``budget``; a fractional knapsack on either limit bounds
+    those shares (:func:`_warmup_shares`). With gain 0 the shares are the
+    durations and this is the idle memory forces before the first backward
+    (:func:`warmup_idle`) plus all the work; with a gain, the forwards run
+    before ``h`` count whole, where the device bound takes their pair share.
+
+    Two stages at gain 0.5: stage 0's first I can start at 3, so device 0
+    runs at most three forwards before it, unpaired. The bound is 3, plus the
+    four forwards at half (2) and the backwards (8), less the shares of the
+    three forwards already run (1.5); the device bound alone gives 11:
+
+    >>> from opsched.schedule import chain_stage_graph
+    >>> js = JobSet(chain_stage_graph(2, f=1, b=2, w=1, overlap_gain=0.5), 4)
+    >>> warmup_bound(js, 0, None), device_bound(js, 0)
+    (11.5, 11.0)
     """
     ks = js.on_device[device]
-    if budget is None or not ks:
+    forward = [k for k in ks if js.jobs[k].pass_ == "F"]
+    backward = [k for k in ks if js.jobs[k].pass_ in ("I", "B")]
+    if not forward or not backward:
         return 0.0
-    start, idle = warmup_idle(js, device, budget)
-    if idle is None:
-        return 0.0
-    total = max(sum(durations) for durations in pair_shares(js, ks, pairs))
-    return start + idle + total + min(js.tail[k] for k in ks)
+    h = min(js.head[k] for k in backward)
+    start = min(js.head[k] for k in forward)
+    early = {i for i, k in enumerate(ks) if js.jobs[k].pass_ == "F" and js.head[k] < h}
+    least_tail = min(js.tail[k] for k in ks)
+    best = 0.0
+    for durations in pair_shares(js, ks, pairs):
+        before = [(durations[i], js.duration[ks[i]], js.mem[ks[i]]) for i in sorted(early)]
+        shares_before = _warmup_shares(before, h - start, budget)
+        best = max(best, h - shares_before + sum(durations) + least_tail)
+    return best
+
+
+def _warmup_shares(forwards: list[tuple[float, float, float]], time: float, budget: float | None) -> float:
+    """The most pair share a device can run as forwards in ``time`` with at most ``budget`` of activations.
+
+    ``forwards``: (share, duration, activation bytes) of each forward that may
+    run before the first backward. Two fractional knapsacks, one on time (the
+    durations) and one on memory, each an upper bound; the smaller counts.
+
+    >>> _warmup_shares([(0.5, 1.0, 1.0)] * 4, 3.0, None)
+    1.5
+    >>> _warmup_shares([(0.5, 1.0, 1.0)] * 4, 3.0, 2.0)
+    1.0
+    """
+    def knapsack(room: float, weight) -> float:
+        value = 0.0
+        for share, duration, mem in sorted(forwards, key=lambda f: -f[0] / max(weight(f), 1e-300)):
+            w = weight((share, duration, mem))
+            if w <= room:
+                room -= w
+                value += share
+            else:
+                value += share * max(room, 0.0) / w
+                break
+        return value
+
+    by_time = knapsack(max(time, 0.0), lambda f: f[1])
+    return by_time if budget is None else min(by_time, knapsack(budget, lambda f: f[2]))
 
 
 def warmup_idle(js: JobSet, device: int, budget: float | None) -> tuple[float, float | None]:
@@ -282,8 +339,7 @@ def lower_bound(js: JobSet, budgets: Mapping[int, float] | None = None, own_orde
     best = critical_path_bound(rel)
     for d in rel.on_device:
         best = max(best, device_bound(rel, d, not own_orders))
-        if budgets is not None:
-            best = max(best, warmup_bound(rel, d, budgets.get(d), not own_orders))
+        best = max(best, warmup_bound(rel, d, None if budgets is None else budgets.get(d), not own_orders))
     return best
 
 
