@@ -440,6 +440,7 @@ def block_cost(
     *,
     expert_params: float | None = None,
     token_bytes: float | None = None,
+    moe_layers: int = 1,
 ) -> BlockCost:
     """Cost of one block on the device group ``devices`` under ``mode``.
 
@@ -449,7 +450,8 @@ def block_cost(
     block's parameters belong to experts (default: all); the rest (attention,
     router) runs data-parallel over the group, replicated and gradient-synced.
     ``token_bytes`` is the size of the tokens an all-to-all moves (default:
-    the block's output bytes, an upper bound).
+    the block's output bytes, an upper bound), over the ``moe_layers`` MoE
+    layers the block holds, each of which dispatches and combines once.
 
     >>> from opsched.cluster import preset, Training
     >>> c, t = preset("h100-sxm"), Training()
@@ -478,7 +480,7 @@ def block_cost(
         # dispatch and combine: two all-to-alls of the tokens in F, two in I
         bw, lat = cluster.link(devices, devices)
         tokens = block.output_bytes if token_bytes is None else token_bytes
-        ep_comm = 2 * alltoall_time(tokens / mode.ep, mode.ep, bw, lat)
+        ep_comm = 2 * alltoall_time(tokens / mode.ep, mode.ep, bw, lat * moe_layers)
         f += ep_comm
         i += ep_comm
         sharded = block.param_count if expert_params is None else min(float(expert_params), block.param_count)

@@ -140,11 +140,14 @@ class CostTable:
         key = (b, mode, *self.shape(devices))
         if key not in self._costs:
             if b not in self._extra:
+                node = self.bg.nodes[b]
                 self._extra[b] = {
-                    "expert_params": self.bg.nodes[b].get("expert_params"),
-                    # the tokens an expert-parallel block exchanges: its largest input
-                    "token_bytes": max((d.get("bytes", 0.0) for _, _, d in self.bg.in_edges(b, data=True)),
-                                       default=None),
+                    "expert_params": node.get("expert_params"),
+                    # the tokens an expert-parallel block exchanges: what its experts receive when the reduction
+                    # recorded it (opsched.upper.reduce.expert_traffic), else its largest input
+                    "token_bytes": node.get("expert_tokens") or max(
+                        (d.get("bytes", 0.0) for _, _, d in self.bg.in_edges(b, data=True)), default=None),
+                    "moe_layers": max(1, node.get("moe_layers", 1)),
                 }
             self._costs[key] = block_cost(self.bg.nodes[b]["block"], mode, devices, self.cluster, self.training,
                                           **self._extra[b])

@@ -37,6 +37,7 @@ import networkx as nx
 
 from opsched.cost import expert_count
 from opsched.graph import COST_FIELDS, Block, common_scope
+from opsched.upper.stages import layer_path
 
 
 def reduce_block_graph(
@@ -45,7 +46,8 @@ def reduce_block_graph(
     """A smaller BlockGraph and, for each of its blocks, the original block ids it holds.
 
     Node ids of the result are 0..n-1 in topological order; each node also
-    carries ``expert_params``, the parameters of its members that are experts.
+    carries ``expert_params``, the parameters of its members that are experts,
+    and what its experts' all-to-alls move (:func:`expert_traffic`).
     """
     members = {b: [b] for b in bg.nodes}
     g = nx.DiGraph()
@@ -55,7 +57,34 @@ def reduce_block_graph(
     records = {b: bg.nodes[b]["block"] for b in bg.nodes}
     _merge_expert_siblings(g, members, records, expert_parts)
     _contract_chains(g, members, records, target)
-    return _renumbered(g, members, records)
+    small, held = _renumbered(g, members, records)
+    for b, ids in held.items():
+        small.nodes[b]["expert_tokens"], small.nodes[b]["moe_layers"] = expert_traffic(bg, ids)
+    return small, held
+
+
+def expert_traffic(bg: nx.DiGraph, ids: list[int]) -> tuple[float, int]:
+    """(bytes routed into the experts among blocks ``ids`` of ``bg``, MoE layers they belong to).
+
+    The bytes are what each expert receives from outside the experts (its
+    routed tokens, the top-k copies included), summed: what the dispatch
+    all-to-all moves for them, and the combine back. A reduced block holding
+    whole layers would otherwise show only its input (one layer's hidden
+    states, no top-k). Each MoE layer dispatches and combines once, whatever
+    blocks its experts were exported as.
+
+    >>> g = nx.DiGraph(kind="BlockGraph")
+    >>> g.add_node(0, block=Block(0, "model/layers.0/router", (), ()))
+    >>> for e in (1, 2):
+    ...     g.add_node(e, block=Block(e, f"model/layers.0/mlp/experts.{e}", (), ()))
+    ...     g.add_edge(0, e, bytes=3.0)
+    >>> expert_traffic(g, [0, 1, 2])
+    (6.0, 1)
+    """
+    experts = [m for m in ids if expert_count(bg.nodes[m]["block"]) > 0]
+    routed = sum(d.get("bytes", 0.0) for m in experts for u, _, d in bg.in_edges(m, data=True)
+                 if expert_count(bg.nodes[u]["block"]) == 0)
+    return float(routed), len({layer_path(bg.nodes[m]["block"].name) for m in experts})
 
 
 def _merge(g: nx.DiGraph, members, keep: int, gone: int) -> None:
