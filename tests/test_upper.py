@@ -217,3 +217,30 @@ def test_reduce_keeps_two_towers_apart():
     towers = [set(held) for held in members.values()]
     assert not any({0, 4} <= t for t in towers)
     assert nx.is_directed_acyclic_graph(small)
+
+
+def test_a_reduced_moe_block_exchanges_what_its_experts_receive_once_per_layer():
+    """Reduced to one block, two MoE layers of 8 experts behind their routers: its expert-parallel all-to-alls move
+    the 16 experts' routed tokens (not the block's input) and pay two dispatches' and two combines' latency."""
+    from opsched.upper.mip import CostTable
+    from opsched.upper.reduce import reduce_block_graph
+
+    g = nx.DiGraph(kind="BlockGraph")
+    for layer in range(2):
+        router = 10 * layer
+        g.add_node(router, block=Block(router, f"model/layers.{layer}/router", (), (), flops=1e6))
+        if layer:
+            g.add_edge(9, router, bytes=5e6)
+        for e in range(8):
+            g.add_node(router + 1 + e, block=Block(router + 1 + e, f"model/layers.{layer}/mlp/experts.{e}", (), (),
+                                                   flops=1e9, param_count=10**6))
+            g.add_edge(router, router + 1 + e, bytes=1e6)
+            g.add_edge(router + 1 + e, router + 9, bytes=1e6)
+        g.add_node(router + 9, block=Block(router + 9, f"model/layers.{layer}/combine", (), (), flops=1e6))
+    small, _ = reduce_block_graph(g, target=1)
+    (b,) = small.nodes
+    assert (small.nodes[b]["expert_tokens"], small.nodes[b]["moe_layers"]) == (16e6, 2)
+    cluster = preset("h100-sxm", 8)
+    cost = CostTable(small, cluster, Training()).cost(b, Mode(ep=8), tuple(range(8)))
+    bw, lat = cluster.link(tuple(range(8)), tuple(range(8)))
+    assert cost.f_comm == pytest.approx(2 * (2 * 7 * lat + 7 / 8 * (16e6 / 8) / bw))
