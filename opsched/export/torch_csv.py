@@ -69,21 +69,20 @@ def torch_ranks(sg: StageGraph) -> list[tuple[int, ...]]:
     >>> torch_ranks(chain_stage_graph(4, devices=2, placement="v"))
     [(0,), (1,)]
     """
-    groups: list[tuple[int, ...]] = []
-    owner: dict[int, tuple[int, tuple[int, ...]]] = {}
+    groups: dict[tuple[int, ...], int] = {}  # group -> its number: devices compare numbers, not whole groups
+    owner: dict[int, tuple[int, int]] = {}  # device -> (first stage on it, its group's number)
     for s in sg.stages:
         group = tuple(sorted(s.devices))
+        number = groups.setdefault(group, len(groups))
         for d in group:
-            if d in owner and owner[d][1] != group:
-                other, other_group = owner[d]
+            first, held = owner.setdefault(d, (s.id, number))
+            if held != number:
+                other_group = next(g for g, n in groups.items() if n == held)
                 raise OpschedError(
-                    f"stage {s.id} runs on devices {group}, which overlap stage {other}'s group {other_group} "
+                    f"stage {s.id} runs on devices {group}, which overlap stage {first}'s group {other_group} "
                     "without being the same group; torch's runtime gives each stage one pipeline rank, "
                     "so device groups must be equal or disjoint"
                 )
-            owner.setdefault(d, (s.id, group))
-        if group not in groups:
-            groups.append(group)
     return sorted(groups, key=min)
 
 
