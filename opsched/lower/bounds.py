@@ -208,21 +208,49 @@ def warmup_bound(js: JobSet, device: int, budget: float | None, pairs: bool = Tr
     >>> warmup_bound(js, 0, None), device_bound(js, 0)
     (11.5, 11.0)
     """
+    window = _warmup_window(js, device)
+    if window is None:
+        return 0.0
+    h, start, early = window
+    ks = js.on_device[device]
+    at = {k: i for i, k in enumerate(ks)}
+    least_tail = min(js.tail[k] for k in ks)
+    best = 0.0
+    for durations in pair_shares(js, ks, pairs):
+        before = [(durations[at[k]], js.duration[k], js.mem[k]) for k in early]
+        shares_before = _warmup_shares(before, h - start, budget)
+        best = max(best, h - shares_before + sum(durations) + least_tail)
+    return best
+
+
+def _warmup_window(js: JobSet, device: int) -> tuple[float, float, list[int]] | None:
+    """(``h``, the earliest head of a backward on ``device``; the earliest head of a forward on it; its forwards
+    with a head before ``h``, the only jobs it can run before ``h``), or None without a forward or a backward."""
     ks = js.on_device[device]
     forward = [k for k in ks if js.jobs[k].pass_ == "F"]
     backward = [k for k in ks if js.jobs[k].pass_ in ("I", "B")]
     if not forward or not backward:
-        return 0.0
+        return None
     h = min(js.head[k] for k in backward)
-    start = min(js.head[k] for k in forward)
-    early = {i for i, k in enumerate(ks) if js.jobs[k].pass_ == "F" and js.head[k] < h}
-    least_tail = min(js.tail[k] for k in ks)
-    best = 0.0
-    for durations in pair_shares(js, ks, pairs):
-        before = [(durations[i], js.duration[ks[i]], js.mem[ks[i]]) for i in sorted(early)]
-        shares_before = _warmup_shares(before, h - start, budget)
-        best = max(best, h - shares_before + sum(durations) + least_tail)
-    return best
+    return h, min(js.head[k] for k in forward), [k for k in forward if js.head[k] < h]
+
+
+def _fractional_knapsack(items: list[tuple[float, float]], room: float) -> float:
+    """The most value (value, weight) ``items`` give within ``room`` of weight, any fraction of an item allowed:
+    the best value per weight first (ties in the order given).
+
+    >>> _fractional_knapsack([(1.0, 1.0), (3.0, 1.0), (1.0, 2.0)], 2.5)
+    4.25
+    """
+    value = 0.0
+    for v, w in sorted(items, key=lambda item: -item[0] / max(item[1], 1e-300)):
+        if w <= room:
+            room -= w
+            value += v
+        else:
+            value += v * max(room, 0.0) / w
+            break
+    return value
 
 
 def _warmup_shares(forwards: list[tuple[float, float, float]], time: float, budget: float | None) -> float:
@@ -237,20 +265,10 @@ def _warmup_shares(forwards: list[tuple[float, float, float]], time: float, budg
     >>> _warmup_shares([(0.5, 1.0, 1.0)] * 4, 3.0, 2.0)
     1.0
     """
-    def knapsack(room: float, weight) -> float:
-        value = 0.0
-        for share, duration, mem in sorted(forwards, key=lambda f: -f[0] / max(weight(f), 1e-300)):
-            w = weight((share, duration, mem))
-            if w <= room:
-                room -= w
-                value += share
-            else:
-                value += share * max(room, 0.0) / w
-                break
-        return value
-
-    by_time = knapsack(max(time, 0.0), lambda f: f[1])
-    return by_time if budget is None else min(by_time, knapsack(budget, lambda f: f[2]))
+    by_time = _fractional_knapsack([(share, duration) for share, duration, _ in forwards], max(time, 0.0))
+    if budget is None:
+        return by_time
+    return min(by_time, _fractional_knapsack([(share, mem) for share, _, mem in forwards], budget))
 
 
 def warmup_idle(js: JobSet, device: int, budget: float | None) -> tuple[float, float | None]:
@@ -263,26 +281,14 @@ def warmup_idle(js: JobSet, device: int, budget: float | None) -> tuple[float, f
     ``[min forward head, h)``. The idle is None when the device has no forward
     or no backward; 0 without a budget.
     """
-    ks = js.on_device[device]
-    backward = [k for k in ks if js.jobs[k].pass_ in ("I", "B")]
-    forward = [k for k in ks if js.jobs[k].pass_ == "F"]
-    if not backward or not forward:
-        return (min(js.head[k] for k in forward) if forward else 0.0), None
-    h = min(js.head[k] for k in backward)
-    start = min(js.head[k] for k in forward)
+    window = _warmup_window(js, device)
+    if window is None:
+        forward = [js.head[k] for k in js.on_device[device] if js.jobs[k].pass_ == "F"]
+        return min(forward, default=0.0), None
+    h, start, early = window
     if budget is None:
         return start, 0.0
-    usable = sorted(
-        (k for k in forward if js.head[k] < h), key=lambda k: (-js.duration[k] / max(js.mem[k], 1e-300), k)
-    )
-    room, work = budget, 0.0
-    for k in usable:
-        if js.mem[k] <= room:
-            room -= js.mem[k]
-            work += js.duration[k]
-        else:
-            work += js.duration[k] * max(room, 0.0) / js.mem[k]
-            break
+    work = _fractional_knapsack([(js.duration[k], js.mem[k]) for k in early], budget)
     return start, max(0.0, (h - start) - work)
 
 
