@@ -258,10 +258,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with tempfile.TemporaryDirectory() as folder:
         if args.plan:
-            rows = []
+            rows, extra = [], tuple(shlex.split(args.plan_args))
             for row in args.rows:
                 model, devices, limit = row.split(":")
-                rows.append(plan_row(model, int(devices), int(limit), folder, tuple(shlex.split(args.plan_args))))
+                rows.append(plan_row(model, int(devices), int(limit), folder, extra))
                 print(plan_table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)  # each row as it ends
             print(plan_table(rows))
             return 0

@@ -291,6 +291,7 @@ def model_index(bg: nx.DiGraph) -> ModelIndex:
     layers: dict[str, None] = {}
     per_layer: dict[str, int] = {}
     experts_of = {}
+    expert_layer: dict[int, str] = {}  # block holding experts -> its layer's path
     for b in order:
         block: Block = bg.nodes[b]["block"]
         path = layer_path(block.name)
@@ -300,9 +301,9 @@ def model_index(bg: nx.DiGraph) -> ModelIndex:
             layers.setdefault(path, None)
         experts_of[b] = expert_count(block)
         if experts_of[b]:
+            expert_layer[b] = path
             per_layer[path] = per_layer.get(path, 0) + experts_of[b]
-    expert_share = {b: experts_of[b] / per_layer[layer_path(bg.nodes[b]["block"].name)] if experts_of[b] else 0.0
-                    for b in order}
+    expert_share = {b: experts_of[b] / per_layer[expert_layer[b]] if experts_of[b] else 0.0 for b in order}
     tokens_in = {b: max((d.get("bytes", 0.0) for _, _, d in bg.in_edges(b, data=True)), default=0.0) for b in order}
     classes: dict[tuple, int] = {}
     cost_class = {b: classes.setdefault((tuple(getattr(bg.nodes[b]["block"], f) for f in COST_FIELDS), tokens_in[b],
