@@ -166,7 +166,7 @@ def _fake_solve(calls: list):
         schedule.name = "mip"
         value = metrics(schedule).makespan if objective == "makespan" else 24.0
         return SimpleNamespace(schedule=schedule, lower_bound=20.0, gap=0.1, solver=solver, solve_seconds=0.5,
-                               objective=objective, value=value, status="feasible")
+                               objective=objective, value=value, status="feasible", pairs_parted=0)
 
     return fake_solve
 
@@ -355,7 +355,8 @@ def test_auto_placement_row_names_the_winner_and_every_placement_tried(capsys, m
         schedule = Schedule(sg, microbatches, simulate(sg, order, microbatches), name="mip")
         value = metrics(schedule).makespan
         return SimpleNamespace(schedule=schedule, lower_bound=value - 1, gap=1 / value, solver=solver,
-                               solve_seconds=0.25, objective=objective, value=value, status="feasible")
+                               solve_seconds=0.25, objective=objective, value=value, status="feasible",
+                               pairs_parted=0)
 
     monkeypatch.setattr(lower, "solve", first_order_solve)
     rows = run_json(capsys, "--stages", "4", "--microbatches", "8", "--methods", "1f1b,dualpipe,dualpipev,mip")
