@@ -416,7 +416,7 @@ def solver_note(row: dict) -> str:
     Overlapped pairs the makespan did not need, run one job after the other:
 
     >>> solver_note({"lower_bound": 47, "gap": 0.01, "pairs_parted": 6})
-    '; lower bound 47, gap 1.0%, 6 pairs parted (no faster overlapped)'
+    '; lower bound 47, gap 1.0%, 6 pairs parted (they saved no time)'
     """
     if row.get("lower_bound") is None:
         return ""
@@ -429,7 +429,7 @@ def solver_note(row: dict) -> str:
     status = row.get("status")
     status_text = f", {status}" if status in (str(Status.TIME_LIMIT), str(Status.ERROR)) else ""
     parted = row.get("pairs_parted") or 0
-    parted_text = f", {parted} pairs parted (no faster overlapped)" if parted else ""
+    parted_text = f", {parted} pairs parted (they saved no time)" if parted else ""
     tried = row.get("placements_tried") or []
     bound_text = f"lower bound {_g(row['lower_bound'])}"
     if len(tried) > 1:  # the bound and gap hold for the winning placement; the least over all tried is separate

@@ -1,0 +1,168 @@
+"""A peer solver on the DualPipe grid: OR-Tools' CP-SAT on the same job set, to tell a weak search from a weak bound.
+
+Where `mip` stops above its lower bound, either a better schedule exists
+(the search is the weak side) or the bound is (no schedule reaches it).
+This script asks a different kind of solver, Google OR-Tools' CP-SAT, for a
+schedule of one DualPipe-grid case (``bench_dualpipe_grid.py``: 2D stages
+in the V, F:I:W, memory = DualPipeV's peak) with a makespan of at most
+``--horizon``, within ``--time-limit``:
+
+* the job set is opsched's own (:class:`opsched.lower.jobs.JobSet`: the
+  jobs, their durations, dependencies with transfer delays, and each job's
+  activation change); each device runs one job at a time; an F allocates its
+  activations at its start and a backward frees at its end, within the
+  device's activation budget (a reservoir per device); microbatches are
+  renamed to start the first stage in order, as the MIP does;
+* no overlapped pairs (gain 0 only), and no start from opsched;
+* the schedule it returns is turned into an order, re-timed by opsched's
+  simulator and validated with the memory limit: the makespan printed is
+  opsched's, not the peer's.
+
+"INFEASIBLE" proves that no schedule of the V at that memory ends by the
+horizon; "UNKNOWN" proves nothing. CP-SAT runs ``--workers`` threads and is
+not deterministic: this is a check, not a product path. OR-Tools is not a
+dependency of opsched; install it for this script with ``pip install
+ortools``.
+
+Usage::
+
+    python benchmarks/bench_cpsat_peer.py --devices 8 --microbatches 16 --ratio 1:1.5:0.5 --horizon 107.5 \\
+        [--time-limit 600] [--workers 2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from fractions import Fraction
+
+from opsched.cli import build_parser
+from opsched.commands.compare import resolve_limit, stage_graph_from_args
+from opsched.lower.bounds import lower_bound
+from opsched.lower.jobs import JobSet, activation_budgets
+from opsched.lower.timeindexed import starts_to_order, symmetric_forward_chains
+from opsched.placements import candidates
+from opsched.schedule import Schedule, simulate, validate
+
+RATIOS = {"1:1:1": (1.0, 1.0, 1.0), "1:1.5:0.5": (1.0, 1.5, 0.5), "2:2:1": (2.0, 2.0, 1.0)}
+
+
+def grid_case(devices: int, microbatches: int, ratio: str):
+    """(the V StageGraph, its memory limit = DualPipeV's peak) of one grid case without overlap gain."""
+    f, i, w = RATIOS[ratio]
+    argv = ["compare", "--devices", str(devices), "--stages", str(2 * devices), "--placement", "v",
+            "--microbatches", str(microbatches), "--f", f"{f:g}", "--b", f"{i + w:g}", "--w", f"{w:g}",
+            "--memory-limit", "dualpipev"]
+    args = build_parser().parse_args(argv)
+    sg, _ = stage_graph_from_args(args)
+    limit, _ = resolve_limit("dualpipev", sg, microbatches, args)
+    v = next(c.stage_graph for c in candidates(sg, microbatches, "v") if c.stage_graph is not None)
+    return v, limit
+
+
+def _unit(values: list[float]) -> Fraction:
+    """The largest time unit every value is a whole multiple of (times here are multiples of 1/1000 at most)."""
+    fractions = [Fraction(v).limit_denominator(1000) for v in values if v]
+    denominator = 1
+    for x in fractions:
+        denominator = denominator * x.denominator // _gcd(denominator, x.denominator)
+    return Fraction(1, denominator)
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
+
+
+def peer_schedule(js: JobSet, budgets: dict[int, float], horizon: float, time_limit: float, workers: int):
+    """(CP-SAT's status name, its start times in StageGraph units or None, seconds)."""
+    from ortools.sat.python import cp_model
+
+    unit = _unit(js.duration + [d for ps in js.preds for _, d in ps] + [horizon])
+    scale = int(1 / unit)
+
+    def ticks(x: float) -> int:
+        return int(round(x * scale))
+
+    model = cp_model.CpModel()
+    last = ticks(horizon)
+    start, interval = [], []
+    for k in range(len(js)):
+        p = ticks(js.duration[k])
+        s = model.new_int_var(ticks(js.head[k]), last - p - ticks(js.tail[k]), f"s{k}")
+        start.append(s)
+        interval.append(model.new_fixed_size_interval_var(s, p, f"job{k}"))
+    for k in range(len(js)):  # dependencies with their transfer delays
+        for i, delay in js.preds[k]:
+            model.add(start[k] >= start[i] + ticks(js.duration[i]) + ticks(delay))
+    for d, ks in js.on_device.items():  # one job at a time; activations within the budget
+        model.add_no_overlap([interval[k] for k in ks])
+        times, changes = [], []
+        for k in ks:
+            change = int(round(js.mem[k] * 1000))
+            if change > 0:
+                times.append(start[k])  # an F allocates at its start
+            elif change < 0:
+                times.append(start[k] + ticks(js.duration[k]))  # a backward frees at its end
+            else:
+                continue
+            changes.append(change)
+        model.add_reservoir_constraint(times, changes, 0, int(round(budgets[d] * 1000)))
+    for chain in symmetric_forward_chains(js):  # interchangeable microbatches start the first stage in order
+        for a, b in zip(chain, chain[1:]):
+            model.add(start[a] <= start[b])
+    # every job ends by the horizon (its start domain above); no objective: a search for any such schedule found
+    # one where minimising the makespan found none in the same time
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit
+    solver.parameters.num_workers = workers
+    t0 = time.monotonic()
+    status = solver.solve(model)
+    seconds = time.monotonic() - t0
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return solver.status_name(status), {k: solver.value(start[k]) / scale for k in range(len(js))}, seconds
+    return solver.status_name(status), None, seconds
+
+
+def main_(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, required=True)
+    parser.add_argument("--microbatches", type=int, required=True)
+    parser.add_argument("--ratio", choices=sorted(RATIOS), required=True)
+    parser.add_argument("--horizon", type=float, required=True, help="the makespan asked for (at most)")
+    parser.add_argument("--time-limit", type=float, default=600.0)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--json", metavar="FILE")
+    args = parser.parse_args(argv)
+    try:
+        import ortools  # noqa: F401
+    except ImportError:
+        print("bench_cpsat_peer: OR-Tools is not installed; install it with: pip install ortools", file=sys.stderr)
+        return 2
+    sg, limit = grid_case(args.devices, args.microbatches, args.ratio)
+    js = JobSet(sg, args.microbatches)
+    budgets = activation_budgets(sg, limit)
+    bound = lower_bound(js, budgets)
+    status, starts, seconds = peer_schedule(js, budgets, args.horizon, args.time_limit, args.workers)
+    row = {"devices": args.devices, "microbatches": args.microbatches, "ratio": args.ratio, "horizon": args.horizon,
+           "memory_limit": limit, "opsched_bound": bound, "peer_status": status, "seconds": round(seconds, 1),
+           "makespan": None}
+    if starts is not None:
+        # start times become an order; opsched's simulator times it and its validator checks it
+        order = starts_to_order(js, starts)
+        schedule = Schedule(sg, args.microbatches, simulate(sg, order, args.microbatches), memory_limit=limit,
+                            name="cp-sat")
+        validate(schedule)
+        row["makespan"] = max(e.end for e in schedule.events)
+    print(json.dumps(row))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(row, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main_())
