@@ -11,6 +11,7 @@ counts, and leaves no pair that could be parted on its own.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_pairs_mip import overlap_instances
@@ -93,15 +94,27 @@ def check_parting(js: JobSet, budgets, order, slack: float) -> None:
                     assert longer > limit + TOL * max(1.0, limit), (d, str(a), sequence, longer, limit)
 
 
-@settings(max_examples=120, derandomize=True, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(overlap_instances(), st.sampled_from([0.0, 0.5, 2.0]))
-def test_parting_keeps_the_makespan_and_memory_and_leaves_no_pair_it_could_part(inst, slack):
+def check_instance(inst, slack: float) -> None:
     budgets = activation_budgets(inst.sg, inst.limit)
     for split in (True, False):
         js = JobSet(inst.sg, inst.microbatches, split)
         for order in paired_orders(js, budgets):
             check_parting(js, budgets, order, slack)
+
+
+@settings(max_examples=60, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(overlap_instances(), st.sampled_from([0.0, 0.5, 2.0]))
+def test_parting_keeps_the_makespan_and_memory_and_leaves_no_pair_it_could_part(inst, slack):
+    check_instance(inst, slack)
+
+
+@pytest.mark.slow
+@settings(max_examples=400, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(overlap_instances(), st.sampled_from([0.0, 0.5, 2.0]))
+def test_parting_holds_on_400_more_instances(inst, slack):
+    check_instance(inst, slack)
 
 
 def test_a_pair_where_the_device_waits_anyway_is_parted():
