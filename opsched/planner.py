@@ -149,6 +149,8 @@ class LowerOutcome:
     solver: str
     solve_seconds: float
     status: Status
+    #: overlapped pairs the search made that the makespan did not need, run one job after the other
+    pairs_parted: int = 0
 
     @property
     def proven(self) -> bool:
@@ -157,7 +159,7 @@ class LowerOutcome:
     def as_metrics(self) -> dict:
         """The fields plan.json's ``metrics`` carries."""
         return {"lower_bound": self.lower_bound, "gap": self.gap, "solver": self.solver,
-                "solve_seconds": self.solve_seconds, "lower_status": self.status}
+                "solve_seconds": self.solve_seconds, "lower_status": self.status, "pairs_parted": self.pairs_parted}
 
 
 @dataclass
@@ -690,7 +692,8 @@ def lower_schedule(
     with _quiet("opsched.lower"):
         result = solve(sg, microbatches, memory_limit=memory_limit, time_limit=time_limit, solver=solver,
                        warm_orders=warm_orders, **kwargs)
-    outcome = LowerOutcome(result.lower_bound, result.gap, result.solver, result.solve_seconds, result.status)
+    outcome = LowerOutcome(result.lower_bound, result.gap, result.solver, result.solve_seconds, result.status,
+                           result.pairs_parted)
     return result.schedule, outcome
 
 

@@ -198,9 +198,10 @@ def test_a_mip_plan_with_solver_figures_follows_the_schema(tmp_path):
 
     result = solve(chain_stage_graph(2, f=1, b=2, w=1, overlap_gain=0.5), 4, allow_pairs=True, time_limit=5)
     figures = {"lower_bound": result.lower_bound, "gap": result.gap, "solver": result.solver,
-               "solve_seconds": result.solve_seconds}
+               "solve_seconds": result.solve_seconds, "pairs_parted": result.pairs_parted}
     doc = write_plan(tmp_path / "mip.json", result.schedule, extra={"method": "mip", "metrics": figures})
     assert schema_errors(doc) == []
+    assert schema_errors({**doc, "metrics": {**doc["metrics"], "pairs_parted": -1}}) != []
     assert any("pair" in e for e in doc["schedule"]["events"])  # the overlap gain makes pairs worth it
 
 
