@@ -10,13 +10,14 @@ after the other instead, whenever that keeps the makespan.
 
 The rule is the critical-path method on the order's own graph: the actions
 with the device order and the dependencies (with transfers) as edges, each
-action's earliest start from the simulator, its latest start from one
-backward sweep. One sweep in reverse topological order decides every pair:
-when the sweep reaches a pair, the latest starts after it already count every
-pair parted downstream, and its earliest start depends only on actions not
-yet reached, none of them changed. So a pair is parted exactly when its two
-jobs in sequence still end by their latest ends, and the parted order keeps
-the makespan (the final simulation checks it).
+action's earliest start from the simulator, its latest start from a
+backward sweep. A sweep in reverse topological order decides every pair:
+when it reaches a pair, the latest starts after it already count every pair
+parted downstream, and its earliest start depends only on actions not yet
+reached, none of them changed. So a pair is parted exactly when its two jobs
+in sequence still end by their latest ends, and the parted order keeps the
+makespan (the simulation after each sweep checks it). A parted pair's first
+job may end before the pair did, so sweeps repeat until one parts nothing.
 
 >>> from opsched.schedule import Job, Pair, chain_stage_graph, simulate
 >>> from opsched.lower.jobs import JobSet
