@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from fractions import Fraction
@@ -64,17 +65,7 @@ def grid_case(devices: int, microbatches: int, ratio: str):
 
 def _unit(values: list[float]) -> Fraction:
     """The largest time unit every value is a whole multiple of (times here are multiples of 1/1000 at most)."""
-    fractions = [Fraction(v).limit_denominator(1000) for v in values if v]
-    denominator = 1
-    for x in fractions:
-        denominator = denominator * x.denominator // _gcd(denominator, x.denominator)
-    return Fraction(1, denominator)
-
-
-def _gcd(a: int, b: int) -> int:
-    while b:
-        a, b = b, a % b
-    return a
+    return Fraction(1, math.lcm(1, *(Fraction(v).limit_denominator(1000).denominator for v in values if v)))
 
 
 def peer_schedule(js: JobSet, budgets: dict[int, float], horizon: float, time_limit: float, workers: int):
