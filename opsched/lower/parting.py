@@ -38,10 +38,13 @@ from __future__ import annotations
 
 import graphlib
 from dataclasses import dataclass
-from typing import Hashable, Sequence
+from typing import Sequence
 
 from opsched.lower.jobs import EPS, JobSet
-from opsched.schedule import Action, Event, Job, Order, Pair, jobs_of, simulate
+from opsched.schedule import Event, Job, Order, jobs_of, simulate
+
+#: a node of the order's graph: the jobs of one action (two for an overlapped pair, first as in the pair)
+Node = tuple[Job, ...]
 
 
 @dataclass(frozen=True)
@@ -85,27 +88,25 @@ def part_pairs(js: JobSet, order: Order, makespan: float | None = None,
         count += len(parted)
 
 
-def _sweep(js: JobSet, order: Order, events: list[Event], limit: float) -> dict[tuple[Job, ...], tuple[Job, Job]]:
+def _sweep(js: JobSet, order: Order, events: list[Event], limit: float) -> dict[Node, tuple[Job, Job]]:
     """One backward sweep over ``order``'s graph: the pairs it parts (by their jobs), each as its new sequence."""
     start = {e.job: e.start for e in events}
     end = {e.job: e.end for e in events}
 
     # the order's graph: one node per action (a stage on a group is one action on each of its devices)
-    node_of: dict[Job, Hashable] = {}
-    action: dict[Hashable, Action] = {}
-    next_on_device: dict[Hashable, set] = {}
+    node_of: dict[Job, Node] = {}
+    next_on_device: dict[Node, set[Node]] = {}
     for acts in order.values():
         previous = None
         for a in acts:
             key = jobs_of(a)
-            action[key] = a
             next_on_device.setdefault(key, set())
             for j in key:
                 node_of[j] = key
             if previous is not None:
                 next_on_device[previous].add(key)
             previous = key
-    preds: dict[Hashable, set] = {key: set() for key in action}
+    preds: dict[Node, set[Node]] = {key: set() for key in next_on_device}
     for key, nexts in next_on_device.items():
         for n in nexts:
             preds[n].add(key)
@@ -115,8 +116,8 @@ def _sweep(js: JobSet, order: Order, events: list[Event], limit: float) -> dict[
                 preds[node_of[js.jobs[s]]].add(key)
 
     latest_start: dict[Job, float] = {}  # of each job, once the sweep has passed it
-    first_latest: dict[Hashable, float] = {}  # of each action's first job (what the device's previous action sees)
-    parted: dict[tuple[Job, ...], tuple[Job, Job]] = {}
+    first_latest: dict[Node, float] = {}  # of each action's first job (what the device's previous action sees)
+    parted: dict[Node, tuple[Job, Job]] = {}
 
     def latest_end(job: Job) -> float:
         """The latest ``job`` may end for its dependents (transfers included) to start by their latest starts."""
@@ -127,9 +128,8 @@ def _sweep(js: JobSet, order: Order, events: list[Event], limit: float) -> dict[
 
     for key in reversed(list(graphlib.TopologicalSorter(preds).static_order())):
         device_end = min([limit] + [first_latest[n] for n in next_on_device[key]])
-        a = action[key]
-        if isinstance(a, Pair):
-            sequence = _parting(a, start[a.first], device_end, latest_end, js)
+        if len(key) == 2:  # an overlapped pair
+            sequence = _parting(js, key, start[key[0]], device_end, latest_end)
             if sequence is not None:
                 first, second = sequence
                 parted[key] = sequence
@@ -148,10 +148,10 @@ def _duration(js: JobSet, job: Job) -> float:
     return js.duration[js.index[job]]
 
 
-def _parting(pair: Pair, start: float, device_end: float, latest_end, js: JobSet) -> tuple[Job, Job] | None:
-    """The sequence (backward first, else F first) that runs ``pair``'s jobs one after the other from ``start``
-    and still ends each by its latest end, or None when neither does."""
-    forward, backward = (pair.first, pair.second) if pair.first.pass_ == "F" else (pair.second, pair.first)
+def _parting(js: JobSet, pair: Node, start: float, device_end: float, latest_end) -> tuple[Job, Job] | None:
+    """The sequence (backward first, else F first) that runs ``pair``'s two jobs one after the other from
+    ``start`` and still ends each by its latest end, or None when neither does."""
+    forward, backward = pair if pair[0].pass_ == "F" else pair[::-1]
     tol = EPS * max(1.0, abs(device_end))
     for first, second in ((backward, forward), (forward, backward)):
         first_end = start + _duration(js, first)
