@@ -39,6 +39,8 @@ import sys
 import time
 from fractions import Fraction
 
+from bench_dualpipe_grid import RATIOS, case_argv  # the grid's cases have one home
+
 from opsched.cli import build_parser
 from opsched.commands.compare import resolve_limit, stage_graph_from_args
 from opsched.lower.bounds import lower_bound
@@ -47,16 +49,10 @@ from opsched.lower.timeindexed import starts_to_order, symmetric_forward_chains
 from opsched.placements import candidates
 from opsched.schedule import Schedule, simulate, validate
 
-RATIOS = {"1:1:1": (1.0, 1.0, 1.0), "1:1.5:0.5": (1.0, 1.5, 0.5), "2:2:1": (2.0, 2.0, 1.0)}
-
 
 def grid_case(devices: int, microbatches: int, ratio: str):
     """(the V StageGraph, its memory limit = DualPipeV's peak) of one grid case without overlap gain."""
-    f, i, w = RATIOS[ratio]
-    argv = ["compare", "--devices", str(devices), "--stages", str(2 * devices), "--placement", "v",
-            "--microbatches", str(microbatches), "--f", f"{f:g}", "--b", f"{i + w:g}", "--w", f"{w:g}",
-            "--memory-limit", "dualpipev"]
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(case_argv(devices, microbatches, ratio, 0.0, placement="v"))
     sg, _ = stage_graph_from_args(args)
     limit, _ = resolve_limit("dualpipev", sg, microbatches, args)
     v = next(c.stage_graph for c in candidates(sg, microbatches, "v") if c.stage_graph is not None)

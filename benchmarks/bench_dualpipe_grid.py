@@ -45,12 +45,17 @@ RATIOS = {"1:1:1": (1.0, 1.0, 1.0), "1:1.5:0.5": (1.0, 1.5, 0.5), "2:2:1": (2.0,
 GAINS = (0.0, 0.5, 1.0)
 
 
+def case_argv(d: int, m: int, ratio: str, gain: float, placement: str = "auto") -> list[str]:
+    """The ``opsched compare`` arguments of one case: its pipeline, placement and memory (no method options)."""
+    f, i, w = RATIOS[ratio]
+    return ["compare", "--devices", str(d), "--stages", str(2 * d), "--placement", placement, "--microbatches", str(m),
+            "--f", f"{f:g}", "--b", f"{i + w:g}", "--w", f"{w:g}", "--overlap-gain", f"{gain:g}",
+            "--memory-limit", "dualpipev"]
+
+
 def run_case(d: int, m: int, ratio: str, gain: float, time_limit: float) -> dict:
     """The compare rows of one case, by method, with the wall-clock seconds of the command."""
-    f, i, w = RATIOS[ratio]
-    argv = ["compare", "--devices", str(d), "--stages", str(2 * d), "--placement", "auto", "--microbatches", str(m),
-            "--f", f"{f:g}", "--b", f"{i + w:g}", "--w", f"{w:g}", "--overlap-gain", f"{gain:g}",
-            "--memory-limit", "dualpipev", "--time-limit", f"{time_limit:g}", "--json", "--quiet"]
+    argv = case_argv(d, m, ratio, gain) + ["--time-limit", f"{time_limit:g}", "--json", "--quiet"]
     out = io.StringIO()
     t0 = time.monotonic()
     with contextlib.redirect_stdout(out):
