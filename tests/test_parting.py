@@ -21,15 +21,16 @@ from opsched.errors import OpschedError
 from opsched.lower import solve
 from opsched.lower.jobs import JobSet, activation_budgets, order_fits, order_peak_activation
 from opsched.lower.listsched import default_variants, list_schedule
+from opsched.lower.lns import evaluate
 from opsched.lower.parting import part_pairs
-from opsched.lower.solve import split_fused_backward
-from opsched.schedule import Job, Pair, Schedule, chain_stage_graph, simulate, validate
+from opsched.lower.solve import _same_jobs, split_fused_backward
+from opsched.schedule import Job, Pair, Schedule, chain_stage_graph, validate
 
 TOL = 1e-9
 
 
 def makespan(js: JobSet, order) -> float:
-    return max(e.end for e in simulate(js.sg, {d: list(a) for d, a in order.items()}, js.microbatches))
+    return evaluate(js, order).makespan
 
 
 def pairs_in(order) -> int:
@@ -52,14 +53,9 @@ def paired_orders(js: JobSet, budgets) -> list[dict]:
             makespan(js, order)
         except OpschedError:  # a baseline that does not run on this graph
             continue
-        if all(order.get(d) is not None for d in js.on_device) and _runs_every_job(js, order):
+        if _same_jobs(js, order):  # the solve's own rule for a start: exactly the job set, on every device
             out.append(order)
     return out
-
-
-def _runs_every_job(js: JobSet, order) -> bool:
-    jobs = {j for acts in order.values() for a in acts for j in ((a.first, a.second) if isinstance(a, Pair) else (a,))}
-    return jobs == set(js.index)
 
 
 def alone(order, device_pair: tuple[int, int], sequence: tuple[Job, Job]) -> dict:
