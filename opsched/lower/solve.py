@@ -38,6 +38,7 @@ from opsched.lower.bounds import lower_bound as combinatorial_bound
 from opsched.lower.bounds import own_orders_hold_every_schedule, span_lower_bound
 from opsched.lower.jobs import JobSet, activation_budgets, check_memory_limit, order_fits
 from opsched.lower.listsched import Variant, default_variants, list_schedule
+from opsched.lower.pairing import pair_up
 from opsched.lower.parting import part_pairs
 from opsched.lower.lns import (
     Incumbent,
@@ -585,6 +586,7 @@ def _best_start(run: _Search, allow_pairs: bool, warm_orders: dict[str, Order] |
     """
     js, budgets = run.js, run.budgets
     best: tuple[str, Order, Incumbent] | None = None
+    best_unpaired: tuple[str, Order, Incumbent] | None = None  # what pair_up starts from
     for name, made in _start_pool(js, budgets, allow_pairs, warm_orders):
         if best is not None and time.monotonic() > run.deadline:
             run.timed_out = True
@@ -600,9 +602,30 @@ def _best_start(run: _Search, allow_pairs: bool, warm_orders: dict[str, Order] |
             best = (name, order, inc)
             run.start = name
             run.improved(order, inc.value)
+        if not _has_pairs(order) and (best_unpaired is None or better(inc, best_unpaired[2])):
+            best_unpaired = (name, order, inc)
         run.send()
     assert best is not None, "the list scheduler always gives an order"
+    if best_unpaired is not None and _pairs_searched(js, allow_pairs) and run.objective == Objective.MAKESPAN:
+        best = _paired_up(run, best, best_unpaired)
     return best[0], best[1], best[2].value
+
+
+def _paired_up(run: _Search, best: tuple[str, Order, Incumbent], unpaired: tuple[str, Order, Incumbent]):
+    """One more start: the best start without pairs with pairs merged on its critical path (:func:`pair_up`),
+    given at most half the time left; ``best`` or it, whichever is better."""
+    now = time.monotonic()
+    paired = pair_up(run.js, unpaired[1], run.budgets, deadline=now + 0.5 * max(0.0, run.deadline - now))
+    run.timed_out = run.timed_out or paired.cut
+    inc = evaluate(run.js, paired.order, run.objective)
+    name = f"{unpaired[0]} paired up ({paired.merges} pairs)"
+    run.tried.append((name, inc.value))
+    if better(inc, best[2]):
+        best = (name, paired.order, inc)
+        run.start = name
+        run.improved(paired.order, inc.value)
+    run.send()
+    return best
 
 
 def _first_start(js: JobSet, budgets, allow_pairs: bool, warm_orders: dict[str, Order] | None) -> tuple[str, Order]:

@@ -1,0 +1,145 @@
+"""Pairing up the critical path: overlapped F&B pairs added one at a time where they shorten the step.
+
+The neighbourhood search forms pairs only inside its small windows, and the
+list scheduler pairs whenever an F and a backward are at hand, so its
+paired orders carry many pairs the makespan does not need. :func:`pair_up`
+works the other way round, from an order without pairs (Zero Bubble's V, a
+list-scheduler order): it merges two adjacent actions of a device, an F and
+a backward that may overlap (:meth:`opsched.lower.jobs.JobSet.may_pair`),
+into one :class:`~opsched.schedule.Pair`, only next to the critical path,
+and keeps the merge that shortens the schedule most (the makespan, then the
+sum of job ends, as the neighbourhood search accepts); it stops when no
+merge helps or its budget of simulations is spent. The result has a short
+makespan and few pairs, which the solve's parting step
+(:mod:`opsched.lower.parting`) thins further.
+
+Each candidate is timed by the simulator and kept only when it fits the
+memory budgets (a pair allocates its F before its backward frees,
+:func:`opsched.lower.jobs.order_peak_activation`).
+
+>>> from opsched.schedule import Job as J, chain_stage_graph
+>>> from opsched.lower.jobs import JobSet
+>>> js = JobSet(chain_stage_graph(2, f=1, b=2, w=1, overlap_gain=1.0), 3)
+>>> order = {0: [J(0, 0, "F"), J(0, 1, "F"), J(0, 2, "F"), J(0, 0, "I"), J(0, 0, "W"), J(0, 1, "I"), J(0, 1, "W"),
+...              J(0, 2, "I"), J(0, 2, "W")],
+...          1: [J(1, 0, "F"), J(1, 0, "I"), J(1, 1, "F"), J(1, 1, "I"), J(1, 0, "W"), J(1, 2, "F"), J(1, 2, "I"),
+...              J(1, 1, "W"), J(1, 2, "W")]}
+>>> evaluate(js, order).makespan
+10.0
+>>> paired = pair_up(js, order, None)  # the last stage's F of microbatch 1 hides inside the I of microbatch 0
+>>> paired.makespan, paired.merges, str(paired.order[1][1])
+(9.0, 1, '(1F1;1I0)OVERLAP_F_B')
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Mapping
+
+from opsched.lower.jobs import EPS, JobSet, order_fits
+from opsched.lower.lns import Incumbent, better, evaluate
+from opsched.errors import Deadlock
+from opsched.schedule import Event, Job, Order, Pair, jobs_of, simulate
+
+#: simulations one :func:`pair_up` may run (a deterministic budget): a D=8, M=16 V takes 400-800 before no merge
+#: helps, about 15 ms each on the 2 cores
+PAIR_UP_SIMULATIONS = 1000
+
+
+@dataclass(frozen=True)
+class PairedUp:
+    """What :func:`pair_up` gives: the order, its makespan, the pairs it merged and whether a clock cut it."""
+
+    order: Order
+    makespan: float
+    merges: int
+    simulations: int
+    cut: bool
+
+
+def pair_up(js: JobSet, order: Order, budgets: Mapping[int, float] | None,
+            max_simulations: int = PAIR_UP_SIMULATIONS, deadline: float | None = None) -> PairedUp:
+    """``order`` with pairs merged on its critical path while a merge shortens it (see the module's docstring).
+
+    ``budgets``: activation budget per device (``None``: no limit).
+    ``max_simulations`` is the work budget; ``deadline`` (a
+    :func:`time.monotonic` instant) a clock cap, and ``cut`` says when it
+    stopped the work. Merges are tried in device order, then position; ties
+    keep the first, so the result is deterministic when the clock does not
+    cut it.
+    """
+    best = evaluate(js, order)
+    merges = simulations = 0
+    while simulations < max_simulations:
+        events = simulate(js.sg, {d: list(a) for d, a in best.order.items()}, js.microbatches)
+        critical = critical_path(js, best.order, events)
+        step: Incumbent | None = None
+        for candidate in _merges(js, best.order, critical):
+            if simulations >= max_simulations:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                return PairedUp(best.order, best.makespan, merges, simulations, True)
+            if not order_fits(js.sg, candidate, budgets):
+                continue
+            simulations += 1
+            try:
+                timed = evaluate(js, candidate)
+            except Deadlock:  # cannot happen for adjacent actions; the simulator has the last word
+                continue
+            if better(timed, step or best):
+                step = timed
+        if step is None:
+            break
+        best, merges = step, merges + 1
+    return PairedUp(best.order, best.makespan, merges, simulations, False)
+
+
+def critical_path(js: JobSet, order: Order, events: list[Event]) -> set[Job]:
+    """The jobs of one critical path of ``order`` as timed in ``events``: from the job that ends last, back
+    through the action that made each start when it did (the device's previous action, else a dependency
+    with its transfer), to a job that starts at its earliest."""
+    start = {e.job: e.start for e in events}
+    end = {e.job: e.end for e in events}
+    previous: dict[Job, list[Job]] = {}  # a job -> the last job of the previous action on each of its devices
+    for acts in order.values():
+        for before, action in zip(acts, acts[1:]):
+            for job in jobs_of(action):
+                previous.setdefault(job, []).append(jobs_of(before)[0])
+    job = max(end, key=lambda j: (end[j], str(j)))
+    path = set()
+    while job is not None and job not in path:
+        path.add(job)
+        tol = EPS * max(1.0, abs(start[job]))
+        made = [p for p in previous.get(job, []) if abs(end[p] - start[job]) <= tol]
+        made += [js.jobs[i] for i, delay in js.preds[js.index[job]] if abs(end[js.jobs[i]] + delay - start[job]) <= tol]
+        job = made[0] if made else None
+    return path
+
+
+def _merges(js: JobSet, order: Order, critical: set[Job]):
+    """Every order with two adjacent actions merged into a pair, an F and a backward that may overlap, at
+    least one of them on the critical path; the pair runs where they ran on every device of their stages."""
+    seen: set[tuple[Job, Job]] = set()
+    for d in sorted(order):
+        acts = order[d]
+        for a, b in zip(acts, acts[1:]):
+            if isinstance(a, Pair) or isinstance(b, Pair) or (a, b) in seen:
+                continue
+            if not (a in critical or b in critical) or not js.may_pair(js.index[a], js.index[b]):
+                continue
+            seen.add((a, b))
+            devices = js.devices[js.index[a]]
+            if not all(_adjacent(order.get(e, []), a, b) for e in devices):
+                continue
+            pair = Pair(a, b) if a.pass_ == "F" else Pair(b, a)
+            yield {e: (_merged(acts_e, a, b, pair) if e in devices else acts_e) for e, acts_e in order.items()}
+
+
+def _adjacent(acts: list, a: Job, b: Job) -> bool:
+    return any(x == a and y == b for x, y in zip(acts, acts[1:]))
+
+
+def _merged(acts: list, a: Job, b: Job, pair: Pair) -> list:
+    i = next(k for k, (x, y) in enumerate(zip(acts, acts[1:])) if x == a and y == b)
+    return acts[:i] + [pair] + acts[i + 2:]
