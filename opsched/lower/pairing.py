@@ -7,9 +7,9 @@ works the other way round, from an order without pairs (Zero Bubble's V, a
 list-scheduler order): it merges two adjacent actions of a device, an F and
 a backward that may overlap (:meth:`opsched.lower.jobs.JobSet.may_pair`),
 into one :class:`~opsched.schedule.Pair`, only next to the critical path,
-and keeps the merge that shortens the schedule most (the makespan, then the
-sum of job ends, as the neighbourhood search accepts); it stops when no
-merge helps or its budget of simulations is spent. The result has a short
+and keeps the first merge that shortens the schedule (a lower makespan, or
+the same and a lower sum of job ends, as the neighbourhood search accepts);
+it stops when no merge helps or its budget of simulations is spent. The result has a short
 makespan and few pairs, which the solve's parting step
 (:mod:`opsched.lower.parting`) thins further.
 
@@ -19,6 +19,7 @@ memory budgets (a pair allocates its F before its backward frees,
 
 >>> from opsched.schedule import Job as J, chain_stage_graph
 >>> from opsched.lower.jobs import JobSet
+>>> from opsched.lower.lns import evaluate
 >>> js = JobSet(chain_stage_graph(2, f=1, b=2, w=1, overlap_gain=1.0), 3)
 >>> order = {0: [J(0, 0, "F"), J(0, 1, "F"), J(0, 2, "F"), J(0, 0, "I"), J(0, 0, "W"), J(0, 1, "I"), J(0, 1, "W"),
 ...              J(0, 2, "I"), J(0, 2, "W")],
@@ -38,12 +39,12 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from opsched.lower.jobs import EPS, JobSet, order_fits
-from opsched.lower.lns import Incumbent, better, evaluate
+from opsched.lower.lns import Incumbent, better
 from opsched.errors import Deadlock
-from opsched.schedule import Event, Job, Order, Pair, jobs_of, simulate
+from opsched.schedule import Event, Job, Order, Pair, jobs_of, pair_duration, simulate
 
-#: simulations one :func:`pair_up` may run (a deterministic budget): a D=8, M=16 V takes 400-800 before no merge
-#: helps, about 15 ms each on the 2 cores
+#: simulations one :func:`pair_up` may run (a deterministic budget); on the DualPipe grid's V it needs one per merge:
+#: 29-50 at D=8, M=16 (about 20 ms each on the 2 cores), 166 at D=16, M=32 (about 100 ms each)
 PAIR_UP_SIMULATIONS = 1000
 
 
@@ -65,42 +66,65 @@ def pair_up(js: JobSet, order: Order, budgets: Mapping[int, float] | None,
     ``budgets``: activation budget per device (``None``: no limit).
     ``max_simulations`` is the work budget; ``deadline`` (a
     :func:`time.monotonic` instant) a clock cap, and ``cut`` says when it
-    stopped the work. Merges are tried in device order, then position; ties
-    keep the first, so the result is deterministic when the clock does not
-    cut it.
+    stopped the work. Merges are tried in device order, then position, so
+    the result is deterministic when the clock does not cut it.
     """
-    best = evaluate(js, order)
+    events = simulate(js.sg, _lists(order), js.microbatches)
+    best = _timed(order, events)
     merges = simulations = 0
-    while simulations < max_simulations:
-        events = simulate(js.sg, {d: list(a) for d, a in best.order.items()}, js.microbatches)
-        critical = critical_path(js, best.order, events)
-        step: Incumbent | None = None
-        for candidate in _merges(js, best.order, critical):
+    improved = True
+    while improved and simulations < max_simulations:
+        improved = False
+        for candidate, devices in _merges(js, best.order, *_times(events)):
             if simulations >= max_simulations:
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 return PairedUp(best.order, best.makespan, merges, simulations, True)
-            if not order_fits(js.sg, candidate, budgets):
+            # only the devices of the merge changed: only their memory is checked again
+            if budgets is not None and not order_fits(js.sg, {e: candidate[e] for e in devices},
+                                                      {e: budgets[e] for e in devices if e in budgets}):
                 continue
             simulations += 1
             try:
-                timed = evaluate(js, candidate)
-            except Deadlock:  # cannot happen for adjacent actions; the simulator has the last word
+                timed = simulate(js.sg, _lists(candidate), js.microbatches)
+            except Deadlock:  # the backward may wait, through the pipeline, for the F it was merged with
                 continue
-            if better(timed, step or best):
-                step = timed
-        if step is None:
-            break
-        best, merges = step, merges + 1
+            inc = _timed(candidate, timed)
+            # the first merge that shortens the order; the one that shortens it most gave the same results on
+            # the DualPipe grid, with 5 to 10 times the simulations
+            if better(inc, best):
+                best, events, merges, improved = inc, timed, merges + 1, True
+                break
     return PairedUp(best.order, best.makespan, merges, simulations, False)
+
+
+def _lists(order: Order) -> Order:
+    return {d: list(a) for d, a in order.items()}
+
+
+def _timed(order: Order, events: list[Event]) -> Incumbent:
+    """``order`` as the neighbourhood search's :class:`~opsched.lower.lns.Incumbent` (makespan objective)."""
+    makespan = max(e.end for e in events)
+    return Incumbent(order, makespan, makespan, sum(e.end for e in events))
 
 
 def critical_path(js: JobSet, order: Order, events: list[Event]) -> set[Job]:
     """The jobs of one critical path of ``order`` as timed in ``events``: from the job that ends last, back
     through the action that made each start when it did (the device's previous action, else a dependency
     with its transfer), to a job that starts at its earliest."""
-    start = {e.job: e.start for e in events}
-    end = {e.job: e.end for e in events}
+    return _critical_path(js, order, *_times(events))
+
+
+def _times(events: list[Event]) -> tuple[dict[Job, float], dict[Job, float]]:
+    """Start and end of every job."""
+    start, end = {}, {}
+    for e in events:
+        job = e.job
+        start[job], end[job] = e.start, e.end
+    return start, end
+
+
+def _critical_path(js: JobSet, order: Order, start: dict[Job, float], end: dict[Job, float]) -> set[Job]:
     previous: dict[Job, list[Job]] = {}  # a job -> the last job of the previous action on each of its devices
     for acts in order.values():
         for before, action in zip(acts, acts[1:]):
@@ -117,9 +141,16 @@ def critical_path(js: JobSet, order: Order, events: list[Event]) -> set[Job]:
     return path
 
 
-def _merges(js: JobSet, order: Order, critical: set[Job]):
+def _merges(js: JobSet, order: Order, start: dict[Job, float], end: dict[Job, float]):
     """Every order with two adjacent actions merged into a pair, an F and a backward that may overlap, at
-    least one of them on the critical path; the pair runs where they ran on every device of their stages."""
+    least one of them on the critical path, that could shorten ``order`` (its jobs' ``start`` and ``end``);
+    the pair runs where they ran on every device of their stages.
+
+    A merge of ``a`` then ``b`` starts the pair when ``a`` started or when ``b``'s dependencies allow,
+    whichever is later. Unless the pair then ends before ``b`` did, every job ends no earlier than before
+    (earliest starts only grow with the ends before them), so such a merge is not tried.
+    """
+    critical = _critical_path(js, order, start, end)
     seen: set[tuple[Job, Job]] = set()
     for d in sorted(order):
         acts = order[d]
@@ -130,10 +161,13 @@ def _merges(js: JobSet, order: Order, critical: set[Job]):
                 continue
             seen.add((a, b))
             devices = js.devices[js.index[a]]
-            if not all(_adjacent(order.get(e, []), a, b) for e in devices):
+            if not all(_adjacent(order.get(e, []), a, b) for e in devices if e != d):
                 continue
             pair = Pair(a, b) if a.pass_ == "F" else Pair(b, a)
-            yield {e: (_merged(acts_e, a, b, pair) if e in devices else acts_e) for e, acts_e in order.items()}
+            ready = max([start[a]] + [end[js.jobs[i]] + delay for i, delay in js.preds[js.index[b]]])
+            if ready + pair_duration(js.sg, pair) >= end[b] - EPS * max(1.0, end[b]):
+                continue
+            yield {e: (_merged(acts_e, a, b, pair) if e in devices else acts_e) for e, acts_e in order.items()}, devices
 
 
 def _adjacent(acts: list, a: Job, b: Job) -> bool:

@@ -1,0 +1,109 @@
+"""Pairing up the critical path (opsched.lower.pairing).
+
+The property test tries to break every claim of :func:`pair_up` on random
+graphs with a positive overlap gain (chains, V and bidirectional placements,
+DAGs, device groups, transfers, fused and split backwards), from every order
+without pairs that the list scheduler and the baselines give: the result
+never ends later than its start, never leaves the memory budgets, runs
+exactly the same jobs, validates, holds exactly the pairs it counts, and is
+the same when run again. The critical path it follows is checked too: it
+reaches back to a job that starts at 0, every step of it tight.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from test_pairs_mip import overlap_instances
+from test_parting import makespan, pairs_in
+
+from opsched.baselines import baseline_orders
+from opsched.errors import OpschedError
+from opsched.lower import solve
+from opsched.lower.jobs import JobSet, activation_budgets, order_fits
+from opsched.lower.listsched import default_variants, list_schedule
+from opsched.lower.pairing import critical_path, pair_up
+from opsched.lower.solve import _same_jobs, split_fused_backward
+from opsched.schedule import Pair, Schedule, chain_stage_graph, jobs_of, simulate, validate
+
+TOL = 1e-9
+
+
+def unpaired_orders(js: JobSet, budgets) -> list[dict]:
+    """Every distinct order without pairs that the list scheduler and the baselines give for ``js``."""
+    orders = [list_schedule(js, budgets, v) for v in default_variants(js, allow_pairs=False, budgets=budgets)]
+    for order in baseline_orders(js.sg, js.microbatches).values():
+        orders.append(split_fused_backward(order) if js.split_backward else order)
+    out, seen = [], set()
+    for order in orders:
+        key = tuple((d, tuple(acts)) for d, acts in sorted(order.items()))
+        if key in seen or any(isinstance(a, Pair) for acts in order.values() for a in acts):
+            continue
+        seen.add(key)
+        try:
+            makespan(js, order)
+        except OpschedError:  # a baseline that does not run on this graph
+            continue
+        if _same_jobs(js, order):
+            out.append(order)
+    return out
+
+
+def check_critical_path(js: JobSet, order) -> None:
+    events = simulate(js.sg, order, js.microbatches)
+    path = critical_path(js, order, events)
+    start = {e.job: e.start for e in events}
+    end = {e.job: e.end for e in events}
+    assert max(end[j] for j in path) == max(end.values())
+    assert min(start[j] for j in path) == 0.0  # nothing held the path's first job back
+
+
+def check_pair_up(js: JobSet, budgets, order) -> None:
+    before = makespan(js, order)
+    paired = pair_up(js, order, budgets, max_simulations=150)
+    after = makespan(js, paired.order)
+    assert after == paired.makespan
+    assert after <= before + TOL * max(1.0, before), (after, before)
+    assert paired.merges == pairs_in(paired.order)
+    assert _same_jobs(js, paired.order)
+    if order_fits(js.sg, order, budgets):
+        assert order_fits(js.sg, paired.order, budgets)
+    validate(Schedule(js.sg, js.microbatches, simulate(js.sg, paired.order, js.microbatches)))
+    assert not paired.cut
+    assert pair_up(js, order, budgets, max_simulations=150).order == paired.order  # deterministic
+
+
+@settings(max_examples=40, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(overlap_instances())
+def test_pair_up_never_lengthens_a_start_nor_leaves_its_memory(inst):
+    budgets = activation_budgets(inst.sg, inst.limit)
+    for split in (True, False):
+        js = JobSet(inst.sg, inst.microbatches, split)
+        for order in unpaired_orders(js, budgets):
+            check_critical_path(js, order)
+            check_pair_up(js, budgets, order)
+
+
+def test_pair_up_shortens_zero_bubble_v_with_few_pairs():
+    # issue 11's DualPipe grid, D = 4, M = 8, F:I:W 2:2:1, gain 0.5, V placement at DualPipeV's memory
+    sg = chain_stage_graph(8, f=2, b=3, w=1, devices=4, placement="v", overlap_gain=0.5)
+    js = JobSet(sg, 8)
+    budgets = activation_budgets(sg, 9)
+    zbv = split_fused_backward(baseline_orders(sg, 8)["zb-v"])
+    paired = pair_up(js, zbv, budgets)
+    assert paired.makespan < makespan(js, zbv)
+    assert 0 < paired.merges < sum(1 for acts in zbv.values() for a in acts if a.pass_ == "F")
+    assert order_fits(sg, paired.order, budgets)
+    check_critical_path(js, paired.order)
+
+
+@pytest.mark.slow
+def test_solve_starts_from_the_paired_up_order_when_it_is_best():
+    # D = 8, M = 16, 2:2:1, gain 0.5: ZB-V paired up (165) beats DualPipeV's order (166) and every list order
+    sg = chain_stage_graph(16, f=2, b=3, w=1, devices=8, placement="v", overlap_gain=0.5)
+    r = solve(sg, 16, memory_limit=17, time_limit=60, search_budget=0, warm_orders=baseline_orders(sg, 16))
+    validate(r.schedule)
+    assert r.warm_start.startswith("zb-v paired up"), r.warm_start
+    assert r.makespan <= r.candidates["dualpipev"] - 1
+    assert all(len(jobs_of(a)) in (1, 2) for acts in r.order.values() for a in acts)
