@@ -71,13 +71,13 @@ def test_solve_with_pairs_holds_on_120_more_instances(inst):
 
 
 def test_search_improves_a_paired_start():
-    """The neighbourhood search re-times and re-pairs a list order with pairs (41 -> 37 at this size)."""
+    """The neighbourhood search re-times and re-pairs a start with pairs (ZB-V paired up: 38 -> 36 at this size)."""
     sg = chain_stage_graph(4, f=2, b=3, w=1, devices=2, placement="v", overlap_gain=1.0)
     limit = minimum_memory_limit(sg, 4) + 2
     r = solve(sg, 4, memory_limit=limit, time_limit=60, search_budget=10, warm_orders=baseline_orders(sg, 4))
     validate(r.schedule)
     start = r.candidates[r.warm_start]
-    assert r.warm_start.endswith("-pairs") and r.makespan < start
+    assert (r.warm_start.endswith("-pairs") or "paired up" in r.warm_start) and r.makespan < start
     assert any(e.pair is not None for e in r.schedule.events)
 
 
