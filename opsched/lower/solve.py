@@ -360,7 +360,23 @@ def _search(
             _solve_whole_mip(run)
     if not run.searched_out():
         _neighbourhood_search(run, search_budget)
+    if run.pairs and run.objective == Objective.MAKESPAN and not run.searched_out():
+        _pair_up_the_best(run)
     return run.news(done=True)
+
+
+def _pair_up_the_best(run: _Search) -> None:
+    """The end of phase 5: pairs merged on the best order's critical path (:func:`pair_up`) while time is left."""
+    if time.monotonic() >= run.deadline:
+        return
+    paired = pair_up(run.js, run.best.order, run.budgets, deadline=run.deadline)
+    run.timed_out = run.timed_out or paired.cut
+    if paired.merges:
+        inc = evaluate(run.js, paired.order, run.objective)
+        if better(inc, run.best):
+            run.best = inc
+            run.improved(inc.order, inc.value)
+            run.send(f"{paired.merges} pairs merged on the critical path")
 
 
 def _pairs_searched(js: JobSet, allow_pairs: bool) -> bool:
@@ -606,24 +622,27 @@ def _best_start(run: _Search, allow_pairs: bool, warm_orders: dict[str, Order] |
             best_unpaired = (name, order, inc)
         run.send()
     assert best is not None, "the list scheduler always gives an order"
-    if best_unpaired is not None and _pairs_searched(js, allow_pairs) and run.objective == Objective.MAKESPAN:
-        best = _paired_up(run, best, best_unpaired)
+    if _pairs_searched(js, allow_pairs) and run.objective == Objective.MAKESPAN:
+        # more pairs on the critical path: of the best start, and of the best without pairs (few pairs, placed
+        # where they shorten it), within half the time left
+        deadline = time.monotonic() + 0.5 * max(0.0, run.deadline - time.monotonic())
+        for name, order, _ in [best] + ([best_unpaired] if best_unpaired and best_unpaired[0] != best[0] else []):
+            paired = pair_up(js, order, budgets, deadline=deadline)
+            run.timed_out = run.timed_out or paired.cut
+            if paired.merges:
+                best = _better_start(run, best, (f"{name} paired up (+{paired.merges} pairs)", paired.order))
     return best[0], best[1], best[2].value
 
 
-def _paired_up(run: _Search, best: tuple[str, Order, Incumbent], unpaired: tuple[str, Order, Incumbent]):
-    """One more start: the best start without pairs with pairs merged on its critical path (:func:`pair_up`),
-    given at most half the time left; ``best`` or it, whichever is better."""
-    now = time.monotonic()
-    paired = pair_up(run.js, unpaired[1], run.budgets, deadline=now + 0.5 * max(0.0, run.deadline - now))
-    run.timed_out = run.timed_out or paired.cut
-    inc = evaluate(run.js, paired.order, run.objective)
-    name = f"{unpaired[0]} paired up ({paired.merges} pairs)"
+def _better_start(run: _Search, best: tuple[str, Order, Incumbent], candidate: tuple[str, Order]):
+    """``best`` or the named ``candidate`` order, whichever is better (the candidate is valued and reported)."""
+    name, order = candidate
+    inc = evaluate(run.js, order, run.objective)
     run.tried.append((name, inc.value))
     if better(inc, best[2]):
-        best = (name, paired.order, inc)
+        best = (name, order, inc)
         run.start = name
-        run.improved(paired.order, inc.value)
+        run.improved(order, inc.value)
     run.send()
     return best
 
