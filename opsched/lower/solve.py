@@ -366,14 +366,16 @@ def _search(
 
 
 def _pair_up_the_best(run: _Search) -> None:
-    """The end of phase 5: pairs merged on the best order's critical path (:func:`pair_up`) while time is left."""
+    """The end of phase 5: pairs merged on the best order's critical path (:func:`pair_up`) while time is left,
+    kept when they shorten it."""
     if time.monotonic() >= run.deadline:
         return
     paired = pair_up(run.js, run.best.order, run.budgets, deadline=run.deadline)
     run.timed_out = run.timed_out or paired.cut
     if paired.merges:
         inc = evaluate(run.js, paired.order, run.objective)
-        if better(inc, run.best):
+        # only a shorter schedule is worth more pairs here: a lower sum of job ends alone is not
+        if inc.value < run.best.value - 1e-9 * max(1.0, abs(run.best.value)):
             run.best = inc
             run.improved(inc.order, inc.value)
             run.send(f"{paired.merges} pairs merged on the critical path")
@@ -613,14 +615,9 @@ def _best_start(run: _Search, allow_pairs: bool, warm_orders: dict[str, Order] |
             continue
         inc = Incumbent({}, objective_value(js, events, run.objective), max(e.end for e in events),
                         sum(e.end for e in events))
-        run.tried.append((name, inc.value))
-        if best is None or better(inc, best[2]):
-            best = (name, order, inc)
-            run.start = name
-            run.improved(order, inc.value)
+        best = _offer(run, best, name, order, inc)
         if not _has_pairs(order) and (best_unpaired is None or better(inc, best_unpaired[2])):
             best_unpaired = (name, order, inc)
-        run.send()
     assert best is not None, "the list scheduler always gives an order"
     if _pairs_searched(js, allow_pairs) and run.objective == Objective.MAKESPAN:
         # more pairs on the critical path: of the best start, and of the best without pairs (few pairs, placed
@@ -630,16 +627,31 @@ def _best_start(run: _Search, allow_pairs: bool, warm_orders: dict[str, Order] |
             paired = pair_up(js, order, budgets, deadline=deadline)
             run.timed_out = run.timed_out or paired.cut
             if paired.merges:
-                best = _better_start(run, best, (f"{name} paired up (+{paired.merges} pairs)", paired.order))
+                best = _offer(run, best, f"{name} paired up (+{paired.merges} pairs)", paired.order,
+                              evaluate(js, paired.order, run.objective))
     return best[0], best[1], best[2].value
 
 
-def _better_start(run: _Search, best: tuple[str, Order, Incumbent], candidate: tuple[str, Order]):
-    """``best`` or the named ``candidate`` order, whichever is better (the candidate is valued and reported)."""
-    name, order = candidate
-    inc = evaluate(run.js, order, run.objective)
+def _preferred(inc: Incumbent, order: Order, other: Incumbent, other_order: Order) -> bool:
+    """Whether a start valued ``inc`` is better than ``other``: a lower objective, or the same and fewer overlapped
+    pairs (a pair costs what overlap costs in a real run: :mod:`opsched.lower.parting`), or the same again and a
+    lower sum of job ends (:func:`opsched.lower.lns.better`)."""
+    if abs(inc.value - other.value) <= 1e-9 * max(1.0, abs(other.value)):
+        mine, theirs = _pair_count(order), _pair_count(other_order)
+        if mine != theirs:
+            return mine < theirs
+    return better(inc, other)
+
+
+def _pair_count(order: Order) -> int:
+    return len({a for acts in order.values() for a in acts if isinstance(a, Pair)})
+
+
+def _offer(run: _Search, best: tuple[str, Order, Incumbent] | None, name: str, order: Order, inc: Incumbent):
+    """``best`` or the start candidate ``name`` (``order``, valued as ``inc``), whichever is better; the candidate's
+    value goes to the solve, and so does the order when it is the new best."""
     run.tried.append((name, inc.value))
-    if better(inc, best[2]):
+    if best is None or _preferred(inc, order, best[2], best[1]):
         best = (name, order, inc)
         run.start = name
         run.improved(order, inc.value)
