@@ -15,38 +15,16 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from test_pairs_mip import overlap_instances
-from test_parting import makespan, pairs_in
+from test_parting import makespan, pairs_in, start_orders
 
 from opsched.baselines import baseline_orders
-from opsched.errors import OpschedError
 from opsched.lower import solve
 from opsched.lower.jobs import JobSet, activation_budgets, order_fits
-from opsched.lower.listsched import default_variants, list_schedule
 from opsched.lower.pairing import critical_path, pair_up
 from opsched.lower.solve import _same_jobs, split_fused_backward
-from opsched.schedule import Pair, Schedule, chain_stage_graph, jobs_of, simulate, validate
+from opsched.schedule import Schedule, chain_stage_graph, jobs_of, simulate, validate
 
 TOL = 1e-9
-
-
-def unpaired_orders(js: JobSet, budgets) -> list[dict]:
-    """Every distinct order without pairs that the list scheduler and the baselines give for ``js``."""
-    orders = [list_schedule(js, budgets, v) for v in default_variants(js, allow_pairs=False, budgets=budgets)]
-    for order in baseline_orders(js.sg, js.microbatches).values():
-        orders.append(split_fused_backward(order) if js.split_backward else order)
-    out, seen = [], set()
-    for order in orders:
-        key = tuple((d, tuple(acts)) for d, acts in sorted(order.items()))
-        if key in seen or any(isinstance(a, Pair) for acts in order.values() for a in acts):
-            continue
-        seen.add(key)
-        try:
-            makespan(js, order)
-        except OpschedError:  # a baseline that does not run on this graph
-            continue
-        if _same_jobs(js, order):
-            out.append(order)
-    return out
 
 
 def check_critical_path(js: JobSet, order) -> None:
@@ -80,7 +58,7 @@ def test_pair_up_never_lengthens_a_start_nor_leaves_its_memory(inst):
     budgets = activation_budgets(inst.sg, inst.limit)
     for split in (True, False):
         js = JobSet(inst.sg, inst.microbatches, split)
-        for order in unpaired_orders(js, budgets):
+        for order in start_orders(js, budgets, paired=False):
             check_critical_path(js, order)
             check_pair_up(js, budgets, order)
 

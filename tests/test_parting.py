@@ -40,13 +40,19 @@ def pairs_in(order) -> int:
 
 def paired_orders(js: JobSet, budgets) -> list[dict]:
     """Every distinct order with a pair that the list scheduler (with pairs) and the baselines give for ``js``."""
-    orders = [list_schedule(js, budgets, v) for v in default_variants(js, allow_pairs=True, budgets=budgets)]
+    return start_orders(js, budgets, paired=True)
+
+
+def start_orders(js: JobSet, budgets, paired: bool) -> list[dict]:
+    """Every distinct order with pairs (``paired``) or without that the list scheduler (with pairs allowed when
+    ``paired``) and the baselines give for ``js``, each a start the solve would take."""
+    orders = [list_schedule(js, budgets, v) for v in default_variants(js, allow_pairs=paired, budgets=budgets)]
     for order in baseline_orders(js.sg, js.microbatches).values():
         orders.append(split_fused_backward(order) if js.split_backward else order)
     out, seen = [], set()
     for order in orders:
         key = tuple((d, tuple(acts)) for d, acts in sorted(order.items()))
-        if key in seen or not any(isinstance(a, Pair) for acts in order.values() for a in acts):
+        if key in seen or any(isinstance(a, Pair) for acts in order.values() for a in acts) != paired:
             continue
         seen.add(key)
         try:
