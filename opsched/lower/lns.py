@@ -66,7 +66,12 @@ def objective_value(js: JobSet, events, objective: Objective = Objective.MAKESPA
 
 def evaluate(js: JobSet, order: dict, objective: Objective = Objective.MAKESPAN) -> Incumbent:
     """Time ``order`` with the simulator and wrap it as an :class:`Incumbent`."""
-    events = simulate(js.sg, {d: list(a) for d, a in order.items()}, js.microbatches)
+    return timed_incumbent(js, order, simulate(js.sg, {d: list(a) for d, a in order.items()}, js.microbatches),
+                           objective)
+
+
+def timed_incumbent(js: JobSet, order: dict, events, objective: Objective = Objective.MAKESPAN) -> Incumbent:
+    """``order`` as an :class:`Incumbent`, valued from its ``events`` (the simulator's)."""
     return Incumbent(order, objective_value(js, events, objective), max(e.end for e in events), sum(e.end for e in events))
 
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from opsched.lower.jobs import EPS, JobSet, order_fits
-from opsched.lower.lns import Incumbent, better
+from opsched.lower.lns import Incumbent, better, timed_incumbent
 from opsched.errors import Deadlock
 from opsched.schedule import Event, Job, Order, Pair, jobs_of, pair_duration, simulate
 
@@ -50,13 +50,21 @@ PAIR_UP_SIMULATIONS = 1000
 
 @dataclass(frozen=True)
 class PairedUp:
-    """What :func:`pair_up` gives: the order, its makespan, the pairs it merged and whether a clock cut it."""
+    """What :func:`pair_up` gives: the order as timed (makespan objective), the pairs it merged, the simulations it
+    ran and whether a clock cut it."""
 
-    order: Order
-    makespan: float
+    incumbent: Incumbent
     merges: int
     simulations: int
     cut: bool
+
+    @property
+    def order(self) -> Order:
+        return self.incumbent.order
+
+    @property
+    def makespan(self) -> float:
+        return self.incumbent.makespan
 
 
 def pair_up(js: JobSet, order: Order, budgets: Mapping[int, float] | None,
@@ -70,7 +78,7 @@ def pair_up(js: JobSet, order: Order, budgets: Mapping[int, float] | None,
     the result is deterministic when the clock does not cut it.
     """
     events = simulate(js.sg, _lists(order), js.microbatches)
-    best = _timed(order, events)
+    best = timed_incumbent(js, order, events)
     merges = simulations = 0
     improved = True
     while improved and simulations < max_simulations:
@@ -79,7 +87,7 @@ def pair_up(js: JobSet, order: Order, budgets: Mapping[int, float] | None,
             if simulations >= max_simulations:
                 break
             if deadline is not None and time.monotonic() >= deadline:
-                return PairedUp(best.order, best.makespan, merges, simulations, True)
+                return PairedUp(best, merges, simulations, True)
             # only the devices of the merge changed: only their memory is checked again
             if budgets is not None and not order_fits(js.sg, {e: candidate[e] for e in devices},
                                                       {e: budgets[e] for e in devices if e in budgets}):
@@ -89,23 +97,17 @@ def pair_up(js: JobSet, order: Order, budgets: Mapping[int, float] | None,
                 timed = simulate(js.sg, _lists(candidate), js.microbatches)
             except Deadlock:  # the backward may wait, through the pipeline, for the F it was merged with
                 continue
-            inc = _timed(candidate, timed)
+            inc = timed_incumbent(js, candidate, timed)
             # the first merge that shortens the order; the one that shortens it most gave the same results on
             # the DualPipe grid, with 5 to 10 times the simulations
             if better(inc, best):
                 best, events, merges, improved = inc, timed, merges + 1, True
                 break
-    return PairedUp(best.order, best.makespan, merges, simulations, False)
+    return PairedUp(best, merges, simulations, False)
 
 
 def _lists(order: Order) -> Order:
     return {d: list(a) for d, a in order.items()}
-
-
-def _timed(order: Order, events: list[Event]) -> Incumbent:
-    """``order`` as the neighbourhood search's :class:`~opsched.lower.lns.Incumbent` (makespan objective)."""
-    makespan = max(e.end for e in events)
-    return Incumbent(order, makespan, makespan, sum(e.end for e in events))
 
 
 def critical_path(js: JobSet, order: Order, events: list[Event]) -> set[Job]:

@@ -48,6 +48,7 @@ from opsched.lower.lns import (
     large_neighbourhood_search,
     objective_value,
     slotted_starts,
+    timed_incumbent,
 )
 from opsched.lower.timeindexed import (
     HorizonTooShort,
@@ -373,7 +374,7 @@ def _pair_up_the_best(run: _Search) -> None:
     paired = pair_up(run.js, run.best.order, run.budgets, deadline=run.deadline)
     run.timed_out = run.timed_out or paired.cut
     if paired.merges:
-        inc = evaluate(run.js, paired.order, run.objective)
+        inc = paired.incumbent  # valued by the makespan, the objective here
         # only a shorter schedule is worth more pairs here: a lower sum of job ends alone is not
         if inc.value < run.best.value - 1e-9 * max(1.0, abs(run.best.value)):
             run.best = inc
@@ -613,8 +614,7 @@ def _best_start(run: _Search, allow_pairs: bool, warm_orders: dict[str, Order] |
         events = _fitting(js, budgets, allow_pairs, order)
         if events is None:
             continue
-        inc = Incumbent({}, objective_value(js, events, run.objective), max(e.end for e in events),
-                        sum(e.end for e in events))
+        inc = timed_incumbent(js, order, events, run.objective)
         best = _offer(run, best, name, order, inc)
         if not _has_pairs(order) and (best_unpaired is None or better(inc, best_unpaired[2])):
             best_unpaired = (name, order, inc)
@@ -627,8 +627,7 @@ def _best_start(run: _Search, allow_pairs: bool, warm_orders: dict[str, Order] |
             paired = pair_up(js, order, budgets, deadline=deadline)
             run.timed_out = run.timed_out or paired.cut
             if paired.merges:
-                best = _offer(run, best, f"{name} paired up (+{paired.merges} pairs)", paired.order,
-                              evaluate(js, paired.order, run.objective))
+                best = _offer(run, best, f"{name} paired up (+{paired.merges} pairs)", paired.order, paired.incumbent)
     return best[0], best[1], best[2].value
 
 
