@@ -4,9 +4,10 @@ The neighbourhood search forms pairs only inside its small windows, and the
 list scheduler pairs whenever an F and a backward are at hand, so its
 paired orders carry many pairs the makespan does not need. :func:`pair_up`
 works the other way round, from an order without pairs (Zero Bubble's V, a
-list-scheduler order): it merges two adjacent actions of a device, an F and
-a backward that may overlap (:meth:`opsched.lower.jobs.JobSet.may_pair`),
-into one :class:`~opsched.schedule.Pair`, only next to the critical path,
+list-scheduler order): it merges an F and a backward that may overlap
+(:meth:`opsched.lower.jobs.JobSet.may_pair`), at most :data:`PAIR_REACH`
+actions apart on their device, into one :class:`~opsched.schedule.Pair` in
+the earlier one's place, only next to the critical path,
 and keeps the first merge that shortens the schedule (a lower makespan, or
 the same and a lower sum of job ends, as the neighbourhood search accepts);
 it stops when no merge helps or its budget of simulations is spent. The result has a short
@@ -46,6 +47,11 @@ from opsched.schedule import Event, Job, Order, Pair, jobs_of, pair_duration, si
 #: simulations one :func:`pair_up` may run (a deterministic budget); on the DualPipe grid's V it needs one per merge:
 #: 29-50 at D=8, M=16 (about 20 ms each on the 2 cores), 166 at D=16, M=32 (about 100 ms each)
 PAIR_UP_SIMULATIONS = 1000
+
+#: how far after an F (or a backward) on its device the backward (or F) may be that joins it in a pair: on the
+#: DualPipe grid's V, 3 paired Zero Bubble's V as far as 8 did (292 at D=8, M=32, 2:2:1, gain 0.5), 1 (the next
+#: action only) stopped at 309, since the V's steady state puts a W between an I and the next F
+PAIR_REACH = 3
 
 
 @dataclass(frozen=True)
@@ -144,38 +150,46 @@ def _critical_path(js: JobSet, order: Order, start: dict[Job, float], end: dict[
 
 
 def _merges(js: JobSet, order: Order, start: dict[Job, float], end: dict[Job, float]):
-    """Every order with two adjacent actions merged into a pair, an F and a backward that may overlap, at
-    least one of them on the critical path, that could shorten ``order`` (its jobs' ``start`` and ``end``);
-    the pair runs where they ran on every device of their stages.
+    """Every order with a pair merged from an F and a backward that may overlap, ``a`` and a later ``b`` at most
+    :data:`PAIR_REACH` actions after it on its device, at least one of them on the critical path, that could
+    shorten ``order`` (its jobs' ``start`` and ``end``). The pair takes ``a``'s place, ``b`` pulled forward to
+    it, on every device of their stage (where ``b`` follows ``a`` within reach too); the actions between them
+    follow the pair.
 
-    A merge of ``a`` then ``b`` starts the pair when ``a`` started or when ``b``'s dependencies allow,
-    whichever is later. Unless the pair then ends before ``b`` did, every job ends no earlier than before
-    (earliest starts only grow with the ends before them), so such a merge is not tried.
+    The pair starts when ``a`` started or when ``b``'s dependencies allow, whichever is later. Unless it then
+    ends before ``b`` did, every job ends no earlier than before (the actions between them now wait for the
+    pair, which ends after ``a`` did, and earliest starts only grow with the ends before them), so such a
+    merge is not tried. Pushing ``a`` back to ``b``'s place instead never helped on the DualPipe grid and
+    cost 5-8 times the simulations.
     """
     critical = _critical_path(js, order, start, end)
     seen: set[tuple[Job, Job]] = set()
     for d in sorted(order):
         acts = order[d]
-        for a, b in zip(acts, acts[1:]):
-            if isinstance(a, Pair) or isinstance(b, Pair) or (a, b) in seen:
+        for i, a in enumerate(acts):
+            if isinstance(a, Pair):
                 continue
-            if not (a in critical or b in critical) or not js.may_pair(js.index[a], js.index[b]):
-                continue
-            seen.add((a, b))
-            devices = js.devices[js.index[a]]
-            if not all(_adjacent(order.get(e, []), a, b) for e in devices if e != d):
-                continue
-            pair = Pair(a, b) if a.pass_ == "F" else Pair(b, a)
-            ready = max([start[a]] + [end[js.jobs[i]] + delay for i, delay in js.preds[js.index[b]]])
-            if ready + pair_duration(js.sg, pair) >= end[b] - EPS * max(1.0, end[b]):
-                continue
-            yield {e: (_merged(acts_e, a, b, pair) if e in devices else acts_e) for e, acts_e in order.items()}, devices
+            for b in acts[i + 1:i + 1 + PAIR_REACH]:
+                if isinstance(b, Pair) or (a, b) in seen:
+                    continue
+                if not (a in critical or b in critical) or not js.may_pair(js.index[a], js.index[b]):
+                    continue
+                seen.add((a, b))
+                pair = Pair(a, b) if a.pass_ == "F" else Pair(b, a)
+                ready = max([start[a]] + [end[js.jobs[k]] + delay for k, delay in js.preds[js.index[b]]])
+                if ready + pair_duration(js.sg, pair) >= end[b] - EPS * max(1.0, end[b]):
+                    continue
+                devices = js.devices[js.index[a]]
+                merged = {e: _merged(order.get(e, []), a, b, pair) for e in devices}
+                if any(m is None for m in merged.values()):
+                    continue
+                yield {e: merged.get(e, acts_e) for e, acts_e in order.items()}, devices
 
 
-def _adjacent(acts: list, a: Job, b: Job) -> bool:
-    return any(x == a and y == b for x, y in zip(acts, acts[1:]))
-
-
-def _merged(acts: list, a: Job, b: Job, pair: Pair) -> list:
-    i = next(k for k, (x, y) in enumerate(zip(acts, acts[1:])) if x == a and y == b)
-    return acts[:i] + [pair] + acts[i + 2:]
+def _merged(acts: list, a: Job, b: Job, pair: Pair) -> list | None:
+    """``acts`` with ``pair`` in ``a``'s place and ``b`` left out; None unless ``b`` follows ``a`` within reach."""
+    i = acts.index(a) if a in acts else None
+    if i is None or b not in acts[i + 1:i + 1 + PAIR_REACH]:
+        return None
+    j = acts.index(b, i + 1)
+    return acts[:i] + [pair] + acts[i + 1:j] + acts[j + 1:]
