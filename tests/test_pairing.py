@@ -20,6 +20,7 @@ from test_parting import makespan, pairs_in, start_orders
 from opsched.baselines import baseline_orders
 from opsched.lower import solve
 from opsched.lower.jobs import JobSet, activation_budgets, order_fits
+from opsched.lower import pairing
 from opsched.lower.pairing import critical_path, pair_up
 from opsched.lower.solve import _same_jobs, split_fused_backward
 from opsched.schedule import Schedule, chain_stage_graph, jobs_of, simulate, validate
@@ -36,9 +37,9 @@ def check_critical_path(js: JobSet, order) -> None:
     assert min(start[j] for j in path) == 0.0  # nothing held the path's first job back
 
 
-def check_pair_up(js: JobSet, budgets, order) -> None:
+def check_pair_up(js: JobSet, budgets, order, together: bool) -> None:
     before = makespan(js, order)
-    paired = pair_up(js, order, budgets, max_simulations=150)
+    paired = pair_up(js, order, budgets, max_simulations=150, together=together)
     after = makespan(js, paired.order)
     assert after == paired.makespan
     assert after <= before + TOL * max(1.0, before), (after, before)
@@ -48,7 +49,7 @@ def check_pair_up(js: JobSet, budgets, order) -> None:
         assert order_fits(js.sg, paired.order, budgets)
     validate(Schedule(js.sg, js.microbatches, simulate(js.sg, paired.order, js.microbatches)))
     assert not paired.cut
-    assert pair_up(js, order, budgets, max_simulations=150).order == paired.order  # deterministic
+    assert pair_up(js, order, budgets, max_simulations=150, together=together).order == paired.order  # deterministic
 
 
 @settings(max_examples=40, derandomize=True, deadline=None, database=None,
@@ -60,7 +61,8 @@ def test_pair_up_never_lengthens_a_start_nor_leaves_its_memory(inst):
         js = JobSet(inst.sg, inst.microbatches, split)
         for order in start_orders(js, budgets, paired=False):
             check_critical_path(js, order)
-            check_pair_up(js, budgets, order)
+            for together in (False, True):
+                check_pair_up(js, budgets, order, together)
 
 
 def test_pair_up_shortens_zero_bubble_v_with_few_pairs():
@@ -74,6 +76,38 @@ def test_pair_up_shortens_zero_bubble_v_with_few_pairs():
     assert 0 < paired.merges < sum(1 for acts in zbv.values() for a in acts if a.pass_ == "F")
     assert order_fits(sg, paired.order, budgets)
     check_critical_path(js, paired.order)
+
+
+def test_pairs_reach_past_the_next_action(monkeypatch):
+    # D = 4, M = 16, 2:2:1, gain 0.5: the V's steady state puts a W between an I and the next F, so adjacent
+    # merges alone stop above DualPipeV's order (146 with split backwards); a reach of 3 goes below it
+    sg = chain_stage_graph(8, f=2, b=3, w=1, devices=4, placement="v", overlap_gain=0.5)
+    js = JobSet(sg, 16)
+    budgets = activation_budgets(sg, 9)
+    orders = baseline_orders(sg, 16)
+    zbv, dualpipev = (split_fused_backward(orders[name]) for name in ("zb-v", "dualpipev"))
+    assert pairing.PAIR_REACH == 3
+    reaching = pair_up(js, zbv, budgets)
+    monkeypatch.setattr(pairing, "PAIR_REACH", 1)
+    adjacent = pair_up(js, zbv, budgets)
+    assert reaching.makespan < makespan(js, dualpipev) < adjacent.makespan
+    assert order_fits(sg, reaching.order, budgets)
+
+
+def test_pairing_up_together_ends_elsewhere():
+    # D = 4, M = 8, 2:2:1, gain 1: every merge that could help at once each round ends below one at a time,
+    # and below DualPipeV's order, with more pairs
+    sg = chain_stage_graph(8, f=2, b=3, w=1, devices=4, placement="v", overlap_gain=1.0)
+    js = JobSet(sg, 8)
+    budgets = activation_budgets(sg, 9)
+    orders = baseline_orders(sg, 8)
+    zbv, dualpipev = (split_fused_backward(orders[name]) for name in ("zb-v", "dualpipev"))
+    single, together = (pair_up(js, zbv, budgets, together=t) for t in (False, True))
+    assert together.makespan < min(single.makespan, makespan(js, dualpipev))
+    assert together.merges == pairs_in(together.order) > single.merges
+    assert together.simulations < single.simulations
+    assert order_fits(sg, together.order, budgets)
+    validate(Schedule(sg, 8, simulate(sg, together.order, 8)))
 
 
 @pytest.mark.slow

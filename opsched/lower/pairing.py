@@ -29,8 +29,14 @@ memory budgets (a pair allocates its F before its backward frees,
 >>> evaluate(js, order).makespan
 10.0
 >>> paired = pair_up(js, order, None)  # the last stage's F of microbatch 1 hides inside the I of microbatch 0
->>> paired.makespan, paired.merges, str(paired.order[1][1])
-(9.0, 1, '(1F1;1I0)OVERLAP_F_B')
+>>> paired.makespan, str(paired.order[1][1])
+(9.0, '(1F1;1I0)OVERLAP_F_B')
+
+Then the F of microbatch 2, two actions further on, is pulled into the I of
+microbatch 1 (the same makespan, earlier ends):
+
+>>> paired.merges, [str(a) for a in paired.order[1][2:4]]
+(2, ['(1F2;1I1)OVERLAP_F_B', '1W0'])
 """
 
 from __future__ import annotations
@@ -44,8 +50,9 @@ from opsched.lower.lns import Incumbent, better, timed_incumbent
 from opsched.errors import Deadlock
 from opsched.schedule import Event, Job, Order, Pair, jobs_of, pair_duration, simulate
 
-#: simulations one :func:`pair_up` may run (a deterministic budget); on the DualPipe grid's V it needs one per merge:
-#: 29-50 at D=8, M=16 (about 20 ms each on the 2 cores), 166 at D=16, M=32 (about 100 ms each)
+#: simulations one :func:`pair_up` may run (a deterministic budget); on the DualPipe grid's V it needs about one per
+#: merge: from Zero Bubble's V at 2:2:1, gain 0.5, 64 at D=8, M=16 (0.5 s in all on the 2 cores), 320 at D=8, M=32
+#: (4.6 s), 196 at D=16, M=32 (6.1 s); 1,222 at D=16, M=64 (78 s), which this budget stops
 PAIR_UP_SIMULATIONS = 1000
 
 #: how far after an F (or a backward) on its device the backward (or F) may be that joins it in a pair: on the
@@ -74,7 +81,8 @@ class PairedUp:
 
 
 def pair_up(js: JobSet, order: Order, budgets: Mapping[int, float] | None,
-            max_simulations: int = PAIR_UP_SIMULATIONS, deadline: float | None = None) -> PairedUp:
+            max_simulations: int = PAIR_UP_SIMULATIONS, deadline: float | None = None,
+            together: bool = False) -> PairedUp:
     """``order`` with pairs merged on its critical path while a merge shortens it (see the module's docstring).
 
     ``budgets``: activation budget per device (``None``: no limit).
@@ -82,14 +90,24 @@ def pair_up(js: JobSet, order: Order, budgets: Mapping[int, float] | None,
     :func:`time.monotonic` instant) a clock cap, and ``cut`` says when it
     stopped the work. Merges are tried in device order, then position, so
     the result is deterministic when the clock does not cut it.
+
+    With ``together``, each round first tries every merge that could help
+    at once (in that order, each job in one pair at most), and only when
+    that does not shorten the order one merge at a time. It ends elsewhere,
+    with more pairs: on the DualPipe grid at gain 1, Zero Bubble's V paired
+    up together gave 144 and 240 at D=8, M=16 and 32, 2:2:1, where one at a
+    time stops at 153 and 258 (DualPipeV 151 and 247).
     """
     events = simulate(js.sg, _lists(order), js.microbatches)
     best = timed_incumbent(js, order, events)
     merges = simulations = 0
-    improved = True
-    while improved and simulations < max_simulations:
-        improved = False
-        for candidate, devices in _merges(js, best.order, *_times(events)):
+    while simulations < max_simulations:
+        merged = None  # (incumbent, events, pairs merged)
+        start, end = _times(events)
+        if together:
+            merged, simulations = _all_at_once(js, best, list(_merges(js, best.order, start, end)), budgets,
+                                               simulations)
+        for candidate, devices, _pair in ([] if merged else _merges(js, best.order, start, end)):
             if simulations >= max_simulations:
                 break
             if deadline is not None and time.monotonic() >= deadline:
@@ -107,9 +125,49 @@ def pair_up(js: JobSet, order: Order, budgets: Mapping[int, float] | None,
             # the first merge that shortens the order; the one that shortens it most gave the same results on
             # the DualPipe grid, with 5 to 10 times the simulations
             if better(inc, best):
-                best, events, merges, improved = inc, timed, merges + 1, True
+                merged = (inc, timed, 1)
                 break
+        if merged is None:
+            break
+        best, events, merges = merged[0], merged[1], merges + merged[2]
+        if deadline is not None and time.monotonic() >= deadline:
+            return PairedUp(best, merges, simulations, True)
     return PairedUp(best, merges, simulations, False)
+
+
+def _all_at_once(js: JobSet, best: Incumbent, candidates: list, budgets: Mapping[int, float] | None,
+                 simulations: int) -> tuple[tuple[Incumbent, list[Event], int] | None, int]:
+    """Every merge of ``candidates`` (``_merges``'s) on ``best``'s order at once, each job in one pair at most:
+    (the incumbent, its events and the pairs merged) when that fits and shortens the order, else None; and the
+    simulations run so far."""
+    together = _lists(best.order)
+    used: set[Job] = set()
+    count = 0
+    for _candidate, devices, pair in candidates:
+        if pair.first in used or pair.second in used:
+            continue
+        lists = {e: _merged(together[e], *_in_order(together[e], pair), pair) for e in devices}
+        if any(acts is None for acts in lists.values()):
+            continue
+        together.update(lists)
+        used.update((pair.first, pair.second))
+        count += 1
+    if count < 2 or not order_fits(js.sg, together, budgets):  # one merge alone is tried one at a time anyway
+        return None, simulations
+    try:
+        timed = simulate(js.sg, _lists(together), js.microbatches)
+    except Deadlock:
+        return None, simulations + 1
+    inc = timed_incumbent(js, together, timed)
+    return ((inc, timed, count) if better(inc, best) else None), simulations + 1
+
+
+def _in_order(acts: list, pair: Pair) -> tuple[Job, Job]:
+    """The pair's two jobs in the order ``acts`` runs them (the first one's place takes the pair)."""
+    a, b = pair.first, pair.second
+    if a in acts and b in acts and acts.index(b) < acts.index(a):
+        return b, a
+    return a, b
 
 
 def _lists(order: Order) -> Order:
@@ -150,7 +208,8 @@ def _critical_path(js: JobSet, order: Order, start: dict[Job, float], end: dict[
 
 
 def _merges(js: JobSet, order: Order, start: dict[Job, float], end: dict[Job, float]):
-    """Every order with a pair merged from an F and a backward that may overlap, ``a`` and a later ``b`` at most
+    """Every order (with the devices it changed, and the pair) with a pair merged from an F and a backward that
+    may overlap, ``a`` and a later ``b`` at most
     :data:`PAIR_REACH` actions after it on its device, at least one of them on the critical path, that could
     shorten ``order`` (its jobs' ``start`` and ``end``). The pair takes ``a``'s place, ``b`` pulled forward to
     it, on every device of their stage (where ``b`` follows ``a`` within reach too); the actions between them
@@ -183,12 +242,12 @@ def _merges(js: JobSet, order: Order, start: dict[Job, float], end: dict[Job, fl
                 merged = {e: _merged(order.get(e, []), a, b, pair) for e in devices}
                 if any(m is None for m in merged.values()):
                     continue
-                yield {e: merged.get(e, acts_e) for e, acts_e in order.items()}, devices
+                yield {e: merged.get(e, acts_e) for e, acts_e in order.items()}, devices, pair
 
 
 def _merged(acts: list, a: Job, b: Job, pair: Pair) -> list | None:
     """``acts`` with ``pair`` in ``a``'s place and ``b`` left out; None unless ``b`` follows ``a`` within reach."""
-    i = acts.index(a) if a in acts else None
+    i = acts.index(a) if a in acts else None  # a scan, as the copy below is
     if i is None or b not in acts[i + 1:i + 1 + PAIR_REACH]:
         return None
     j = acts.index(b, i + 1)

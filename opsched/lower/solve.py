@@ -619,7 +619,7 @@ def _best_start(run: _Search, allow_pairs: bool, warm_orders: dict[str, Order] |
     pairing_up = _pairs_searched(js, allow_pairs) and run.objective == Objective.MAKESPAN
     best: tuple[str, Order, Incumbent] | None = None
     best_unpaired: tuple[str, Order, Incumbent] | None = None  # what pair_up starts from
-    paired_up: set[str] = set()  # the starts paired up, and what that gave
+    paired_up: set[tuple[str, bool]] = set()  # (start, together) paired up, and what that gave
     for phase in ([c for c in pool if not isinstance(c[1], Variant)], [c for c in pool if isinstance(c[1], Variant)]):
         for name, made in phase:
             if best is not None and time.monotonic() > run.deadline:
@@ -640,19 +640,23 @@ def _best_start(run: _Search, allow_pairs: bool, warm_orders: dict[str, Order] |
 
 
 def _pair_up_starts(run: _Search, best: tuple[str, Order, Incumbent],
-                    best_unpaired: tuple[str, Order, Incumbent] | None, paired_up: set[str]):
+                    best_unpaired: tuple[str, Order, Incumbent] | None, paired_up: set[tuple[str, bool]]):
     """More pairs on the critical path of the best start, and of the best without pairs (few pairs, placed where
-    they shorten it), each once, within :data:`PAIR_UP_SHARE` of the time left; the best start after that."""
+    they shorten it; and all that could help at once, a quick pass that may end shorter), each once, within
+    :data:`PAIR_UP_SHARE` of the time left; the best start after that."""
     deadline = time.monotonic() + PAIR_UP_SHARE * max(0.0, run.deadline - time.monotonic())
-    for name, order, _ in [best] + ([best_unpaired] if best_unpaired and best_unpaired[0] != best[0] else []):
-        if name in paired_up:
+    tries = [(best, False)]
+    if best_unpaired is not None:
+        tries += [(best_unpaired, True)] + ([(best_unpaired, False)] if best_unpaired[0] != best[0] else [])
+    for (name, order, _), together in tries:
+        if (name, together) in paired_up:
             continue
-        paired = pair_up(run.js, order, run.budgets, deadline=deadline)
+        paired = pair_up(run.js, order, run.budgets, deadline=deadline, together=together)
         run.timed_out = run.timed_out or paired.cut
-        paired_up.add(name)
+        paired_up.add((name, together))
         if paired.merges:
-            made = f"{name} paired up (+{paired.merges} pairs)"
-            paired_up.add(made)
+            made = f"{name} paired up{' together' if together else ''} (+{paired.merges} pairs)"
+            paired_up.update({(made, False), (made, True)})
             best = _offer(run, best, made, paired.order, paired.incumbent)
     return best
 
