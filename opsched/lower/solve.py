@@ -647,7 +647,8 @@ def _pair_up_starts(run: _Search, best: tuple[str, Order, Incumbent],
     deadline = time.monotonic() + PAIR_UP_SHARE * max(0.0, run.deadline - time.monotonic())
     tries = [(best, False)]
     if best_unpaired is not None:
-        tries += [(best_unpaired, True)] + ([(best_unpaired, False)] if best_unpaired[0] != best[0] else [])
+        # one at a time first: at the same makespan its fewer pairs are preferred, and all at once is quick
+        tries += ([(best_unpaired, False)] if best_unpaired[0] != best[0] else []) + [(best_unpaired, True)]
     for (name, order, _), together in tries:
         if (name, together) in paired_up:
             continue
