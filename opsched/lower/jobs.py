@@ -37,6 +37,15 @@ from opsched.schedule import PAIRED_BACKWARDS, Job, Order, StageGraph, dependenc
 EPS = 1e-9
 
 
+def noise(x: float) -> float:
+    """The float noise allowed around ``x``: :data:`EPS` relative to it, and at least :data:`EPS`.
+
+    >>> noise(0.5), noise(-4.0)
+    (1e-09, 4e-09)
+    """
+    return EPS * max(1.0, abs(x))
+
+
 class JobSet:
     """Every job of ``sg`` for ``microbatches`` microbatches, indexed 0..n-1."""
 
@@ -194,4 +203,4 @@ def order_fits(sg: StageGraph, order: Order, budgets: Mapping[int, float] | None
     if budgets is None:
         return True
     peaks = order_peak_activation(sg, order)
-    return all(peaks.get(d, 0.0) <= b + EPS * max(1.0, abs(b)) for d, b in budgets.items())
+    return all(peaks.get(d, 0.0) <= b + noise(b) for d, b in budgets.items())

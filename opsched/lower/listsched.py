@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
-from opsched.lower.jobs import EPS, JobSet, order_fits
+from opsched.lower.jobs import EPS, JobSet, noise, order_fits
 from opsched.schedule import Action, Job, Order, Pair, jobs_of, pair_duration, simulate
 
 #: priority rule name -> sort key of a candidate job (smaller runs first)
@@ -133,7 +133,7 @@ class _Memory:
         self.js = js
         self.budgets = budgets
         self.held = {d: 0.0 for d in js.on_device}
-        self.tolerance = {d: EPS * max(1.0, abs(budgets[d])) for d in js.on_device} if budgets is not None else {}
+        self.tolerance = {d: noise(budgets[d]) for d in js.on_device} if budgets is not None else {}
         self.inflight: list[int] = []  # microbatches in admission order
         self.position: dict[int, int] = {}  # microbatch -> its index in ``inflight``
         self.held_by: dict[int, dict[int, float]] = {}
@@ -353,7 +353,7 @@ class _ListScheduler:
                 t = self.release_held()
             if t == math.inf:  # pragma: no cover - the banker's rule prevents this
                 raise RuntimeError("list scheduler stalled; memory budget below one microbatch's requirement")
-            limit = t + EPS * max(1.0, abs(t))
+            limit = t + noise(t)
             now = [k for c, low in enumerate(self.earliest) if low <= limit
                    for k, start in self.startable[c].items() if start <= limit]
             done += self.dispatch_first(t, now)
@@ -490,7 +490,7 @@ class _ListScheduler:
             if ours.isdisjoint(devs):
                 continue
             start = self.start(w, self.ready(w))
-            if start + js.duration[w] <= t + EPS * max(1.0, abs(t)):
+            if start + js.duration[w] <= t + noise(t):
                 self._place_alone(w, start)
                 placed += 1
         return placed
@@ -712,7 +712,7 @@ def memory_warmup(js: JobSet, budgets: Mapping[int, float] | None, starts: bool 
         arrival = max(first_backward_end.get(i, js.head[i] + js.duration[i]) + delay for i, delay in js.preds[backward])
         step = js.duration[forward]
         end, count = js.head[forward] + step, 1
-        tol = EPS * max(1.0, abs(arrival))
+        tol = noise(arrival)
         while count < fits and (end < arrival - tol if starts else end + step <= arrival + tol):
             end, count = end + step, count + 1
         first_backward_end[backward] = max(arrival, end) + js.duration[backward]
@@ -739,7 +739,7 @@ def best_list_schedule(
             continue
         span = max(e.end for e in simulate(js.sg, order, js.microbatches))
         tried.append((v.name, span))
-        if best is None or span < best[1] - EPS * max(1.0, span):
+        if best is None or span < best[1] - noise(span):
             best = (order, span, v.name)
     assert best is not None
     return best[0], best[1], best[2], tried

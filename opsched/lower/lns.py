@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from opsched.lower.jobs import EPS, JobSet, order_fits
+from opsched.lower.jobs import JobSet, noise, order_fits
 from opsched.lower.timeindexed import (
     SlotProblem,
     add_pair_options,
@@ -261,7 +261,7 @@ def large_neighbourhood_search(
 def _search_done(incumbent: Incumbent, target: float, deadline: float, max_solves: int | None,
                  log: SearchLog) -> bool:
     """The search stops: the target bound is reached, the deadline passed or the sub-MIP budget is spent."""
-    if incumbent.value <= target + EPS * max(1.0, target):
+    if incumbent.value <= target + noise(target):
         return True
     if time.monotonic() >= deadline:
         log.timed_out = True
@@ -296,10 +296,10 @@ def _window_candidate(js: JobSet, base: SlotProblem, timing: SlottedTiming, pair
 
 def better(a: Incumbent, b: Incumbent) -> bool:
     """``a`` has a lower objective than ``b``, or the same and a lower sum of job ends (beyond float noise)."""
-    tol = 1e-9 * max(1.0, abs(b.value))
+    tol = noise(b.value)
     if a.value < b.value - tol:
         return True
-    return abs(a.value - b.value) <= tol and a.total_end < b.total_end - 1e-9 * max(1.0, abs(b.total_end))
+    return abs(a.value - b.value) <= tol and a.total_end < b.total_end - noise(b.total_end)
 
 
 def _initial_width(js: JobSet, base: SlotProblem, horizon: int, budget: int) -> int:

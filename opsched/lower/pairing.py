@@ -45,7 +45,7 @@ import time
 from dataclasses import dataclass
 from typing import Mapping
 
-from opsched.lower.jobs import EPS, JobSet, order_fits
+from opsched.lower.jobs import JobSet, noise, order_fits
 from opsched.lower.lns import Incumbent, better, timed_incumbent
 from opsched.errors import Deadlock
 from opsched.schedule import Event, Job, Order, Pair, jobs_of, pair_duration, simulate
@@ -201,7 +201,7 @@ def _critical_path(js: JobSet, order: Order, start: dict[Job, float], end: dict[
     path = set()
     while job is not None and job not in path:
         path.add(job)
-        tol = EPS * max(1.0, abs(start[job]))
+        tol = noise(start[job])
         made = [p for p in previous.get(job, []) if abs(end[p] - start[job]) <= tol]
         made += [js.jobs[i] for i, delay in js.preds[js.index[job]] if abs(end[js.jobs[i]] + delay - start[job]) <= tol]
         job = made[0] if made else None
@@ -237,7 +237,7 @@ def _merges(js: JobSet, order: Order, start: dict[Job, float], end: dict[Job, fl
                 seen.add((a, b))
                 pair = Pair(a, b) if a.pass_ == "F" else Pair(b, a)
                 ready = max([start[a]] + [end[js.jobs[k]] + delay for k, delay in js.preds[js.index[b]]])
-                if ready + pair_duration(js.sg, pair) >= end[b] - EPS * max(1.0, end[b]):
+                if ready + pair_duration(js.sg, pair) >= end[b] - noise(end[b]):
                     continue
                 devices = js.devices[js.index[a]]
                 merged = {e: _merged(order.get(e, []), a, b, pair) for e in devices}

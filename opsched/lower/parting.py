@@ -40,7 +40,7 @@ import graphlib
 from dataclasses import dataclass
 from typing import Sequence
 
-from opsched.lower.jobs import EPS, JobSet
+from opsched.lower.jobs import JobSet, noise
 from opsched.schedule import Event, Job, Order, jobs_of, simulate
 
 #: a node of the order's graph: the jobs of one action (two for an overlapped pair, first as in the pair)
@@ -83,7 +83,7 @@ def part_pairs(js: JobSet, order: Order, makespan: float | None = None,
         order = {d: [x for a in acts for x in (parted.get(jobs_of(a)) or (a,))] for d, acts in order.items()}
         events = simulate(js.sg, {d: list(a) for d, a in order.items()}, js.microbatches)
         new_end = max(e.end for e in events)
-        if new_end > limit + EPS * max(1.0, abs(limit)):  # cannot happen by the rule; the simulator has the last word
+        if new_end > limit + noise(limit):  # cannot happen by the rule; the simulator has the last word
             raise AssertionError(f"parting pairs lengthened the schedule: {new_end} > {limit}")
         count += len(parted)
 
@@ -152,7 +152,7 @@ def _parting(js: JobSet, pair: Node, start: float, device_end: float, latest_end
     """The sequence (backward first, else F first) that runs ``pair``'s two jobs one after the other from
     ``start`` and still ends each by its latest end, or None when neither does."""
     forward, backward = pair if pair[0].pass_ == "F" else pair[::-1]
-    tol = EPS * max(1.0, abs(device_end))
+    tol = noise(device_end)
     for first, second in ((backward, forward), (forward, backward)):
         first_end = start + _duration(js, first)
         second_end = first_end + _duration(js, second)

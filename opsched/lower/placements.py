@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from opsched.errors import MemoryTooSmall, OpschedError
+from opsched.lower.jobs import noise
 from opsched.lower.solve import LowerResult, solve
 from opsched.schedule import Order, StageGraph
 from opsched.solver import Status
@@ -156,7 +157,7 @@ def solve_placements(
         tried.append(Tried.of(candidate.placement, result))
         log.info("[placement] %s: %g (bound %g, %s)", candidate.placement, result.value, result.lower_bound,
                  result.status)
-        if best is None or result.value < best[1].value - 1e-9 * max(1.0, abs(best[1].value)):
+        if best is None or result.value < best[1].value - noise(best[1].value):
             best = (candidate.placement, result)  # only the best schedule is kept (they are large at scale)
     if best is None:
         raise _nothing_ran(tried, too_small)

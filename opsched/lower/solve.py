@@ -36,7 +36,7 @@ from opsched.errors import Deadlock, OpschedError
 from opsched.isolate import SolverCrash, TimedOut, run_isolated
 from opsched.lower.bounds import lower_bound as combinatorial_bound
 from opsched.lower.bounds import own_orders_hold_every_schedule, span_lower_bound
-from opsched.lower.jobs import JobSet, activation_budgets, check_memory_limit, order_fits
+from opsched.lower.jobs import JobSet, activation_budgets, check_memory_limit, noise, order_fits
 from opsched.lower.listsched import Variant, default_variants, list_schedule
 from opsched.lower.pairing import pair_up
 from opsched.lower.parting import part_pairs
@@ -380,7 +380,7 @@ def _pair_up_the_best(run: _Search) -> None:
     if paired.merges:
         inc = paired.incumbent  # valued by the makespan, the objective here
         # only a shorter schedule is worth more pairs here: a lower sum of job ends alone is not
-        if inc.value < run.best.value - 1e-9 * max(1.0, abs(run.best.value)):
+        if inc.value < run.best.value - noise(run.best.value):
             run.best = inc
             run.improved(inc.order, inc.value)
             run.send(f"{paired.merges} pairs merged on the critical path")
@@ -560,7 +560,7 @@ def _divides(slot: float, sg) -> bool:
 
 
 def _proven(makespan: float, bound: float) -> bool:
-    return makespan <= bound + 1e-9 * max(1.0, abs(bound))
+    return makespan <= bound + noise(bound)
 
 
 def _has_pairs(order: Order) -> bool:
@@ -666,7 +666,7 @@ def _preferred(inc: Incumbent, order: Order, other: Incumbent, other_order: Orde
     """Whether a start valued ``inc`` is better than ``other``: a lower objective, or the same and fewer overlapped
     pairs (a pair costs what overlap costs in a real run: :mod:`opsched.lower.parting`), or the same again and a
     lower sum of job ends (:func:`opsched.lower.lns.better`)."""
-    if abs(inc.value - other.value) <= 1e-9 * max(1.0, abs(other.value)):
+    if abs(inc.value - other.value) <= noise(other.value):
         mine, theirs = _pair_count(order), _pair_count(other_order)
         if mine != theirs:
             return mine < theirs
