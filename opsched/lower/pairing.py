@@ -220,7 +220,7 @@ def _merges(js: JobSet, order: Order, start: dict[Job, float], end: dict[Job, fl
     ends before ``b`` did, every job ends no earlier than before (the actions between them now wait for the
     pair, which ends after ``a`` did, and earliest starts only grow with the ends before them), so such a
     merge is not tried. Pushing ``a`` back to ``b``'s place instead never helped on the DualPipe grid and
-    cost 5-8 times the simulations.
+    cost 5-9 times the simulations (reach 1-3).
     """
     critical = _critical_path(js, order, start, end)
     seen: set[tuple[Job, Job]] = set()
