@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 from opsched.lower.jobs import JobSet, noise, order_fits
 from opsched.lower.lns import Incumbent, better, timed_incumbent
@@ -80,6 +80,17 @@ class PairedUp:
         return self.incumbent.makespan
 
 
+class _Merge(NamedTuple):
+    """One candidate of :func:`_merges`: the order with ``pair`` made of ``earlier`` and ``later`` (``later``
+    pulled into ``earlier``'s place) on ``devices``, the devices whose lists changed."""
+
+    order: Order
+    devices: tuple[int, ...]
+    earlier: Job
+    later: Job
+    pair: Pair
+
+
 def pair_up(js: JobSet, order: Order, budgets: Mapping[int, float] | None,
             max_simulations: int = PAIR_UP_SIMULATIONS, deadline: float | None = None,
             together: bool = False) -> PairedUp:
@@ -108,7 +119,8 @@ def pair_up(js: JobSet, order: Order, budgets: Mapping[int, float] | None,
         if together:
             merged, simulations = _all_at_once(js, best, list(_merges(js, best.order, start, end)), budgets,
                                                simulations)
-        for candidate, devices, _pair in ([] if merged else _merges(js, best.order, start, end)):
+        for merge in ([] if merged else _merges(js, best.order, start, end)):
+            candidate, devices = merge.order, merge.devices
             if simulations >= max_simulations:
                 break
             if deadline is not None and time.monotonic() >= deadline:
@@ -136,7 +148,7 @@ def pair_up(js: JobSet, order: Order, budgets: Mapping[int, float] | None,
     return PairedUp(best, merges, simulations, False)
 
 
-def _all_at_once(js: JobSet, best: Incumbent, candidates: list, budgets: Mapping[int, float] | None,
+def _all_at_once(js: JobSet, best: Incumbent, candidates: list[_Merge], budgets: Mapping[int, float] | None,
                  simulations: int) -> tuple[tuple[Incumbent, list[Event], int] | None, int]:
     """Every merge of ``candidates`` (``_merges``'s) on ``best``'s order at once, each job in one pair at most:
     (the incumbent, its events and the pairs merged) when that fits and shortens the order, else None; and the
@@ -144,14 +156,15 @@ def _all_at_once(js: JobSet, best: Incumbent, candidates: list, budgets: Mapping
     together = _lists(best.order)
     used: set[Job] = set()
     count = 0
-    for _candidate, devices, pair in candidates:
-        if pair.first in used or pair.second in used:
+    for merge in candidates:
+        if merge.earlier in used or merge.later in used:
             continue
-        lists = {e: _merged(together[e], *_in_order(together[e], pair), pair) for e in devices}
+        # merges keep the order of the other actions, so ``earlier`` still runs first
+        lists = {e: _merged(together[e], merge.earlier, merge.later, merge.pair) for e in merge.devices}
         if any(acts is None for acts in lists.values()):
             continue
         together.update(lists)
-        used.update((pair.first, pair.second))
+        used.update((merge.earlier, merge.later))
         count += 1
     if count < 2 or not order_fits(js.sg, together, budgets):  # one merge alone is tried one at a time anyway
         return None, simulations
@@ -161,14 +174,6 @@ def _all_at_once(js: JobSet, best: Incumbent, candidates: list, budgets: Mapping
         return None, simulations + 1
     inc = timed_incumbent(js, together, timed)
     return ((inc, timed, count) if better(inc, best) else None), simulations + 1
-
-
-def _in_order(acts: list, pair: Pair) -> tuple[Job, Job]:
-    """The pair's two jobs in the order ``acts`` runs them (the first one's place takes the pair)."""
-    a, b = pair.first, pair.second
-    if a in acts and b in acts and acts.index(b) < acts.index(a):
-        return b, a
-    return a, b
 
 
 def _lists(order: Order) -> Order:
@@ -209,10 +214,9 @@ def _critical_path(js: JobSet, order: Order, start: dict[Job, float], end: dict[
 
 
 def _merges(js: JobSet, order: Order, start: dict[Job, float], end: dict[Job, float]):
-    """Every order (with the devices it changed, and the pair) with a pair merged from an F and a backward that
-    may overlap, ``a`` and a later ``b`` at most
-    :data:`PAIR_REACH` actions after it on its device, at least one of them on the critical path, that could
-    shorten ``order`` (its jobs' ``start`` and ``end``). The pair takes ``a``'s place, ``b`` pulled forward to
+    """Every :class:`_Merge` of ``order``: a pair merged from an F and a backward that may overlap, ``a`` and a
+    later ``b`` at most :data:`PAIR_REACH` actions after it on its device, at least one of them on the critical
+    path, that could shorten ``order`` (its jobs' ``start`` and ``end``). The pair takes ``a``'s place, ``b`` pulled forward to
     it, on every device of their stage (where ``b`` follows ``a`` within reach too); the actions between them
     follow the pair.
 
@@ -243,7 +247,7 @@ def _merges(js: JobSet, order: Order, start: dict[Job, float], end: dict[Job, fl
                 merged = {e: _merged(order.get(e, []), a, b, pair) for e in devices}
                 if any(m is None for m in merged.values()):
                     continue
-                yield {e: merged.get(e, acts_e) for e, acts_e in order.items()}, devices, pair
+                yield _Merge({e: merged.get(e, acts_e) for e, acts_e in order.items()}, devices, a, b, pair)
 
 
 def _merged(acts: list, a: Job, b: Job, pair: Pair) -> list | None:
