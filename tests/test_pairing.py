@@ -21,6 +21,7 @@ from opsched.baselines import baseline_orders
 from opsched.lower import solve
 from opsched.lower.jobs import JobSet, activation_budgets, order_fits
 from opsched.lower import pairing
+from opsched.lower.lns import timed_incumbent
 from opsched.lower.pairing import critical_path, pair_up
 from opsched.lower.solve import _same_jobs, split_fused_backward
 from opsched.schedule import Schedule, chain_stage_graph, jobs_of, simulate, validate
@@ -108,6 +109,29 @@ def test_pairing_up_together_ends_elsewhere():
     assert together.simulations < single.simulations
     assert order_fits(sg, together.order, budgets)
     validate(Schedule(sg, 8, simulate(sg, together.order, 8)))
+
+
+def test_pairing_up_together_leaves_out_what_does_not_fit_alone():
+    # D = 4, M = 8, 2:2:1, gain 1, at ZB-V's own peak (8): 8 of the first round's 17 merges overflow a device on
+    # their own; batching the 9 others still shortens ZB-V (86 -> 85), where a batch of all 17 overflows and the
+    # round falls back to one merge at a time (that ended at 76, as one at a time does)
+    sg = chain_stage_graph(8, f=2, b=3, w=1, devices=4, placement="v", overlap_gain=1.0)
+    js = JobSet(sg, 8)
+    budgets = activation_budgets(sg, 8)
+    zbv = split_fused_backward(baseline_orders(sg, 8)["zb-v"])
+    events = simulate(sg, zbv, 8)
+    start, end = pairing._times(events)
+    candidates = list(pairing._merges(js, zbv, start, end))
+    fitting = [m for m in candidates if pairing._fits_alone(js, m, budgets)]
+    assert 0 < len(fitting) < len(candidates)
+    batched, simulations = pairing._all_at_once(js, timed_incumbent(js, zbv, events), candidates, budgets, 0)
+    assert simulations == 1 and batched is not None
+    incumbent, _, count = batched
+    assert incumbent.makespan < makespan(js, zbv) and 1 < count <= len(fitting)
+    assert order_fits(sg, incumbent.order, budgets)
+    single, together = (pair_up(js, zbv, budgets, together=t) for t in (False, True))
+    assert together.makespan < single.makespan and together.simulations < single.simulations
+    assert order_fits(sg, together.order, budgets)
 
 
 @pytest.mark.slow

@@ -117,24 +117,23 @@ def pair_up(js: JobSet, order: Order, budgets: Mapping[int, float] | None,
         merged = None  # (incumbent, events, pairs merged)
         start, end = _times(events)
         if together:
+            if deadline is not None and time.monotonic() >= deadline:
+                return PairedUp(best, merges, simulations, True)
             merged, simulations = _all_at_once(js, best, list(_merges(js, best.order, start, end)), budgets,
                                                simulations)
         for merge in ([] if merged else _merges(js, best.order, start, end)):
-            candidate, devices = merge.order, merge.devices
             if simulations >= max_simulations:
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 return PairedUp(best, merges, simulations, True)
-            # only the devices of the merge changed: only their memory is checked again
-            if budgets is not None and not order_fits(js.sg, {e: candidate[e] for e in devices},
-                                                      {e: budgets[e] for e in devices if e in budgets}):
+            if not _fits_alone(js, merge, budgets):
                 continue
             simulations += 1
             try:
-                timed = simulate(js.sg, _lists(candidate), js.microbatches)
+                timed = simulate(js.sg, _lists(merge.order), js.microbatches)
             except Deadlock:  # the backward may wait, through the pipeline, for the F it was merged with
                 continue
-            inc = timed_incumbent(js, candidate, timed)
+            inc = timed_incumbent(js, merge.order, timed)
             # the first merge that shortens the order; the one that shortens it most gave the same results on
             # the DualPipe grid, with 5 to 10 times the simulations
             if better(inc, best):
@@ -150,14 +149,14 @@ def pair_up(js: JobSet, order: Order, budgets: Mapping[int, float] | None,
 
 def _all_at_once(js: JobSet, best: Incumbent, candidates: list[_Merge], budgets: Mapping[int, float] | None,
                  simulations: int) -> tuple[tuple[Incumbent, list[Event], int] | None, int]:
-    """Every merge of ``candidates`` (``_merges``'s) on ``best``'s order at once, each job in one pair at most:
-    (the incumbent, its events and the pairs merged) when that fits and shortens the order, else None; and the
-    simulations run so far."""
+    """Every merge of ``candidates`` (``_merges``'s) that fits in memory alone, on ``best``'s order at once, each
+    job in one pair at most: (the incumbent, its events and the pairs merged) when that fits and shortens the
+    order, else None; and the simulations run so far (one at most)."""
     together = _lists(best.order)
     used: set[Job] = set()
     count = 0
     for merge in candidates:
-        if merge.earlier in used or merge.later in used:
+        if merge.earlier in used or merge.later in used or not _fits_alone(js, merge, budgets):
             continue
         # merges keep the order of the other actions, so ``earlier`` still runs first
         lists = {e: _merged(together[e], merge.earlier, merge.later, merge.pair) for e in merge.devices}
@@ -174,6 +173,13 @@ def _all_at_once(js: JobSet, best: Incumbent, candidates: list[_Merge], budgets:
         return None, simulations + 1
     inc = timed_incumbent(js, together, timed)
     return ((inc, timed, count) if better(inc, best) else None), simulations + 1
+
+
+def _fits_alone(js: JobSet, merge: _Merge, budgets: Mapping[int, float] | None) -> bool:
+    """Whether ``merge``'s order fits the activation ``budgets``: only the devices of the merge changed, so only
+    their memory is checked again."""
+    return budgets is None or order_fits(js.sg, {e: merge.order[e] for e in merge.devices},
+                                         {e: budgets[e] for e in merge.devices if e in budgets})
 
 
 def _lists(order: Order) -> Order:

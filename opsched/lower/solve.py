@@ -354,14 +354,14 @@ def _search(
     pairs = _pairs_searched(js, allow_pairs)
     slot = slot or auto_slot(js.sg, best.makespan, pairs=pairs)
     run.pairs = pairs  # an inexact slot rounds pair lengths up, as it does every pass (pair_length)
-    if _has_pairs(start) and not run.pairs:  # the MIP cannot move these pairs: the order is kept as it is
+    if _pair_count(start) and not run.pairs:  # the MIP cannot move these pairs: the order is kept as it is
         run.send(f"warm start {name}")
         return run.news(done=True)
     run.best = best
     run.send(f"warm start {name}")
     if not run.searched_out():
         run.slot = slot
-        if not _has_pairs(start):  # the whole MIP has no pair options
+        if not _pair_count(start):  # the whole MIP has no pair options
             _solve_whole_mip(run)
     if not run.searched_out():
         _neighbourhood_search(run, search_budget)
@@ -496,7 +496,7 @@ def _result(
     sg, order = js.sg, watch.order
     events = simulate(sg, {d: list(a) for d, a in order.items()}, js.microbatches)
     parted = 0
-    if objective == Objective.MAKESPAN and _has_pairs(order):
+    if objective == Objective.MAKESPAN and _pair_count(order):
         # pairs where a device would wait anyway are parted: the same makespan with fewer pairs (parting.py)
         result = part_pairs(js, order, events=events)
         order, events, parted = result.order, result.events, result.count
@@ -563,10 +563,6 @@ def _proven(makespan: float, bound: float) -> bool:
     return makespan <= bound + noise(bound)
 
 
-def _has_pairs(order: Order) -> bool:
-    return any(isinstance(a, Pair) for acts in order.values() for a in acts)
-
-
 def _same_jobs(js: JobSet, order: Order) -> bool:
     """Whether the order runs exactly the job set (pairs split), each job once per device of its stage."""
     seen: dict[Job, int] = {}
@@ -590,7 +586,7 @@ def _start_pool(js: JobSet, budgets, allow_pairs: bool, warm_orders: dict[str, O
 
 def _fitting(js: JobSet, budgets, allow_pairs: bool, order: Order) -> list | None:
     """The order's events when it runs exactly ``js``'s jobs, fits in memory and does not deadlock, else None."""
-    if not _same_jobs(js, order) or (_has_pairs(order) and not allow_pairs) or not order_fits(js.sg, order, budgets):
+    if not _same_jobs(js, order) or (_pair_count(order) and not allow_pairs) or not order_fits(js.sg, order, budgets):
         return None
     try:
         return simulate(js.sg, {d: list(a) for d, a in order.items()}, js.microbatches)
@@ -631,7 +627,7 @@ def _best_start(run: _Search, allow_pairs: bool, warm_orders: dict[str, Order] |
                 continue
             inc = timed_incumbent(js, order, events, run.objective)
             best = _offer(run, best, name, order, inc)
-            if not _has_pairs(order) and (best_unpaired is None or better(inc, best_unpaired[2])):
+            if not _pair_count(order) and (best_unpaired is None or better(inc, best_unpaired[2])):
                 best_unpaired = (name, order, inc)
         if pairing_up and best is not None:
             best = _pair_up_starts(run, best, best_unpaired, paired_up)
