@@ -163,6 +163,12 @@ class StageGraph:
         self._alike: dict[int, tuple[int, ...]] | None = None  # see alike_devices, when first asked
         self._pair_lengths: dict[tuple[int, str, int, str], float] = {}  # pair_duration's, per pair of passes
         self._largest_saving: dict[frozenset | None, float] = {}  # largest_pair_saving's, per set of stages
+        self._dependencies: dict[str, dict[Job, list[tuple[Job, float]]]] = {"I": {}, "B": {}}  # see _dependencies
+
+    def __getstate__(self) -> dict:
+        # the simulator's dependency cache grows with the jobs simulated; a copy (a result sent back from a child
+        # process) starts without it
+        return {**self.__dict__, "_dependencies": {"I": {}, "B": {}}}
 
     def largest_pair_saving(self, stages: Iterable[int] | None = None) -> float:
         """The largest fraction of its shorter part an overlapped pair of this graph saves, in [0, 1].
@@ -568,7 +574,8 @@ def _order_from_schedule(schedule: Schedule) -> Order:
 # --------------------------------------------------------------------------- simulator
 
 
-def simulate(sg: StageGraph, order: Order, microbatches: int) -> list[Event]:
+def simulate(sg: StageGraph, order: Order, microbatches: int, earlier: Sequence[Event] = (),
+             since: float = 0.0) -> list[Event]:
     """Time an order as soon as possible.
 
     Each device runs its actions in the given order, one at a time. An action
@@ -582,36 +589,65 @@ def simulate(sg: StageGraph, order: Order, microbatches: int) -> list[Event]:
     its stage's group, is listed twice on a device, or is missing from a
     device of its group. The order is not modified and need not contain every
     job (:func:`validate` checks completeness). Events are returned sorted by
-    (start, stage, microbatch, pass).
+    (start, stage, microbatch, pass); overlapped pairs are numbered 0, 1, ...
+    in that order.
+
+    Resuming: ``earlier`` are this function's events for another order that
+    runs, on every device, the same actions in the same sequence as ``order``
+    up to those that started at ``since`` or later. Nothing before ``since``
+    can change (an action's start depends only on actions that ended by
+    then), so those events are kept and only the rest of ``order`` is timed
+    and checked: when an order changes at one point, as a local search's
+    move does, only the actions after it cost time. Raises
+    :class:`OpschedError` when the kept events are not the first actions of
+    ``order`` on their devices.
+
+    >>> sg = chain_stage_graph(2, f=1, b=2)
+    >>> order = {0: [Job(0, 0, "F"), Job(0, 1, "F"), Job(0, 0, "B"), Job(0, 1, "B")],
+    ...          1: [Job(1, 0, "F"), Job(1, 0, "B"), Job(1, 1, "F"), Job(1, 1, "B")]}
+    >>> events = simulate(sg, order, 2)
+    >>> max(e.end for e in events)
+    9.0
+
+    Device 1 running both forwards first changes nothing before 2, when its
+    second action starts:
+
+    >>> swapped = {0: order[0], 1: [Job(1, 0, "F"), Job(1, 1, "F"), Job(1, 0, "B"), Job(1, 1, "B")]}
+    >>> resumed = simulate(sg, swapped, 2, earlier=events, since=2.0)
+    >>> resumed == simulate(sg, swapped, 2), max(e.end for e in resumed)
+    (True, 9.0)
     """
-    queues = _checked_queues(sg, order, microbatches)
-    heads = {d: 0 for d in queues}
-    device_free = {d: 0.0 for d in queues}
-    finished: dict[Job, float] = {}
-    events: list[Event] = []
-    pair_id = 0
-    backward = backward_kinds(a for acts in queues.values() for a in acts)
-    remaining = sum(len(q) for q in queues.values())
+    queues = {d: [] for d in range(sg.num_devices or 0)}
+    for d, acts in order.items():
+        if d not in queues:
+            raise OpschedError(f"the order lists device {d}, but the StageGraph has devices 0..{sg.num_devices - 1}")
+        queues[d] = list(acts)
+    heads, device_free, finished, events = _resumed(sg, queues, [e for e in earlier if e.start < since])
+    devices_of = _checked_actions(sg, queues, heads, microbatches, finished)
+    next_pair = 1 + max((e.pair for e in events if e.pair is not None), default=-1)  # ids apart from the kept ones
+    backward = _backward_of([a for acts in queues.values() for a in acts])
+    remaining = sum(len(q) - heads[d] for d, q in queues.items())
     while remaining:
         progressed = False
         for d in sorted(queues):
             if heads[d] >= len(queues[d]):
                 continue
             action = queues[d][heads[d]]
-            devs = _action_devices(sg, action)
-            # every device of the group must have this action at its head
-            if any(heads.get(x, 0) >= len(queues.get(x, ())) or queues[x][heads[x]] != action for x in devs):
+            devs = devices_of[action]
+            # every device of the group must have this action at its head (a device's own is)
+            if len(devs) > 1 and any(heads[x] >= len(queues[x]) or queues[x][heads[x]] != action for x in devs):
                 continue
             ready = _ready_time(sg, action, finished, backward)
             if ready is None:
                 continue
             start = max([ready] + [device_free[x] for x in devs])
             jobs = jobs_of(action)
-            dur = pair_duration(sg, action) if isinstance(action, Pair) else sg.stage(action.stage).duration(action.pass_)
-            end = start + dur
             pid = None
             if isinstance(action, Pair):
-                pid, pair_id = pair_id, pair_id + 1
+                end = start + pair_duration(sg, action)
+                pid, next_pair = next_pair, next_pair + 1
+            else:
+                end = start + sg.stage(action.stage).duration(action.pass_)
             for job in jobs:
                 finished[job] = end
                 events.append(Event(job.stage, job.microbatch, job.pass_, start, end, pid))
@@ -626,42 +662,85 @@ def simulate(sg: StageGraph, order: Order, microbatches: int) -> list[Event]:
             }
             detail = ", ".join(f"device {d} waits at {a}" for d, a in blocked.items())
             raise Deadlock(f"the order deadlocks: {detail}")
-    events.sort(key=lambda e: (e.start, e.stage, e.microbatch, PASSES.index(e.pass_)))
-    return events
+    return _numbered(events)
 
 
-def _checked_queues(sg: StageGraph, order: Order, microbatches: int) -> dict[int, list[Action]]:
-    """Copy ``order`` into per-device queues (every device present), rejecting misplaced actions.
+def _resumed(sg: StageGraph, queues: dict[int, list[Action]],
+             kept: list[Event]) -> tuple[dict[int, int], dict[int, float], dict[Job, float], list[Event]]:
+    """Where :func:`simulate` resumes after the ``kept`` events: each device's position in its queue and the end of
+    its last kept action, each kept job's end, and the kept events. They must be the first actions on every
+    device of their stages, each pair kept as a pair, in the sequence they ran."""
+    heads = {d: 0 for d in queues}
+    device_free = {d: 0.0 for d in queues}
+    if not kept:
+        return heads, device_free, {}, []
+    by_job = {e.job: e for e in kept}
+    matched = 0
+    for d, acts in queues.items():
+        for action in acts:
+            timed = [by_job.get(job) for job in jobs_of(action)]
+            if None in timed:
+                break
+            paired = {e.pair for e in timed}
+            # the simulator starts an action exactly at its device's previous end or later
+            if len(paired) != 1 or (None in paired) == isinstance(action, Pair) or timed[0].start < device_free[d]:
+                raise OpschedError(f"the earlier event of {action} on device {d} does not match the order's "
+                                   "sequence there; resume only from the events of an order with the same start")
+            heads[d] += 1
+            device_free[d] = timed[0].end
+            matched += len(timed)
+    if matched != sum(len(sg.stage(e.stage).devices) for e in kept):
+        raise OpschedError("some earlier events are not among the order's first actions on their devices; "
+                           "resume only from the events of an order with the same start")
+    return heads, device_free, {job: e.end for job, e in by_job.items()}, list(kept)
+
+
+def _checked_actions(sg: StageGraph, queues: dict[int, list[Action]], heads: dict[int, int],
+                     microbatches: int, kept: Mapping[Job, float]) -> dict[Action, tuple[int, ...]]:
+    """The devices of every action of ``queues`` from ``heads`` on, rejecting misplaced actions.
 
     Every action must name a real job, sit only on devices of its stage's group,
     appear once per device, and appear on every device of the group (else
-    the simulation could only deadlock or run a job twice).
+    the simulation could only deadlock or run a job twice). The actions
+    before ``heads`` passed these checks in the simulation that timed their
+    jobs, ``kept``; no job of theirs may come again.
     """
-    queues: dict[int, list[Action]] = {d: [] for d in range(sg.num_devices or 0)}
-    for d, acts in order.items():
-        if d not in queues:
-            raise OpschedError(f"the order lists device {d}, but the StageGraph has devices 0..{sg.num_devices - 1}")
-        queues[d] = list(acts)
-    placed: dict[Action, list[int]] = {}
+    devices_of: dict[Action, tuple[int, ...]] = {}
+    placed: dict[Action, list[int]] = {}  # of the actions of a group of devices
     for d, acts in queues.items():
         seen: set[Action] = set()
-        for a in acts:
-            for job in jobs_of(a):
-                _check_job(sg, job, microbatches)
-            if d not in _action_devices(sg, a):
+        for a in acts[heads[d]:]:
+            devs = devices_of.get(a)
+            if devs is None:
+                for job in jobs_of(a):
+                    _check_job(sg, job, microbatches)
+                    if job in kept:
+                        raise OpschedError(f"action {a} is listed twice on device {d}; list each action once")
+                devs = devices_of[a] = _action_devices(sg, a)
+            if d not in devs:
                 raise OpschedError(f"action {a} is listed on device {d}, which does not host its stage")
             if a in seen:
                 raise OpschedError(f"action {a} is listed twice on device {d}; list each action once")
             seen.add(a)
-            placed.setdefault(a, []).append(d)
+            if len(devs) > 1:
+                placed.setdefault(a, []).append(d)
     for a, devs in placed.items():
-        missing = sorted(set(_action_devices(sg, a)) - set(devs))
-        if missing:
+        if len(devs) != len(devices_of[a]):
+            missing = sorted(set(devices_of[a]) - set(devs))
             raise OpschedError(
                 f"action {a} is listed on device(s) {devs} but not on {missing}; "
                 "a stage's action must appear on every device of its group"
             )
-    return queues
+    return devices_of
+
+
+def _numbered(events: list[Event]) -> list[Event]:
+    """``events`` sorted by (start, stage, microbatch, pass), overlapped pairs numbered 0, 1, ... in that order
+    (``pair`` holds any id unique to its pair before), so a resumed simulation numbers them as a whole one does."""
+    events.sort(key=lambda e: (e.start, e.stage, e.microbatch, PASSES.index(e.pass_)))
+    number: dict[int, int] = {}
+    return [e if e.pair is None else Event(e.stage, e.microbatch, e.pass_, e.start, e.end,
+                                           number.setdefault(e.pair, len(number))) for e in events]
 
 
 def _check_job(sg: StageGraph, job: Job, microbatches: int) -> None:
@@ -732,16 +811,35 @@ def backward_kinds(actions: Iterable[Action]) -> dict[tuple[int, int], str]:
 
 
 def _ready_time(
-    sg: StageGraph, action: Action, finished: dict[Job, float], backward: Mapping[tuple[int, int], str]
+    sg: StageGraph, action: Action, finished: dict[Job, float], backward: Mapping[tuple[int, int], str] | str
 ) -> float | None:
     ready = 0.0
     for job in jobs_of(action):
-        for dep, delay in dependencies(sg, job, backward):
+        for dep, delay in _dependencies(sg, job, backward):
             t = finished.get(dep)
             if t is None:
                 return None  # not run yet (a pair never contains its own dependency)
             ready = max(ready, t + delay)
     return ready
+
+
+def _dependencies(sg: StageGraph, job: Job, backward: Mapping[tuple[int, int], str] | str) -> list[tuple[Job, float]]:
+    """:func:`dependencies`, kept on ``sg`` when every stage runs the same backward pass (``backward`` a letter):
+    the simulator asks for the same jobs' again in every order it times."""
+    if not isinstance(backward, str):
+        return dependencies(sg, job, backward)
+    cache = sg._dependencies[backward]
+    deps = cache.get(job)
+    if deps is None:
+        deps = cache[job] = dependencies(sg, job, backward)
+    return deps
+
+
+def _backward_of(actions: list[Action]) -> Mapping[tuple[int, int], str] | str:
+    """Which backward pass each (stage, microbatch) of ``actions`` runs: one letter when they all run the same (as
+    :func:`dependencies` takes it), else :func:`backward_kinds`."""
+    letters = {job.pass_ for a in actions for job in jobs_of(a)} & {"I", "B"}
+    return backward_kinds(actions) if len(letters) > 1 else letters.pop() if letters else "I"
 
 
 # --------------------------------------------------------------------------- validator

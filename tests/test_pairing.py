@@ -124,7 +124,8 @@ def test_pairing_up_together_leaves_out_what_does_not_fit_alone():
     candidates = list(pairing._merges(js, zbv, start, end))
     fitting = [m for m in candidates if pairing._fits_alone(js, m, budgets)]
     assert 0 < len(fitting) < len(candidates)
-    batched, simulations = pairing._all_at_once(js, timed_incumbent(js, zbv, events), candidates, budgets, 0)
+    batched, simulations = pairing._all_at_once(js, timed_incumbent(js, zbv, events), events, start, candidates,
+                                                budgets, 0)
     assert simulations == 1 and batched is not None
     incumbent, _, count = batched
     assert incumbent.makespan < makespan(js, zbv) and 1 < count <= len(fitting)

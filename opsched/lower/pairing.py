@@ -110,7 +110,7 @@ def pair_up(js: JobSet, order: Order, budgets: Mapping[int, float] | None,
     each), where one at a time ends at 153 (no merge helps) and 275 (its
     1,000 simulations spent); DualPipeV's orders take 151 and 247.
     """
-    events = simulate(js.sg, _lists(order), js.microbatches)
+    events = simulate(js.sg, order, js.microbatches)
     best = timed_incumbent(js, order, events)
     merges = simulations = 0
     while simulations < max_simulations:
@@ -119,8 +119,8 @@ def pair_up(js: JobSet, order: Order, budgets: Mapping[int, float] | None,
         if together:
             if deadline is not None and time.monotonic() >= deadline:
                 return PairedUp(best, merges, simulations, True)
-            merged, simulations = _all_at_once(js, best, list(_merges(js, best.order, start, end)), budgets,
-                                               simulations)
+            merged, simulations = _all_at_once(js, best, events, start, list(_merges(js, best.order, start, end)),
+                                               budgets, simulations)
         for merge in ([] if merged else _merges(js, best.order, start, end)):
             if simulations >= max_simulations:
                 break
@@ -130,7 +130,8 @@ def pair_up(js: JobSet, order: Order, budgets: Mapping[int, float] | None,
                 continue
             simulations += 1
             try:
-                timed = simulate(js.sg, _lists(merge.order), js.microbatches)
+                # nothing before the earlier job's start changed: only the rest is timed again
+                timed = simulate(js.sg, merge.order, js.microbatches, events, start[merge.earlier])
             except Deadlock:  # the backward may wait, through the pipeline, for the F it was merged with
                 continue
             inc = timed_incumbent(js, merge.order, timed)
@@ -147,12 +148,14 @@ def pair_up(js: JobSet, order: Order, budgets: Mapping[int, float] | None,
     return PairedUp(best, merges, simulations, False)
 
 
-def _all_at_once(js: JobSet, best: Incumbent, candidates: list[_Merge], budgets: Mapping[int, float] | None,
+def _all_at_once(js: JobSet, best: Incumbent, events: list[Event], start: dict[Job, float], candidates: list[_Merge],
+                 budgets: Mapping[int, float] | None,
                  simulations: int) -> tuple[tuple[Incumbent, list[Event], int] | None, int]:
-    """Every merge of ``candidates`` (``_merges``'s) that fits in memory alone, on ``best``'s order at once, each
-    job in one pair at most: (the incumbent, its events and the pairs merged) when that fits and shortens the
-    order, else None; and the simulations run so far (one at most)."""
-    together = _lists(best.order)
+    """Every merge of ``candidates`` (``_merges``'s) that fits in memory alone, on ``best``'s order (timed as
+    ``events``, its jobs' ``start``) at once, each job in one pair at most: (the incumbent, its events and the
+    pairs merged) when that fits and shortens the order, else None; and the simulations run so far (one at
+    most)."""
+    together = dict(best.order)  # the merged devices' lists are replaced, not changed
     used: set[Job] = set()
     count = 0
     for merge in candidates:
@@ -168,7 +171,7 @@ def _all_at_once(js: JobSet, best: Incumbent, candidates: list[_Merge], budgets:
     if count < 2 or not order_fits(js.sg, together, budgets):  # one merge alone is tried one at a time anyway
         return None, simulations
     try:
-        timed = simulate(js.sg, _lists(together), js.microbatches)
+        timed = simulate(js.sg, together, js.microbatches, events, min(start[job] for job in used))
     except Deadlock:
         return None, simulations + 1
     inc = timed_incumbent(js, together, timed)
@@ -180,10 +183,6 @@ def _fits_alone(js: JobSet, merge: _Merge, budgets: Mapping[int, float] | None) 
     their memory is checked again."""
     return budgets is None or order_fits(js.sg, {e: merge.order[e] for e in merge.devices},
                                          {e: budgets[e] for e in merge.devices if e in budgets})
-
-
-def _lists(order: Order) -> Order:
-    return {d: list(a) for d, a in order.items()}
 
 
 def critical_path(js: JobSet, order: Order, events: list[Event]) -> set[Job]:
