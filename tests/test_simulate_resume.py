@@ -66,3 +66,15 @@ def test_resuming_past_a_change_is_refused():
         simulate(sg, changed, 2, events, 2.5)  # device 1's B0 started at 2 and now comes later
     with pytest.raises(OpschedError, match="listed twice"):
         simulate(sg, {0: order[0], 1: order[1] + [Job(1, 0, "F")]}, 2, events, 2.0)
+
+
+def test_a_copied_stage_graph_leaves_the_dependency_cache_behind():
+    import pickle
+
+    sg = chain_stage_graph(2, f=1, b=2)
+    order = {0: [Job(0, 0, "F"), Job(0, 0, "B")], 1: [Job(1, 0, "F"), Job(1, 0, "B")]}
+    events = simulate(sg, order, 1)
+    assert sg._dependencies["B"]  # the fused backwards' dependencies were kept
+    copy = pickle.loads(pickle.dumps(sg))
+    assert copy._dependencies == {"I": {}, "B": {}}
+    assert simulate(copy, order, 1) == events
