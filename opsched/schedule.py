@@ -674,11 +674,13 @@ def _resumed(sg: StageGraph, queues: dict[int, list[Action]],
     device_free = {d: 0.0 for d in queues}
     if not kept:
         return heads, device_free, {}, []
-    by_job = {e.job: e for e in kept}
+    by_job = {(e.stage, e.microbatch, e.pass_): e for e in kept}  # (a Job would be built for each event)
+    finished: dict[Job, float] = {}
     matched = 0
     for d, acts in queues.items():
         for action in acts:
-            timed = [by_job.get(job) for job in jobs_of(action)]
+            jobs = jobs_of(action)
+            timed = [by_job.get((job.stage, job.microbatch, job.pass_)) for job in jobs]
             if None in timed:
                 break
             paired = {e.pair for e in timed}
@@ -689,10 +691,12 @@ def _resumed(sg: StageGraph, queues: dict[int, list[Action]],
             heads[d] += 1
             device_free[d] = timed[0].end
             matched += len(timed)
+            for job in jobs:
+                finished[job] = timed[0].end
     if matched != sum(len(sg.stage(e.stage).devices) for e in kept):
         raise OpschedError("some earlier events are not among the order's first actions on their devices; "
                            "resume only from the events of an order with the same start")
-    return heads, device_free, {job: e.end for job, e in by_job.items()}, list(kept)
+    return heads, device_free, finished, list(kept)
 
 
 def _checked_actions(sg: StageGraph, queues: dict[int, list[Action]], heads: dict[int, int],

@@ -120,14 +120,14 @@ def test_pairing_up_together_leaves_out_what_does_not_fit_alone():
     budgets = activation_budgets(sg, 8)
     zbv = split_fused_backward(baseline_orders(sg, 8)["zb-v"])
     events = simulate(sg, zbv, 8)
-    start, end = pairing._times(events)
-    candidates = list(pairing._merges(js, zbv, start, end))
+    timing = pairing._Timing(zbv, events)
+    candidates = list(pairing._merges(js, zbv, timing))
     fitting = [m for m in candidates if pairing._fits_alone(js, m, budgets)]
     assert 0 < len(fitting) < len(candidates)
-    batched, simulations = pairing._all_at_once(js, timed_incumbent(js, zbv, events), events, start, candidates,
+    batched, simulations = pairing._all_at_once(js, timed_incumbent(js, zbv, events), events, timing, candidates,
                                                 budgets, 0)
     assert simulations == 1 and batched is not None
-    incumbent, _, count = batched
+    incumbent, count = batched.incumbent, batched.merges
     assert incumbent.makespan < makespan(js, zbv) and 1 < count <= len(fitting)
     assert order_fits(sg, incumbent.order, budgets)
     single, together = (pair_up(js, zbv, budgets, together=t) for t in (False, True))

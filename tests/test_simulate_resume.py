@@ -51,8 +51,23 @@ def test_resuming_gives_the_whole_simulation(inst):
             for i in range(len(acts) - 1):
                 first = min(start[j] for a in acts[i:i + 2] for j in pairing.jobs_of(a))
                 check_resumed(js, order, swapped(order, d, i), first)
-        for merge in pairing._merges(js, order, *pairing._times(events)):
+        for merge in pairing._merges(js, order, pairing._Timing(order, events)):
             check_resumed(js, order, merge.order, start[merge.earlier])
+            check_timing_update(js, order, events, merge)
+
+
+def check_timing_update(js: JobSet, order: dict, events: list, merge) -> None:
+    """The pair-up's timing, updated for a merge from what changed, equals one read from the whole order."""
+    changed = timed(js.sg, merge.order, js.microbatches)
+    if not isinstance(changed, list):
+        return
+    updated = pairing._Timing(order, events)
+    updated.update(merge.order, merge.devices, changed, updated.start[merge.earlier])
+    whole = pairing._Timing(merge.order, changed)
+    assert (updated.start, updated.end) == (whole.start, whole.end)
+    links = lambda t: {job: before for job, before in t.previous.items() if before}  # noqa: E731
+    assert links(updated) == links(whole)
+    assert updated.critical_path(js) == whole.critical_path(js)
 
 
 def test_resuming_past_a_change_is_refused():

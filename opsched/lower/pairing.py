@@ -41,6 +41,7 @@ microbatch 1 (the same makespan, earlier ends):
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass
 from typing import Mapping, NamedTuple
@@ -112,16 +113,16 @@ def pair_up(js: JobSet, order: Order, budgets: Mapping[int, float] | None,
     """
     events = simulate(js.sg, order, js.microbatches)
     best = timed_incumbent(js, order, events)
+    timing = _Timing(order, events)
     merges = simulations = 0
     while simulations < max_simulations:
-        merged = None  # (incumbent, events, pairs merged)
-        start, end = _times(events)
+        step: _Step | None = None
         if together:
             if deadline is not None and time.monotonic() >= deadline:
                 return PairedUp(best, merges, simulations, True)
-            merged, simulations = _all_at_once(js, best, events, start, list(_merges(js, best.order, start, end)),
-                                               budgets, simulations)
-        for merge in ([] if merged else _merges(js, best.order, start, end)):
+            step, simulations = _all_at_once(js, best, events, timing, list(_merges(js, best.order, timing)),
+                                             budgets, simulations)
+        for merge in ([] if step else _merges(js, best.order, timing)):
             if simulations >= max_simulations:
                 break
             if deadline is not None and time.monotonic() >= deadline:
@@ -129,35 +130,45 @@ def pair_up(js: JobSet, order: Order, budgets: Mapping[int, float] | None,
             if not _fits_alone(js, merge, budgets):
                 continue
             simulations += 1
+            since = timing.start[merge.earlier]  # nothing before it changed: only the rest is timed again
             try:
-                # nothing before the earlier job's start changed: only the rest is timed again
-                timed = simulate(js.sg, merge.order, js.microbatches, events, start[merge.earlier])
+                timed = simulate(js.sg, merge.order, js.microbatches, events, since)
             except Deadlock:  # the backward may wait, through the pipeline, for the F it was merged with
                 continue
             inc = timed_incumbent(js, merge.order, timed)
             # the first merge that shortens the order; the one that shortens it most gave the same results on
             # the DualPipe grid, with 5 to 10 times the simulations
             if better(inc, best):
-                merged = (inc, timed, 1)
+                step = _Step(inc, timed, 1, merge.devices, since)
                 break
-        if merged is None:
+        if step is None:
             break
-        best, events, merges = merged[0], merged[1], merges + merged[2]
+        best, events, merges = step.incumbent, step.events, merges + step.merges
+        timing.update(best.order, step.devices, events, step.since)
         if deadline is not None and time.monotonic() >= deadline:
             return PairedUp(best, merges, simulations, True)
     return PairedUp(best, merges, simulations, False)
 
 
-def _all_at_once(js: JobSet, best: Incumbent, events: list[Event], start: dict[Job, float], candidates: list[_Merge],
-                 budgets: Mapping[int, float] | None,
-                 simulations: int) -> tuple[tuple[Incumbent, list[Event], int] | None, int]:
+class _Step(NamedTuple):
+    """A round of :func:`pair_up` that shortened the order: the order timed, its events, the pairs merged, the
+    devices whose lists changed and the earliest start that did."""
+
+    incumbent: Incumbent
+    events: list[Event]
+    merges: int
+    devices: set[int] | tuple[int, ...]
+    since: float
+
+
+def _all_at_once(js: JobSet, best: Incumbent, events: list[Event], timing: "_Timing", candidates: list[_Merge],
+                 budgets: Mapping[int, float] | None, simulations: int) -> tuple[_Step | None, int]:
     """Every merge of ``candidates`` (``_merges``'s) that fits in memory alone, on ``best``'s order (timed as
-    ``events``, its jobs' ``start``) at once, each job in one pair at most: (the incumbent, its events and the
-    pairs merged) when that fits and shortens the order, else None; and the simulations run so far (one at
-    most)."""
+    ``events`` and ``timing``) at once, each job in one pair at most: the step when that fits and shortens the
+    order, else None; and the simulations run so far (one at most)."""
     together = dict(best.order)  # the merged devices' lists are replaced, not changed
     used: set[Job] = set()
-    count = 0
+    devices: set[int] = set()
     for merge in candidates:
         if merge.earlier in used or merge.later in used or not _fits_alone(js, merge, budgets):
             continue
@@ -167,15 +178,17 @@ def _all_at_once(js: JobSet, best: Incumbent, events: list[Event], start: dict[J
             continue
         together.update(lists)
         used.update((merge.earlier, merge.later))
-        count += 1
+        devices.update(merge.devices)
+    count = len(used) // 2
     if count < 2 or not order_fits(js.sg, together, budgets):  # one merge alone is tried one at a time anyway
         return None, simulations
+    since = min(timing.start[job] for job in used)
     try:
-        timed = simulate(js.sg, together, js.microbatches, events, min(start[job] for job in used))
+        timed = simulate(js.sg, together, js.microbatches, events, since)
     except Deadlock:
         return None, simulations + 1
     inc = timed_incumbent(js, together, timed)
-    return ((inc, timed, count) if better(inc, best) else None), simulations + 1
+    return (_Step(inc, timed, count, devices, since) if better(inc, best) else None), simulations + 1
 
 
 def _fits_alone(js: JobSet, merge: _Merge, budgets: Mapping[int, float] | None) -> bool:
@@ -189,36 +202,62 @@ def critical_path(js: JobSet, order: Order, events: list[Event]) -> set[Job]:
     """The jobs of one critical path of ``order`` as timed in ``events``: from the job that ends last, back
     through the action that made each start when it did (the device's previous action, else a dependency
     with its transfer), to a job that starts at its earliest."""
-    return _critical_path(js, order, *_times(events))
+    return _Timing(order, events).critical_path(js)
 
 
-def _times(events: list[Event]) -> tuple[dict[Job, float], dict[Job, float]]:
-    """Start and end of every job."""
-    start, end = {}, {}
-    for e in events:
-        job = e.job
-        start[job], end[job] = e.start, e.end
-    return start, end
+class _Timing:
+    """An order as timed: each job's start and end, and the job before each job's action on each of its devices.
 
+    A merge changes the order only on its devices and the times only from its earlier job's start on, so
+    :meth:`update` re-reads only those (a pair-up round then costs what changed, not the whole order)."""
 
-def _critical_path(js: JobSet, order: Order, start: dict[Job, float], end: dict[Job, float]) -> set[Job]:
-    previous: dict[Job, list[Job]] = {}  # a job -> the last job of the previous action on each of its devices
-    for acts in order.values():
-        for before, action in zip(acts, acts[1:]):
+    def __init__(self, order: Order, events: list[Event]):
+        self.start: dict[Job, float] = {}
+        self.end: dict[Job, float] = {}
+        self.previous: dict[Job, dict[int, Job]] = {}
+        self._read(events)
+        for d, acts in order.items():
+            self._link(d, acts)
+
+    def update(self, order: Order, devices, events: list[Event], since: float) -> None:
+        """Take ``order``'s ``events``, in which only ``devices``' lists and the times from ``since`` on changed."""
+        self._read(events[bisect.bisect_left(events, since, key=lambda e: e.start):])
+        for d in devices:
+            self._link(d, order[d])
+
+    def _read(self, events: list[Event]) -> None:
+        start, end = self.start, self.end
+        for e in events:
+            job = e.job
+            start[job], end[job] = e.start, e.end
+
+    def _link(self, d: int, acts: list) -> None:
+        before = None
+        for action in acts:
             for job in jobs_of(action):
-                previous.setdefault(job, []).append(jobs_of(before)[0])
-    job = max(end, key=lambda j: (end[j], str(j)))
-    path = set()
-    while job is not None and job not in path:
-        path.add(job)
-        tol = noise(start[job])
-        made = [p for p in previous.get(job, []) if abs(end[p] - start[job]) <= tol]
-        made += [js.jobs[i] for i, delay in js.preds[js.index[job]] if abs(end[js.jobs[i]] + delay - start[job]) <= tol]
-        job = made[0] if made else None
-    return path
+                if before is None:
+                    self.previous.setdefault(job, {}).pop(d, None)
+                else:
+                    self.previous.setdefault(job, {})[d] = before
+            before = jobs_of(action)[0]
+
+    def critical_path(self, js: JobSet) -> set[Job]:
+        start, end = self.start, self.end
+        last = max(end.values())
+        job = max((j for j, t in end.items() if t == last), key=str)
+        path = set()
+        while job is not None and job not in path:
+            path.add(job)
+            tol = noise(start[job])
+            previous = self.previous.get(job, {})
+            made = [previous[d] for d in sorted(previous) if abs(end[previous[d]] - start[job]) <= tol]
+            made += [js.jobs[i] for i, delay in js.preds[js.index[job]]
+                     if abs(end[js.jobs[i]] + delay - start[job]) <= tol]
+            job = made[0] if made else None
+        return path
 
 
-def _merges(js: JobSet, order: Order, start: dict[Job, float], end: dict[Job, float]):
+def _merges(js: JobSet, order: Order, timing: _Timing):
     """Every :class:`_Merge` of ``order``: a pair merged from an F and a backward that may overlap, ``a`` and a
     later ``b`` at most :data:`PAIR_REACH` actions after it on its device, at least one of them on the critical
     path, that could shorten ``order`` (its jobs' ``start`` and ``end``). The pair takes ``a``'s place, ``b`` pulled forward to
@@ -231,7 +270,8 @@ def _merges(js: JobSet, order: Order, start: dict[Job, float], end: dict[Job, fl
     merge is not tried. Pushing ``a`` back to ``b``'s place instead never helped on the DualPipe grid and
     cost 5-9 times the simulations (reach 1-3).
     """
-    critical = _critical_path(js, order, start, end)
+    critical = timing.critical_path(js)
+    start, end = timing.start, timing.end
     seen: set[tuple[Job, Job]] = set()
     for d in sorted(order):
         acts = order[d]
