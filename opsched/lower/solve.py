@@ -639,17 +639,20 @@ def _pair_up_starts(run: _Search, best: tuple[str, Order, Incumbent],
                     best_unpaired: tuple[str, Order, Incumbent] | None, paired_up: set[tuple[str, bool]]):
     """More pairs on the critical path of the best start, and of the best without pairs (few pairs, placed where
     they shorten it; and all that could help at once, a quick pass that may end shorter), each once, within
-    :data:`PAIR_UP_SHARE` of the time left; the best start after that."""
+    :data:`PAIR_UP_SHARE` of the time left, each pair-up an equal share of what is left when it starts (what one
+    does not need passes to the next); the best start after that."""
     deadline = time.monotonic() + PAIR_UP_SHARE * max(0.0, run.deadline - time.monotonic())
     tries = [(best, False)]
     if best_unpaired is not None:
-        # all at once first, as it is quick (about 1.5 s at D=16, M=64 on the DualPipe grid, where one merge at a
+        # all at once first, as it is often quick (1.5 s at D=16, M=64 on the DualPipe grid, where one merge at a
         # time would need 80 s); at the same makespan one at a time's fewer pairs are preferred when it finishes
         tries = [(best_unpaired, True)] + tries + ([(best_unpaired, False)] if best_unpaired[0] != best[0] else [])
-    for (name, order, _), together in tries:
-        if (name, together) in paired_up:
-            continue
-        paired = pair_up(run.js, order, run.budgets, deadline=deadline, together=together)
+    tries = [t for t in tries if (t[0][0], t[1]) not in paired_up]
+    for k, ((name, order, _), together) in enumerate(tries):
+        # when all at once falls back to one merge at a time it may take long: the others keep their shares
+        now = time.monotonic()
+        share = now + max(0.0, deadline - now) / (len(tries) - k)
+        paired = pair_up(run.js, order, run.budgets, deadline=share, together=together)
         run.timed_out = run.timed_out or paired.cut
         paired_up.add((name, together))
         if paired.merges:
