@@ -38,7 +38,7 @@ from opsched.lower.bounds import lower_bound as combinatorial_bound
 from opsched.lower.bounds import own_orders_hold_every_schedule, span_lower_bound
 from opsched.lower.jobs import JobSet, activation_budgets, check_memory_limit, noise, order_fits
 from opsched.lower.listsched import Variant, default_variants, list_schedule
-from opsched.lower.pairing import pair_up
+from opsched.lower.pairing import PAIR_UP_SIMULATIONS, pair_up
 from opsched.lower.parting import part_pairs
 from opsched.lower.lns import (
     Incumbent,
@@ -78,6 +78,11 @@ SEARCH_BUDGET = 100
 #: on the DualPipe grid pairing up Zero Bubble's V shortens it more than the search does in that time (D=8, M=32,
 #: 2:2:1, gain 0.5: 4.7 s to 292 from 334, where half the V's share under --placement auto cut it)
 PAIR_UP_SHARE = 0.8
+#: simulations the start phase's all-at-once pair-up may run (a deterministic budget): on the DualPipe grid its
+#: batches shortened Zero Bubble's V within 3-33 simulations wherever they did; where they fail from the start
+#: (1:1.5:0.5 at gain 0.5) it goes one merge at a time, as the next pair-up does anyway, and ran out its 1,000
+#: (76 s at D=16, M=64), or took 464 at D=16, M=32, 1:1:1, gain 0.5 (5.6 s) to end above DualPipeV's order
+TOGETHER_SIMULATIONS = 64
 #: what the end of a solve costs here (re-timing and validating the final order: 0.16-0.38 s for 3,072 jobs with
 #: the cores shared three ways, about what building the job set and its bounds took), estimated as this many
 #: times that setup, which a loaded machine stretches alike; the search stops that much before the limit, but
@@ -639,20 +644,19 @@ def _pair_up_starts(run: _Search, best: tuple[str, Order, Incumbent],
                     best_unpaired: tuple[str, Order, Incumbent] | None, paired_up: set[tuple[str, bool]]):
     """More pairs on the critical path of the best start, and of the best without pairs (few pairs, placed where
     they shorten it; and all that could help at once, a quick pass that may end shorter), each once, within
-    :data:`PAIR_UP_SHARE` of the time left, each pair-up an equal share of what is left when it starts (what one
-    does not need passes to the next); the best start after that."""
+    :data:`PAIR_UP_SHARE` of the time left; the best start after that."""
     deadline = time.monotonic() + PAIR_UP_SHARE * max(0.0, run.deadline - time.monotonic())
     tries = [(best, False)]
     if best_unpaired is not None:
-        # all at once first, as it is often quick (1.5 s at D=16, M=64 on the DualPipe grid, where one merge at a
-        # time would need 80 s); at the same makespan one at a time's fewer pairs are preferred when it finishes
+        # all at once first: within its budget it is quick (1.5 s at D=16, M=64 on the DualPipe grid, where one
+        # merge at a time would need 80 s); at the same makespan one at a time's fewer pairs are preferred when it
+        # finishes
         tries = [(best_unpaired, True)] + tries + ([(best_unpaired, False)] if best_unpaired[0] != best[0] else [])
-    tries = [t for t in tries if (t[0][0], t[1]) not in paired_up]
-    for k, ((name, order, _), together) in enumerate(tries):
-        # when all at once falls back to one merge at a time it may take long: the others keep their shares
-        now = time.monotonic()
-        share = now + max(0.0, deadline - now) / (len(tries) - k)
-        paired = pair_up(run.js, order, run.budgets, deadline=share, together=together)
+    for (name, order, _), together in tries:
+        if (name, together) in paired_up:
+            continue
+        paired = pair_up(run.js, order, run.budgets, deadline=deadline, together=together,
+                         max_simulations=TOGETHER_SIMULATIONS if together else PAIR_UP_SIMULATIONS)
         run.timed_out = run.timed_out or paired.cut
         paired_up.add((name, together))
         if paired.merges:
