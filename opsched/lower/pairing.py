@@ -52,8 +52,8 @@ from opsched.errors import Deadlock
 from opsched.schedule import Event, Job, Order, Pair, jobs_of, pair_duration, simulate
 
 #: simulations one :func:`pair_up` may run (a deterministic budget); on the DualPipe grid's V it needs about one per
-#: merge: from Zero Bubble's V at 2:2:1, gain 0.5, 64 at D=8, M=16 (0.5 s in all on the 2 cores), 320 at D=8, M=32
-#: (4.6 s), 196 at D=16, M=32 (6.1 s); 1,222 at D=16, M=64 (78 s), which this budget stops
+#: merge: from Zero Bubble's V at 2:2:1, gain 0.5, 64 at D=8, M=16 (0.3 s in all on one core), 320 at D=8, M=32
+#: (2.7 s), 196 at D=16, M=32 (3.5 s); 1,222 at D=16, M=64, which this budget stops
 PAIR_UP_SIMULATIONS = 1000
 
 #: how far after an F (or a backward) on its device the backward (or F) may be that joins it in a pair: on the
