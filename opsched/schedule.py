@@ -829,7 +829,7 @@ def _ready_time(
 
 def _dependencies(sg: StageGraph, job: Job, backward: Mapping[tuple[int, int], str] | str) -> list[tuple[Job, float]]:
     """:func:`dependencies`, kept on ``sg`` when every stage runs the same backward pass (``backward`` a letter):
-    the simulator asks for the same jobs' again in every order it times."""
+    the simulator asks for the same jobs' dependencies again in every order it times."""
     if not isinstance(backward, str):
         return dependencies(sg, job, backward)
     cache = sg._dependencies[backward]

@@ -44,7 +44,7 @@ from __future__ import annotations
 import bisect
 import time
 from dataclasses import dataclass
-from typing import Mapping, NamedTuple
+from typing import Iterable, Mapping, NamedTuple
 
 from opsched.lower.jobs import JobSet, noise, order_fits
 from opsched.lower.lns import Incumbent, better, timed_incumbent
@@ -157,7 +157,7 @@ class _Step(NamedTuple):
     incumbent: Incumbent
     events: list[Event]
     merges: int
-    devices: set[int] | tuple[int, ...]
+    devices: Iterable[int]
     since: float
 
 
@@ -219,7 +219,7 @@ class _Timing:
         for d, acts in order.items():
             self._link(d, acts)
 
-    def update(self, order: Order, devices, events: list[Event], since: float) -> None:
+    def update(self, order: Order, devices: Iterable[int], events: list[Event], since: float) -> None:
         """Take ``order``'s ``events``, in which only ``devices``' lists and the times from ``since`` on changed."""
         self._read(events[bisect.bisect_left(events, since, key=lambda e: e.start):])
         for d in devices:
