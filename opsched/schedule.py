@@ -696,7 +696,7 @@ def _resumed(sg: StageGraph, queues: dict[int, list[Action]],
     if matched != sum(len(sg.stage(e.stage).devices) for e in kept):
         raise OpschedError("some earlier events are not among the order's first actions on their devices; "
                            "resume only from the events of an order with the same start")
-    return heads, device_free, finished, list(kept)
+    return heads, device_free, finished, kept
 
 
 def _checked_actions(sg: StageGraph, queues: dict[int, list[Action]], heads: dict[int, int],

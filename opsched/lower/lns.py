@@ -66,7 +66,7 @@ def objective_value(js: JobSet, events, objective: Objective = Objective.MAKESPA
 
 def evaluate(js: JobSet, order: dict, objective: Objective = Objective.MAKESPAN) -> Incumbent:
     """Time ``order`` with the simulator and wrap it as an :class:`Incumbent`."""
-    return timed_incumbent(js, order, simulate(js.sg, {d: list(a) for d, a in order.items()}, js.microbatches),
+    return timed_incumbent(js, order, simulate(js.sg, order, js.microbatches),
                            objective)
 
 
@@ -96,7 +96,7 @@ def slotted_timing(js: JobSet, order: Order, slot: float, ssg: StageGraph | None
     Pair lengths are whole slots, rounded up (:func:`opsched.lower.timeindexed.pair_length`).
     """
     ssg = ssg or slotted_stage_graph(js.sg, slot)
-    events = simulate(ssg, {d: list(a) for d, a in order.items()}, js.microbatches)
+    events = simulate(ssg, order, js.microbatches)
     pairs: dict[tuple[int, int], int] = {}
     for acts in order.values():
         for a in acts:

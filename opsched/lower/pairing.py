@@ -234,12 +234,13 @@ class _Timing:
     def _link(self, d: int, acts: list) -> None:
         before = None
         for action in acts:
-            for job in jobs_of(action):
+            jobs = jobs_of(action)
+            for job in jobs:
                 if before is None:
                     self.previous.setdefault(job, {}).pop(d, None)
                 else:
                     self.previous.setdefault(job, {})[d] = before
-            before = jobs_of(action)[0]
+            before = jobs[0]
 
     def critical_path(self, js: JobSet) -> set[Job]:
         start, end = self.start, self.end

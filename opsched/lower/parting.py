@@ -72,7 +72,7 @@ def part_pairs(js: JobSet, order: Order, makespan: float | None = None,
     sweep kept may fit now; sweeps repeat until one parts nothing.
     """
     if events is None:
-        events = simulate(js.sg, {d: list(a) for d, a in order.items()}, js.microbatches)
+        events = simulate(js.sg, order, js.microbatches)
     events = list(events)
     limit = max(e.end for e in events) if makespan is None else float(makespan)
     count = 0
@@ -81,7 +81,7 @@ def part_pairs(js: JobSet, order: Order, makespan: float | None = None,
         if not parted:
             return Parted(order, events, count)
         order = {d: [x for a in acts for x in (parted.get(jobs_of(a)) or (a,))] for d, acts in order.items()}
-        events = simulate(js.sg, {d: list(a) for d, a in order.items()}, js.microbatches)
+        events = simulate(js.sg, order, js.microbatches)
         new_end = max(e.end for e in events)
         if new_end > limit + noise(limit):  # cannot happen by the rule; the simulator has the last word
             raise AssertionError(f"parting pairs lengthened the schedule: {new_end} > {limit}")

@@ -499,7 +499,7 @@ def _result(
     ``crash``: what happened to a search process that crashed.
     """
     sg, order = js.sg, watch.order
-    events = simulate(sg, {d: list(a) for d, a in order.items()}, js.microbatches)
+    events = simulate(sg, order, js.microbatches)
     parted = 0
     if objective == Objective.MAKESPAN and _pair_count(order):
         # pairs where a device would wait anyway are parted: the same makespan with fewer pairs (parting.py)
@@ -594,7 +594,7 @@ def _fitting(js: JobSet, budgets, allow_pairs: bool, order: Order) -> list | Non
     if not _same_jobs(js, order) or (_pair_count(order) and not allow_pairs) or not order_fits(js.sg, order, budgets):
         return None
     try:
-        return simulate(js.sg, {d: list(a) for d, a in order.items()}, js.microbatches)
+        return simulate(js.sg, order, js.microbatches)
     except Deadlock:  # a warm order may deadlock on this graph
         return None
 
