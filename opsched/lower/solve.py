@@ -40,6 +40,7 @@ from opsched.lower.jobs import JobSet, activation_budgets, check_memory_limit, n
 from opsched.lower.listsched import Variant, default_variants, list_schedule
 from opsched.lower.pairing import PAIR_UP_SIMULATIONS, pair_up
 from opsched.lower.parting import part_pairs
+from opsched.lower.warmup import deepen_warmup
 from opsched.lower.lns import (
     Incumbent,
     SearchLog,
@@ -637,6 +638,15 @@ def _best_start(run: _Search, allow_pairs: bool, warm_orders: dict[str, Order] |
         if pairing_up and best is not None:
             best = _pair_up_starts(run, best, best_unpaired, paired_up)
     assert best is not None, "the list scheduler always gives an order"
+    if time.monotonic() <= run.deadline:
+        # a warm order's warm-up was written for its own memory: where the limit allows more, a device waiting for
+        # its first backward may run one more forward (warmup.py)
+        name, order, inc = best
+        deepened = deepen_warmup(js, order, budgets, run.objective, deadline=run.deadline)
+        run.timed_out = run.timed_out or deepened.cut
+        if deepened.moves:
+            best = _offer(run, best, f"{name}, warm-up deepened (+{deepened.moves} forwards)", deepened.order,
+                          deepened.incumbent)
     return best[0], best[1], best[2].value
 
 
