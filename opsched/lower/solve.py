@@ -614,7 +614,9 @@ def _best_start(run: _Search, allow_pairs: bool, warm_orders: dict[str, Order] |
     (:func:`pair_up`) before the list-scheduler variants run; then the best
     and best without pairs of all, if they are new. Warm orders are the
     baselines, whose pair-ups were the best starts on the DualPipe grid, so a
-    clock that cuts the start phase cuts the variants first.
+    clock that cuts the start phase cuts the variants first. The best start
+    of each phase, pairs merged or not, then has its warm-up deepened
+    (:func:`_deepen_start`).
     """
     js, budgets = run.js, run.budgets
     pool = _start_pool(js, budgets, allow_pairs, warm_orders)
@@ -622,6 +624,7 @@ def _best_start(run: _Search, allow_pairs: bool, warm_orders: dict[str, Order] |
     best: tuple[str, Order, Incumbent] | None = None
     best_unpaired: tuple[str, Order, Incumbent] | None = None  # what pair_up starts from
     paired_up: set[tuple[str, bool]] = set()  # (start, together) paired up, and what that gave
+    deepened: set[str] = set()  # starts whose warm-up was deepened, and what that gave
     for phase in ([c for c in pool if not isinstance(c[1], Variant)], [c for c in pool if isinstance(c[1], Variant)]):
         for name, made in phase:
             if best is not None and time.monotonic() > run.deadline:
@@ -637,17 +640,31 @@ def _best_start(run: _Search, allow_pairs: bool, warm_orders: dict[str, Order] |
                 best_unpaired = (name, order, inc)
         if pairing_up and best is not None:
             best = _pair_up_starts(run, best, best_unpaired, paired_up)
+        if best is not None and best[0] not in deepened:
+            best = _deepen_start(run, best, deepened)
     assert best is not None, "the list scheduler always gives an order"
-    if time.monotonic() <= run.deadline:
-        # a warm order's warm-up was written for its own memory: where the limit allows more, a device waiting for
-        # its first backward may run one more forward (warmup.py)
-        name, order, inc = best
-        deepened = deepen_warmup(js, order, budgets, run.objective, deadline=run.deadline)
-        run.timed_out = run.timed_out or deepened.cut
-        if deepened.moves:
-            best = _offer(run, best, f"{name}, warm-up deepened (+{deepened.moves} forwards)", deepened.order,
-                          deepened.incumbent)
     return best[0], best[1], best[2].value
+
+
+def _deepen_start(run: _Search, best: tuple[str, Order, Incumbent], deepened: set[str]):
+    """The best start with its warm-up deepened (:func:`deepen_warmup`) when that times better; each start once.
+
+    A warm order's warm-up was written for the memory its method assumes: where the limit allows more, a device
+    waiting for its first backward may run one more forward. The best warm order is deepened before the
+    list-scheduler variants run (a clock that cuts the start phase cuts the variants first), and the best of all
+    if it is new."""
+    name, order, _ = best
+    deepened.add(name)
+    if time.monotonic() > run.deadline:
+        run.timed_out = True
+        return best
+    found = deepen_warmup(run.js, order, run.budgets, run.objective, deadline=run.deadline)
+    run.timed_out = run.timed_out or found.cut
+    if not found.moves:
+        return best
+    made = f"{name}, warm-up deepened (+{found.moves} forwards)"
+    deepened.add(made)
+    return _offer(run, best, made, found.order, found.incumbent)
 
 
 def _pair_up_starts(run: _Search, best: tuple[str, Order, Incumbent],
