@@ -9,7 +9,7 @@ import pytest
 
 from opsched.cli import main
 from opsched.errors import MemoryTooSmall, OpschedError
-from opsched.lower import minimum_memory_limit
+from opsched.lower import minimum_memory_limit, solve
 from opsched.lower.placements import Candidate, solve_placements
 from opsched.placements import SEARCHED, candidates, placed
 from opsched.schedule import chain_stage_graph, device_param_bytes, metrics, validate
@@ -51,6 +51,10 @@ def test_auto_is_no_worse_than_any_fixed_placement(seed):
     for name, result in fixed.items():
         assert result.status != Status.TIME_LIMIT  # no clock decided anything: the comparison is exact
         assert auto.result.value <= result.value + 1e-9, (name, auto.placement)
+    for t in auto.tried:  # a placement left unsolved by its bound could not have beaten the winner
+        if t.refused.startswith("not solved"):
+            # (its solve may prove more than the bound known before it: the whole MIP's)
+            assert auto.result.value - 1e-9 <= t.lower_bound <= fixed[t.placement].lower_bound + 1e-9
     assert auto.result.value == pytest.approx(min(r.value for r in fixed.values()))
     assert fixed[auto.placement].value == pytest.approx(auto.result.value)  # the row's placement is the winner
     validate(auto.result.schedule)
@@ -147,3 +151,31 @@ def test_a_plan_on_device_groups_is_re_placed_group_by_group():
         assert {len(s.devices) for s in c.stage_graph.stages} == {2} and c.stage_graph.num_devices == 8
     v = found["v"].stage_graph
     assert v.stages[0].devices == v.stages[-1].devices == (0, 1)  # the V's first and last stages share group 0
+
+
+def test_a_placement_that_cannot_win_gets_no_time_and_its_share_goes_to_the_others():
+    """Issue 11's DualPipe grid, D=4, M=8, 1:1:1, gain 0.5 at DualPipeV's peak: before any search, the chain's
+    bound is above what DualPipeV's order reaches on the V as a start (47.5, its I and W split), so the chain is
+    not solved, and the three others share the whole limit."""
+    from opsched.cli import build_parser
+    from opsched.commands.compare import resolve_limit, stage_graph_from_args
+
+    args = build_parser().parse_args(["compare", "--devices", "4", "--stages", "8", "--microbatches", "8", "--f", "1",
+                                      "--b", "2", "--w", "1", "--overlap-gain", "0.5", "--memory-limit", "dualpipev"])
+    sg, _ = stage_graph_from_args(args)
+    limit, _ = resolve_limit("dualpipev", sg, 8, args)
+    tries = candidates(sg, 8)
+    shares: dict[str, float] = {}
+
+    def spy(graph, m, *, time_limit, warm_orders, **options):
+        shares[next(c.placement for c in tries if c.stage_graph is graph)] = time_limit
+        return solve(graph, m, time_limit=time_limit, warm_orders=warm_orders, **options)
+
+    found = solve_placements(tries, 8, memory_limit=limit, time_limit=30, solve_one=spy, **BUDGET)
+    chain = next(t for t in found.tried if t.placement == "chain")
+    assert chain.value is None and chain.lower_bound > 47.5
+    assert chain.refused == f"not solved: its lower bound {chain.lower_bound:g} is not below the 47.5 that " \
+                           "dualpipev on v already reaches"
+    assert "chain" not in shares and shares["v"] == pytest.approx(30 / 3, abs=0.5)  # less the prospects' time
+    assert found.result.value <= 47.5 and found.lower_bound_all <= found.result.lower_bound
+    assert found.lower_bound_all == min(t.lower_bound for t in found.tried if t.lower_bound is not None)

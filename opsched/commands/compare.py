@@ -440,15 +440,26 @@ def solver_note(row: dict) -> str:
 def search_note(tried: list[dict]) -> str:
     """'; best of chain 55, v 51.5, bidirectional refused' when the MIP tried several placements, else ''.
 
-    >>> search_note([{"placement": "chain", "objective_value": 55.0, "error": None},
-    ...              {"placement": "v", "objective_value": None, "error": "too small"}])
-    '; best of chain 55, v refused'
+    A placement whose bound proved it could not win before any search shows that bound:
+
+    >>> search_note([{"placement": "chain", "objective_value": None, "lower_bound": 58.0, "error": "not solved: ..."},
+    ...              {"placement": "v", "objective_value": 51.5, "lower_bound": 51.5, "error": None},
+    ...              {"placement": "bidirectional", "objective_value": None, "error": "too small"}])
+    '; best of chain cannot win (bound 58), v 51.5, bidirectional refused'
     """
     if len(tried) < 2:
         return ""
-    parts = [f"{t['placement']} " + (("not tried" if t["error"].startswith("not tried") else "refused")
-                                      if t["error"] else _g(t["objective_value"])) for t in tried]
-    return "; best of " + ", ".join(parts)
+    return "; best of " + ", ".join(f"{t['placement']} {_tried_text(t)}" for t in tried)
+
+
+def _tried_text(t: dict) -> str:
+    if not t["error"]:
+        return _g(t["objective_value"])
+    if t["error"].startswith("not tried"):
+        return "not tried"
+    if t["error"].startswith("not solved"):
+        return f"cannot win (bound {_g(t['lower_bound'])})"
+    return "refused"
 
 
 def table(rows: list[dict], header: str) -> str:

@@ -17,6 +17,16 @@ whose turn comes after the limit is not tried (:attr:`PlacementSearch.cut`).
 Each solve's own work past its share (building the job set, re-timing and
 validating its result) is what the whole can overrun the limit by.
 
+Placements that cannot win get no time: before any search, each
+placement's proven lower bound and its best warm order are known
+(:func:`opsched.lower.solve.prospect`), and a placement whose bound is not
+below what some placement already has in hand (a warm order that fits, or
+a result solved before its turn) is recorded with its bound, not solved
+(:data:`CANNOT_WIN`); its share of the time goes to the others. No schedule
+is lost: its solve could at best tie, and the result is never worse than a
+warm order of its own placement. (On issue 11's DualPipe grid the chain's
+bound is at or above Zero Bubble's V in most cases.)
+
 Bounds: a solve's lower bound holds for every schedule *of its placement*.
 :attr:`PlacementSearch.lower_bound_all` is the least bound over the
 placements tried, the bound that holds for the search as a whole (not for
@@ -38,7 +48,7 @@ from typing import Callable
 
 from opsched.errors import MemoryTooSmall, OpschedError
 from opsched.lower.jobs import noise
-from opsched.lower.solve import LowerResult, solve
+from opsched.lower.solve import LowerResult, Prospect, prospect, solve
 from opsched.schedule import Order, StageGraph
 from opsched.solver import Status
 
@@ -46,6 +56,10 @@ log = logging.getLogger(__name__)
 
 #: why a placement has no result when the time limit ran out before its turn
 NOT_STARTED = "not tried: the time limit ran out before its turn"
+#: why a placement has no result when its lower bound proves it cannot beat what is in hand (module docstring)
+CANNOT_WIN = "not solved: its lower bound {bound:g} is not below the {value:g} that {what} already reaches"
+#: the solve options a prospect reads (the rest are the search's own)
+_PROSPECT_OPTIONS = ("memory_limit", "split_backward", "allow_pairs", "objective")
 
 
 @dataclass(frozen=True)
@@ -67,7 +81,8 @@ class Tried:
     """What one placement gave: its solve's figures (not its schedule: only the winner's is kept), or why not.
 
     ``value``, ``lower_bound``, ``status`` and ``seconds`` are ``None`` when
-    the placement did not run; ``refused`` then says why.
+    the placement did not run; ``refused`` then says why. A placement whose
+    bound proved it could not win (:data:`CANNOT_WIN`) keeps that bound.
     """
 
     placement: str
@@ -135,16 +150,28 @@ def solve_placements(
     too_small: list[MemoryTooSmall] = []
     best: tuple[str, LowerResult] | None = None
     attempted = False
+    several = sum(1 for c in candidates if c.stage_graph is not None) > 1
+    # (with one placement there is nothing to leave out, and it gets the whole limit exactly)
+    hopes = _prospects(candidates, microbatches, solve_options) if several else [None] * len(candidates)
+    # (value, what reaches it, on which placement): the best schedule in hand, which its own placement's solve keeps
+    in_hand = min(((h.warm_value, f"{h.warm_name} on {c.placement}", c.placement) for c, h in zip(candidates, hopes)
+                   if h is not None and h.warm_value is not None), default=None)
     for k, candidate in enumerate(candidates):
         if candidate.stage_graph is None:
             tried.append(Tried(candidate.placement, refused=candidate.refused))
             continue
-        # the first solve gets its share of the whole limit exactly; later ones share what is left
-        left = deadline - time.monotonic() if attempted else float(time_limit)
+        hope = hopes[k]
+        if _cannot_win(candidate, hope, in_hand):
+            tried.append(Tried(candidate.placement, lower_bound=hope.lower_bound, refused=CANNOT_WIN.format(
+                bound=hope.lower_bound, value=in_hand[0], what=in_hand[1])))
+            continue
+        # a placement alone gets the whole limit exactly; several share what is left (the prospects took some)
+        left = deadline - time.monotonic() if attempted or several else float(time_limit)
         if left <= 0:  # the clock binds: placements not started are reported, and the search counts as cut
             tried.append(Tried(candidate.placement, refused=NOT_STARTED))
             continue
-        share = left / sum(1 for c in candidates[k:] if c.stage_graph is not None)
+        share = left / sum(1 for c, h in zip(candidates[k:], hopes[k:])
+                           if c.stage_graph is not None and not _cannot_win(c, h, in_hand))
         attempted = True
         try:
             result = run(candidate.stage_graph, microbatches, time_limit=share,
@@ -159,9 +186,31 @@ def solve_placements(
                  result.status)
         if best is None or result.value < best[1].value - noise(best[1].value):
             best = (candidate.placement, result)  # only the best schedule is kept (they are large at scale)
+        if in_hand is None or result.value < in_hand[0] - noise(in_hand[0]):
+            in_hand = (result.value, f"the search on {candidate.placement}", candidate.placement)
     if best is None:
         raise _nothing_ran(tried, too_small)
     return PlacementSearch(best[0], best[1], tuple(tried))
+
+
+def _cannot_win(candidate: Candidate, hope: Prospect | None, in_hand: tuple[float, str, str] | None) -> bool:
+    """Whether ``candidate``'s bound proves it cannot beat the schedule ``in_hand`` of another placement."""
+    return (hope is not None and in_hand is not None and in_hand[2] != candidate.placement
+            and hope.lower_bound >= in_hand[0] - noise(in_hand[0]))
+
+
+def _prospects(candidates: list[Candidate], microbatches: int, solve_options: dict) -> list[Prospect | None]:
+    """Each candidate's :class:`~opsched.lower.solve.Prospect` (``None``: refused, or its memory is too small, which
+    its solve reports)."""
+    options = {k: v for k, v in solve_options.items() if k in _PROSPECT_OPTIONS}
+    out: list[Prospect | None] = []
+    for c in candidates:
+        try:
+            out.append(None if c.stage_graph is None else
+                       prospect(c.stage_graph, microbatches, warm_orders=c.warm_orders, **options))
+        except MemoryTooSmall:
+            out.append(None)
+    return out
 
 
 def _nothing_ran(tried: list[Tried], too_small: list[MemoryTooSmall]) -> OpschedError:

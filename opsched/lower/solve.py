@@ -30,7 +30,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from opsched.errors import Deadlock, OpschedError
 from opsched.isolate import SolverCrash, TimedOut, run_isolated
@@ -305,8 +305,7 @@ def solve(
     check_memory_limit(sg, microbatches, memory_limit)
     js = JobSet(sg, microbatches, split_backward)
     budgets = activation_budgets(sg, memory_limit)
-    # proven for every schedule of sg (pairs, fused or split backwards), not only those this solve can make
-    bound = combinatorial_bound(js, budgets) if objective == Objective.MAKESPAN else span_lower_bound(js)
+    bound = _proven_bound(js, budgets, objective)
     search_bound = _search_bound(js, budgets, objective, bound, allow_pairs)
     setup = time.monotonic() - t0
     watch = _Watch(t0, bound)
@@ -324,6 +323,61 @@ def solve(
         what = "crashed" if crash else "had found nothing by the time limit"
         log.info("[lower] the search %s: the result is the first start that fits, %s", what, watch.start)
     return _result(watch, js, memory_limit, objective, solver, time_limit if cut else None, crash)
+
+
+class Prospect(NamedTuple):
+    """What a solve of one stage graph could reach at best, and what it starts from, before any search."""
+
+    #: the proven lower bound (the solve's own) of every schedule of the graph at that memory
+    lower_bound: float
+    #: the least objective value of a warm order that runs the graph's jobs and fits (``None``: none does), and its
+    #: name; the solve's result is never worse
+    warm_value: float | None
+    warm_name: str | None
+
+
+def prospect(
+    sg: StageGraph,
+    microbatches: int,
+    *,
+    memory_limit: float | None = None,
+    split_backward: bool = True,
+    allow_pairs: bool = True,
+    warm_orders: dict[str, Order] | None = None,
+    objective: Objective | str = Objective.MAKESPAN,
+) -> Prospect:
+    """The bound :func:`solve` would report for ``sg`` and the best of ``warm_orders`` it would start from, without
+    solving: a search over several stage graphs gives its time to those that can still beat what it has in hand.
+
+    Raises :class:`opsched.lower.jobs.MemoryTooSmall` as :func:`solve` does.
+
+    >>> from opsched.baselines import baseline_order
+    >>> from opsched.schedule import chain_stage_graph
+    >>> sg = chain_stage_graph(2, f=1, b=2, w=1)
+    >>> p = prospect(sg, 4, warm_orders={"gpipe": baseline_order("gpipe", sg, 4)})
+    >>> p.lower_bound, p.warm_value, p.warm_name
+    (13.0, 14.0, 'gpipe')
+    """
+    objective = objective_of(objective)
+    check_memory_limit(sg, microbatches, memory_limit)
+    js = JobSet(sg, microbatches, split_backward)
+    budgets = activation_budgets(sg, memory_limit)
+    best: tuple[float, str] | None = None
+    for name, order in _start_pool(js, budgets, allow_pairs, warm_orders):
+        if isinstance(order, Variant):
+            break  # the warm orders come first; list-scheduler variants are the solve's own work
+        events = _fitting(js, budgets, allow_pairs, order)
+        if events is not None:
+            value = objective_value(js, events, objective)
+            if best is None or value < best[0] - noise(best[0]):
+                best = (value, name)
+    return Prospect(_proven_bound(js, budgets, objective), *(best or (None, None)))
+
+
+def _proven_bound(js: JobSet, budgets, objective: Objective) -> float:
+    """The bound a solve reports: proven for every schedule of the graph (pairs, fused or split backwards), not only
+    those the solve can make."""
+    return combinatorial_bound(js, budgets) if objective == Objective.MAKESPAN else span_lower_bound(js)
 
 
 def _run_search(watch: _Watch, stop: float, search: Callable[..., _News], *args) -> str | None:
