@@ -429,6 +429,18 @@ class Job:
     stage: int
     microbatch: int
     pass_: str
+    # the hash, computed once: jobs are the keys of every simulation's and search's dictionaries (hashing them
+    # anew took a fifth of a pair-up's time at D=16, M=32); not pickled, as a str's hash differs between processes
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
+
+    def __post_init__(self):
+        object.__setattr__(self, "_hash", hash((self.stage, self.microbatch, self.pass_)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self):
+        return Job, (self.stage, self.microbatch, self.pass_)
 
     def __str__(self) -> str:  # torch's action notation
         return f"{self.stage}{self.pass_}{self.microbatch}"

@@ -258,3 +258,21 @@ def test_jobs_of_and_the_v_placement():
     assert all(v_device(k, 4) == r for r in range(4) for k in v_stages(r, 4))
     with pytest.raises(OpschedError):
         v_device(8, 4)
+
+
+def test_a_job_sent_to_another_process_is_found_there_by_its_hash():
+    """Job caches its hash; a str's hash differs between processes (PYTHONHASHSEED), so a pickled job must not
+    carry it: one sent to a process with another seed is still a key equal to the jobs made there."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    sent = pickle.dumps({Job(3, 1, "W"): "found", Pair(Job(0, 2, "F"), Job(1, 0, "I")): "pair"})
+    probe = ("import pickle, sys; from opsched.schedule import Job, Pair; d = pickle.loads(sys.stdin.buffer.read()); "
+             "print(d[Job(3, 1, 'W')], d[Pair(Job(0, 2, 'F'), Job(1, 0, 'I'))])")
+    for seed in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", probe], input=sent, capture_output=True, check=True,
+                             env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+        assert out.decode().split() == ["found", "pair"]
+    assert Job(3, 1, "W") == pickle.loads(pickle.dumps(Job(3, 1, "W"))) and "_hash" not in repr(Job(3, 1, "W"))
