@@ -65,7 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument(
         "--placement", default="auto", choices=PLACEMENT_CHOICES,
         help="where mip puts the chain: auto (default) solves the chain, the V, interleaved (v >= 2) and DualPipe's "
-             "two-copy bidirectional layout at the same memory and keeps the best; a name fixes it (each baseline "
+             "two-copy bidirectional layout at the same memory and keeps the best (one whose lower bound is not below "
+             "a schedule already in hand is left out, its time going to the others); a name fixes it (each baseline "
              "re-places the chain its own way). The P stages as given, which --schedule files use, follow its rule "
              "where that holds P stages, else the chain if P = D, the V if P = 2D, interleaved otherwise",
     )
