@@ -331,7 +331,7 @@ class Prospect(NamedTuple):
     #: the proven lower bound (the solve's own) of every schedule of the graph at that memory
     lower_bound: float
     #: the least objective value of a warm order that runs the graph's jobs and fits (``None``: none does), and its
-    #: name; the solve's result is never worse
+    #: name; the solve's result is never worse, unless a clock cuts it before it has timed its starts
     warm_value: float | None
     warm_name: str | None
 
