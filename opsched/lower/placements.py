@@ -48,7 +48,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from opsched.errors import MemoryTooSmall, OpschedError
 from opsched.lower.jobs import noise
@@ -156,14 +156,21 @@ def solve_placements(
     several = sum(1 for c in candidates if c.stage_graph is not None) > 1
     # (with one placement there is nothing to leave out, and it gets the whole limit exactly)
     hopes = _prospects(candidates, microbatches, solve_options) if several else [None] * len(candidates)
-    # (value, what reaches it, on which placement): the best schedule in hand, which its own placement's solve keeps
-    in_hand = min(((h.warm_value, f"{h.warm_name} on {c.placement}", c.placement) for c, h in zip(candidates, hopes)
-                   if h is not None and h.warm_value is not None), default=None)
+    # the best schedule in hand, which its own placement's solve keeps
+    in_hand = min((_InHand(h.warm_value, f"{h.warm_name} on {c.placement}", c.placement)
+                   for c, h in zip(candidates, hopes) if h is not None and h.warm_value is not None), default=None)
     left_out: list[int] = []  # placements not solved because they could not beat in_hand
 
-    def attempt(k: int, share: float) -> None:
+    def solve_in_turn(k: int, waiting: list[int]) -> None:
+        """Solve placement ``k`` with its share of the time left, shared with those ``waiting`` after it."""
         nonlocal best, in_hand
         candidate = candidates[k]
+        # a placement alone gets the whole limit exactly; several share what is left (the prospects took some)
+        left = deadline - time.monotonic() if several else float(time_limit)
+        if left <= 0:  # the clock binds: placements not started are reported, and the search counts as cut
+            tried[k] = Tried(candidate.placement, refused=NOT_STARTED)
+            return
+        share = left / (1 + len(waiting))
         try:
             result = run(candidate.stage_graph, microbatches, time_limit=share,
                          warm_orders=candidate.warm_orders, **solve_options)
@@ -177,47 +184,41 @@ def solve_placements(
                  result.status)
         if best is None or result.value < best[1].value - noise(best[1].value):
             best = (candidate.placement, result)  # only the best schedule is kept (they are large at scale)
-        if in_hand is None or result.value < in_hand[0] - noise(in_hand[0]):
-            in_hand = (result.value, f"the search on {candidate.placement}", candidate.placement)
-
-    def share_of(k: int, waiting: list[int]) -> float | None:
-        """Placement ``k``'s share of the time left, shared with those ``waiting`` after it (None: no time left)."""
-        # a placement alone gets the whole limit exactly; several share what is left (the prospects took some)
-        left = deadline - time.monotonic() if several else float(time_limit)
-        if left <= 0:  # the clock binds: placements not started are reported, and the search counts as cut
-            tried[k] = Tried(candidates[k].placement, refused=NOT_STARTED)
-            return None
-        return left / (1 + len(waiting))
+        if in_hand is None or result.value < in_hand.value - noise(in_hand.value):
+            in_hand = _InHand(result.value, f"the search on {candidate.placement}", candidate.placement)
 
     for k, candidate in enumerate(candidates):
         if candidate.stage_graph is None:
             tried[k] = Tried(candidate.placement, refused=candidate.refused)
         elif _cannot_win(candidate, hopes[k], in_hand):
             tried[k] = Tried(candidate.placement, lower_bound=hopes[k].lower_bound, refused=CANNOT_WIN.format(
-                bound=hopes[k].lower_bound, value=in_hand[0], what=in_hand[1]))
+                bound=hopes[k].lower_bound, value=in_hand.value, what=in_hand.what))
             left_out.append(k)
         else:
-            waiting = [j for j in range(k + 1, len(candidates))
-                       if candidates[j].stage_graph is not None and not _cannot_win(candidates[j], hopes[j], in_hand)]
-            share = share_of(k, waiting)
-            if share is not None:
-                attempt(k, share)
+            solve_in_turn(k, [j for j in range(k + 1, len(candidates)) if candidates[j].stage_graph is not None
+                              and not _cannot_win(candidates[j], hopes[j], in_hand)])
     # a placement left out was measured against a schedule its holder's solve keeps; should that solve have failed
     # or come back worse (a clock cut it before it timed its starts), one the result does not rule out is solved
     for n, k in enumerate(left_out):
         if best is None or best[1].value > hopes[k].lower_bound + noise(hopes[k].lower_bound):
-            share = share_of(k, left_out[n + 1:])
-            if share is not None:
-                attempt(k, share)
+            solve_in_turn(k, left_out[n + 1:])
     if best is None:
         raise _nothing_ran(tried, too_small)
     return PlacementSearch(best[0], best[1], tuple(tried))
 
 
-def _cannot_win(candidate: Candidate, hope: Prospect | None, in_hand: tuple[float, str, str] | None) -> bool:
+class _InHand(NamedTuple):
+    """The best schedule the placement search has in hand: its value, what reaches it, and on which placement."""
+
+    value: float
+    what: str
+    placement: str
+
+
+def _cannot_win(candidate: Candidate, hope: Prospect | None, in_hand: _InHand | None) -> bool:
     """Whether ``candidate``'s bound proves it cannot beat the schedule ``in_hand`` of another placement."""
-    return (hope is not None and in_hand is not None and in_hand[2] != candidate.placement
-            and hope.lower_bound >= in_hand[0] - noise(in_hand[0]))
+    return (hope is not None and in_hand is not None and in_hand.placement != candidate.placement
+            and hope.lower_bound >= in_hand.value - noise(in_hand.value))
 
 
 def _prospects(candidates: list[Candidate], microbatches: int, solve_options: dict) -> list[Prospect | None]:
