@@ -50,6 +50,7 @@ def check_deepen(js: JobSet, budgets, order, objective: Objective) -> None:
     validate(Schedule(js.sg, js.microbatches, simulate(js.sg, deepened.order, js.microbatches)))
     assert not deepened.cut
     assert deepen_warmup(js, order, budgets, objective, max_simulations=40).order == deepened.order
+    assert deepen_warmup(js, order, budgets, objective, max_simulations=40, start=start).order == deepened.order
 
 
 @settings(max_examples=100, derandomize=True, deadline=None, database=None,

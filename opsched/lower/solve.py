@@ -707,12 +707,12 @@ def _deepen_start(run: _Search, best: tuple[str, Order, Incumbent], deepened: se
     waiting for its first backward may run one more forward. The best warm order is deepened before the
     list-scheduler variants run (a clock that cuts the start phase cuts the variants first), and the best of all
     if it is new."""
-    name, order, _ = best
+    name, order, inc = best
     deepened.add(name)
     if time.monotonic() > run.deadline:
         run.timed_out = True
         return best
-    found = deepen_warmup(run.js, order, run.budgets, run.objective, deadline=run.deadline)
+    found = deepen_warmup(run.js, order, run.budgets, run.objective, deadline=run.deadline, start=inc)
     run.timed_out = run.timed_out or found.cut
     if not found.moves:
         return best

@@ -62,15 +62,17 @@ class Deepened:
 
 def deepen_warmup(js: JobSet, order: Order, budgets: Mapping[int, float] | None,
                   objective: Objective = Objective.MAKESPAN, *, deadline: float | None = None,
-                  max_simulations: int = DEEPEN_SIMULATIONS) -> Deepened:
+                  max_simulations: int = DEEPEN_SIMULATIONS, start: Incumbent | None = None) -> Deepened:
     """``order`` with forwards moved before each device's first backward wherever that fits and times better.
 
     Only single-device forwards move (a stage on a group of devices runs its
     action on all of them at once; moving it on one would break the group).
-    The order is not modified.
+    The order is not modified. ``start``: ``order`` as timed for ``objective``
+    (:func:`opsched.lower.lns.timed_incumbent`), when the caller has it.
     """
     best_order = {d: list(acts) for d, acts in order.items()}
-    best = timed_incumbent(js, best_order, simulate(js.sg, best_order, js.microbatches), objective)
+    best = start if start is not None else timed_incumbent(js, best_order, simulate(js.sg, best_order,
+                                                                                     js.microbatches), objective)
     moves = simulations = 0
     kept = True
     while kept:
