@@ -11,6 +11,7 @@ import importlib.util
 
 collect_ignore = []
 if importlib.util.find_spec("torch") is None:
-    # model.py imports torch at the top and launch.py imports model;
+    # model.py and the hf_* modules import torch at the top and launch.py imports model;
     # calibrate.py needs no torch, so its doctests run everywhere.
-    collect_ignore += ["opsched/torchrun/model.py", "opsched/torchrun/launch.py"]
+    collect_ignore += ["opsched/torchrun/model.py", "opsched/torchrun/launch.py", "opsched/torchrun/hf_clip.py",
+                       "opsched/torchrun/hf_model.py", "opsched/torchrun/hf_parts.py"]

@@ -19,12 +19,16 @@ from test_bounds import Instance, baseline_values, brute_force, instances, list_
 from opsched.baselines import baseline_orders
 from opsched.lower import solve
 from opsched.lower.jobs import JobSet, activation_budgets, minimum_memory_limit, order_fits
-from opsched.lower.lns import large_neighbourhood_search, neighbourhood, slotted_timing
+from opsched.lower.lns import (better, evaluate, large_neighbourhood_search, neighbourhood, pair_count, preferred,
+                               slotted_timing)
+from opsched.lower.listsched import Variant, list_schedule
 from opsched.lower.pairing import pair_up
+from opsched.lower.parting import part_pairs
 from opsched.lower.solve import split_fused_backward
 from opsched.lower.timeindexed import build_model, complete_warm_start, exact_slot, slot_problem, slotted_stage_graph
 from opsched.schedule import Pair, Schedule, chain_stage_graph, simulate, validate
 from opsched.solver import Status
+
 
 TOL = 1e-9
 
@@ -179,3 +183,44 @@ def test_the_span_search_improves_a_paired_start_too():
     assert r.candidates["list-forward-cap3-patientW-pairs"] == start  # a paired start as short: not preferred
     assert not r.warm_start.endswith("-pairs") and r.value < start, (r.warm_start, r.value, start)
     assert any(e.pair is not None for e in r.schedule.events)
+
+
+def check_thinning(inst: Instance, fewer_pairs: bool) -> None:
+    """The search from a start with many pairs (a list order's pairs merged all at once) never ends less preferred
+    than it began: thinning (``fewer_pairs``) by (objective, pairs, sum of job ends), the search proper by (objective,
+    sum of job ends); it fits in memory and runs every job once."""
+    sg, m = inst.sg, inst.microbatches
+    js = JobSet(sg, m)
+    budgets = activation_budgets(sg, inst.limit)
+    start = pair_up(js, list_schedule(js, budgets, Variant()), budgets, together=True)
+    if not order_fits(sg, start.order, budgets):
+        return
+    found = large_neighbourhood_search(js, start.incumbent, exact_slot(sg, pairs=True), budgets,
+                                       deadline=time.monotonic() + 60, max_solves=3, pairs=True, fewer_pairs=fewer_pairs)
+    assert not (preferred if fewer_pairs else better)(start.incumbent, found)
+    assert found.value <= start.incumbent.value + TOL
+    if fewer_pairs and found.value >= start.incumbent.value - TOL:
+        assert pair_count(found.order) <= pair_count(start.order)
+    assert order_fits(sg, found.order, budgets)
+    validate(Schedule(sg, m, simulate(sg, found.order, m)))
+
+
+@settings(max_examples=12, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(overlap_instances(), st.booleans())
+def test_the_search_never_ends_less_preferred_than_its_start(inst, fewer_pairs):
+    check_thinning(inst, fewer_pairs)
+
+
+def test_thinning_parts_a_pair_the_parting_step_cannot():
+    """A list order that pairs whenever it can, on a 4-stage chain at gain 1: the parting step parts none of its 4
+    pairs where they are; the search that thins pairs moves the jobs of a window and parts one at the same makespan."""
+    sg = chain_stage_graph(4, f=2, b=3, w=1, overlap_gain=1.0)
+    js = JobSet(sg, 4)
+    start = evaluate(js, list_schedule(js, None, Variant(pairs=True)))
+    assert (pair_count(start.order), part_pairs(js, start.order).count) == (4, 0)
+    found = large_neighbourhood_search(js, start, exact_slot(sg, pairs=True), None, deadline=time.monotonic() + 60,
+                                       max_solves=6, pairs=True, fewer_pairs=True)
+    assert found.makespan == start.makespan
+    assert pair_count(found.order) < pair_count(start.order)
+    validate(Schedule(sg, 4, simulate(sg, found.order, 4)))

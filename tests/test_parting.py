@@ -11,6 +11,8 @@ counts, and leaves no pair that could be parted on its own.
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -25,6 +27,8 @@ from opsched.lower.lns import evaluate
 from opsched.lower.parting import part_pairs
 from opsched.lower.solve import _same_jobs, split_fused_backward
 from opsched.schedule import Job, Pair, Schedule, chain_stage_graph, validate
+
+solve_module = importlib.import_module("opsched.lower.solve")  # the package exports the function as solve
 
 TOL = 1e-9
 
@@ -130,8 +134,10 @@ def test_a_pair_where_the_device_waits_anyway_is_parted():
     assert [str(a) for a in parted.order[0]] == ["0F0", "0I0", "0F1", "0W0", "0I1", "0W1"]  # backward first
 
 
-def test_solve_parts_the_pairs_its_makespan_does_not_need():
-    # issue 11's DualPipe grid, D = 4, M = 8, F:I:W 1:1:1, gain 0.5, V placement at DualPipeV's memory
+def test_solve_parts_the_pairs_its_makespan_does_not_need(monkeypatch):
+    # issue 11's DualPipe grid, D = 4, M = 8, F:I:W 1:1:1, gain 0.5, V placement at DualPipeV's memory; without
+    # the search that thins pairs first (tests/test_pairs_mip.py), which left the parting step nothing here
+    monkeypatch.setattr(solve_module, "THINNING_BUDGET", 0)  # the search's child process is forked with it
     sg = chain_stage_graph(8, f=1, b=2, w=1, devices=4, placement="v", overlap_gain=0.5)
     warm = baseline_orders(sg, 8)
     r = solve(sg, 8, memory_limit=9, time_limit=20, search_budget=10, warm_orders=warm)

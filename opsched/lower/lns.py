@@ -10,6 +10,15 @@ tails (urgent work first). Its per-device job order is spliced back, re-timed
 in continuous time by :func:`opsched.schedule.simulate`, and accepted when it
 lowers (objective, sum of job ends) and still fits in memory.
 
+Thinning pairs (``fewer_pairs``): the same search, where each sub-MIP
+minimises the overlapped pairs the freed jobs form between the objective and
+the starts, and a result is accepted when it lowers (objective, pairs, sum
+of job ends) (:func:`preferred`). Run after the search proper (the solve
+does), it keeps the makespan and parts pairs the makespan does not need
+where parting alone (:mod:`opsched.lower.parting`) cannot: the window's jobs
+move. It is not the search proper's rule because a pair that does not
+shorten the step now may let a later window shorten it.
+
 Windows sweep the horizon from the end (where the makespan is decided)
 towards the start, then device subsets; the sequence is fixed, and each MIP
 has a node limit, and the number of sub-MIPs is capped, so the search is
@@ -199,6 +208,7 @@ def large_neighbourhood_search(
     on_solve: Callable[[SearchLog], None] | None = None,
     log: SearchLog | None = None,
     pairs: bool = False,
+    fewer_pairs: bool = False,
 ) -> Incumbent:
     """Improve ``incumbent`` window by window until ``rounds`` sweeps give nothing or time runs out.
 
@@ -217,7 +227,10 @@ def large_neighbourhood_search(
     The incumbent may hold overlapped pairs; with ``pairs`` the freed jobs
     of a window may also form new ones and part old ones (the slot must
     make every pair length whole: :func:`opsched.lower.timeindexed.exact_slot`).
+    With ``fewer_pairs``, sub-MIPs minimise the pairs between the objective and
+    the flow, and a result is accepted by :func:`preferred` (thinning pairs).
     """
+    accept = preferred if fewer_pairs else better
     log = log or SearchLog()
     base = slot_problem(js, slot, budgets)
     ssg = slotted_stage_graph(js.sg, slot)
@@ -239,10 +252,10 @@ def large_neighbourhood_search(
             timing = timing or slotted_timing(js, incumbent.order, slot, ssg)
             candidate = _window_candidate(
                 js, base, timing, ssg if pairs else None, slot, (lo, hi, devices), size_cap, log,
-                solver=solver, threads=threads, max_nodes=max_nodes, objective=objective,
+                solver=solver, threads=threads, max_nodes=max_nodes, objective=objective, fewer_pairs=fewer_pairs,
                 time_limit=max(0.05, min(max_seconds_per_solve, deadline - time.monotonic())),
             )
-            if candidate is not None and better(candidate, incumbent) and order_fits(js.sg, candidate.order, budgets):
+            if candidate is not None and accept(candidate, incumbent) and order_fits(js.sg, candidate.order, budgets):
                 incumbent, timing = candidate, None
                 improved_round = True
                 log.improvements += 1
@@ -300,6 +313,29 @@ def better(a: Incumbent, b: Incumbent) -> bool:
     if a.value < b.value - tol:
         return True
     return abs(a.value - b.value) <= tol and a.total_end < b.total_end - noise(b.total_end)
+
+
+def pair_count(order: Order) -> int:
+    """How many overlapped pairs ``order`` runs."""
+    return len({a for acts in order.values() for a in acts if isinstance(a, Pair)})
+
+
+def preferred(a: Incumbent, b: Incumbent) -> bool:
+    """``a`` has a lower objective than ``b``, or the same and fewer overlapped pairs, or the same again and a lower
+    sum of job ends (:func:`better`).
+
+    A pair costs what overlap costs in a real run (two microbatches' kernels at
+    once, activations held longer, a time that rests on the overlap gain's
+    estimate: :mod:`opsched.lower.parting`), so at the same objective the
+    schedule with fewer pairs is the better plan. The search for pairs
+    (:func:`opsched.lower.pairing.pair_up`) keeps :func:`better`: a merge adds
+    a pair by definition and is worth it when it ends work earlier.
+    """
+    if abs(a.value - b.value) <= noise(b.value):
+        mine, theirs = pair_count(a.order), pair_count(b.order)
+        if mine != theirs:
+            return mine < theirs
+    return better(a, b)
 
 
 def _initial_width(js: JobSet, base: SlotProblem, horizon: int, budget: int) -> int:

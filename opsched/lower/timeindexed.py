@@ -583,13 +583,17 @@ def end_expr(sp: SlotProblem, z: dict, j: int):
 
 def build_model(
     sp: SlotProblem, *, solver: str = "cbc", threads: int = 1, objective: Objective = Objective.MAKESPAN,
-    flow: bool = False, weights: Mapping[int, float] | None = None,
+    flow: bool = False, weights: Mapping[int, float] | None = None, fewer_pairs: bool = False,
 ) -> tuple[mip.Model, dict, mip.Var]:
     """The MIP of ``sp``: variables, every constraint family and the objective.
 
     ``objective``: minimise the makespan C or the longest device span Z.
     With ``flow``, the weighted start times of the free jobs are added as a
     tie-breaker that pushes work early (used by the neighbourhood search).
+    With ``fewer_pairs`` too (the search that thins pairs), the overlapped
+    pairs the free jobs form come between the two: at the same objective,
+    fewer pairs is the better plan (:func:`opsched.lower.lns.preferred`).
+    The tie-breakers together stay below one slot.
     """
     model = new_model(solver, threads=threads)
     z = {(j, t): model.add_var(var_type=mip.BINARY, name=f"z_{j}_{t}") for j in sp.free for t in _alone_slots(sp, j)}
@@ -610,9 +614,13 @@ def build_model(
     else:
         w = weights or {}
         free = sp.free
-        # the flow term stays below one slot, so it never trades against the main objective
-        scale = 1.0 / (1 + sum(w.get(j, 1.0) * sp.start_range(j)[1] for j in free))
-        model.objective = mip.minimize(main + scale * mip.xsum(w.get(j, 1.0) * start_expr(sp, z, j) for j in free))
+        flow_terms = mip.xsum(w.get(j, 1.0) * start_expr(sp, z, j) for j in free)
+        pair_terms = mip.xsum(z[q, t] for q in sp.options for t in range(q.es, q.ls + 1)) if fewer_pairs else 0
+        # lexicographic within one slot: the flow term is below flow_room, each pair outweighs all of it, and the
+        # pairs (each F in one at most) stay below pair_room, so the tie-breakers never trade against the objective
+        flow_room = 1 + sum(w.get(j, 1.0) * sp.start_range(j)[1] for j in free)
+        pair_room = 1 + len({q.forward for q in sp.options}) if fewer_pairs else 1
+        model.objective = mip.minimize(main + (flow_room * pair_terms + flow_terms) / (flow_room * pair_room))
     return model, z, C
 
 
@@ -767,6 +775,7 @@ def solve_slot_problem(
     objective: Objective = Objective.MAKESPAN,
     flow: bool = False,
     weights: Mapping[int, float] | None = None,
+    fewer_pairs: bool = False,
 ) -> MipOutcome:
     """Build and solve the MIP of ``sp``, warm-started from ``incumbent`` start slots when given.
 
@@ -776,7 +785,8 @@ def solve_slot_problem(
     safety cap, and the outcome says when it stopped the solve (``timed_out``).
     """
     with collector_paused():
-        model, z, C = build_model(sp, solver=solver, threads=threads, objective=objective, flow=flow, weights=weights)
+        model, z, C = build_model(sp, solver=solver, threads=threads, objective=objective, flow=flow, weights=weights,
+                                  fewer_pairs=fewer_pairs)
         if sp.options:
             # with pair options CBC's root cut loop took 4-5 s on 250-variable sub-MIPs and cut the bound
             # by little; without it the same sub-MIPs end in about 1 s with the same optimum
