@@ -327,6 +327,7 @@ def test_megatron_overlaps_tensor_parallel_collectives_when_the_plan_was_costed_
 def test_megatron_runs_attention_unfused_when_the_plan_was_costed_so(tmp_path):
     """A plan costed with --attention unfused exports Megatron-Core's unfused attention backend, which its
     TransformerConfig takes; a fused plan, or one from before the field, leaves Megatron's default backend."""
+    pytest.importorskip("megatron.core", reason="megatron-core is an optional extra: pip install 'opsched[megatron]'")
     from megatron.core.transformer.enums import AttnBackend
 
     plan = make_plan(tmp_path, layers=L16, attention="unfused")

@@ -190,3 +190,38 @@ def test_a_placement_that_cannot_win_gets_no_time_and_its_share_goes_to_the_othe
     found = solve_placements(tries, 8, memory_limit=limit, time_limit=30, solve_one=others_fail, **BUDGET)
     assert found.placement == "chain" and found.tried[0].value == found.result.value
     assert [t.refused for t in found.tried[1:]] == ["this placement failed"] * 3
+
+
+@pytest.mark.slow
+def test_only_the_winner_has_its_pairs_thinned():
+    """Issue 11's DualPipe grid, D=4, M=8, 2:2:1, gain 1 at DualPipeV's peak: the placements' solves leave out the
+    search that thins pairs (it would hold each one's share to the end), and the winner alone is thinned, with the
+    time left, at its makespan and never with more pairs (about 20 s)."""
+    from opsched.cli import build_parser
+    from opsched.commands.compare import resolve_limit, stage_graph_from_args
+    from opsched.lower.lns import pair_count
+    from opsched.lower.solve import thin_pairs
+
+    args = build_parser().parse_args(["compare", "--devices", "4", "--stages", "8", "--microbatches", "8", "--f", "2",
+                                      "--b", "3", "--w", "1", "--overlap-gain", "1", "--memory-limit", "dualpipev"])
+    sg, _ = stage_graph_from_args(args)
+    limit, _ = resolve_limit("dualpipev", sg, 8, args)
+    tries = candidates(sg, 8)
+    thin_flags, thinned = [], []
+
+    def spy(graph, m, *, thin=True, **options):
+        thin_flags.append(thin)
+        return solve(graph, m, thin=thin, **options)
+
+    def thin_spy(graph, m, result, **options):
+        out = thin_pairs(graph, m, result, **options)
+        thinned.append((graph, result, out))
+        return out
+
+    found = solve_placements(tries, 8, memory_limit=limit, time_limit=20, solve_one=spy, thin_one=thin_spy, **BUDGET)
+    assert thin_flags and not any(thin_flags)
+    [(graph, before, after)] = thinned
+    assert graph is next(c.stage_graph for c in tries if c.placement == found.placement)
+    assert found.result is after and after.value == pytest.approx(before.value) and after.lower_bound == before.lower_bound
+    assert pair_count(after.order) <= pair_count(before.order)
+    validate(after.schedule)

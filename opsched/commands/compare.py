@@ -212,6 +212,7 @@ def run_mip(sg, microbatches: int, limit: float | None, args) -> tuple:
     """(schedule, extra row fields) of the MIP over the placements ``--placement`` names, at memory ``limit``."""
     from opsched import isolate, lower
     from opsched.lower.placements import solve_placements
+    from opsched.lower.solve import thin_pairs
     from opsched.placements import candidates
 
     # with --plan the plan's own placement is tried too (first): it may branch or use device groups
@@ -221,7 +222,8 @@ def run_mip(sg, microbatches: int, limit: float | None, args) -> tuple:
     # (SolverCrash), not the command. The hand-written orders that run on a placement start its solve.
     found = isolate.run_isolated(
         solve_placements, tries, microbatches, memory_limit=limit, time_limit=args.time_limit, solver=args.solver,
-        objective=args.objective, solve_one=lower.solve, timeout=solve_timeout(args.time_limit),
+        objective=args.objective, solve_one=lower.solve, thin_one=thin_pairs,
+        timeout=solve_timeout(args.time_limit),
     )
     result = found.result
     schedule = result.schedule

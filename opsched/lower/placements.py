@@ -52,7 +52,7 @@ from typing import Callable, NamedTuple
 
 from opsched.errors import MemoryTooSmall, OpschedError
 from opsched.lower.jobs import noise
-from opsched.lower.solve import LowerResult, Prospect, prospect, solve
+from opsched.lower.solve import LowerResult, Prospect, prospect, solve, thin_pairs
 from opsched.schedule import Order, StageGraph
 from opsched.solver import Status
 
@@ -131,6 +131,7 @@ def solve_placements(
     *,
     time_limit: float = 30.0,
     solve_one: Callable[..., LowerResult] | None = None,
+    thin_one: Callable[..., LowerResult] | None = None,
     **solve_options,
 ) -> PlacementSearch:
     """Solve each candidate placement at the same memory and keep the lowest objective (ties: the earliest).
@@ -144,16 +145,26 @@ def solve_placements(
     as :class:`~opsched.errors.OpschedError` naming every placement's reason.
     ``solve_one`` replaces :func:`opsched.lower.solve` (tests, callers that
     isolate it).
+
+    With several placements, their solves leave out the search that thins
+    overlapped pairs at the best makespan (``thin=False``): it only matters
+    for the placement kept, and a solve that ends early leaves its time to
+    the placements after it. The winner's pairs are thinned with the time
+    left (``thin_one``, :func:`opsched.lower.solve.thin_pairs` by default;
+    with another ``solve_one`` and no ``thin_one``, not at all).
     """
     if not candidates:
         raise ValueError("solve_placements needs at least one candidate placement")
     run = solve if solve_one is None else solve_one
+    thin = thin_pairs if solve_one is None and thin_one is None else thin_one
     started = time.monotonic()
     deadline = started + float(time_limit)
     tried: list[Tried | None] = [None] * len(candidates)  # in the candidates' order
     too_small: list[MemoryTooSmall] = []
     best: tuple[str, LowerResult] | None = None
     several = sum(1 for c in candidates if c.stage_graph is not None) > 1
+    # the winner's pairs are thinned once it is known (a solve's own thinning would take its share to the end)
+    thin_options = {"thin": False} if several and thin is not None else {}
     # (with one placement there is nothing to leave out, and it gets the whole limit exactly)
     hopes = _prospects(candidates, microbatches, solve_options) if several else [None] * len(candidates)
     # the best schedule in hand, which its own placement's solve keeps
@@ -173,7 +184,7 @@ def solve_placements(
         share = left / (1 + len(waiting))
         try:
             result = run(candidate.stage_graph, microbatches, time_limit=share,
-                         warm_orders=candidate.warm_orders, **solve_options)
+                         warm_orders=candidate.warm_orders, **thin_options, **solve_options)
         except OpschedError as exc:  # this placement does not fit (e.g. its minimum memory is over the limit)
             if isinstance(exc, MemoryTooSmall):
                 too_small.append(exc)
@@ -204,6 +215,11 @@ def solve_placements(
             solve_in_turn(k, left_out[n + 1:])
     if best is None:
         raise _nothing_ran(tried, too_small)
+    if thin_options:
+        winner = next(c for c in candidates if c.placement == best[0])
+        options = {k: v for k, v in solve_options.items() if k in ("memory_limit", "solver", "threads")}
+        best = (best[0], thin(winner.stage_graph, microbatches, best[1],
+                              time_limit=deadline - time.monotonic(), **options))
     return PlacementSearch(best[0], best[1], tuple(tried))
 
 

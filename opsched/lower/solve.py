@@ -26,6 +26,7 @@ native solver crash costs the same: the search so far is kept.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -265,6 +266,7 @@ def solve(
     warm_orders: dict[str, Order] | None = None,
     objective: Objective | str = Objective.MAKESPAN,
     search_budget: int | None = SEARCH_BUDGET,
+    thin: bool = True,
 ) -> LowerResult:
     """Find a short schedule of every job within the memory limit, with a proven lower bound.
 
@@ -300,6 +302,11 @@ def solve(
     device span from its first F to its last W or B); ``lower_bound`` and
     ``gap`` then refer to that objective.
 
+    ``thin``: with pairs (makespan objective), the search ends by thinning
+    the best order's pairs at its makespan while time is left
+    (:func:`thin_pairs`, which a search over placements runs on the winner
+    only).
+
     >>> from opsched.schedule import chain_stage_graph
     >>> r = solve(chain_stage_graph(2, f=1, b=2, w=1), 4, time_limit=5)
     >>> r.makespan, r.lower_bound, r.status
@@ -321,7 +328,7 @@ def solve(
     stop = t0 + float(time_limit) - min(RESERVE_SHARE * float(time_limit), factor * setup)
     deadline = stop - min(GRACE_SHARE * float(time_limit), GRACE)
     crash = _run_search(watch, stop, _search, js, budgets, objective, solver, threads, allow_pairs, slot,
-                        warm_orders, search_budget, bound, search_bound, deadline)
+                        warm_orders, search_budget, bound, search_bound, deadline, thin)
     # work that ran up to the deadline was cut by it (every loop of the search checks it)
     cut = watch.done is None or watch.done >= deadline
     if watch.order is None:  # nothing came in time: a cheap order, made here
@@ -407,7 +414,7 @@ def _run_search(watch: _Watch, stop: float, search: Callable[..., _News], *args)
 def _search(
     js: JobSet, budgets, objective: Objective, solver: str, threads: int, allow_pairs: bool, slot: float | None,
     warm_orders: dict[str, Order] | None, search_budget: int | None, bound: float, search_bound: float,
-    deadline: float, report: Callable[[_News], None],
+    deadline: float, thin: bool, report: Callable[[_News], None],
 ) -> _News:
     """Steps 3 to 5 of :func:`solve`, in its search process: every new best order goes to ``report`` at once.
 
@@ -433,7 +440,7 @@ def _search(
         _neighbourhood_search(run, search_budget)
     if run.pairs and run.objective == Objective.MAKESPAN and not run.searched_out():
         _pair_up_the_best(run)
-    if run.pairs and run.objective == Objective.MAKESPAN:
+    if thin and run.pairs and run.objective == Objective.MAKESPAN:
         _thin_pairs(run, slot)
     return run.news(done=True)
 
@@ -452,6 +459,49 @@ def _pair_up_the_best(run: _Search) -> None:
             run.best = inc
             run.improved(inc.order, inc.value)
             run.send(f"{paired.merges} pairs merged on the critical path")
+
+
+def thin_pairs(sg: StageGraph, microbatches: int, result: LowerResult, *, memory_limit: float | None = None,
+               time_limit: float = 30.0, solver: str = "cbc", threads: int = 1) -> LowerResult:
+    """``result`` (a makespan solve of ``sg``, made with ``thin=False``) with its overlapped pairs thinned at its
+    makespan (:func:`_thin_pairs`) within ``time_limit`` seconds of wall clock, in a watched child as :func:`solve`.
+
+    The makespan and bound stay; the status is the solve's, or :attr:`Status.TIME_LIMIT` when the clock cut the
+    thinning of a result that is not proven optimal (its pairs then depend on the machine). A result without
+    pairs, or of another objective, comes back as it is.
+    """
+    if result.objective != Objective.MAKESPAN or not pair_count(result.order) or time_limit <= 0:
+        return result
+    t0 = time.monotonic()
+    split = not any(job.pass_ == "B" for acts in result.order.values() for a in acts for job in jobs_of(a))
+    js = JobSet(sg, microbatches, split)
+    budgets = activation_budgets(sg, memory_limit)
+    watch = _Watch(t0, result.lower_bound, order=result.order, value=result.value, start=result.warm_start)
+    stop = t0 + float(time_limit) - min(RESERVE_SHARE * float(time_limit), RESERVE_FACTOR + PARTING_FACTOR)
+    deadline = stop - min(GRACE_SHARE * float(time_limit), GRACE)
+    slot = result.slot or auto_slot(sg, result.makespan, pairs=True)
+    crash = _run_search(watch, stop, _thinning, js, budgets, solver, threads, result.order, result.lower_bound,
+                        slot, deadline)
+    cut = watch.done is None or watch.done >= deadline
+    thinned = _result(watch, js, memory_limit, Objective.MAKESPAN, solver, time_limit if cut else None, crash)
+    if thinned.value > result.value + noise(result.value):  # pragma: no cover - the thinning keeps the makespan
+        raise AssertionError(f"thinning pairs lengthened the schedule: {thinned.value} > {result.value}")
+    status = result.status if thinned.status in (Status.OPTIMAL, Status.FEASIBLE) else thinned.status
+    return dataclasses.replace(
+        result, schedule=thinned.schedule, order=thinned.order, status=status,
+        solve_seconds=result.solve_seconds + thinned.solve_seconds, log=result.log + thinned.log,
+        pairs_parted=result.pairs_parted + thinned.pairs_parted,
+    )
+
+
+def _thinning(js: JobSet, budgets, solver: str, threads: int, order: Order, bound: float, slot: float,
+              deadline: float, report: Callable[[_News], None]) -> _News:
+    """:func:`thin_pairs`'s search process: :func:`_thin_pairs` from ``order``."""
+    run = _Search(js, budgets, Objective.MAKESPAN, solver, threads, deadline, bound, report)
+    run.best, run.pairs, run.slot = evaluate(js, order), True, slot
+    run.value = run.best.value
+    _thin_pairs(run, slot)
+    return run.news(done=True)
 
 
 def _thin_pairs(run: _Search, slot: float) -> None:
