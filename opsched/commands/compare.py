@@ -75,7 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--act", type=per_stage, default="1", metavar="A", help="activation per microbatch per stage (default 1)")
     src.add_argument("--act-w", type=per_stage, default="0.5", metavar="AW", help="part of A held until W (default 0.5)")
     src.add_argument("--overlap-gain", type=fraction, default="0", metavar="G",
-                     help="overlapped F&B pair lasts F + B - G*min(F, B); 0 = no gain (default), 1 = perfect")
+                     help="overlapped F&B pair lasts F + B - G*min(F, B); 0 = no gain (default), 1 = perfect. mip "
+                          "pairs where that shortens the step, then keeps the step and runs apart the pairs it can "
+                          "(a pair costs what overlap costs in a real run)")
     src.add_argument("--plan", metavar="PLAN.json",
                      help="take the stage graph from a plan file instead (baselines treat each device group as one "
                           "device and run a branching graph's stages one after another, as a chain-only runtime would)")

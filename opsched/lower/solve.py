@@ -82,6 +82,10 @@ SEARCH_BUDGET = 100
 #: budget): on the DualPipe grid's V at D=8, M=16, 2:2:1, gain 1 (144, 124 pairs after the search) 30 of them
 #: left 118 pairs, 50 left 113 (3 s) and 100 left 112; each pair parted there is 2 device-time units less idle
 THINNING_BUDGET = 50
+#: each of its sub-MIPs stops after this many seconds (the search proper's 5 s is for windows that may shorten the
+#: step; here the makespan is reached, and CBC's root on a window with pair options can take seconds): a clock cap,
+#: so the result then says the clock decided it
+THINNING_SECONDS_PER_SOLVE = 1.0
 #: the share of the start phase's remaining time that pairing up its starts may take (the rest is the search's):
 #: on the DualPipe grid pairing up Zero Bubble's V shortens it more than the search does in that time (D=8, M=32,
 #: 2:2:1, gain 0.5: 4.7 s to 292 from 334, where half the V's share under --placement auto cut it)
@@ -526,7 +530,7 @@ def _thin_pairs(run: _Search, slot: float) -> None:
     run.best = large_neighbourhood_search(
         run.js, run.best, slot, run.budgets, deadline=run.deadline, solver=run.solver, threads=run.threads,
         log=thinning, objective=run.objective, max_solves=THINNING_BUDGET, on_improve=thinned, pairs=True,
-        fewer_pairs=True, max_variables=PAIR_SUBMIP_VARIABLES,
+        fewer_pairs=True, max_variables=PAIR_SUBMIP_VARIABLES, max_seconds_per_solve=THINNING_SECONDS_PER_SOLVE,
     )
     run.timed_out = run.timed_out or thinning.timed_out
 

@@ -615,12 +615,17 @@ def build_model(
         w = weights or {}
         free = sp.free
         flow_terms = mip.xsum(w.get(j, 1.0) * start_expr(sp, z, j) for j in free)
-        pair_terms = mip.xsum(z[q, t] for q in sp.options for t in range(q.es, q.ls + 1)) if fewer_pairs else 0
-        # lexicographic within one slot: the flow term is below flow_room, each pair outweighs all of it, and the
-        # pairs (each F in one at most) stay below pair_room, so the tie-breakers never trade against the objective
+        # the flow term stays below one slot (below flow_room before scaling), so it never trades against the main
+        # objective
         flow_room = 1 + sum(w.get(j, 1.0) * sp.start_range(j)[1] for j in free)
-        pair_room = 1 + len({q.forward for q in sp.options}) if fewer_pairs else 1
-        model.objective = mip.minimize(main + (flow_room * pair_terms + flow_terms) / (flow_room * pair_room))
+        if not fewer_pairs:
+            model.objective = mip.minimize(main + (1.0 / flow_room) * flow_terms)
+        else:
+            # lexicographic within one slot: each pair outweighs the whole flow term, and the pairs (each F in one
+            # at most) stay below pair_room
+            pairs = mip.xsum(z[q, t] for q in sp.options for t in range(q.es, q.ls + 1))
+            pair_room = 1 + len({q.forward for q in sp.options})
+            model.objective = mip.minimize(main + (1.0 / (flow_room * pair_room)) * (flow_room * pairs + flow_terms))
     return model, z, C
 
 
