@@ -12,12 +12,13 @@ lowers (objective, sum of job ends) and still fits in memory.
 
 Thinning pairs (``fewer_pairs``): the same search, where each sub-MIP
 minimises the overlapped pairs the freed jobs form between the objective and
-the starts, and a result is accepted when it lowers (objective, pairs, sum
-of job ends) (:func:`preferred`). Run after the search proper (the solve
-does), it keeps the makespan and parts pairs the makespan does not need
-where parting alone (:mod:`opsched.lower.parting`) cannot: the window's jobs
-move. It is not the search proper's rule because a pair that does not
-shorten the step now may let a later window shorten it.
+the starts, and a result is accepted when it has a lower objective, or the
+same and fewer pairs (:func:`thinner`). Run after the search proper (the
+solve does), it keeps the makespan and parts pairs the makespan does not
+need where parting alone (:mod:`opsched.lower.parting`) cannot: the window's
+jobs move. It is not the search proper's rule because a pair that does not
+shorten the step now may let a later window shorten it. ``patience`` stops
+either search after that many sub-MIPs in a row were not accepted.
 
 Windows sweep the horizon from the end (where the makespan is decided)
 towards the start, then device subsets; the sequence is fixed, and each MIP
@@ -209,6 +210,7 @@ def large_neighbourhood_search(
     log: SearchLog | None = None,
     pairs: bool = False,
     fewer_pairs: bool = False,
+    patience: int | None = None,
 ) -> Incumbent:
     """Improve ``incumbent`` window by window until ``rounds`` sweeps give nothing or time runs out.
 
@@ -228,9 +230,12 @@ def large_neighbourhood_search(
     of a window may also form new ones and part old ones (the slot must
     make every pair length whole: :func:`opsched.lower.timeindexed.exact_slot`).
     With ``fewer_pairs``, sub-MIPs minimise the pairs between the objective and
-    the flow, and a result is accepted by :func:`preferred` (thinning pairs).
+    the flow, and a result is accepted by :func:`thinner` (thinning pairs).
+    ``patience``: stop after this many sub-MIPs in a row that gave nothing
+    accepted (a deterministic budget too).
     """
-    accept = preferred if fewer_pairs else better
+    accept = thinner if fewer_pairs else better
+    fruitless = 0  # sub-MIPs solved since the last accepted one
     log = log or SearchLog()
     base = slot_problem(js, slot, budgets)
     ssg = slotted_stage_graph(js.sg, slot)
@@ -258,12 +263,17 @@ def large_neighbourhood_search(
             if candidate is not None and accept(candidate, incumbent) and order_fits(js.sg, candidate.order, budgets):
                 incumbent, timing = candidate, None
                 improved_round = True
+                fruitless = 0
                 log.improvements += 1
                 log.entries.append((time.monotonic() - t0, incumbent.value))
                 if on_improve is not None:
                     on_improve(incumbent)
-            elif on_solve is not None and log.solves > solves_before:
-                on_solve(log)
+            elif log.solves > solves_before:
+                fruitless += 1
+                if on_solve is not None:
+                    on_solve(log)
+                if patience is not None and fruitless >= patience:
+                    return incumbent
         if not improved_round:
             if width >= horizon:
                 break
@@ -318,6 +328,14 @@ def better(a: Incumbent, b: Incumbent) -> bool:
 def pair_count(order: Order) -> int:
     """How many overlapped pairs ``order`` runs."""
     return len({a for acts in order.values() for a in acts if isinstance(a, Pair)})
+
+
+def thinner(a: Incumbent, b: Incumbent) -> bool:
+    """``a`` has a lower objective than ``b``, or the same and fewer overlapped pairs (thinning pairs: work ending
+    earlier alone is not progress there)."""
+    if a.value < b.value - noise(b.value):
+        return True
+    return a.value <= b.value + noise(b.value) and pair_count(a.order) < pair_count(b.order)
 
 
 def preferred(a: Incumbent, b: Incumbent) -> bool:
