@@ -169,7 +169,7 @@ def test_a_placement_that_cannot_win_gets_no_time_and_its_share_goes_to_the_othe
 
     def spy(graph, m, *, time_limit, warm_orders, **options):
         shares[next(c.placement for c in tries if c.stage_graph is graph)] = time_limit
-        return solve(graph, m, time_limit=time_limit, warm_orders=warm_orders, **options)
+        return solve(graph, m, time_limit=time_limit, warm_orders=warm_orders, thin=False, **options)
 
     found = solve_placements(tries, 8, memory_limit=limit, time_limit=30, solve_one=spy, **BUDGET)
     assert [t.placement for t in found.tried] == [c.placement for c in tries]
@@ -185,7 +185,7 @@ def test_a_placement_that_cannot_win_gets_no_time_and_its_share_goes_to_the_othe
     def others_fail(graph, m, *, time_limit, warm_orders, **options):
         if next(c.placement for c in tries if c.stage_graph is graph) != "chain":
             raise OpschedError("this placement failed")
-        return solve(graph, m, time_limit=time_limit, warm_orders=warm_orders, **options)
+        return solve(graph, m, time_limit=time_limit, warm_orders=warm_orders, thin=False, **options)
 
     found = solve_placements(tries, 8, memory_limit=limit, time_limit=30, solve_one=others_fail, **BUDGET)
     assert found.placement == "chain" and found.tried[0].value == found.result.value
