@@ -330,11 +330,7 @@ def solve(
     search_bound = _search_bound(js, budgets, objective, bound, allow_pairs)
     setup = time.monotonic() - t0
     watch = _Watch(t0, bound)
-    # the search process is stopped early enough for the end of the solve (re-timing, validating) to fit in the
-    # limit; it stops itself a little earlier still, between pieces of work, so that its last news arrives
-    factor = RESERVE_FACTOR + (PARTING_FACTOR if _pairs_searched(js, allow_pairs) else 0.0)
-    stop = t0 + float(time_limit) - min(RESERVE_SHARE * float(time_limit), factor * setup)
-    deadline = stop - min(GRACE_SHARE * float(time_limit), GRACE)
+    stop, deadline = _stop_and_deadline(t0, time_limit, setup, _pairs_searched(js, allow_pairs))
     crash = _run_search(watch, stop, _search, js, budgets, objective, solver, threads, allow_pairs, slot,
                         warm_orders, search_budget, bound, search_bound, deadline, thin)
     # work that ran up to the deadline was cut by it (every loop of the search checks it)
@@ -399,6 +395,18 @@ def _proven_bound(js: JobSet, budgets, objective: Objective) -> float:
     """The bound a solve reports: proven for every schedule of the graph (pairs, fused or split backwards), not only
     those the solve can make."""
     return combinatorial_bound(js, budgets) if objective == Objective.MAKESPAN else span_lower_bound(js)
+
+
+def _stop_and_deadline(t0: float, time_limit: float, setup: float, pairs: bool) -> tuple[float, float]:
+    """When the search process of a solve that began at ``t0`` is stopped, and when it stops itself.
+
+    It is stopped early enough for the end of the solve (re-timing, parting needless ``pairs``, validating) to fit
+    in the limit, estimated from the ``setup`` seconds it took to build the job set and its bounds; it stops itself
+    a little earlier still, between pieces of work, so that its last news arrives.
+    """
+    factor = RESERVE_FACTOR + (PARTING_FACTOR if pairs else 0.0)
+    stop = t0 + float(time_limit) - min(RESERVE_SHARE * float(time_limit), factor * setup)
+    return stop, stop - min(GRACE_SHARE * float(time_limit), GRACE)
 
 
 def _run_search(watch: _Watch, stop: float, search: Callable[..., _News], *args) -> str | None:
@@ -484,9 +492,8 @@ def thin_pairs(sg: StageGraph, microbatches: int, result: LowerResult, *, memory
     split = not any(job.pass_ == "B" for acts in result.order.values() for a in acts for job in jobs_of(a))
     js = JobSet(sg, microbatches, split)
     budgets = activation_budgets(sg, memory_limit)
+    stop, deadline = _stop_and_deadline(t0, time_limit, time.monotonic() - t0, pairs=True)
     watch = _Watch(t0, result.lower_bound, order=result.order, value=result.value, start=result.warm_start)
-    stop = t0 + float(time_limit) - min(RESERVE_SHARE * float(time_limit), RESERVE_FACTOR + PARTING_FACTOR)
-    deadline = stop - min(GRACE_SHARE * float(time_limit), GRACE)
     slot = result.slot or auto_slot(sg, result.makespan, pairs=True)
     crash = _run_search(watch, stop, _thinning, js, budgets, solver, threads, result.order, result.lower_bound,
                         slot, deadline)
