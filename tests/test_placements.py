@@ -225,3 +225,27 @@ def test_only_the_winner_has_its_pairs_thinned():
     assert found.result is after and after.value == pytest.approx(before.value) and after.lower_bound == before.lower_bound
     assert pair_count(after.order) <= pair_count(before.order)
     validate(after.schedule)
+
+
+def test_when_the_prospects_take_the_whole_limit_one_placement_is_still_solved(monkeypatch):
+    """The bounds and warm orders computed before any search can take a short limit whole (1.5 s at p=16, m=64 on
+    a loaded CI machine): the first placement is then solved with a tenth of the limit, the others are not tried,
+    and the search says it was cut."""
+    import time
+
+    from opsched.lower import placements
+
+    def slow_prospects(candidates, *_):
+        time.sleep(1.0)
+        return [None] * len(candidates)
+
+    monkeypatch.setattr(placements, "_prospects", slow_prospects)
+    sg = chain_stage_graph(4, f=1, b=2, w=1)
+    tries = candidates(sg, 8)
+    found = solve_placements(tries, 8, time_limit=0.5, **BUDGET)
+    solved = [t for t in found.tried if t.value is not None]
+    assert [t.placement for t in solved] == [tries[0].placement] and found.placement == tries[0].placement
+    assert {t.refused for t in found.tried if t.value is None} <= {placements.NOT_STARTED} | {c.refused for c in tries}
+    assert any(t.refused == placements.NOT_STARTED for t in found.tried)
+    assert found.cut
+    validate(found.result.schedule)

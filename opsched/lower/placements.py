@@ -60,6 +60,10 @@ log = logging.getLogger(__name__)
 
 #: why a placement has no result when the time limit ran out before its turn
 NOT_STARTED = "not tried: the time limit ran out before its turn"
+#: the share of the limit a placement gets when the clock ran out before any placement had a result (the prospects
+#: can take a whole short limit: 1.5 s at p=16, m=64 on a loaded CI machine); its solve then returns about its first
+#: start, so the search returns a schedule, over the limit by at most this share and that solve's setup
+LAST_RESORT_SHARE = 0.1
 #: why a placement has no result when its lower bound proves it cannot beat what is in hand (module docstring)
 CANNOT_WIN = "not solved: its lower bound {bound:g} is not below the {value:g} that {what} already reaches"
 #: the solve options a prospect reads (the rest are the search's own)
@@ -178,10 +182,10 @@ def solve_placements(
         candidate = candidates[k]
         # a placement alone gets the whole limit exactly; several share what is left (the prospects took some)
         left = deadline - time.monotonic() if several else float(time_limit)
-        if left <= 0:  # the clock binds: placements not started are reported, and the search counts as cut
-            tried[k] = Tried(candidate.placement, refused=NOT_STARTED)
+        if left <= 0 and best is not None:  # the clock binds: placements not started are reported, and the search
+            tried[k] = Tried(candidate.placement, refused=NOT_STARTED)  # counts as cut
             return
-        share = left / (1 + len(waiting))
+        share = left / (1 + len(waiting)) if left > 0 else LAST_RESORT_SHARE * float(time_limit)
         try:
             result = run(candidate.stage_graph, microbatches, time_limit=share,
                          warm_orders=candidate.warm_orders, **thin_options, **solve_options)
