@@ -450,11 +450,7 @@ def _search(
     run.send(f"warm start {name}")
     if not run.searched_out():
         run.slot = slot
-        # the whole MIP has no pair options: where pairs are searched it can neither prove a bound nor move a
-        # pair, and on the pairs property tests' 62 instances small enough for it it never improved the start
-        # while taking 85 s of CBC (29 s of a 60 s limit on one 1,092-variable span case)
-        if not run.pairs:
-            _solve_whole_mip(run)
+        _solve_whole_mip(run)
     if not run.searched_out():
         _neighbourhood_search(run, search_budget)
     if run.pairs and run.objective == Objective.MAKESPAN and not run.searched_out():
@@ -585,9 +581,13 @@ def _solve_whole_mip(run: _Search) -> None:
     (``search_bound``: the search stops there), and when its problem holds
     every schedule of the graph it is also reported (``bound``).
     """
+    # it has no pair options: where pairs are searched it can neither prove a bound nor move a pair, and on the
+    # pairs property tests' 62 instances small enough for it it never improved the start while taking 85 s of CBC
+    # (29 s of a 60 s limit on one 1,092-variable span case)
+    if run.pairs:
+        return
     js, best = run.js, run.best
-    # the whole MIP has no pair options: with pairs in reach its bound is not one on the search's orders
-    exact = _divides(run.slot, js.sg) and not run.pairs
+    exact = _divides(run.slot, js.sg)
     sp = slot_problem(js, run.slot, run.budgets)
     starts = slotted_starts(js, best.order, run.slot)
     horizon = max(s + sp.p[k] for k, s in starts.items())
