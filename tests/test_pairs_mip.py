@@ -19,8 +19,8 @@ from test_bounds import Instance, baseline_values, brute_force, instances, list_
 from opsched.baselines import baseline_orders
 from opsched.lower import solve
 from opsched.lower.jobs import JobSet, activation_budgets, minimum_memory_limit, order_fits
-from opsched.lower.lns import (better, evaluate, large_neighbourhood_search, neighbourhood, pair_count, preferred,
-                               slotted_timing)
+from opsched.lower.lns import (Incumbent, SearchLog, better, evaluate, large_neighbourhood_search, neighbourhood,
+                               pair_count, preferred, slotted_timing)
 from opsched.lower.listsched import Variant, list_schedule
 from opsched.lower.pairing import pair_up
 from opsched.lower.parting import part_pairs
@@ -225,3 +225,40 @@ def test_thinning_parts_a_pair_the_parting_step_cannot():
     assert found.makespan == start.makespan
     assert pair_count(found.order) < pair_count(start.order)
     validate(Schedule(sg, 4, simulate(sg, found.order, 4)))
+
+
+@pytest.mark.parametrize("fewer_pairs", [False, True])
+def test_no_sub_mip_is_solved_twice_and_the_search_takes_the_same_steps(monkeypatch, fewer_pairs):
+    """A sub-MIP solved on the current incumbent is not solved again (the same MIP from the same start gives the same
+    answer): on 2 microbatches neighbouring windows free the same jobs (2 to 4 of 8 to 10 sub-MIPs here). The search ends where
+    solving every repeat again takes it, having posed as many."""
+    import opsched.lower.lns as lns
+    import opsched.lower.timeindexed as timeindexed
+
+    sg = chain_stage_graph(4, f=2, b=3, w=1, overlap_gain=1.0)
+    js = JobSet(sg, 2)
+    budgets = activation_budgets(sg, minimum_memory_limit(sg, 2) + 2)
+    start = evaluate(js, list_schedule(js, budgets, Variant(pairs=True)))
+    signature = timeindexed.SlotProblem.signature
+
+    def search() -> tuple[Incumbent, SearchLog, list]:
+        solved, log = [], SearchLog()
+        real = timeindexed.solve_slot_problem
+
+        def spy(sp, **options):
+            solved.append((signature(sp), tuple(sorted(options["incumbent"].items()))))
+            return real(sp, **options)
+
+        monkeypatch.setattr(lns, "solve_slot_problem", spy)
+        found = large_neighbourhood_search(js, start, exact_slot(sg, pairs=True), budgets, log=log,
+                                           deadline=time.monotonic() + 60, max_solves=10, pairs=True,
+                                           fewer_pairs=fewer_pairs)
+        return found, log, solved
+
+    found, log, solved = search()
+    assert len(solved) > 1 and len(set(solved)) == len(solved)
+    assert log.repeats > 0 and log.posed == log.solves + log.repeats
+    monkeypatch.setattr(timeindexed.SlotProblem, "signature", lambda sp: object())  # every sub-MIP solved again
+    again, log_again, solved_again = search()
+    assert (again.order, log_again.posed, log_again.solves) == (found.order, log.posed, log.posed)
+    assert len(set(solved_again)) < len(solved_again)

@@ -20,6 +20,14 @@ jobs move. It is not the search proper's rule because a pair that does not
 shorten the step now may let a later window shorten it. ``patience`` stops
 either search after that many sub-MIPs in a row were not accepted.
 
+A sub-MIP already solved on the current incumbent is not solved again (the
+same free jobs, windows and fixed jobs and the same start: the same answer,
+which was not accepted). It counts as posed, as if solved, toward the budget
+and the patience, so the search takes the steps it would take solving it
+again, in less time. (A sweep after an accepted result repeats every window
+after that result's; on few microbatches neighbouring windows free the same
+jobs.)
+
 Windows sweep the horizon from the end (where the makespan is decided)
 towards the start, then device subsets; the sequence is fixed, and each MIP
 has a node limit, and the number of sub-MIPs is capped, so the search is
@@ -184,9 +192,16 @@ class SearchLog:
 
     entries: list[tuple[float, float]] = field(default_factory=list)
     solves: int = 0
+    #: sub-MIPs not solved again: the same as one already solved on the same incumbent
+    repeats: int = 0
     improvements: int = 0
     #: a clock limit (the overall deadline or a sub-MIP's time cap) cut the search short
     timed_out: bool = False
+
+    @property
+    def posed(self) -> int:
+        """Sub-MIPs posed: solved, or repeats of one solved (what the budget and the patience count)."""
+        return self.solves + self.repeats
 
 
 def large_neighbourhood_search(
@@ -215,7 +230,7 @@ def large_neighbourhood_search(
     """Improve ``incumbent`` window by window until ``rounds`` sweeps give nothing or time runs out.
 
     ``budgets`` are the activation budgets per device (``None``: no limit).
-    ``max_solves`` caps the number of sub-MIPs and ``max_nodes`` each
+    ``max_solves`` caps the number of sub-MIPs posed (:attr:`SearchLog.posed`) and ``max_nodes`` each
     sub-MIP's branch-and-bound nodes (deterministic budgets). The clock stops
     work only when these do not: each sub-MIP also stops after ``max_seconds_per_solve``
     (CBC's root can take long on wide windows; the node limit does not bound
@@ -236,6 +251,7 @@ def large_neighbourhood_search(
     """
     accept = thinner if fewer_pairs else better
     fruitless = 0  # sub-MIPs solved since the last accepted one
+    tried: set[tuple] = set()  # signatures of the sub-MIPs solved on this incumbent
     log = log or SearchLog()
     base = slot_problem(js, slot, budgets)
     ssg = slotted_stage_graph(js.sg, slot)
@@ -252,23 +268,24 @@ def large_neighbourhood_search(
         for lo, hi, devices in _windows(js, horizon, width):
             if _search_done(incumbent, target, deadline, max_solves, log):
                 return incumbent
-            solves_before = log.solves
+            posed_before = log.posed
             # the incumbent's timing changes only with the incumbent
             timing = timing or slotted_timing(js, incumbent.order, slot, ssg)
             candidate = _window_candidate(
-                js, base, timing, ssg if pairs else None, slot, (lo, hi, devices), size_cap, log,
+                js, base, timing, ssg if pairs else None, slot, (lo, hi, devices), size_cap, log, tried,
                 solver=solver, threads=threads, max_nodes=max_nodes, objective=objective, fewer_pairs=fewer_pairs,
                 time_limit=max(0.05, min(max_seconds_per_solve, deadline - time.monotonic())),
             )
             if candidate is not None and accept(candidate, incumbent) and order_fits(js.sg, candidate.order, budgets):
                 incumbent, timing = candidate, None
+                tried.clear()
                 improved_round = True
                 fruitless = 0
                 log.improvements += 1
                 log.entries.append((time.monotonic() - t0, incumbent.value))
                 if on_improve is not None:
                     on_improve(incumbent)
-            elif log.solves > solves_before:
+            elif log.posed > posed_before:
                 fruitless += 1
                 if on_solve is not None:
                     on_solve(log)
@@ -289,14 +306,15 @@ def _search_done(incumbent: Incumbent, target: float, deadline: float, max_solve
     if time.monotonic() >= deadline:
         log.timed_out = True
         return True
-    return max_solves is not None and log.solves >= max_solves
+    return max_solves is not None and log.posed >= max_solves
 
 
 def _window_candidate(js: JobSet, base: SlotProblem, timing: SlottedTiming, pair_graph: StageGraph | None,
                       slot: float, window: tuple[int, int, set[int] | None], size_cap: float, log: SearchLog,
-                      **solve_options) -> Incumbent | None:
+                      tried: set[tuple], **solve_options) -> Incumbent | None:
     """Re-solve the jobs of one window of the incumbent (its slotted ``timing``) with everything else fixed;
-    ``None`` when nothing was solved or found.
+    ``None`` when nothing was solved or found. A sub-MIP whose signature is in ``tried`` is not solved again (it
+    counts in ``log.repeats``); one solved is added.
 
     With ``pair_graph`` (the slotted StageGraph) the freed jobs may form overlapped pairs.
     """
@@ -306,6 +324,10 @@ def _window_candidate(js: JobSet, base: SlotProblem, timing: SlottedTiming, pair
     size = 0 if sp is None else model_size(sp)
     if size == 0 or size > size_cap:
         return None
+    if sp.signature() in tried:
+        log.repeats += 1
+        return None
+    tried.add(sp.signature())
     # jobs with a long tail after them weigh more: moving them earlier shortens the rest of the schedule
     weights = {k: 1.0 + js.tail[k] / max(slot, 1e-12) for k in sp.es}
     out = solve_slot_problem(sp, incumbent=timing.starts, incumbent_pairs=frozenset(timing.pairs), flow=True,

@@ -195,6 +195,12 @@ class SlotProblem:
         self._fixed_length = {j: n for pair, n in self.fixed_pairs.items() for j in pair}
         self._fixed_backwards = {b for _, b in self.fixed_pairs}
 
+    def signature(self) -> tuple:
+        """What makes this the MIP it is, given its JobSet, job lengths and budgets (which a search's windows
+        share): two windows of one incumbent with the same signature are the same sub-MIP."""
+        return (tuple(sorted(self.es.items())), tuple(sorted(self.ls.items())), tuple(sorted(self.fixed.items())),
+                tuple(self.before), tuple(self.options), tuple(sorted(self.fixed_pairs.items())))
+
     def options_of(self, j: int) -> list[PairOption]:
         """The pair options job ``j`` takes part in."""
         return self._options_by_job.get(j, [])
