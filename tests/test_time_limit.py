@@ -198,3 +198,29 @@ def test_a_killed_child_takes_its_own_child_with_it():
 
 def _nested_forever(report):
     return run_isolated(_report_twice_then, "hang", timeout=600, on_report=report)
+
+
+def test_a_status_a_sub_mips_clock_cap_decided_names_that_cap(monkeypatch, caplog):
+    """Thinning pairs whose sub-MIPs stop at their clock cap (forced here) ends "time limit reached" well within the
+    limit: the log line says which cap it was, not the limit (it said "5 s per sub-MIP", the search proper's cap,
+    whichever cap had bound)."""
+    import dataclasses
+    import logging
+
+    import opsched.lower.lns as lns
+
+    real = lns.solve_slot_problem
+
+    def capped_when_thinning(sp, **options):
+        out = real(sp, **options)
+        return dataclasses.replace(out, timed_out=True) if options.get("fewer_pairs") else out
+
+    monkeypatch.setattr(lns, "solve_slot_problem", capped_when_thinning)
+    monkeypatch.setattr(solve_module, "THINNING_BUDGET", 2)
+    sg = chain_stage_graph(4, f=1, b=2, w=1, devices=2, placement="v", overlap_gain=1.0)  # 24, bound 21
+    with caplog.at_level(logging.INFO, logger="opsched"):
+        result, seconds = _timed(graph=(sg, 4), split_backward=False, time_limit=60, search_budget=2)
+    _holds(result, None)
+    assert result.status is Status.TIME_LIMIT and seconds < 30
+    last = caplog.records[-1].getMessage()
+    assert solve_module.THINNING_CUT in last and "limit stopped" not in last, last

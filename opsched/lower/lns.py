@@ -55,6 +55,10 @@ from opsched.schedule import Order, Pair, StageGraph, simulate
 from opsched.solver import Objective
 
 
+#: a sub-MIP of the search stops after this many seconds by default (a clock cap; the node limit is the budget)
+SECONDS_PER_SOLVE = 5.0
+
+
 @dataclass
 class Incumbent:
     """An order (overlapped pairs allowed) with its objective value, makespan and sum of job ends (the acceptance key)."""
@@ -219,7 +223,7 @@ def large_neighbourhood_search(
     target: float = 0.0,
     objective: Objective = Objective.MAKESPAN,
     max_solves: int | None = None,
-    max_seconds_per_solve: float = 5.0,
+    max_seconds_per_solve: float = SECONDS_PER_SOLVE,
     on_improve: Callable[[Incumbent], None] | None = None,
     on_solve: Callable[[SearchLog], None] | None = None,
     log: SearchLog | None = None,

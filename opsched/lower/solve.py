@@ -44,6 +44,7 @@ from opsched.lower.parting import part_pairs
 from opsched.lower.warmup import deepen_warmup
 from opsched.lower.lns import (
     Incumbent,
+    SECONDS_PER_SOLVE,
     SearchLog,
     better,
     evaluate,
@@ -90,6 +91,9 @@ THINNING_SECONDS_PER_SOLVE = 1.0
 #: first command, 75 proven optimal with 90 pairs, spent 18 s on 50 that parted none, 6 s with this stop; with 10
 #: the D=8, M=16, 2:2:1, gain 1 case above stopped before its first window that parts a pair)
 THINNING_PATIENCE = 20
+#: what a status cut by these clock caps names (:meth:`_Search.cut`)
+SEARCH_CUT = f"a sub-MIP of the neighbourhood search stopped at its {SECONDS_PER_SOLVE:g} s cap"
+THINNING_CUT = f"a sub-MIP thinning pairs stopped at its {THINNING_SECONDS_PER_SOLVE:g} s cap"
 #: the share of the start phase's remaining time that pairing up its starts may take (the rest is the search's):
 #: on the DualPipe grid pairing up Zero Bubble's V shortens it more than the search does in that time (D=8, M=32,
 #: 2:2:1, gain 0.5: 4.7 s to 292 from 334, where half the V's share under --placement auto cut it)
@@ -165,8 +169,8 @@ class _News:
     slot: float | None
     #: neighbourhood sub-MIPs solved so far
     solves: int
-    #: a clock cap (a sub-MIP's, or the deadline's) cut some of the work
-    timed_out: bool
+    #: what the first clock cap (a sub-MIP's, a step's share, the deadline) that cut work short was; "": none
+    clock_cut: str
     #: the search's last news (its return value)
     done: bool = False
 
@@ -191,7 +195,7 @@ class _Search:
     pairs: bool = False
     #: holds for the orders this search can reach: may be above ``bound``
     search_bound: float = -math.inf
-    timed_out: bool = False
+    clock_cut: str = ""  # see _News
     slot: float | None = None
     solves: int = 0
     start: str = ""  # the start candidate the search began from
@@ -206,12 +210,18 @@ class _Search:
     def news(self, what: str = "", done: bool = False) -> _News:
         """The news since the last one (which it clears)."""
         out = _News(what, self.value, self.order, self.start, tuple(self.tried), self.bound, self.slot,
-                    self.solves, self.timed_out, done)
+                    self.solves, self.clock_cut, done)
         self.order, self.tried = None, []
         return out
 
     def send(self, what: str = "") -> None:
         self.report(self.news(what))
+
+    def cut(self, what: str, happened: bool = True) -> None:
+        """A clock cap cut some work short (when ``happened``), as ``what`` says: the result may then vary from
+        machine to machine. The status names the first."""
+        if happened and not self.clock_cut:
+            self.clock_cut = what
 
     def proven(self) -> bool:
         return self.best is not None and _proven(self.best.value, self.bound)
@@ -233,7 +243,7 @@ class _Watch:
     candidates: dict[str, float] = field(default_factory=dict)
     slot: float | None = None
     solves: int = 0
-    timed_out: bool = False
+    clock_cut: str = ""  # see _News
     done: float | None = None  # time.monotonic() when the search's last news came
     log: list[tuple[float, float, float]] = field(default_factory=list)
 
@@ -248,7 +258,7 @@ class _Watch:
         self.candidates.update(news.tried)
         self.bound = max(self.bound, news.bound)  # only a bound the search proved and sent counts
         self.slot, self.solves = news.slot, news.solves
-        self.timed_out = self.timed_out or news.timed_out
+        self.clock_cut = self.clock_cut or news.clock_cut
         if news.done:
             self.done = time.monotonic()
         if news.what and news.value is not None:
@@ -466,7 +476,7 @@ def _pair_up_the_best(run: _Search) -> None:
     if time.monotonic() >= run.deadline:
         return
     paired = pair_up(run.js, run.best.order, run.budgets, deadline=run.deadline)
-    run.timed_out = run.timed_out or paired.cut
+    run.cut("the deadline stopped pairing up the best order", paired.cut)
     if paired.merges:
         inc = paired.incumbent  # valued by the makespan, the objective here
         # only a shorter schedule is worth more pairs here: a lower sum of job ends alone is not
@@ -534,7 +544,7 @@ def _thin_pairs(run: _Search, slot: float) -> None:
 
     def thinned(inc: Incumbent) -> None:  # fewer pairs (or, rarely, a shorter schedule)
         run.improved(inc.order, inc.value)
-        run.timed_out = run.timed_out or thinning.timed_out
+        run.cut(THINNING_CUT, thinning.timed_out)
         run.send(f"thinning pairs: {pair_count(inc.order)} of {before} left")
 
     run.best = large_neighbourhood_search(
@@ -543,7 +553,7 @@ def _thin_pairs(run: _Search, slot: float) -> None:
         fewer_pairs=True, max_variables=PAIR_SUBMIP_VARIABLES, max_seconds_per_solve=THINNING_SECONDS_PER_SOLVE,
         patience=THINNING_PATIENCE,
     )
-    run.timed_out = run.timed_out or thinning.timed_out
+    run.cut(THINNING_CUT, thinning.timed_out)
 
 
 def _pairs_searched(js: JobSet, allow_pairs: bool) -> bool:
@@ -598,7 +608,7 @@ def _solve_whole_mip(run: _Search) -> None:
     if model_size(sp) > FULL_MODEL_VARIABLES:
         return
     if time.monotonic() >= run.deadline:
-        run.timed_out = True
+        run.cut("the deadline came before the whole MIP")
         return
     # the symmetry rows may cut off the incumbent's start slots: then it starts cold
     out = solve_slot_problem(
@@ -606,7 +616,7 @@ def _solve_whole_mip(run: _Search) -> None:
         time_limit=max(0.05, 0.5 * (run.deadline - time.monotonic())), max_nodes=FULL_MODEL_NODES,
         objective=run.objective, flow=run.objective != Objective.MAKESPAN,
     )
-    run.timed_out = run.timed_out or out.timed_out
+    run.cut("the whole MIP stopped at its cap, half the time left", out.timed_out)
     if out.starts is not None:
         cand = evaluate(js, starts_to_order(js, out.starts), run.objective)
         if better(cand, best) and order_fits(js.sg, cand.order, run.budgets):
@@ -629,12 +639,12 @@ def _neighbourhood_search(run: _Search, search_budget: int | None) -> None:
     def improved(inc: Incumbent) -> None:
         run.improved(inc.order, inc.value)
         run.solves = search.solves
-        run.timed_out = run.timed_out or search.timed_out
+        run.cut(SEARCH_CUT, search.timed_out)
         run.send("neighbourhood search")
 
     def solved(progress: SearchLog) -> None:  # the count of sub-MIPs reaches the solve even when it is stopped
         run.solves = progress.solves
-        run.timed_out = run.timed_out or progress.timed_out
+        run.cut(SEARCH_CUT, progress.timed_out)
         run.send()
 
     run.best = large_neighbourhood_search(
@@ -643,7 +653,7 @@ def _neighbourhood_search(run: _Search, search_budget: int | None) -> None:
         on_improve=improved, on_solve=solved, pairs=run.pairs,
         max_variables=PAIR_SUBMIP_VARIABLES if run.pairs else 800,
     )
-    run.timed_out = run.timed_out or search.timed_out
+    run.cut(SEARCH_CUT, search.timed_out)
     run.solves = search.solves
 
 
@@ -679,8 +689,8 @@ def _result(
     elif cut_at is not None:
         status = Status.TIME_LIMIT
         note = f" (the {cut_at:g} s limit stopped the search; the best schedule found by then)"
-    elif watch.timed_out:
-        status, note = Status.TIME_LIMIT, " (a MIP's clock cap stopped it: 5 s per sub-MIP; the result may vary)"
+    elif watch.clock_cut:
+        status, note = Status.TIME_LIMIT, f" ({watch.clock_cut}; the result may vary)"
     else:
         status, note = Status.FEASIBLE, ""
     watch.bound = bound
@@ -765,7 +775,7 @@ def _best_start(run: _Search, allow_pairs: bool, warm_orders: dict[str, Order] |
     order, so the result is deterministic; each new best goes to the solve at
     once (the first candidate that fits is there within a simulation of the
     start). Only the deadline may skip candidates after the first that fits
-    (then ``run.timed_out``).
+    (then ``run.clock_cut``).
 
     With pairs searched (makespan objective), the warm orders come first and
     the best of them, and the best of them without pairs, are paired up
@@ -786,7 +796,7 @@ def _best_start(run: _Search, allow_pairs: bool, warm_orders: dict[str, Order] |
     for phase in ([c for c in pool if not isinstance(c[1], Variant)], [c for c in pool if isinstance(c[1], Variant)]):
         for name, made in phase:
             if best is not None and time.monotonic() > run.deadline:
-                run.timed_out = True
+                run.cut("the deadline stopped the start candidates")
                 break
             order = list_schedule(js, budgets, made) if isinstance(made, Variant) else made
             events = _fitting(js, budgets, allow_pairs, order)
@@ -814,10 +824,10 @@ def _deepen_start(run: _Search, best: tuple[str, Order, Incumbent], deepened: se
     name, order, inc = best
     deepened.add(name)
     if time.monotonic() > run.deadline:
-        run.timed_out = True
+        run.cut("the deadline came before deepening the start's warm-up")
         return best
     found = deepen_warmup(run.js, order, run.budgets, run.objective, deadline=run.deadline, start=inc)
-    run.timed_out = run.timed_out or found.cut
+    run.cut("the deadline stopped deepening the start's warm-up", found.cut)
     if not found.moves:
         return best
     made = f"{name}, warm-up deepened (+{found.moves} forwards)"
@@ -842,7 +852,7 @@ def _pair_up_starts(run: _Search, best: tuple[str, Order, Incumbent],
             continue
         paired = pair_up(run.js, order, run.budgets, deadline=deadline, together=together,
                          max_simulations=TOGETHER_SIMULATIONS if together else PAIR_UP_SIMULATIONS)
-        run.timed_out = run.timed_out or paired.cut
+        run.cut("pairing up the start stopped at its share of the time", paired.cut)
         paired_up.add((name, together))
         if paired.merges:
             made = f"{name} paired up{' together' if together else ''} (+{paired.merges} pairs)"
