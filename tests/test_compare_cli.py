@@ -172,7 +172,7 @@ def _fake_solve(calls: list):
         schedule.name = "mip"
         value = metrics(schedule).makespan if objective == "makespan" else 24.0
         return SimpleNamespace(schedule=schedule, lower_bound=20.0, gap=0.1, solver=solver, solve_seconds=0.5,
-                               objective=objective, value=value, status="feasible", pairs_parted=0)
+                               objective=objective, value=value, status="feasible", pairs_parted=0, cut_by="")
 
     return fake_solve
 
@@ -365,7 +365,7 @@ def test_auto_placement_row_names_the_winner_and_every_placement_tried(capsys, m
         value = metrics(schedule).makespan
         return SimpleNamespace(schedule=schedule, lower_bound=value - 1, gap=1 / value, solver=solver,
                                solve_seconds=0.25, objective=objective, value=value, status="feasible",
-                               pairs_parted=0)
+                               pairs_parted=0, cut_by="")
 
     monkeypatch.setattr(lower, "solve", first_order_solve)
     # every placement is solved here: none left out by its bound (test_placements covers that)

@@ -202,8 +202,8 @@ def _nested_forever(report):
 
 def test_a_status_a_sub_mips_clock_cap_decided_names_that_cap(monkeypatch, caplog):
     """Thinning pairs whose sub-MIPs stop at their clock cap (forced here) ends "time limit reached" well within the
-    limit: the log line says which cap it was, not the limit (it said "5 s per sub-MIP", the search proper's cap,
-    whichever cap had bound)."""
+    limit: the result and its log line say which cap it was, not the limit (the log said "5 s per sub-MIP", the
+    search proper's cap, whichever cap had bound; `compare` said nothing)."""
     import dataclasses
     import logging
 
@@ -222,5 +222,6 @@ def test_a_status_a_sub_mips_clock_cap_decided_names_that_cap(monkeypatch, caplo
         result, seconds = _timed(graph=(sg, 4), split_backward=False, time_limit=60, search_budget=2)
     _holds(result, None)
     assert result.status is Status.TIME_LIMIT and seconds < 30
+    assert result.cut_by == solve_module.THINNING_CUT
     last = caplog.records[-1].getMessage()
     assert solve_module.THINNING_CUT in last and "limit stopped" not in last, last

@@ -243,6 +243,9 @@ def run_mip(sg, microbatches: int, limit: float | None, args) -> tuple:
         "placements_tried": [tried_row(t) for t in found.tried],
         # the winner's status, for its placement; a search the clock cut before every placement ran says so
         "status": str(Status.TIME_LIMIT if found.cut else result.status),
+        # what stopped a search whose status is the time limit's: the limit, or a clock cap inside it
+        "cut_by": (f"the {args.time_limit:g} s limit, before every placement was tried" if found.cut
+                   else result.cut_by) or None,
         "solver": result.solver,
         "solve_seconds": found.seconds,
     }
@@ -415,8 +418,8 @@ def solver_note(row: dict) -> str:
     schedule is the best found by then):
 
     >>> solver_note({"lower_bound": 27, "gap": 0.1, "solver": "cbc", "solve_seconds": 120.2,
-    ...              "status": "time limit reached"})
-    '; lower bound 27, gap 10.0%, cbc 120.2 s, time limit reached'
+    ...              "status": "time limit reached", "cut_by": "the 120 s limit"})
+    '; lower bound 27, gap 10.0%, cbc 120.2 s, time limit reached (the 120 s limit)'
 
     Overlapped pairs the makespan did not need, run one job after the other:
 
@@ -433,6 +436,8 @@ def solver_note(row: dict) -> str:
     time_text = "" if secs is None else f", {row.get('solver', '')} {secs:.1f} s"
     status = row.get("status")
     status_text = f", {status}" if status in (str(Status.TIME_LIMIT), str(Status.ERROR)) else ""
+    if status == str(Status.TIME_LIMIT) and row.get("cut_by"):
+        status_text += f" ({row['cut_by']})"
     parted = row.get("pairs_parted") or 0
     parted_text = f", {parted} pairs parted (they saved no time)" if parted else ""
     tried = row.get("placements_tried") or []

@@ -140,6 +140,9 @@ class LowerResult:
     #: overlapped pairs of the search's best order run one job after the other in ``schedule``: the makespan
     #: did not need them (:func:`opsched.lower.parting.part_pairs`)
     pairs_parted: int = 0
+    #: with :attr:`Status.TIME_LIMIT`, what stopped the work: the time limit, or the first clock cap inside the
+    #: search that bound (its result may vary from machine to machine); else ""
+    cut_by: str = ""
 
     @property
     def makespan(self) -> float:
@@ -510,9 +513,13 @@ def thin_pairs(sg: StageGraph, microbatches: int, result: LowerResult, *, memory
     thinned = _result(watch, js, memory_limit, Objective.MAKESPAN, solver, time_limit if cut else None, crash)
     if thinned.value > result.value + noise(result.value):  # pragma: no cover - the thinning keeps the makespan
         raise AssertionError(f"thinning pairs lengthened the schedule: {thinned.value} > {result.value}")
-    status = result.status if thinned.status in (Status.OPTIMAL, Status.FEASIBLE) else thinned.status
+    status, cut_by = result.status, result.cut_by
+    if thinned.status not in (Status.OPTIMAL, Status.FEASIBLE):
+        status, cut_by = thinned.status, thinned.cut_by
+        if cut and status == Status.TIME_LIMIT:  # its limit is the time the solves before it left, not the user's
+            cut_by = f"the {time_limit:.3g} s left for thinning pairs"
     return dataclasses.replace(
-        result, schedule=thinned.schedule, order=thinned.order, status=status,
+        result, schedule=thinned.schedule, order=thinned.order, status=status, cut_by=cut_by,
         solve_seconds=result.solve_seconds + thinned.solve_seconds, log=result.log + thinned.log,
         pairs_parted=result.pairs_parted + thinned.pairs_parted,
     )
@@ -683,16 +690,17 @@ def _result(
     bound = min(watch.bound, value)  # float noise only: the bound is proven
     gap = (value - bound) / value if value > 0 else 0.0
     if _proven(value, bound):
-        status, note = Status.OPTIMAL, ""
+        status, cut_by, note = Status.OPTIMAL, "", ""
     elif crash:
-        status, note = Status.ERROR, f" ({crash}; the best schedule it had sent is kept)"
+        status, cut_by, note = Status.ERROR, "", f" ({crash}; the best schedule it had sent is kept)"
     elif cut_at is not None:
-        status = Status.TIME_LIMIT
-        note = f" (the {cut_at:g} s limit stopped the search; the best schedule found by then)"
+        status, cut_by = Status.TIME_LIMIT, f"the {cut_at:g} s limit"
+        note = f" ({cut_by} stopped the search; the best schedule found by then)"
     elif watch.clock_cut:
-        status, note = Status.TIME_LIMIT, f" ({watch.clock_cut}; the result may vary)"
+        status, cut_by = Status.TIME_LIMIT, watch.clock_cut
+        note = f" ({cut_by}; the result may vary)"
     else:
-        status, note = Status.FEASIBLE, ""
+        status, cut_by, note = Status.FEASIBLE, "", ""
     watch.bound = bound
     watch.line(value, str(status) + note)
     return LowerResult(
@@ -711,6 +719,7 @@ def _result(
         objective=objective,
         value=value,
         pairs_parted=parted,
+        cut_by=cut_by,
     )
 
 
