@@ -254,7 +254,7 @@ def large_neighbourhood_search(
     accepted (a deterministic budget too).
     """
     accept = thinner if fewer_pairs else better
-    fruitless = 0  # sub-MIPs solved since the last accepted one
+    fruitless = 0  # sub-MIPs posed since the last accepted one
     tried: set[tuple] = set()  # signatures of the sub-MIPs solved on this incumbent
     log = log or SearchLog()
     base = slot_problem(js, slot, budgets)
