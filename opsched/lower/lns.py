@@ -328,10 +328,11 @@ def _window_candidate(js: JobSet, base: SlotProblem, timing: SlottedTiming, pair
     size = 0 if sp is None else model_size(sp)
     if size == 0 or size > size_cap:
         return None
-    if sp.signature() in tried:
+    signature = sp.signature()
+    if signature in tried:
         log.repeats += 1
         return None
-    tried.add(sp.signature())
+    tried.add(signature)
     # jobs with a long tail after them weigh more: moving them earlier shortens the rest of the schedule
     weights = {k: 1.0 + js.tail[k] / max(slot, 1e-12) for k in sp.es}
     out = solve_slot_problem(sp, incumbent=timing.starts, incumbent_pairs=frozenset(timing.pairs), flow=True,
