@@ -292,6 +292,7 @@ def test_neighbourhood_search_is_deterministic_with_a_solve_budget():
 OPSCHED = [sys.executable, "-c", "import sys; from opsched.cli import main; sys.exit(main(sys.argv[1:]))"]
 
 
+@pytest.mark.slow  # three default-budget solves at once: 20 s of CPU, and it loads the machine on purpose
 def test_default_budget_is_work_so_loaded_runs_agree_and_the_clock_only_cuts():
     """Two command-line runs at once and one in-process solve load the machine three times over: work budgets,
     not clocks, decide the result, so all three agree; only a time limit that binds says it cut the search."""
