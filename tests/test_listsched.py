@@ -9,7 +9,11 @@ example, which they solve to its proven bound.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from test_bounds import instances
 
 from opsched.lower import solve
 from opsched.lower.bounds import lower_bound
@@ -133,6 +137,23 @@ def test_rounds_fit_memory_and_finish(placement, stages, devices, memory):
             assert sum(len(a) for a in order.values()) == len(js)
             assert order_fits(sg, order, budgets)
             simulate(sg, order, 8)  # raises on a deadlock
+
+
+@settings(max_examples=20, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(instances())
+def test_with_a_fused_backward_the_w_rules_change_no_order_and_are_not_tried(inst):
+    """patient_w, guard_last_backward and lazy_w only hold W jobs back: with a fused backward (no W) each gives the
+    order of the variant without it, so default_variants does not try them there."""
+    js = JobSet(inst.sg, inst.microbatches, split_backward=False)
+    budgets = activation_budgets(inst.sg, inst.limit)
+    variants = default_variants(js, allow_pairs=True, budgets=budgets)
+    assert not any(v.patient_w or v.guard_last_backward or v.lazy_w for v in variants)
+    for v in variants:
+        order = list_schedule(js, budgets, v)
+        for held in (replace(v, patient_w=True), replace(v, guard_last_backward=True),
+                     *(replace(v, lazy_w=lazy) for lazy in LAZY_W)):
+            assert list_schedule(js, budgets, held) == order, held.name
 
 
 def test_unknown_lazy_w_is_refused():
