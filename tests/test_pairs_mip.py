@@ -24,7 +24,7 @@ from opsched.lower.lns import (Incumbent, SearchLog, better, evaluate, large_nei
 from opsched.lower.listsched import Variant, list_schedule
 from opsched.lower.pairing import pair_up
 from opsched.lower.parting import part_pairs
-from opsched.lower.solve import split_fused_backward
+from opsched.lower.solve import PAIR_SUBMIP_VARIABLES, split_fused_backward
 from opsched.lower.timeindexed import build_model, complete_warm_start, exact_slot, slot_problem, slotted_stage_graph
 from opsched.schedule import Pair, Schedule, chain_stage_graph, simulate, validate
 from opsched.solver import Status
@@ -90,10 +90,12 @@ def test_search_improves_a_paired_start():
     zbv = split_fused_backward(baseline_orders(sg, 4)["zb-v"])
     start = pair_up(js, zbv, budgets, max_simulations=1)
     assert start.merges == 1
-    # windows of at most 300 variables: CBC finishes each within its node limit (at the default 800 the first
-    # one runs into its 5 s clock cap, and what it returns then depends on the machine)
+    # windows sized as the solve's search sizes them with pairs (PAIR_SUBMIP_VARIABLES): CBC finishes each within
+    # its node limit (at the function's default 800 the first ran into its 5 s clock cap, and what it returned
+    # then depended on the machine)
     found = large_neighbourhood_search(js, start.incumbent, exact_slot(sg, pairs=True), budgets,
-                                       deadline=time.monotonic() + 60, max_solves=8, max_variables=300, pairs=True)
+                                       deadline=time.monotonic() + 60, max_solves=8,
+                                       max_variables=PAIR_SUBMIP_VARIABLES, pairs=True)
     assert found.makespan < start.makespan
     assert order_fits(sg, found.order, budgets)
     paired = [a for acts in found.order.values() for a in acts if isinstance(a, Pair)]
@@ -198,11 +200,11 @@ def check_thinning(inst: Instance, fewer_pairs: bool) -> None:
     start = pair_up(js, list_schedule(js, budgets, Variant()), budgets, together=True)
     if not order_fits(sg, start.order, budgets):
         return
-    # small windows: CBC finishes each within its node limit, not its clock cap (which one instance's 800-variable
-    # windows reached twice, for 10 s); the property holds for any window
+    # windows sized as the solve's search sizes them with pairs: CBC finishes each within its node limit, not its
+    # clock cap (which one instance's 800-variable windows reached twice, for 10 s); the property holds for any size
     found = large_neighbourhood_search(js, start.incumbent, exact_slot(sg, pairs=True), budgets,
-                                       deadline=time.monotonic() + 60, max_solves=3, max_variables=300, pairs=True,
-                                       fewer_pairs=fewer_pairs)
+                                       deadline=time.monotonic() + 60, max_solves=3,
+                                       max_variables=PAIR_SUBMIP_VARIABLES, pairs=True, fewer_pairs=fewer_pairs)
     assert not (preferred if fewer_pairs else better)(start.incumbent, found)
     assert found.value <= start.incumbent.value + TOL
     if fewer_pairs and found.value >= start.incumbent.value - TOL:
