@@ -633,31 +633,29 @@ def default_variants(js: JobSet, allow_pairs: bool = False,
     for c in (devices, devices + 1, 2 * devices, 2 * devices + 1):
         if c not in caps and c < js.microbatches:
             caps.append(c)
-    # patient_w, guard_last_backward and lazy_w only hold back W jobs: with a fused backward there are none, and
-    # such variants would give the very orders of the plain ones
-    split = js.split_backward
-    patient = (False, True) if split else (False,)
-    variants = [Variant(p, c, w) for p in PRIORITIES for c in caps for w in patient]
+    variants = [Variant(p, c, w) for p in PRIORITIES for c in caps for w in (False, True)]
     hosts = [d for st in js.sg.stages for d in st.devices]
     if len(hosts) == len(set(hosts)):  # Zero Bubble's rounds: one stage per device (a budget, a backlog each)
         # after the plain one (the cheapest; the solve's own fallback); Zero Bubble's two ways to count a warm-up
         warmups = dict.fromkeys(memory_warmup(js, budgets, starts) for starts in (False, True))
         variants[1:1] = [Variant("zb", None, warmup=w, alternate=True, lazy_w=lazy)
-                         for w in warmups for lazy in (ROUNDS_LAZY_W if split else (None,))]
+                         for w in warmups for lazy in ROUNDS_LAZY_W]
     # warm-up shapes of 1F1B / ZB-H1 (p - k), ZB-H2 (2p - 1 - k) and ZB-2p-like (2p - 2k)
     shapes = [(devices, 1), (devices + 1, 1), (2 * devices - 1, 1)]
     shapes += [(2 * devices + k, 2) for k in (-2, -1, 0, 1)]
     for shape in shapes:
-        variants += [Variant("zb", None, w, stage_cap=shape) for w in patient]
-        if split:
-            variants.append(Variant("zb", None, stage_cap=shape, guard_last_backward=True))
+        variants += [Variant("zb", None, w, stage_cap=shape) for w in (False, True)]
+        variants.append(Variant("zb", None, stage_cap=shape, guard_last_backward=True))
     for extra in (-1, 0, 1):  # Zero Bubble's automatic warm-up: as many forwards as fit before the first backward
         timed = timed_warmup(js, extra)
-        variants += [Variant("zb", None, w, warmup=timed) for w in patient]
-        if split:
-            variants.append(Variant("zb", None, warmup=timed, guard_last_backward=True))
+        variants += [Variant("zb", None, w, warmup=timed) for w in (False, True)]
+        variants.append(Variant("zb", None, warmup=timed, guard_last_backward=True))
     if allow_pairs and js.sg.may_overlap:
-        variants += [Variant(p, c, w, pairs=True) for p in ("zb", "forward") for c in caps for w in patient]
+        variants += [Variant(p, c, w, pairs=True) for p in ("zb", "forward") for c in caps for w in (False, True)]
+    if not js.split_backward:
+        # patient_w, guard_last_backward and lazy_w only hold back W jobs: a fused backward has none, so each such
+        # variant would repeat the order of its plain twin, which comes before it
+        variants = [v for v in variants if not (v.patient_w or v.guard_last_backward or v.lazy_w)]
     return variants
 
 
