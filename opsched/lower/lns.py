@@ -57,6 +57,8 @@ from opsched.solver import Objective
 
 #: a sub-MIP of the search stops after this many seconds by default (a clock cap; the node limit is the budget)
 SECONDS_PER_SOLVE = 5.0
+#: windows are sized for sub-MIPs of about this many variables by default (without pair options)
+SUBMIP_VARIABLES = 800
 
 
 @dataclass
@@ -217,7 +219,7 @@ def large_neighbourhood_search(
     deadline: float,
     solver: str = "cbc",
     threads: int = 1,
-    max_variables: int = 800,
+    max_variables: int = SUBMIP_VARIABLES,
     max_nodes: int = 500,
     rounds: int = 12,
     target: float = 0.0,

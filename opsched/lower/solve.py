@@ -45,6 +45,7 @@ from opsched.lower.warmup import deepen_warmup
 from opsched.lower.lns import (
     Incumbent,
     SECONDS_PER_SOLVE,
+    SUBMIP_VARIABLES,
     SearchLog,
     better,
     evaluate,
@@ -74,8 +75,8 @@ log = logging.getLogger(__name__)
 FULL_MODEL_VARIABLES = 4000
 #: node limit of the whole MIP (a deterministic budget; the time limit only stops it when it binds)
 FULL_MODEL_NODES = 2000
-#: neighbourhood sub-MIPs with pair options start at about this many variables (800 without): CBC needed
-#: 5-14 s for 600-variable windows of paired orders, about 1 s at this size
+#: neighbourhood sub-MIPs with pair options start at about this many variables (SUBMIP_VARIABLES, 800, without):
+#: CBC needed 5-14 s for 600-variable windows of paired orders, about 1 s at this size
 PAIR_SUBMIP_VARIABLES = 300
 #: default number of neighbourhood sub-MIPs (a deterministic budget; see :func:`solve`)
 SEARCH_BUDGET = 100
@@ -658,7 +659,7 @@ def _neighbourhood_search(run: _Search, search_budget: int | None) -> None:
         run.js, run.best, run.slot, run.budgets, deadline=run.deadline, solver=run.solver, threads=run.threads,
         target=max(run.bound, run.search_bound), log=search, objective=run.objective, max_solves=search_budget,
         on_improve=improved, on_solve=solved, pairs=run.pairs,
-        max_variables=PAIR_SUBMIP_VARIABLES if run.pairs else 800,
+        max_variables=PAIR_SUBMIP_VARIABLES if run.pairs else SUBMIP_VARIABLES,
     )
     run.cut(SEARCH_CUT, search.timed_out)
     run.solves = search.solves
