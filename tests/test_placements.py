@@ -227,6 +227,37 @@ def test_only_the_winner_has_its_pairs_thinned():
     validate(after.schedule)
 
 
+def test_once_a_schedule_with_pairs_is_in_hand_the_winners_thinning_waits_for_its_share():
+    """With a gain, the winner's pairs are thinned with the time the placements leave: once a result with pairs is
+    in hand, that thinning counts as one more placement waiting, so the placements solved after it leave it a share
+    (on issue 11's grid, D=8, M=16, 2:2:1, gain 1, the V's result came first and two losing placements then took
+    the rest of the limit, leaving the thinning 0.12 s: 123 pairs where 4 s of thinning leaves 112)."""
+    import time
+
+    from opsched.lower.lns import pair_count
+    from opsched.lower.solve import thin_pairs
+
+    tries = candidates(chain_stage_graph(4, f=1, b=2, w=1, overlap_gain=1.0), 8)
+    calls, thinning = [], []
+
+    def spy(graph, m, *, time_limit, **options):
+        at = time.monotonic()
+        result = solve(graph, m, time_limit=time_limit, **options)
+        calls.append((at, time_limit, pair_count(result.order)))
+        return result
+
+    def thin_spy(graph, m, result, *, time_limit, **options):
+        thinning.append(time_limit)
+        return thin_pairs(graph, m, result, time_limit=time_limit, **options)
+
+    deadline = time.monotonic() + 20
+    solve_placements(tries, 8, time_limit=20, solve_one=spy, thin_one=thin_spy, **BUDGET)
+    assert len(calls) >= 2 and calls[0][2] > 0  # the first result has pairs, and another placement comes after it
+    at, share, _ = calls[-1]  # the last placement solved: nothing waits after it but the thinning
+    assert share == pytest.approx((deadline - at) / 2, abs=0.1)
+    assert len(thinning) == 1 and thinning[0] >= share - 0.1
+
+
 def test_when_the_prospects_take_the_whole_limit_one_placement_is_still_solved(monkeypatch):
     """The bounds and warm orders computed before any search can take a short limit whole (1.5 s at p=16, m=64 on
     a loaded CI machine): the first placement is then solved with a tenth of the limit, the others are not tried,

@@ -14,6 +14,9 @@ is exactly the best of the fixed placements' results, deterministically. The
 time limit is shared: each placement may use the time left divided by the
 placements left, so time one did not need passes to the next; a placement
 whose turn comes after the limit is not tried (:attr:`PlacementSearch.cut`).
+Once a result with overlapped pairs is in hand, the thinning of the
+winner's pairs (run last, with the time left) counts as one more placement
+waiting, so the placements after it leave it a share.
 Each solve's own work past its share (building the job set, re-timing and
 validating its result) is what the whole can overrun the limit by.
 
@@ -52,6 +55,7 @@ from typing import Callable, NamedTuple
 
 from opsched.errors import MemoryTooSmall, OpschedError
 from opsched.lower.jobs import noise
+from opsched.lower.lns import pair_count
 from opsched.lower.solve import LowerResult, Prospect, prospect, solve, thin_pairs
 from opsched.schedule import Order, StageGraph
 from opsched.solver import Status
@@ -185,7 +189,9 @@ def solve_placements(
         if left <= 0 and best is not None:  # the clock binds: placements not started are reported, and the search
             tried[k] = Tried(candidate.placement, refused=NOT_STARTED)  # counts as cut
             return
-        share = left / (1 + len(waiting)) if left > 0 else LAST_RESORT_SHARE * float(time_limit)
+        # once a schedule with pairs is in hand, the thinning of the winner's pairs waits for its share too
+        thinning = 1 if thin_options and best is not None and pair_count(best[1].order) else 0
+        share = left / (1 + len(waiting) + thinning) if left > 0 else LAST_RESORT_SHARE * float(time_limit)
         try:
             result = run(candidate.stage_graph, microbatches, time_limit=share,
                          warm_orders=candidate.warm_orders, **thin_options, **solve_options)
