@@ -186,14 +186,26 @@ def order_peak_activation(sg: StageGraph, order: Order) -> dict[int, float]:
     is fixed by the sequence of its actions (an overlapped pair allocates its F
     before its backward frees).
     """
+    changes: dict[tuple[int, str], float] = {}  # per (stage, pass), looked up once: orders are checked by the thousand
+
+    def change(job: Job) -> float:
+        key = (job.stage, job.pass_)
+        if key not in changes:
+            changes[key] = sg.stage(job.stage).activation_change(job.pass_)
+        return changes[key]
+
     peaks: dict[int, float] = {}
     for d, actions in order.items():
         level = peak = 0.0
         for action in actions:
-            changes = [sg.stage(j.stage).activation_change(j.pass_) for j in jobs_of(action)]
-            level += sum(c for c in changes if c > 0)
+            if isinstance(action, Job):  # one job: the level rises, or it falls, at once
+                level += change(action)
+                peak = max(peak, level)
+                continue
+            both = [change(j) for j in jobs_of(action)]
+            level += sum(c for c in both if c > 0)
             peak = max(peak, level)
-            level += sum(c for c in changes if c < 0)
+            level += sum(c for c in both if c < 0)
         peaks[d] = peak
     return peaks
 
