@@ -193,10 +193,10 @@ def test_a_placement_that_cannot_win_gets_no_time_and_its_share_goes_to_the_othe
 
 
 @pytest.mark.slow
-def test_only_the_winner_has_its_pairs_thinned():
+def test_the_placements_solves_leave_thinning_out_and_the_winner_is_thinned():
     """Issue 11's DualPipe grid, D=4, M=8, 2:2:1, gain 1 at DualPipeV's peak: the placements' solves leave out the
-    search that thins pairs (it would hold each one's share to the end), and the winner alone is thinned, with the
-    time left, at its makespan and never with more pairs (about 20 s)."""
+    search that thins pairs (it would hold each one's share to the end); each best result is thinned as it comes,
+    at its makespan and bound and never with more pairs, and the result is the winner's, thinned (about 20 s)."""
     from opsched.cli import build_parser
     from opsched.commands.compare import resolve_limit, stage_graph_from_args
     from opsched.lower.lns import pair_count
@@ -220,42 +220,55 @@ def test_only_the_winner_has_its_pairs_thinned():
 
     found = solve_placements(tries, 8, memory_limit=limit, time_limit=20, solve_one=spy, thin_one=thin_spy, **BUDGET)
     assert thin_flags and not any(thin_flags)
-    [(graph, before, after)] = thinned
-    assert graph is next(c.stage_graph for c in tries if c.placement == found.placement)
-    assert found.result is after and after.value == pytest.approx(before.value) and after.lower_bound == before.lower_bound
-    assert pair_count(after.order) <= pair_count(before.order)
-    validate(after.schedule)
+    assert thinned and [before.value for _, before, _ in thinned] == sorted(
+        (before.value for _, before, _ in thinned), reverse=True)  # each a better result than the one before
+    graph, _, last = thinned[-1]
+    assert graph is next(c.stage_graph for c in tries if c.placement == found.placement) and found.result is last
+    for _, before, after in thinned:
+        assert after.value == pytest.approx(before.value) and after.lower_bound == before.lower_bound
+        assert pair_count(after.order) <= pair_count(before.order)
+    validate(last.schedule)
 
 
-def test_once_a_schedule_with_pairs_is_in_hand_the_winners_thinning_waits_for_its_share():
-    """With a gain, the winner's pairs are thinned with the time the placements leave: once a result with pairs is
-    in hand, that thinning counts as one more placement waiting, so the placements solved after it leave it a share
-    (on issue 11's grid, D=8, M=16, 2:2:1, gain 1, the V's result came first and two losing placements then took
-    the rest of the limit, leaving the thinning 0.12 s: 123 pairs where 4 s of thinning leaves 112)."""
+def test_each_best_result_is_thinned_as_it_comes_with_one_more_placements_share():
+    """With a gain and several placements, each result that is the best so far has its pairs thinned right after
+    its solve, within the share one more placement would get, and the placements after it share what the thinning
+    left (on issue 11's grid, D=8, M=16, 2:2:1, gain 1, thinning the V's result only at the end left it 0.12 s of
+    the 30: 123 pairs where 4 s of thinning leaves 112). Here the V's result comes first and the bidirectional
+    layout's beats it: both are thinned, each when it comes, and the search returns the winner's thinned result."""
     import time
 
     from opsched.lower.lns import pair_count
     from opsched.lower.solve import thin_pairs
 
     tries = candidates(chain_stage_graph(4, f=1, b=2, w=1, overlap_gain=1.0), 8)
-    calls, thinning = [], []
+    steps = []  # (what, placement, when, its time limit)
+
+    def placement_of(graph):
+        return next(c.placement for c in tries if c.stage_graph is graph)
 
     def spy(graph, m, *, time_limit, **options):
-        at = time.monotonic()
+        steps.append(("solve", placement_of(graph), time.monotonic(), time_limit))
         result = solve(graph, m, time_limit=time_limit, **options)
-        calls.append((at, time_limit, pair_count(result.order)))
+        assert pair_count(result.order) > 0  # every placement's result here has pairs to thin
         return result
 
     def thin_spy(graph, m, result, *, time_limit, **options):
-        thinning.append(time_limit)
-        return thin_pairs(graph, m, result, time_limit=time_limit, **options)
+        steps.append(("thin", placement_of(graph), time.monotonic(), time_limit))
+        out = thin_pairs(graph, m, result, time_limit=time_limit, **options)
+        thinned.append(out)
+        return out
 
+    thinned = []
     deadline = time.monotonic() + 20
-    solve_placements(tries, 8, time_limit=20, solve_one=spy, thin_one=thin_spy, **BUDGET)
-    assert len(calls) >= 2 and calls[0][2] > 0  # the first result has pairs, and another placement comes after it
-    at, share, _ = calls[-1]  # the last placement solved: nothing waits after it but the thinning
-    assert share == pytest.approx((deadline - at) / 2, abs=0.1)
-    assert len(thinning) == 1 and thinning[0] >= share - 0.1
+    found = solve_placements(tries, 8, time_limit=20, solve_one=spy, thin_one=thin_spy, **BUDGET)
+    assert [(what, where) for what, where, _, _ in steps] == [
+        ("solve", "v"), ("thin", "v"), ("solve", "bidirectional"), ("thin", "bidirectional")]
+    assert found.placement == "bidirectional" and found.result is thinned[-1]
+    (_, _, solved_v, _), (_, _, at, thin_v), (_, _, then, share), (_, _, last, thin_last) = steps
+    assert solved_v < at and thin_v == pytest.approx((deadline - at) / 2, abs=0.1)  # one placement waits after it
+    assert share == pytest.approx(deadline - then, abs=0.1)  # the last placement: what the thinning left, all of it
+    assert thin_last == pytest.approx(deadline - last, abs=0.1)
 
 
 def test_when_the_prospects_take_the_whole_limit_one_placement_is_still_solved(monkeypatch):

@@ -14,9 +14,10 @@ is exactly the best of the fixed placements' results, deterministically. The
 time limit is shared: each placement may use the time left divided by the
 placements left, so time one did not need passes to the next; a placement
 whose turn comes after the limit is not tried (:attr:`PlacementSearch.cut`).
-Once a result with overlapped pairs is in hand, the thinning of the
-winner's pairs (run last, with the time left) counts as one more placement
-waiting, so the placements after it leave it a share.
+With overlapped pairs, each result that is the best so far has its pairs
+thinned right away (:func:`opsched.lower.solve.thin_pairs`), within the
+share of one more placement: the thinning stops on its own budget, mostly
+well before that, and the time it leaves passes on.
 Each solve's own work past its share (building the job set, re-timing and
 validating its result) is what the whole can overrun the limit by.
 
@@ -55,7 +56,6 @@ from typing import Callable, NamedTuple
 
 from opsched.errors import MemoryTooSmall, OpschedError
 from opsched.lower.jobs import noise
-from opsched.lower.lns import pair_count
 from opsched.lower.solve import LowerResult, Prospect, prospect, solve, thin_pairs
 from opsched.schedule import Order, StageGraph
 from opsched.solver import Status
@@ -156,10 +156,12 @@ def solve_placements(
 
     With several placements, their solves leave out the search that thins
     overlapped pairs at the best makespan (``thin=False``): it only matters
-    for the placement kept, and a solve that ends early leaves its time to
-    the placements after it. The winner's pairs are thinned with the time
-    left (``thin_one``, :func:`opsched.lower.solve.thin_pairs` by default;
-    with another ``solve_one`` and no ``thin_one``, not at all).
+    for the placement kept, and it would hold each solve's share to the end.
+    Instead each result that is the best so far is thinned as soon as it is
+    in hand (``thin_one``, :func:`opsched.lower.solve.thin_pairs` by default;
+    with another ``solve_one`` and no ``thin_one``, not at all), with the
+    share of the time left one more placement would get: the winner's is
+    thinned before the placements after it take the rest of the limit.
     """
     if not candidates:
         raise ValueError("solve_placements needs at least one candidate placement")
@@ -171,8 +173,10 @@ def solve_placements(
     too_small: list[MemoryTooSmall] = []
     best: tuple[str, LowerResult] | None = None
     several = sum(1 for c in candidates if c.stage_graph is not None) > 1
-    # the winner's pairs are thinned once it is known (a solve's own thinning would take its share to the end)
+    # each best result is thinned when it comes, with a share of its own (a solve's own thinning would take the
+    # solve's share to the end)
     thin_options = {"thin": False} if several and thin is not None else {}
+    thin_with = {k: v for k, v in solve_options.items() if k in ("memory_limit", "solver", "threads")}
     # (with one placement there is nothing to leave out, and it gets the whole limit exactly)
     hopes = _prospects(candidates, microbatches, solve_options) if several else [None] * len(candidates)
     # the best schedule in hand, which its own placement's solve keeps
@@ -189,9 +193,7 @@ def solve_placements(
         if left <= 0 and best is not None:  # the clock binds: placements not started are reported, and the search
             tried[k] = Tried(candidate.placement, refused=NOT_STARTED)  # counts as cut
             return
-        # once a schedule with pairs is in hand, the thinning of the winner's pairs waits for its share too
-        thinning = 1 if thin_options and best is not None and pair_count(best[1].order) else 0
-        share = left / (1 + len(waiting) + thinning) if left > 0 else LAST_RESORT_SHARE * float(time_limit)
+        share = left / (1 + len(waiting)) if left > 0 else LAST_RESORT_SHARE * float(time_limit)
         try:
             result = run(candidate.stage_graph, microbatches, time_limit=share,
                          warm_orders=candidate.warm_orders, **thin_options, **solve_options)
@@ -203,10 +205,14 @@ def solve_placements(
         tried[k] = Tried.of(candidate.placement, result)
         log.info("[placement] %s: %g (bound %g, %s)", candidate.placement, result.value, result.lower_bound,
                  result.status)
-        if best is None or result.value < best[1].value - noise(best[1].value):
-            best = (candidate.placement, result)  # only the best schedule is kept (they are large at scale)
         if in_hand is None or result.value < in_hand.value - noise(in_hand.value):
             in_hand = _InHand(result.value, f"the search on {candidate.placement}", candidate.placement)
+        if best is None or result.value < best[1].value - noise(best[1].value):
+            if thin_options:  # the best so far, thinned now with one more placement's share of the time left
+                still = [j for j in waiting if not _cannot_win(candidates[j], hopes[j], in_hand)]
+                result = thin(candidate.stage_graph, microbatches, result, time_limit=max(
+                    0.0, deadline - time.monotonic()) / (1 + len(still)), **thin_with)
+            best = (candidate.placement, result)  # only the best schedule is kept (they are large at scale)
 
     for k, candidate in enumerate(candidates):
         if candidate.stage_graph is None:
@@ -225,11 +231,6 @@ def solve_placements(
             solve_in_turn(k, left_out[n + 1:])
     if best is None:
         raise _nothing_ran(tried, too_small)
-    if thin_options:
-        winner = next(c for c in candidates if c.placement == best[0])
-        options = {k: v for k, v in solve_options.items() if k in ("memory_limit", "solver", "threads")}
-        best = (best[0], thin(winner.stage_graph, microbatches, best[1],
-                              time_limit=deadline - time.monotonic(), **options))
     return PlacementSearch(best[0], best[1], tuple(tried))
 
 
