@@ -243,6 +243,7 @@ def test_each_best_result_is_thinned_as_it_comes_with_one_more_placements_share(
 
     tries = candidates(chain_stage_graph(4, f=1, b=2, w=1, overlap_gain=1.0), 8)
     steps = []  # (what, placement, when, its time limit)
+    thinned = []  # what each thinning returned
 
     def placement_of(graph):
         return next(c.placement for c in tries if c.stage_graph is graph)
@@ -259,7 +260,6 @@ def test_each_best_result_is_thinned_as_it_comes_with_one_more_placements_share(
         thinned.append(out)
         return out
 
-    thinned = []
     deadline = time.monotonic() + 20
     found = solve_placements(tries, 8, time_limit=20, solve_one=spy, thin_one=thin_spy, **BUDGET)
     assert [(what, where) for what, where, _, _ in steps] == [

@@ -184,6 +184,11 @@ def solve_placements(
                    for c, h in zip(candidates, hopes) if h is not None and h.warm_value is not None), default=None)
     left_out: list[int] = []  # placements not solved because they could not beat in_hand
 
+    def contenders(indices) -> list[int]:
+        """The placements of ``indices`` that can run and whose bound does not rule them out against ``in_hand``."""
+        return [j for j in indices if candidates[j].stage_graph is not None
+                and not _cannot_win(candidates[j], hopes[j], in_hand)]
+
     def solve_in_turn(k: int, waiting: list[int]) -> None:
         """Solve placement ``k`` with its share of the time left, shared with those ``waiting`` after it."""
         nonlocal best, in_hand
@@ -209,9 +214,8 @@ def solve_placements(
             in_hand = _InHand(result.value, f"the search on {candidate.placement}", candidate.placement)
         if best is None or result.value < best[1].value - noise(best[1].value):
             if thin_options:  # the best so far, thinned now with one more placement's share of the time left
-                still = [j for j in waiting if not _cannot_win(candidates[j], hopes[j], in_hand)]
                 result = thin(candidate.stage_graph, microbatches, result, time_limit=max(
-                    0.0, deadline - time.monotonic()) / (1 + len(still)), **thin_with)
+                    0.0, deadline - time.monotonic()) / (1 + len(contenders(waiting))), **thin_with)
             best = (candidate.placement, result)  # only the best schedule is kept (they are large at scale)
 
     for k, candidate in enumerate(candidates):
@@ -222,8 +226,7 @@ def solve_placements(
                 bound=hopes[k].lower_bound, value=in_hand.value, what=in_hand.what))
             left_out.append(k)
         else:
-            solve_in_turn(k, [j for j in range(k + 1, len(candidates)) if candidates[j].stage_graph is not None
-                              and not _cannot_win(candidates[j], hopes[j], in_hand)])
+            solve_in_turn(k, contenders(range(k + 1, len(candidates))))
     # a placement left out was measured against a schedule its holder's solve keeps; should that solve have failed
     # or come back worse (a clock cut it before it timed its starts), one the result does not rule out is solved
     for n, k in enumerate(left_out):
