@@ -29,12 +29,13 @@ import heapq
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence, Union
 
 from opsched.errors import Deadlock, OpschedError
 from opsched.overlap import PassStreams, pair_length
 
 PASSES = ("F", "I", "W", "B")
+_PASS_RANK = {p: k for k, p in enumerate(PASSES)}  # PASSES.index, as a lookup (the simulator sorts every event)
 #: the backward passes an F may pair with (a W has no communication to hide and DualPipe never pairs it)
 PAIRED_BACKWARDS = ("I", "B")
 
@@ -164,11 +165,12 @@ class StageGraph:
         self._pair_lengths: dict[tuple[int, str, int, str], float] = {}  # pair_duration's, per pair of passes
         self._largest_saving: dict[frozenset | None, float] = {}  # largest_pair_saving's, per set of stages
         self._dependencies: dict[str, dict[Job, list[tuple[Job, float]]]] = {"I": {}, "B": {}}  # see _dependencies
+        self._checked: dict[int, dict[Action, tuple[int, ...]]] = {}  # see _checked_actions
 
     def __getstate__(self) -> dict:
         # the simulator's dependency cache grows with the jobs simulated; a copy (a result sent back from a child
         # process) starts without it
-        return {**self.__dict__, "_dependencies": {"I": {}, "B": {}}}
+        return {**self.__dict__, "_dependencies": {"I": {}, "B": {}}, "_checked": {}}
 
     def largest_pair_saving(self, stages: Iterable[int] | None = None) -> float:
         """The largest fraction of its shorter part an overlapped pair of this graph saves, in [0, 1].
@@ -422,25 +424,18 @@ def _per_stage(value, stages: int) -> list[float]:
 # --------------------------------------------------------------------------- actions
 
 
-@dataclass(frozen=True, order=True)
-class Job:
-    """One pass of one microbatch on one stage."""
+class Job(NamedTuple):
+    """One pass of one microbatch on one stage.
+
+    A named tuple, not a dataclass: jobs are the keys of every simulation's
+    and search's dictionaries, and a tuple hashes and compares in C (a
+    dataclass's ``__hash__`` is a Python call: a fifth of a pair-up's time
+    at D=16, M=32, even with the hash kept).
+    """
 
     stage: int
     microbatch: int
     pass_: str
-    # the hash, computed once: jobs are the keys of every simulation's and search's dictionaries (hashing them
-    # anew took a fifth of a pair-up's time at D=16, M=32); not pickled, as a str's hash differs between processes
-    _hash: int = field(init=False, repr=False, compare=False, default=0)
-
-    def __post_init__(self):
-        object.__setattr__(self, "_hash", hash((self.stage, self.microbatch, self.pass_)))
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __reduce__(self):
-        return Job, (self.stage, self.microbatch, self.pass_)
 
     def __str__(self) -> str:  # torch's action notation
         return f"{self.stage}{self.pass_}{self.microbatch}"
@@ -506,9 +501,11 @@ def pair_duration(sg: StageGraph, pair: Pair) -> float:
     return length
 
 
-@dataclass(frozen=True)
-class Event:
-    """A timed job. The two halves of an overlapped pair share ``pair`` (an id) and their times."""
+class Event(NamedTuple):
+    """A timed job. The two halves of an overlapped pair share ``pair`` (an id) and their times.
+
+    A named tuple, as :class:`Job` is: a simulation makes one per job.
+    """
 
     stage: int
     microbatch: int
@@ -638,22 +635,30 @@ def simulate(sg: StageGraph, order: Order, microbatches: int, earlier: Sequence[
     devices_of = _checked_actions(sg, queues, heads, microbatches, finished)
     next_pair = 1 + max((e.pair for e in events if e.pair is not None), default=-1)  # ids apart from the kept ones
     backward = _backward_of([a for acts in queues.values() for a in acts])
+    # each job's dependencies: kept on the graph when every stage runs one backward pass (the simulator asks for the
+    # same jobs' in every order it times), else for this order only
+    needs = sg._dependencies[backward] if isinstance(backward, str) else {}
     remaining = sum(len(q) - heads[d] for d, q in queues.items())
+    devices = sorted(queues)
     while remaining:
         progressed = False
-        for d in sorted(queues):
-            if heads[d] >= len(queues[d]):
+        for d in devices:
+            queue, head = queues[d], heads[d]
+            if head >= len(queue):
                 continue
-            action = queues[d][heads[d]]
+            action = queue[head]
             devs = devices_of[action]
             # every device of the group must have this action at its head (a device's own is)
             if len(devs) > 1 and any(heads[x] >= len(queues[x]) or queues[x][heads[x]] != action for x in devs):
                 continue
-            ready = _ready_time(sg, action, finished, backward)
+            jobs = jobs_of(action)
+            ready = _ready_time(sg, jobs, finished, needs, backward)
             if ready is None:
                 continue
-            start = max([ready] + [device_free[x] for x in devs])
-            jobs = jobs_of(action)
+            if len(devs) == 1:
+                start = ready if ready > device_free[d] else device_free[d]
+            else:
+                start = max([ready] + [device_free[x] for x in devs])
             pid = None
             if isinstance(action, Pair):
                 end = start + pair_duration(sg, action)
@@ -720,7 +725,13 @@ def _checked_actions(sg: StageGraph, queues: dict[int, list[Action]], heads: dic
     the simulation could only deadlock or run a job twice). The actions
     before ``heads`` passed these checks in the simulation that timed their
     jobs, ``kept``; no job of theirs may come again.
+
+    Whether an action names a real job and which devices it runs on depends
+    only on the graph and the microbatch count, so each action's devices are
+    kept on ``sg`` once checked (a search times orders of the same actions
+    hundreds of times); what depends on the order is checked every time.
     """
+    known = sg._checked.setdefault(microbatches, {})
     devices_of: dict[Action, tuple[int, ...]] = {}
     placed: dict[Action, list[int]] = {}  # of the actions of a group of devices
     for d, acts in queues.items():
@@ -728,11 +739,14 @@ def _checked_actions(sg: StageGraph, queues: dict[int, list[Action]], heads: dic
         for a in acts[heads[d]:]:
             devs = devices_of.get(a)
             if devs is None:
-                for job in jobs_of(a):
-                    _check_job(sg, job, microbatches)
-                    if job in kept:
-                        raise OpschedError(f"action {a} is listed twice on device {d}; list each action once")
-                devs = devices_of[a] = _action_devices(sg, a)
+                devs = known.get(a)
+                if devs is None:
+                    for job in jobs_of(a):
+                        _check_job(sg, job, microbatches)
+                    devs = known[a] = _action_devices(sg, a)
+                if kept and (a.first in kept or a.second in kept if isinstance(a, Pair) else a in kept):
+                    raise OpschedError(f"action {a} is listed twice on device {d}; list each action once")
+                devices_of[a] = devs
             if d not in devs:
                 raise OpschedError(f"action {a} is listed on device {d}, which does not host its stage")
             if a in seen:
@@ -753,7 +767,7 @@ def _checked_actions(sg: StageGraph, queues: dict[int, list[Action]], heads: dic
 def _numbered(events: list[Event]) -> list[Event]:
     """``events`` sorted by (start, stage, microbatch, pass), overlapped pairs numbered 0, 1, ... in that order
     (``pair`` holds any id unique to its pair before), so a resumed simulation numbers them as a whole one does."""
-    events.sort(key=lambda e: (e.start, e.stage, e.microbatch, PASSES.index(e.pass_)))
+    events.sort(key=lambda e: (e.start, e.stage, e.microbatch, _PASS_RANK[e.pass_]))
     number: dict[int, int] = {}
     return [e if e.pair is None else Event(e.stage, e.microbatch, e.pass_, e.start, e.end,
                                            number.setdefault(e.pair, len(number))) for e in events]
@@ -826,35 +840,31 @@ def backward_kinds(actions: Iterable[Action]) -> dict[tuple[int, int], str]:
     return kinds
 
 
-def _ready_time(
-    sg: StageGraph, action: Action, finished: dict[Job, float], backward: Mapping[tuple[int, int], str] | str
-) -> float | None:
+def _ready_time(sg: StageGraph, jobs: tuple[Job, ...], finished: dict[Job, float],
+                needs: dict[Job, list[tuple[Job, float]]], backward: Mapping[tuple[int, int], str] | str) -> float | None:
+    """When an action running ``jobs`` may start as far as its dependencies go (``None``: one has not run yet).
+
+    ``needs`` keeps each job's :func:`dependencies` under ``backward`` once asked."""
     ready = 0.0
-    for job in jobs_of(action):
-        for dep, delay in _dependencies(sg, job, backward):
+    for job in jobs:
+        deps = needs.get(job)
+        if deps is None:
+            deps = needs[job] = dependencies(sg, job, backward)
+        for dep, delay in deps:
             t = finished.get(dep)
             if t is None:
                 return None  # not run yet (a pair never contains its own dependency)
-            ready = max(ready, t + delay)
+            if t + delay > ready:
+                ready = t + delay
     return ready
-
-
-def _dependencies(sg: StageGraph, job: Job, backward: Mapping[tuple[int, int], str] | str) -> list[tuple[Job, float]]:
-    """:func:`dependencies`, kept on ``sg`` when every stage runs the same backward pass (``backward`` a letter):
-    the simulator asks for the same jobs' dependencies again in every order it times."""
-    if not isinstance(backward, str):
-        return dependencies(sg, job, backward)
-    cache = sg._dependencies[backward]
-    deps = cache.get(job)
-    if deps is None:
-        deps = cache[job] = dependencies(sg, job, backward)
-    return deps
 
 
 def _backward_of(actions: list[Action]) -> Mapping[tuple[int, int], str] | str:
     """Which backward pass each (stage, microbatch) of ``actions`` runs: one letter when they all run the same (as
     :func:`dependencies` takes it), else :func:`backward_kinds`."""
-    letters = {job.pass_ for a in actions for job in jobs_of(a)} & {"I", "B"}
+    letters = {a.pass_ for a in actions if not isinstance(a, Pair)}
+    letters.update(job.pass_ for a in actions if isinstance(a, Pair) for job in (a.first, a.second))
+    letters &= {"I", "B"}
     return backward_kinds(actions) if len(letters) > 1 else letters.pop() if letters else "I"
 
 

@@ -34,7 +34,7 @@ def two_stage_schedule(**kw):
 
 
 def replace_event(sched, name, **changes):
-    events = [dataclasses.replace(e, **changes) if str(e.job) == name else e for e in sched.events]
+    events = [e._replace(**changes) if str(e.job) == name else e for e in sched.events]
     return dataclasses.replace(sched, events=events)
 
 
@@ -128,13 +128,13 @@ def test_pair_rules():
     sg = chain_stage_graph(1, f=1, b=2, w=1, overlap_gain=1.0)
     good = [Event(0, 0, "F", 0, 1), Event(0, 1, "F", 1, 3, pair=0), Event(0, 0, "B", 1, 3, pair=0), Event(0, 1, "B", 3, 5)]
     validate(Schedule(sg, 2, good))
-    unpaired = [dataclasses.replace(e, pair=None) if e.pass_ == "B" else e for e in good]
+    unpaired = [e._replace(pair=None) if e.pass_ == "B" else e for e in good]
     with pytest.raises(ScheduleError, match="pair 0 has 1 event"):
         validate(Schedule(sg, 2, unpaired))
-    shifted = [dataclasses.replace(e, start=1.5, end=3.5) if e.pair == 0 and e.pass_ == "B" else e for e in good]
+    shifted = [e._replace(start=1.5, end=3.5) if e.pair == 0 and e.pass_ == "B" else e for e in good]
     with pytest.raises(ScheduleError, match="must share start and end"):
         validate(Schedule(sg, 2, shifted))
-    long = [dataclasses.replace(e, end=4) if e.pair == 0 else e for e in good]
+    long = [e._replace(end=4) if e.pair == 0 else e for e in good]
     with pytest.raises(ScheduleError, match=r"pair 0 \(0F1;0B0\) lasts 3 but the overlap rule gives 2"):
         validate(Schedule(sg, 2, long))
 
@@ -251,7 +251,7 @@ def test_moving_an_event_earlier_is_caught(sched, data):
     delta = data.draw(st.sampled_from([0.25, 0.5, 0.9])) * min(shortest, e.start)
     moved = {e.job} if e.pair is None else {x.job for x in sched.events if x.pair == e.pair}
     events = [
-        dataclasses.replace(x, start=x.start - delta, end=x.end - delta) if x.job in moved else x
+        x._replace(start=x.start - delta, end=x.end - delta) if x.job in moved else x
         for x in sched.events
     ]
     with pytest.raises(ScheduleError) as exc:
