@@ -164,12 +164,14 @@ class StageGraph:
         self._alike: dict[int, tuple[int, ...]] | None = None  # see alike_devices, when first asked
         self._pair_lengths: dict[tuple[int, str, int, str], float] = {}  # pair_duration's, per pair of passes
         self._largest_saving: dict[frozenset | None, float] = {}  # largest_pair_saving's, per set of stages
-        self._dependencies: dict[str, dict[Job, list[tuple[Job, float]]]] = {"I": {}, "B": {}}  # see _dependencies
-        self._checked: dict[int, dict[Action, tuple[int, ...]]] = {}  # see _checked_actions
+        # the simulator's caches: each job's dependencies per backward pass (see simulate), each action's devices
+        # per microbatch count (see _checked_actions)
+        self._dependencies: dict[str, dict[Job, list[tuple[Job, float]]]] = {"I": {}, "B": {}}
+        self._checked: dict[int, dict[Action, tuple[int, ...]]] = {}
 
     def __getstate__(self) -> dict:
-        # the simulator's dependency cache grows with the jobs simulated; a copy (a result sent back from a child
-        # process) starts without it
+        # the simulator's caches grow with the jobs simulated; a copy (a result sent back from a child process)
+        # starts without them
         return {**self.__dict__, "_dependencies": {"I": {}, "B": {}}, "_checked": {}}
 
     def largest_pair_saving(self, stages: Iterable[int] | None = None) -> float:
