@@ -38,6 +38,7 @@ from opsched.isolate import SolverCrash, TimedOut, run_isolated
 from opsched.lower.bounds import lower_bound as combinatorial_bound
 from opsched.lower.bounds import own_orders_hold_every_schedule, span_lower_bound
 from opsched.lower.jobs import JobSet, activation_budgets, check_memory_limit, noise, order_fits
+from opsched.lower.lazy_w import place_w_lazily
 from opsched.lower.listsched import Variant, default_variants, list_schedule
 from opsched.lower.pairing import PAIR_UP_SIMULATIONS, pair_up
 from opsched.lower.parting import part_pairs
@@ -793,8 +794,8 @@ def _best_start(run: _Search, allow_pairs: bool, warm_orders: dict[str, Order] |
     and best without pairs of all, if they are new. Warm orders are the
     baselines, whose pair-ups were the best starts on the DualPipe grid, so a
     clock that cuts the start phase cuts the variants first. The best start
-    of each phase, pairs merged or not, then has its warm-up deepened
-    (:func:`_deepen_start`).
+    of each phase, pairs merged or not, then has its W placed lazily and its warm-up deepened
+    (:func:`_reshape_start`).
     """
     js, budgets = run.js, run.budgets
     pool = _start_pool(js, budgets, allow_pairs, warm_orders)
@@ -802,7 +803,7 @@ def _best_start(run: _Search, allow_pairs: bool, warm_orders: dict[str, Order] |
     best: tuple[str, Order, Incumbent] | None = None
     best_unpaired: tuple[str, Order, Incumbent] | None = None  # what pair_up starts from
     paired_up: set[tuple[str, bool]] = set()  # (start, together) paired up, and what that gave
-    deepened: set[str] = set()  # starts whose warm-up was deepened, and what that gave
+    reshaped: set[str] = set()  # starts whose W and warm-up were reshaped, and what that gave
     for phase in ([c for c in pool if not isinstance(c[1], Variant)], [c for c in pool if isinstance(c[1], Variant)]):
         for name, made in phase:
             if best is not None and time.monotonic() > run.deadline:
@@ -818,31 +819,50 @@ def _best_start(run: _Search, allow_pairs: bool, warm_orders: dict[str, Order] |
                 best_unpaired = (name, order, inc)
         if pairing_up and best is not None:
             best = _pair_up_starts(run, best, best_unpaired, paired_up)
-        if best is not None and best[0] not in deepened:
-            best = _deepen_start(run, best, deepened)
+        if best is not None and best[0] not in reshaped:
+            best = _reshape_start(run, best, reshaped)
     assert best is not None, "the list scheduler always gives an order"
     return best[0], best[1], best[2].value
 
 
-def _deepen_start(run: _Search, best: tuple[str, Order, Incumbent], deepened: set[str]):
-    """The best start with its warm-up deepened (:func:`deepen_warmup`) when that times better; each start once.
+def _reshape_start(run: _Search, best: tuple[str, Order, Incumbent], reshaped: set[str]):
+    """The best start with its W placed lazily (:func:`place_w_lazily`), its warm-up deepened
+    (:func:`deepen_warmup`) and its W placed lazily again, each kept when it times better; each start once.
 
     A warm order's warm-up was written for the memory its method assumes: where the limit allows more, a device
-    waiting for its first backward may run one more forward. The best warm order is deepened before the
+    waiting for its first backward may run one more forward. And its W were placed for the costs it assumes: with
+    I longer than W, W kept for the drain fill the gaps there. The two work together: Zero Bubble's V at
+    F:I:W = 1:1.5:0.5 gains one F from each (the DualPipe grid: 110, 108.5 with lazy W, 107.5 after deepening, at
+    D=8, M=16), the deeper warm-up only once the W wait. The best warm order is reshaped before the
     list-scheduler variants run (a clock that cuts the start phase cuts the variants first), and the best of all
     if it is new."""
-    name, order, inc = best
-    deepened.add(name)
+    name = best[0]
+    reshaped.add(name)
+    best = _lazy_w_start(run, best, reshaped)
     if time.monotonic() > run.deadline:
         run.cut("the deadline came before deepening the start's warm-up")
         return best
+    name, order, inc = best
     found = deepen_warmup(run.js, order, run.budgets, run.objective, deadline=run.deadline, start=inc)
     run.cut("the deadline stopped deepening the start's warm-up", found.cut)
     if not found.moves:
         return best
     made = f"{name}, warm-up deepened (+{found.moves} forwards)"
-    deepened.add(made)
-    return _offer(run, best, made, found.order, found.incumbent)
+    reshaped.add(made)
+    best = _offer(run, best, made, found.order, found.incumbent)
+    return _lazy_w_start(run, best, reshaped) if best[0] == made else best
+
+
+def _lazy_w_start(run: _Search, best: tuple[str, Order, Incumbent], reshaped: set[str]):
+    """``best`` or, when it times better, its order with every W placed lazily (:func:`place_w_lazily`)."""
+    name, order, _ = best
+    lazy = place_w_lazily(run.js, order, run.budgets)
+    events = None if lazy is None else _fitting(run.js, run.budgets, True, lazy)
+    if events is None:
+        return best
+    made = f"{name}, W placed lazily"
+    reshaped.add(made)
+    return _offer(run, best, made, lazy, timed_incumbent(run.js, lazy, events, run.objective))
 
 
 def _pair_up_starts(run: _Search, best: tuple[str, Order, Incumbent],
