@@ -4,7 +4,8 @@ The property test tries to break every claim of :func:`place_w_lazily` on
 the bounds' random instances (chains, V and bidirectional placements, DAGs,
 device groups, transfers, tight and loose memory, with and without overlap
 gain), from every start the solve would take, pairs included: it applies
-exactly where its docstring says (split backwards, one device per stage);
+exactly where its docstring says (split backwards; groups of devices that
+do not overlap, each device of a group listing the same actions);
 the result runs the same actions with every device's other actions in
 their order, fits the memory, validates and is the same when run again;
 and a W never delays anything: where the order with every W at its
@@ -24,7 +25,7 @@ from test_parting import start_orders
 
 from opsched.baselines import baseline_orders
 from opsched.lower.jobs import JobSet, activation_budgets, noise, order_fits
-from opsched.lower.lazy_w import place_w_lazily
+from opsched.lower.lazy_w import device_groups, place_w_lazily
 from opsched.lower.lns import evaluate
 from opsched.lower.solve import solve, split_fused_backward
 from opsched.lower.warmup import deepen_warmup
@@ -47,7 +48,10 @@ def starts_of_others(js: JobSet, order) -> dict:
 
 def check_lazy(js: JobSet, budgets, order) -> None:
     lazy = place_w_lazily(js, order, budgets)
-    applies = js.split_backward and all(len(devs) == 1 for devs in js.devices)
+    shared = any(set(a) & set(b) and a != b for a in js.devices for b in js.devices)
+    in_step = all(order.get(d, []) == order.get(devs[0], []) for devs in js.devices for d in devs)
+    applies = js.split_backward and not shared and in_step
+    assert (device_groups(js, order) is not None) == (not shared and in_step)
     if not applies:
         assert lazy is None
         return
@@ -79,6 +83,32 @@ def test_lazy_w_keep_the_other_actions_and_the_memory_and_delay_nothing(inst):
             check_lazy(js, None, order)
 
 
+def on_pairs_of_devices(sg, order, budgets):
+    """The same pipeline with every device d replaced by the group (2d, 2d + 1), each listing d's actions."""
+    wide = replace(sg, stages=[replace(s, devices=tuple(x for d in s.devices for x in (2 * d, 2 * d + 1)))
+                               for s in sg.stages], num_devices=2 * sg.num_devices)
+    widen = (lambda per_device: {x: per_device[d] for d in per_device for x in (2 * d, 2 * d + 1)})
+    return wide, widen(order), budgets and widen(budgets), widen
+
+
+@settings(max_examples=40, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(instances())
+def test_groups_of_devices_are_placed_as_their_single_devices_would_be(inst):
+    if any(len(s.devices) > 1 for s in inst.sg.stages):
+        return  # groups that overlap: left alone (the test above)
+    budgets = activation_budgets(inst.sg, inst.limit)
+    js = JobSet(inst.sg, inst.microbatches)
+    for paired in (False, True) if inst.sg.may_overlap else (False,):
+        for order in start_orders(js, budgets, paired=paired):
+            wide, wide_order, wide_budgets, widen = on_pairs_of_devices(inst.sg, order, budgets)
+            alone = place_w_lazily(js, order, budgets)
+            grouped = place_w_lazily(JobSet(wide, inst.microbatches), wide_order, wide_budgets)
+            assert grouped == (alone and widen(alone))
+            if grouped is not None:
+                check_lazy(JobSet(wide, inst.microbatches), wide_budgets, wide_order)
+
+
 def grid_v(devices: int):
     """Issue 11's DualPipe grid at F:I:W = 1:1.5:0.5, no gain: the V at DualPipeV's peak (2D + 1 activations)."""
     sg = chain_stage_graph(2 * devices, f=1, b=2, w=0.5, devices=devices, placement="v")
@@ -107,12 +137,32 @@ def test_the_solve_starts_from_it():
     assert "W placed lazily" in result.warm_start
 
 
-def test_fused_backwards_and_device_groups_are_left_alone():
+def test_fused_backwards_and_overlapping_groups_are_left_alone():
     sg, budgets = grid_v(4)
     fused = JobSet(sg, 8, split_backward=False)
     assert place_w_lazily(fused, baseline_orders(sg, 8)["zb-v"], budgets) is None
     chain = chain_stage_graph(2, f=1, b=2, w=1)
-    group = replace(chain, stages=[replace(s, devices=(0, 1)) for s in chain.stages], num_devices=2)
-    js = JobSet(group, 2)
-    order = {d: list(js.jobs) for d in (0, 1)}
+    overlapping = replace(chain, stages=[replace(chain.stages[0], devices=(0, 1)), replace(chain.stages[1], devices=(1, 2))],
+                          num_devices=3)
+    js = JobSet(overlapping, 2)
+    order = {0: [j for j in js.jobs if j.stage == 0], 1: list(js.jobs), 2: [j for j in js.jobs if j.stage == 1]}
     assert place_w_lazily(js, order, None) is None
+
+
+def test_a_chain_on_groups_runs_as_on_single_devices():
+    # four stages on two devices each (a plan's layout), 1F1B's order on each device of a group: the W wait as on
+    # one device per stage, within the budget
+    single = chain_stage_graph(4, f=1, b=2, w=0.5)
+    grouped = replace(single, stages=[replace(s, devices=(2 * k, 2 * k + 1)) for k, s in enumerate(single.stages)],
+                      num_devices=8)
+    one_f_one_b = split_fused_backward(baseline_orders(single, 8)["1f1b"])
+    on_groups = {d: one_f_one_b[d // 2] for d in range(8)}
+    for limit, makespan in ((4, 30.0), (8, 28.5)):  # 1F1B: 31.5
+        lazy = place_w_lazily(JobSet(single, 8), one_f_one_b, activation_budgets(single, limit))
+        grouped_lazy = place_w_lazily(JobSet(grouped, 8), on_groups, activation_budgets(grouped, limit))
+        assert grouped_lazy == {d: lazy[d // 2] for d in range(8)}
+        assert evaluate(JobSet(grouped, 8), grouped_lazy).makespan == makespan
+        assert order_fits(grouped, grouped_lazy, activation_budgets(grouped, limit))
+    # a group's devices in different orders: left alone
+    on_groups[1] = list(reversed(on_groups[1]))
+    assert place_w_lazily(JobSet(grouped, 8), on_groups, None) is None

@@ -21,11 +21,13 @@ So a W never delays the action after it, and the W's not needed earlier
 fill the drain. The order it gives is timed and checked like any other:
 the simulator starts each action no later than the greedy did.
 
-It needs split backwards (there is no W otherwise) and one device per
-stage (a stage on a group runs its actions on all of them at once, which
-this greedy does not coordinate); otherwise, or when the order's memory
-cannot be kept (a forward waits for memory with no W left to free it), it
-returns ``None``.
+It needs split backwards (there is no W otherwise). Stages on groups of
+devices are placed too when the groups do not overlap and every device of a
+group lists the same actions, as a plan's layouts give: a group then runs
+as one device, within the least of its devices' budgets. Otherwise (groups
+that share some devices, a group's devices in different orders), or when
+the order's memory cannot be kept (a forward waits for memory with no W
+left to free it), it returns ``None``.
 
 >>> from opsched.schedule import Job, chain_stage_graph, simulate
 >>> from opsched.lower.jobs import JobSet
@@ -59,10 +61,14 @@ def place_w_lazily(js: JobSet, order: Order, budgets: Mapping[int, float] | None
     order is not modified. Deterministic: devices ready at the same time go
     in device order.
     """
-    if not js.split_backward or any(len(devs) > 1 for devs in js.devices):
+    groups = device_groups(js, order)
+    if not js.split_backward or groups is None:
         return None
+    if budgets is not None:
+        budgets = {lead: min(budgets[d] for d in group) for lead, group in groups.items()}
     index, duration, mem = js.index, js.duration, js.mem
-    skeleton: dict[int, list[Action]] = {d: [a for a in acts if not _is_w(a)] for d, acts in order.items()}
+    # a group is timed as its first device, which stands for all of them
+    skeleton: dict[int, list[Action]] = {lead: [a for a in order.get(lead, ()) if not _is_w(a)] for lead in groups}
     w_of = {index[Job(j.stage, j.microbatch, "I")]: k for k, j in enumerate(js.jobs) if j.pass_ == "W"}
     end: dict[int, float] = {}
     free = {d: 0.0 for d in skeleton}
@@ -120,7 +126,37 @@ def place_w_lazily(js: JobSet, order: Order, budgets: Mapping[int, float] | None
             waiters.setdefault(k, []).append(d)
         if not unknown:
             heapq.heappush(wakeups, (ready, d))
-    return placed if left == 0 else None
+    if left:
+        return None
+    return {d: list(placed[lead]) for lead, group in groups.items() for d in group}
+
+
+def device_groups(js: JobSet, order: Order) -> dict[int, tuple[int, ...]] | None:
+    """Each group's first device -> the group's devices, for the stages' groups and the order's other devices
+    (alone), or ``None`` when two groups share some devices or a group's devices list different actions.
+
+    >>> from opsched.schedule import chain_stage_graph
+    >>> from dataclasses import replace
+    >>> sg = chain_stage_graph(2, f=1, b=2, w=1)
+    >>> paired = replace(sg, stages=[replace(s, devices=(0, 1)) for s in sg.stages], num_devices=2)
+    >>> js = JobSet(paired, 1)
+    >>> device_groups(js, {0: list(js.jobs), 1: list(js.jobs)})
+    {0: (0, 1)}
+    >>> device_groups(js, {0: list(js.jobs), 1: list(reversed(js.jobs))}) is None
+    True
+    """
+    group_of: dict[int, tuple[int, ...]] = {}
+    for group in set(js.devices):
+        for d in group:
+            if group_of.setdefault(d, group) != group:
+                return None  # overlapping groups: a device answers to two of them
+    for d in order:
+        group_of.setdefault(d, (d,))
+    groups = {group[0]: group for group in sorted(set(group_of.values()))}
+    for lead, group in groups.items():
+        if any(list(order.get(d, ())) != list(order.get(lead, ())) for d in group[1:]):
+            return None
+    return groups
 
 
 def _is_w(action: Action) -> bool:

@@ -857,7 +857,8 @@ def _lazy_w_start(run: _Search, best: tuple[str, Order, Incumbent], reshaped: se
     """``best`` or, when it times better, its order with every W placed lazily (:func:`place_w_lazily`)."""
     name, order, _ = best
     lazy = place_w_lazily(run.js, order, run.budgets)
-    events = None if lazy is None else _fitting(run.js, run.budgets, True, lazy)
+    # the lazy order has exactly the pairs of ``order``, which was admitted as a start with them
+    events = None if lazy is None else _fitting(run.js, run.budgets, allow_pairs=True, order=lazy)
     if events is None:
         return best
     made = f"{name}, W placed lazily"
