@@ -15,6 +15,7 @@ starts there and the step is no longer.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import replace
 
@@ -27,9 +28,10 @@ from opsched.baselines import baseline_orders
 from opsched.lower.jobs import JobSet, activation_budgets, noise, order_fits
 from opsched.lower.lazy_w import device_groups, place_w_lazily
 from opsched.lower.lns import evaluate
-from opsched.lower.solve import solve, split_fused_backward
+from opsched.lower.solve import _reshape_start, _Search, solve, split_fused_backward
 from opsched.lower.warmup import deepen_warmup
 from opsched.schedule import Schedule, chain_stage_graph, jobs_of, simulate, validate
+from opsched.solver import Objective
 
 
 def _is_w(action) -> bool:
@@ -166,3 +168,16 @@ def test_a_chain_on_groups_runs_as_on_single_devices():
     # a group's devices in different orders: left alone
     on_groups[1] = list(reversed(on_groups[1]))
     assert place_w_lazily(JobSet(grouped, 8), on_groups, None) is None
+
+
+def test_a_passed_deadline_leaves_the_start_as_it_is():
+    # the reshaping is clock-capped like the rest of the start phase: past the deadline it changes nothing and says so
+    sg, budgets = grid_v(8)
+    js = JobSet(sg, 16)
+    zbv = split_fused_backward(baseline_orders(sg, 16)["zb-v"])
+    best = ("zb-v", zbv, evaluate(js, zbv))
+    late = _Search(js, budgets, Objective.MAKESPAN, "cbc", 1, time.monotonic() - 1.0, 0.0, lambda news: None)
+    assert _reshape_start(late, best, set()) is best
+    assert late.clock_cut == "the deadline came before reshaping the start"
+    in_time = _Search(js, budgets, Objective.MAKESPAN, "cbc", 1, time.monotonic() + 60.0, 0.0, lambda news: None)
+    assert _reshape_start(in_time, best, set())[2].makespan == 107.5 and not in_time.clock_cut

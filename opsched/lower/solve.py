@@ -838,6 +838,9 @@ def _reshape_start(run: _Search, best: tuple[str, Order, Incumbent], reshaped: s
     if it is new."""
     name = best[0]
     reshaped.add(name)
+    if time.monotonic() > run.deadline:
+        run.cut("the deadline came before reshaping the start")
+        return best
     best = _lazy_w_start(run, best, reshaped)
     if time.monotonic() > run.deadline:
         run.cut("the deadline came before deepening the start's warm-up")
