@@ -49,6 +49,8 @@ import heapq
 from collections import deque
 from typing import Mapping
 
+from opsched.baselines.placement import on_group_devices
+from opsched.errors import Unsupported
 from opsched.lower.jobs import JobSet, noise
 from opsched.schedule import Action, Job, Order, Pair, jobs_of, pair_duration
 
@@ -145,14 +147,13 @@ def device_groups(js: JobSet, order: Order) -> dict[int, tuple[int, ...]] | None
     >>> device_groups(js, {0: list(js.jobs), 1: list(reversed(js.jobs))}) is None
     True
     """
-    group_of: dict[int, tuple[int, ...]] = {}
-    for group in set(js.devices):
-        for d in group:
-            if group_of.setdefault(d, group) != group:
-                return None  # overlapping groups: a device answers to two of them
-    for d in order:
-        group_of.setdefault(d, (d,))
-    groups = {group[0]: group for group in sorted(set(group_of.values()))}
+    try:
+        _, stage_groups = on_group_devices(js.sg)
+    except Unsupported:
+        return None  # groups that share some devices: a device answers to two of them
+    groups = {group[0]: group for group in stage_groups}
+    covered = {d for group in stage_groups for d in group}
+    groups.update({d: (d,) for d in order if d not in covered})
     for lead, group in groups.items():
         if any(list(order.get(d, ())) != list(order.get(lead, ())) for d in group[1:]):
             return None
