@@ -13,7 +13,11 @@ in the V, F:I:W, memory = DualPipeV's peak) with a makespan of at most
   activations at its start and a backward frees at its end, within the
   device's activation budget (a reservoir per device); microbatches are
   renamed to start the first stage in order, as the MIP does;
-* no overlapped pairs (gain 0 only), and no start from opsched;
+* no overlapped pairs (gain 0 only); no start from opsched unless
+  ``--hint`` names a plan.json of the same case (``opsched compare ...
+  --methods mip -o DIR`` writes DIR/mip/plan.json): its start times are
+  CP-SAT's solution hint, and CP-SAT then minimises the makespan from there
+  (the horizon defaults to the hint's makespan);
 * the schedule it returns is turned into an order, re-timed by opsched's
   simulator and validated with the memory limit: the makespan printed is
   opsched's, not the peer's.
@@ -28,6 +32,11 @@ Usage::
 
     python benchmarks/bench_cpsat_peer.py --devices 8 --microbatches 16 --ratio 1:1.5:0.5 --horizon 107.5 \\
         [--time-limit 600] [--workers 2] [--json out.json]
+    python benchmarks/bench_cpsat_peer.py --devices 16 --microbatches 32 --ratio 1:1.5:0.5 \\
+        --hint out/mip/plan.json [--horizon H] [--time-limit 1500]
+
+CBC and OR-Tools load clashing builds of the same COIN-OR libraries, so the
+hint comes from a file written by another process, not from a solve here.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from bench_dualpipe_grid import RATIOS, case_argv  # the grid's cases have one h
 
 from opsched.cli import build_parser
 from opsched.commands.compare import resolve_limit, stage_graph_from_args
+from opsched.export.plan_json import read_plan_schedule
 from opsched.lower.bounds import lower_bound
 from opsched.lower.jobs import JobSet, activation_budgets
 from opsched.lower.timeindexed import starts_to_order, symmetric_forward_chains
@@ -64,8 +74,13 @@ def _unit(values: list[float]) -> Fraction:
     return Fraction(1, math.lcm(1, *(Fraction(v).limit_denominator(1000).denominator for v in values if v)))
 
 
-def peer_schedule(js: JobSet, budgets: dict[int, float], horizon: float, time_limit: float, workers: int):
-    """(CP-SAT's status name, its start times in StageGraph units or None, seconds)."""
+def peer_schedule(js: JobSet, budgets: dict[int, float], horizon: float, time_limit: float, workers: int,
+                  hint: dict[int, float] | None = None):
+    """(CP-SAT's status name, its start times in StageGraph units or None, seconds).
+
+    Without ``hint``, any schedule ending by ``horizon``; with it (start time by job number), the shortest CP-SAT
+    finds from there, within ``horizon``.
+    """
     from ortools.sat.python import cp_model
 
     unit = _unit(js.duration + [d for ps in js.preds for _, d in ps] + [horizon])
@@ -98,11 +113,19 @@ def peer_schedule(js: JobSet, budgets: dict[int, float], horizon: float, time_li
                 continue
             changes.append(change)
         model.add_reservoir_constraint(times, changes, 0, int(round(budgets[d] * 1000)))
-    for chain in symmetric_forward_chains(js):  # interchangeable microbatches start the first stage in order
-        for a, b in zip(chain, chain[1:]):
-            model.add(start[a] <= start[b])
-    # every job ends by the horizon (its start domain above); no objective: a search for any such schedule found
-    # one where minimising the makespan found none in the same time
+    if hint is None:
+        for chain in symmetric_forward_chains(js):  # interchangeable microbatches start the first stage in order
+            for a, b in zip(chain, chain[1:]):
+                model.add(start[a] <= start[b])
+        # every job ends by the horizon (its start domain above); no objective: a search for any such schedule
+        # found one where minimising the makespan found none in the same time
+    else:  # from the hinted schedule (whose microbatches need not start in order), the shortest found
+        for k, s in enumerate(start):
+            model.add_hint(s, ticks(hint[k]))
+        makespan = model.new_int_var(0, last, "makespan")
+        for k, s in enumerate(start):
+            model.add(makespan >= s + ticks(js.duration[k]))
+        model.minimize(makespan)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit
     solver.parameters.num_workers = workers
@@ -119,7 +142,10 @@ def main_(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", type=int, required=True)
     parser.add_argument("--microbatches", type=int, required=True)
     parser.add_argument("--ratio", choices=sorted(RATIOS), required=True)
-    parser.add_argument("--horizon", type=float, required=True, help="the makespan asked for (at most)")
+    parser.add_argument("--horizon", type=float, help="the makespan asked for (at most); with --hint, default: "
+                        "the hint's makespan")
+    parser.add_argument("--hint", metavar="PLAN.json", help="start from this schedule of the same case (opsched "
+                        "compare ... --placement v --methods mip -o DIR writes DIR/mip/plan.json) and minimise")
     parser.add_argument("--time-limit", type=float, default=600.0)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--json", metavar="FILE")
@@ -129,14 +155,18 @@ def main_(argv: list[str] | None = None) -> int:
     except ImportError:
         print("bench_cpsat_peer: OR-Tools is not installed; install it with: pip install ortools", file=sys.stderr)
         return 2
+    if args.horizon is None and args.hint is None:
+        parser.error("give --horizon, or --hint to start from a schedule")
     sg, limit = grid_case(args.devices, args.microbatches, args.ratio)
     js = JobSet(sg, args.microbatches)
+    hint = None if args.hint is None else _hint(js, args.hint, parser)
+    horizon = args.horizon if args.horizon is not None else max(hint[k] + js.duration[k] for k in hint)
     budgets = activation_budgets(sg, limit)
     bound = lower_bound(js, budgets)
-    status, starts, seconds = peer_schedule(js, budgets, args.horizon, args.time_limit, args.workers)
-    row = {"devices": args.devices, "microbatches": args.microbatches, "ratio": args.ratio, "horizon": args.horizon,
-           "memory_limit": limit, "opsched_bound": bound, "peer_status": status, "seconds": round(seconds, 1),
-           "makespan": None}
+    status, starts, seconds = peer_schedule(js, budgets, horizon, args.time_limit, args.workers, hint)
+    row = {"devices": args.devices, "microbatches": args.microbatches, "ratio": args.ratio, "horizon": horizon,
+           "hint": args.hint, "memory_limit": limit, "opsched_bound": bound, "peer_status": status,
+           "seconds": round(seconds, 1), "makespan": None}
     if starts is not None:
         # start times become an order; opsched's simulator times it and its validator checks it
         order = starts_to_order(js, starts)
@@ -149,6 +179,16 @@ def main_(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as fh:
             json.dump(row, fh, indent=1)
     return 0
+
+
+def _hint(js: JobSet, path: str, parser: argparse.ArgumentParser) -> dict[int, float]:
+    """Start time by job number of the schedule in ``path``, which must run exactly ``js``'s jobs, unpaired."""
+    events = read_plan_schedule(path).events
+    starts = {js.index.get(e.job): e.start for e in events}
+    if None in starts or len(starts) != len(js) or any(e.pair is not None for e in events):
+        parser.error(f"--hint {path}: not a schedule of this case's jobs without pairs (write it with opsched "
+                     "compare on the same case, --placement v --methods mip -o DIR)")
+    return starts
 
 
 if __name__ == "__main__":
