@@ -60,9 +60,9 @@ from opsched.placements import candidates
 from opsched.schedule import Schedule, simulate, validate
 
 
-def grid_case(devices: int, microbatches: int, ratio: str):
-    """(the V StageGraph, its memory limit = DualPipeV's peak) of one grid case without overlap gain."""
-    args = build_parser().parse_args(case_argv(devices, microbatches, ratio, 0.0, placement="v"))
+def grid_case(devices: int, microbatches: int, ratio: str, gain: float = 0.0):
+    """(the V StageGraph, its memory limit = DualPipeV's peak) of one grid case (this peer: without gain)."""
+    args = build_parser().parse_args(case_argv(devices, microbatches, ratio, gain, placement="v"))
     sg, _ = stage_graph_from_args(args)
     limit, _ = resolve_limit("dualpipev", sg, microbatches, args)
     v = next(c.stage_graph for c in candidates(sg, microbatches, "v") if c.stage_graph is not None)
