@@ -48,25 +48,13 @@ import sys
 import time
 from fractions import Fraction
 
-from bench_dualpipe_grid import RATIOS, case_argv  # the grid's cases have one home
+from bench_dualpipe_grid import RATIOS, grid_case  # the grid's cases have one home
 
-from opsched.cli import build_parser
-from opsched.commands.compare import resolve_limit, stage_graph_from_args
 from opsched.export.plan_json import read_plan_schedule
 from opsched.lower.bounds import lower_bound
 from opsched.lower.jobs import JobSet, activation_budgets
 from opsched.lower.timeindexed import starts_to_order, symmetric_forward_chains
-from opsched.placements import candidates
 from opsched.schedule import Schedule, simulate, validate
-
-
-def grid_case(devices: int, microbatches: int, ratio: str, gain: float = 0.0):
-    """(the V StageGraph, its memory limit = DualPipeV's peak) of one grid case (this peer: without gain)."""
-    args = build_parser().parse_args(case_argv(devices, microbatches, ratio, gain, placement="v"))
-    sg, _ = stage_graph_from_args(args)
-    limit, _ = resolve_limit("dualpipev", sg, microbatches, args)
-    v = next(c.stage_graph for c in candidates(sg, microbatches, "v") if c.stage_graph is not None)
-    return v, limit
 
 
 def _unit(values: list[float]) -> Fraction:
@@ -120,10 +108,9 @@ def peer_schedule(js: JobSet, budgets: dict[int, float], horizon: float, time_li
         # every job ends by the horizon (its start domain above); no objective: a search for any such schedule
         # found one where minimising the makespan found none in the same time
     else:  # from the hinted schedule (whose microbatches need not start in order), the shortest found
-        for k, s in enumerate(start):
-            model.add_hint(s, ticks(hint[k]))
         makespan = model.new_int_var(0, last, "makespan")
         for k, s in enumerate(start):
+            model.add_hint(s, ticks(hint[k]))
             model.add(makespan >= s + ticks(js.duration[k]))
         model.minimize(makespan)
     solver = cp_model.CpSolver()

@@ -36,7 +36,7 @@ import time
 
 from opsched.baselines import NAMES
 from opsched.cli import build_parser, main
-from opsched.commands.compare import stage_graph_from_args
+from opsched.commands.compare import resolve_limit, stage_graph_from_args
 from opsched.lower.bounds import idle_lower_bound
 from opsched.lower.jobs import JobSet, activation_budgets
 from opsched.placements import candidates
@@ -51,6 +51,15 @@ def case_argv(d: int, m: int, ratio: str, gain: float, placement: str = "auto") 
     return ["compare", "--devices", str(d), "--stages", str(2 * d), "--placement", placement, "--microbatches", str(m),
             "--f", f"{f:g}", "--b", f"{i + w:g}", "--w", f"{w:g}", "--overlap-gain", f"{gain:g}",
             "--memory-limit", "dualpipev"]
+
+
+def grid_case(devices: int, microbatches: int, ratio: str, gain: float = 0.0):
+    """(the V StageGraph, its memory limit = DualPipeV's peak) of one case, as ``compare`` builds them."""
+    args = build_parser().parse_args(case_argv(devices, microbatches, ratio, gain, placement="v"))
+    sg, _ = stage_graph_from_args(args)
+    limit, _ = resolve_limit("dualpipev", sg, microbatches, args)
+    v = next(c.stage_graph for c in candidates(sg, microbatches, "v") if c.stage_graph is not None)
+    return v, limit
 
 
 def run_case(d: int, m: int, ratio: str, gain: float, time_limit: float) -> dict:
