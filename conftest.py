@@ -9,7 +9,9 @@ them and is collected everywhere. This file is not part of the wheel.
 
 import importlib.util
 
-collect_ignore = []
+# tests/data holds the scripts that wrote the test exports (they import torch and transformers at
+# their top and hold no tests): never collected, with or without the extras.
+collect_ignore = ["tests/data"]
 if importlib.util.find_spec("torch") is None:
     # model.py and the hf_* modules import torch at the top and launch.py imports model;
     # calibrate.py needs no torch, so its doctests run everywhere.

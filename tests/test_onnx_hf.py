@@ -232,7 +232,7 @@ def test_missing_backend_is_refused(tmp_path, capsys, monkeypatch, missing):
     monkeypatch.setitem(sys.modules, missing, None)  # `import missing` raises ImportError
     config = write_config(tmp_path, "llama")
     refused(tmp_path, capsys, ["onnx", "--hf-config", str(config), "-o", str(tmp_path / "m.onnx")],
-            f"needs {missing}", "pip install")
+            "opsched onnx --hf-config needs", missing, "pip install")
 
 
 def test_help_teaches(capsys):
