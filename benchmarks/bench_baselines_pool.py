@@ -1,7 +1,7 @@
 """The hand-written baselines' phase with one worker and with two (issue 13, item 2: "every core").
 
 `opsched plan` tries every hand-written method on every pipeline depth
-(:func:`opsched.contiguous.contiguous_baselines`); the depths run in a
+(:func:`opsched.plan.contiguous.contiguous_baselines`); the depths run in a
 process pool of ``--jobs`` workers and are merged in depth order. This runs
 that phase alone, on a model's reduced block graph as the planner builds
 it, with no deadline (so the work, not the clock, decides what is tried),
@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import time
 
-from opsched.cluster import Training, preset
-from opsched.coarsen import coarsen
-from opsched.contiguous import contiguous_baselines
-from opsched.onnx_import import import_onnx
-from opsched.planner import _reduced
+from opsched.cost.cluster import Training, preset
+from opsched.model.coarsen import coarsen
+from opsched.plan.contiguous import contiguous_baselines
+from opsched.model.onnx_import import import_onnx
+from opsched.plan.search import _reduced
 from opsched.upper.layouts import layouts
 
 

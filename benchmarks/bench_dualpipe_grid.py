@@ -39,7 +39,7 @@ from opsched.cli import build_parser, main
 from opsched.commands.compare import resolve_limit, stage_graph_from_args
 from opsched.lower.bounds import idle_lower_bound
 from opsched.lower.jobs import JobSet, activation_budgets
-from opsched.placements import candidates
+from opsched.plan.placements import candidates
 
 RATIOS = {"1:1:1": (1.0, 1.0, 1.0), "1:1.5:0.5": (1.0, 1.5, 0.5), "2:2:1": (2.0, 2.0, 1.0)}
 GAINS = (0.0, 0.5, 1.0)

@@ -28,8 +28,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import make_moe_model, save  # noqa: E402
 
-from opsched.coarsen import coarsen  # noqa: E402
-from opsched.onnx_import import import_onnx  # noqa: E402
+from opsched.model.coarsen import coarsen  # noqa: E402
+from opsched.model.onnx_import import import_onnx  # noqa: E402
 
 
 def time_model(path, repeat: int, dims=None, target_blocks=None) -> tuple[int, float, float, int]:

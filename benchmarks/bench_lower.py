@@ -36,7 +36,7 @@ import os
 import time
 
 from opsched.baselines import NAMES, baseline_orders, placed_stage_graph, run_baseline
-from opsched.baselines.placement import linearize
+from opsched.schedule.placement import linearize
 from opsched.errors import OpschedError
 from opsched.lower import solve
 from opsched.lower.solve import SEARCH_BUDGET

@@ -7,8 +7,8 @@ Issue 13's target for import and coarsening: a 180,000-node graph in under
 process, so each model's peak memory is its own:
 
 1. generate: ``build.MODELS[name]()`` and ``write_model`` (the build script's work);
-2. import + coarsen: ``opsched.onnx_import.import_onnx`` on the file with its
-   default dims, then ``opsched.coarsen.coarsen`` (what ``opsched inspect`` does);
+2. import + coarsen: ``opsched.model.onnx_import.import_onnx`` on the file with its
+   default dims, then ``opsched.model.coarsen.coarsen`` (what ``opsched inspect`` does);
    peak resident memory is read after each of the two.
 
 With ``--plan``, instead: issue 13's planning rows (Llama-3-405B at 1,024,
@@ -89,9 +89,9 @@ def child_generate(name: str, path: str) -> dict:
 
 def child_import(path: str) -> dict:
     """Import and coarsen one file; times and the peak memory after each step."""
-    from opsched.coarsen import coarsen
-    from opsched.graph import totals
-    from opsched.onnx_import import import_onnx
+    from opsched.model.coarsen import coarsen
+    from opsched.model.graph import totals
+    from opsched.model.onnx_import import import_onnx
 
     c0, t0 = cpu_s(), time.perf_counter()
     g = import_onnx(path)
@@ -106,8 +106,8 @@ def child_import(path: str) -> dict:
 
 def child_profile(path: str, top: int) -> str:
     """Import and coarsen under cProfile; the top functions by own and by cumulative time."""
-    from opsched.coarsen import coarsen
-    from opsched.onnx_import import import_onnx
+    from opsched.model.coarsen import coarsen
+    from opsched.model.onnx_import import import_onnx
 
     profile = cProfile.Profile()
     profile.enable()

@@ -33,7 +33,7 @@ from opsched.commands.compare import resolve_limit, stage_graph_from_args
 from opsched.lower.jobs import JobSet, activation_budgets
 from opsched.lower.pairing import pair_up
 from opsched.lower.solve import split_fused_backward
-from opsched.placements import candidates
+from opsched.plan.placements import candidates
 from opsched.schedule import simulate
 
 

@@ -52,7 +52,7 @@ from opsched.lower import solve
 from opsched.lower.jobs import JobSet
 from opsched.lower.lns import objective_value
 from opsched.schedule import Job, Schedule, StageGraph, chain_stage_graph, simulate, validate
-from opsched.solver import Objective
+from opsched.solving.solver import Objective
 
 PEER_DIR = "megatron/core/pipeline_parallel/zerobubble/scheduler"
 ZB = dict(f=18.522, i=18.086, w=9.337, comm=0.601)

@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_published as bp  # the published runs, their commands and the ratio
 
-from opsched.cluster import PRESETS
+from opsched.cost.cluster import PRESETS
 
 WITHIN = (0.85, 1.15)
 GRID = {"matmul": (0.55, 0.6, 0.65, 0.7, 0.75), "attention": (0.35, 0.45, 0.55), "memory": (0.5, 0.7, 0.9)}

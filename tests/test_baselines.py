@@ -317,7 +317,7 @@ def test_interleaved_stages_per_device_follows_the_chain():
 
 
 def test_contiguous_split_sizes_and_syncs_come_from_the_placement():
-    from opsched.contiguous import _device_sync, method_stage_count
+    from opsched.plan.contiguous import _device_sync, method_stage_count
 
     assert {n: method_stage_count(n, 3) for n in NAMES} == {
         "gpipe": 3, "1f1b": 3, "interleaved-1f1b": 6, "zb-h1": 3, "zb-h2": 3,
@@ -452,7 +452,7 @@ def test_any_chain_either_refuses_or_gives_a_valid_schedule(name, stages, device
 
 
 def test_linearize_runs_towers_one_after_another():
-    from opsched.baselines.placement import is_chain, linearize
+    from opsched.schedule.placement import is_chain, linearize
     from opsched.schedule import metrics
 
     t = {"F": 1.0, "I": 1.0, "W": 1.0}
@@ -480,10 +480,10 @@ def test_the_planner_offers_the_best_baseline_on_fewer_nodes_when_more_are_slowe
     import networkx as nx
 
     from conftest import SLOW_LINK_CLUSTER
-    from opsched.cluster import Training, cluster_from_dict, with_devices
-    from opsched.contiguous import contiguous_baselines
-    from opsched.graph import Block
-    from opsched.planner import RuntimeFilter, idle_devices
+    from opsched.cost.cluster import Training, cluster_from_dict, with_devices
+    from opsched.plan.contiguous import contiguous_baselines
+    from opsched.model.graph import Block
+    from opsched.plan.search import RuntimeFilter, idle_devices
 
     bg = nx.DiGraph(kind="BlockGraph")
     for i in range(4):
@@ -509,9 +509,9 @@ def test_baselines_are_the_same_for_any_number_of_workers():
     import networkx as nx
 
     from conftest import SLOW_LINK_CLUSTER
-    from opsched.cluster import Training, cluster_from_dict
-    from opsched.contiguous import contiguous_baselines
-    from opsched.graph import Block
+    from opsched.cost.cluster import Training, cluster_from_dict
+    from opsched.plan.contiguous import contiguous_baselines
+    from opsched.model.graph import Block
 
     bg = nx.DiGraph(kind="BlockGraph")
     for i in range(8):

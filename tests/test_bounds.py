@@ -2,7 +2,7 @@
 
 A property test over random chains and branching stage graphs, with and
 without overlap gain or with pairs timed from random stream operations
-(:mod:`opsched.overlap`), measured fused backwards (shorter or longer than
+(:mod:`opsched.cost.overlap`), measured fused backwards (shorter or longer than
 I + W), tight and loose memory. Every bound ``opsched.lower.solve`` can
 report (the makespan bound, the span bound, and what ``solve`` itself
 reports, which may include the whole MIP's bound) is checked against:
@@ -28,13 +28,13 @@ from hypothesis import strategies as st
 
 from opsched.baselines import NAMES, baseline_orders, run_baseline
 from opsched.errors import Deadlock, OpschedError
-from opsched.isolate import Call, SolverCrash, run_isolated_all
+from opsched.solving.isolate import Call, SolverCrash, run_isolated_all
 from opsched.lower import solve
 from opsched.lower.bounds import device_bound, idle_lower_bound, lower_bound, span_lower_bound
 from opsched.lower.jobs import JobSet, activation_budgets, minimum_memory_limit, order_fits
 from opsched.lower.listsched import default_variants, list_schedule
 from opsched.lower.lns import objective_value
-from opsched.overlap import COMM, COMPUTE, PassStreams, StreamOp
+from opsched.cost.overlap import COMM, COMPUTE, PassStreams, StreamOp
 from opsched.schedule import Edge, Job, Pair, Schedule, Stage, StageGraph, busy_time, simulate, stage_placement
 
 TOL = 1e-9

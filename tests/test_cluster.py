@@ -3,7 +3,7 @@
 import json
 import pytest
 
-from opsched.cluster import (
+from opsched.cost.cluster import (
     PRESETS,
     Training,
     cluster_from_dict,

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import make_moe_model, real_export, save
-from opsched.coarsen import block_of_ops, coarsen, parallel_branches
+from opsched.model.coarsen import block_of_ops, coarsen, parallel_branches
 from opsched.errors import OpschedError
-from opsched.graph import COST_FIELDS, OpNode, add_op, new_op_graph, totals
-from opsched.onnx_import import import_onnx
+from opsched.model.graph import COST_FIELDS, OpNode, add_op, new_op_graph, totals
+from opsched.model.onnx_import import import_onnx
 
 
 def check_block_graph(op_graph, bg):
@@ -262,7 +262,7 @@ def test_batched_experts_coarsen_like_separate_experts():
     # A tiny HF Mixtral whose experts are stacked [4, ...] weights (tests/data/make_hf_moe.py):
     # after import each layer has 4 expert blocks, parallel, one expert each, and the
     # reduced graph offers expert parallelism on the merged experts as for per-expert exports.
-    from opsched.cost import expert_count, modes_for
+    from opsched.cost.blocks import expert_count, modes_for
     from opsched.upper.reduce import reduce_block_graph
 
     bg = coarsen(import_onnx(real_export("mixtral_batched_experts.dynamo.onnx")))

@@ -180,7 +180,7 @@ def _fake_solve(calls: list):
 @pytest.fixture
 def in_process(monkeypatch):
     """run_isolated as a direct call (the fake solve's calls stay visible); records each call's timeout."""
-    from opsched import isolate
+    from opsched.solving import isolate
 
     timeouts = []
 
@@ -216,7 +216,7 @@ def test_mip_hook_adds_a_row_with_bound_and_gap(tmp_path, capsys, monkeypatch, i
 
 
 def test_branching_plan_gets_baselines_on_its_linearized_chain(tmp_path, capsys):
-    from opsched.baselines.placement import linearize
+    from opsched.schedule.placement import linearize
     from opsched.export.plan_json import write_plan
     from opsched.schedule import Edge, Job, Schedule, Stage, StageGraph, simulate
 

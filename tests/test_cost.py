@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from conftest import SLOW_LINK_CLUSTER
-from opsched.cluster import Training, cluster_from_dict
-from opsched.cost import (
+from opsched.cost.cluster import Training, cluster_from_dict
+from opsched.cost.blocks import (
     Mode,
     allreduce_time,
     alltoall_time,
@@ -17,7 +17,7 @@ from opsched.cost import (
     transfer_time,
 )
 from opsched.errors import OpschedError
-from opsched.graph import Block
+from opsched.model.graph import Block
 
 # round numbers so every figure below is easy to check by hand (efficiency 0.5
 # of 100 TFLOP/s: 50 TFLOP/s achievable), on 2 nodes of 4 devices
@@ -68,8 +68,8 @@ def test_tensor_parallel_adds_one_all_reduce_per_f_and_i():
 
 def test_llama_layer_all_reduces_two_residual_sized_tensors():
     """Megatron's figure: per layer, two all-reduces of b x s x h in F (here b=1, s=4096, h=4096, bf16)."""
-    from opsched.coarsen import coarsen
-    from opsched.onnx_import import import_onnx
+    from opsched.model.coarsen import coarsen
+    from opsched.model.onnx_import import import_onnx
 
     bg = coarsen(import_onnx(Path(__file__).resolve().parents[1] / "models" / "llama_7b.onnx"))
     layer = next(bg.nodes[b]["block"] for b in bg if bg.nodes[b]["block"].name == "model/layers.3")
@@ -174,8 +174,8 @@ def test_bf16_optimizer_state_holds_six_bytes_per_parameter_where_fp32_holds_twe
 
 def test_operator_kinds_take_their_own_efficiency():
     """A cluster file's matmul / attention / memory efficiencies cost each kind apart; without them, one roofline."""
-    from opsched.cluster import preset
-    from opsched.cost import compute_time
+    from opsched.cost.cluster import preset
+    from opsched.cost.blocks import compute_time
 
     kinds = cluster_from_dict({"preset": "h100-sxm", "devices": 8, "matmul_efficiency": {"bf16": 0.8},
                                "attention_efficiency": 0.6, "memory_efficiency": 0.9})
@@ -260,7 +260,7 @@ def test_sequence_parallelism_splits_what_tensor_ranks_hold_whole():
 
 
 def test_context_ring_is_hidden_behind_enough_attention():
-    from opsched.cost import context_ring_time
+    from opsched.cost.blocks import context_ring_time
 
     attn = Block(0, "attn", ("layers.0",), (), attention_kv_bytes=4e9)
     fast = context_ring_time(attn, tp=1, cp=4, attention_time=100.0, bandwidth=1e9, latency=1e-5)
@@ -273,8 +273,8 @@ def test_context_ring_is_hidden_behind_enough_attention():
 def test_attention_under_fp8_runs_at_the_bf16_rate_on_presets_too():
     """FP8 recipes keep the attention core in BF16 (Transformer Engine: FP8 dot-product attention is off by
     default, ``fp8_dpa=False``): only the other FLOPs take the FP8 peak, with or without efficiencies by kind."""
-    from opsched.cluster import preset
-    from opsched.cost import attention_core_time, compute_time
+    from opsched.cost.cluster import preset
+    from opsched.cost.blocks import attention_core_time, compute_time
 
     for h100 in (preset("h100-sxm"), cluster_from_dict(ONE_ROOFLINE)):
         attention = Block(0, "attn", (), (), flops=4e12, attention_flops=3e12)
@@ -292,9 +292,9 @@ def test_attention_under_fp8_runs_at_the_bf16_rate_on_presets_too():
 
 
 def test_matmuls_pay_their_tile_padding():
-    """A block's matmuls are charged their tile-padded FLOPs (opsched.gemm), with and without efficiencies by kind."""
-    from opsched.cluster import preset
-    from opsched.cost import compute_time
+    """A block's matmuls are charged their tile-padded FLOPs (opsched.model.gemm), with and without efficiencies by kind."""
+    from opsched.cost.cluster import preset
+    from opsched.cost.blocks import compute_time
 
     one = cluster_from_dict(ONE_ROOFLINE)
     kinds = cluster_from_dict({"preset": "h100-sxm", "devices": 8, "matmul_efficiency": {"bf16": 0.8}})
@@ -335,8 +335,8 @@ def test_unfused_attention_writes_its_scores_and_runs_its_multiplies_as_gemms():
     rate; the rest of the block is costed as with a fused attention."""
     from dataclasses import replace
 
-    from opsched.cluster import preset
-    from opsched.cost import compute_time, unfused_attention_time
+    from opsched.cost.cluster import preset
+    from opsched.cost.blocks import compute_time, unfused_attention_time
 
     a100, scores = preset("a100-80g"), 1e9
     gemm = 2 * scores * 2 * 96  # Q·Kᵀ and scores·V with head dims 96: padded to 128 in the tile
@@ -367,8 +367,8 @@ def test_unfused_attention_writes_its_scores_and_runs_its_multiplies_as_gemms():
 def test_unfused_attention_keeps_its_scores_unless_recomputed():
     from dataclasses import replace
 
-    from opsched.cluster import preset
-    from opsched.cost import attention_core_time
+    from opsched.cost.cluster import preset
+    from opsched.cost.blocks import attention_core_time
 
     a100 = preset("a100-80g", 8)
     layer = Block(0, "layer", ("layers.0",), (), flops=20e12, matmul_flops=19e12, attention_flops=4e11,

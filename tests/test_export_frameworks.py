@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from opsched.baselines import run_baseline
-from opsched.baselines.placement import onto_groups
+from opsched.schedule.placement import onto_groups
 from opsched.cli import main
 from opsched.export.plan_json import write_plan
 from opsched.export.torch_csv import torch_available
@@ -630,8 +630,8 @@ def test_the_planner_names_each_stages_configuration_from_the_blocks_with_weight
     stage ``dp2+ep``, the attention's weights in an expert-parallel block run data-parallel (dp2)."""
     import networkx as nx
 
-    from opsched.graph import Block
-    from opsched.planner import _stage_contents
+    from opsched.model.graph import Block
+    from opsched.plan.search import _stage_contents
 
     bg = nx.DiGraph(kind="BlockGraph")
     blocks = [Block(0, "model/layers.0/attn", (), ("q",), param_count=10),

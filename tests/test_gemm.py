@@ -1,8 +1,8 @@
-"""The GEMM efficiency rule (opsched/gemm.py): tile quantisation against a per-dtype ceiling."""
+"""The GEMM efficiency rule (opsched/model/gemm.py): tile quantisation against a per-dtype ceiling."""
 
 import pytest
 
-from opsched.gemm import (
+from opsched.model.gemm import (
     GemmShape,
     gemm_efficiency,
     matmul_shape,

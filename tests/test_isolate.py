@@ -1,4 +1,4 @@
-"""opsched.isolate.run_isolated_all: several watched solves at once, each result its own call's."""
+"""opsched.solving.isolate.run_isolated_all: several watched solves at once, each result its own call's."""
 
 import faulthandler
 import multiprocessing as mp
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from opsched.isolate import Call, ChildTraceback, SolverCrash, TimedOut, run_isolated_all
+from opsched.solving.isolate import Call, ChildTraceback, SolverCrash, TimedOut, run_isolated_all
 
 
 def _square(x):

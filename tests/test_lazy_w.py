@@ -31,7 +31,7 @@ from opsched.lower.lns import evaluate
 from opsched.lower.solve import _reshape_start, _Search, solve, split_fused_backward
 from opsched.lower.warmup import deepen_warmup
 from opsched.schedule import Schedule, chain_stage_graph, jobs_of, simulate, validate
-from opsched.solver import Objective
+from opsched.solving.solver import Objective
 
 
 def _is_w(action) -> bool:

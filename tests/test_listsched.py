@@ -29,7 +29,7 @@ from opsched.lower.listsched import (
 )
 from opsched.lower.lns import evaluate
 from opsched.schedule import StageGraph, chain_stage_graph, simulate
-from opsched.solver import Objective, Status
+from opsched.solving.solver import Objective, Status
 
 # the example as its command gives it: Zero Bubble's 1.5B costs (F, I + W, W per stage; transfer 0.601),
 # first and last stage x1.5

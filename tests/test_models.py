@@ -11,8 +11,8 @@ import networkx as nx
 import onnx
 import pytest
 
-from opsched import onnx_import
-from opsched.graph import ops, totals
+from opsched.model import onnx_import
+from opsched.model.graph import ops, totals
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 NAMES = ["mixtral_8x7b", "deepseek_moe", "switch_moe", "clip_vit_l14", "llava_7b", "llama_7b", "mpt_7b",
@@ -490,7 +490,7 @@ def test_importer_counts_the_same_parameters(models, name):
     else:
         # Only switch_moe (one embedding tied to encoder, decoder and lm_head), mpt_7b and
         # the SC'21 GPTs (the token embedding tied to the output projection) and clip_vit_l14
-        # (the scalar logit_scale) get here. opsched.onnx_import documents counting a weight
+        # (the scalar logit_scale) get here. opsched.model.onnx_import documents counting a weight
         # once per reader and scalars as constants; accept that rule or a plain count, nothing else.
         tieable = {"shared.weight", "transformer.wte.weight", "language_model.embedding.word_embeddings.weight",
                    "transformer.word_embeddings.weight"}

@@ -95,8 +95,8 @@ def export(tmp_path: Path, name: str, *extra: str) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["llama", "llama-tied", "mixtral", "deepseek_v3", "clip", "siglip"])
 def test_import_counts_every_parameter_of_the_config(tmp_path, name):
-    from opsched.graph import totals
-    from opsched.onnx_import import import_onnx
+    from opsched.model.graph import totals
+    from opsched.model.onnx_import import import_onnx
 
     path = export(tmp_path, name, "--seq-len", "16", "--batch", "2")
     params, float_buffers, meta_buffers, uncounted = hf_counts(name)
@@ -128,7 +128,7 @@ def test_import_counts_every_parameter_of_the_config(tmp_path, name):
 
 @pytest.mark.slow
 def test_mixtral_routed_experts_are_split_and_counted(tmp_path):
-    from opsched.onnx_import import import_onnx
+    from opsched.model.onnx_import import import_onnx
 
     path = export(tmp_path, "mixtral", "--seq-len", "16")
     g = import_onnx(path)

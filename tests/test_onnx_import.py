@@ -11,8 +11,8 @@ from onnx import TensorProto, helper
 
 from conftest import REPO, make_moe_model, moe_param_count, real_export, save
 from opsched.errors import OpschedError
-from opsched.graph import ops, totals
-from opsched.onnx_import import import_onnx, node_scope, parse_dims
+from opsched.model.graph import ops, totals
+from opsched.model.onnx_import import import_onnx, node_scope, parse_dims
 
 
 def _single_op_model(op, inputs, out_shape=None, opset=23, weights=(), **attrs):
@@ -169,7 +169,7 @@ def test_nonzero_moe_loop_uses_balanced_routing(tmp_path, cf):
 
 def test_a_nonzero_mask_is_not_moe_routing():
     """LLaVA's image-token merge (masked_scatter: Equal -> NonZero -> ScatterND) is a mask, taken as all nonzero."""
-    from opsched.onnx_import import import_warnings, routing_assumptions
+    from opsched.model.onnx_import import import_warnings, routing_assumptions
 
     g = import_onnx(real_export("llava_mask.legacy.onnx"))
     assert g.graph["moe_routing"] == {} and routing_assumptions(g) == []
@@ -183,7 +183,7 @@ def test_a_nonzero_mask_is_not_moe_routing():
 
 
 def test_routed_nonzero_is_moe_routing_and_said_so(tmp_path):
-    from opsched.onnx_import import import_warnings
+    from opsched.model.onnx_import import import_warnings
 
     path = save(make_moe_model("legacy", experts=4, top_k=2), tmp_path / "m.onnx")
     g = import_onnx(path, dims={"batch": 2, "seq": 12}, capacity_factor=1.25)
@@ -436,7 +436,7 @@ def test_splitting_batched_experts_keeps_the_totals(name, monkeypatch):
     # of the expert weights (GatherND of a stacked weight: one weight matrix per routed row), written by
     # the gather and read by its matmul in the unsplit graph; an expert matmul reads its weight in place.
     g = import_onnx(real_export(name))
-    monkeypatch.setattr("opsched.onnx_import.split_families", lambda *args: None)
+    monkeypatch.setattr("opsched.model.onnx_import.split_families", lambda *args: None)
     whole = import_onnx(real_export(name))
     assert g.number_of_nodes() > whole.number_of_nodes()
     gathered = sum(o.output_bytes for _, o in whole.nodes(data="op")
@@ -533,7 +533,7 @@ def test_unfused_attention_is_marked_and_routers_are_not(name):
 def test_inference_after_pins_propagates_data_when_shapes_would_be_left_unknown():
     """Shape inference after the NonZero pins skips data propagation (seconds per thousand routed tokens) only when
     every shape is known without it: a Reshape to a computed shape needs it, and gets it."""
-    from opsched.onnx_import import _infer, _infer_after_pins, _shape_table
+    from opsched.model.onnx_import import _infer, _infer_after_pins, _shape_table
 
     g = helper.make_graph(
         [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Reshape", ["z", "s"], ["r"])], "g",

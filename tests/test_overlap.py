@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from opsched.overlap import (COMM, COMPUTE, PassStreams, StreamOp, compact, exact_pair_length, greedy_pair_length,
+from opsched.cost.overlap import (COMM, COMPUTE, PassStreams, StreamOp, compact, exact_pair_length, greedy_pair_length,
                              pair_length)
 
 
@@ -95,9 +95,9 @@ def test_pass_streams_merge_in_pipeline_order():
 
 
 def _costs():
-    from opsched.cluster import Training, preset
-    from opsched.cost import Mode, block_cost
-    from opsched.graph import Block
+    from opsched.cost.cluster import Training, preset
+    from opsched.cost.blocks import Mode, block_cost
+    from opsched.model.graph import Block
 
     cluster = preset("h100-sxm", 8)
     layer = Block(0, "model.layers.0.mlp.experts", (), (), flops=4e12, param_count=10**8, output_bytes=64e6, saved_bytes=64e6,
@@ -124,7 +124,7 @@ def test_block_streams_sum_to_the_pass_times_and_carry_the_communication():
 
 
 def test_a_stage_with_expert_all_to_alls_hides_them_in_a_pair_and_round_trips_through_plan_json():
-    from opsched.cost import stage_streams
+    from opsched.cost.blocks import stage_streams
     from opsched.export.plan_json import plan_dict, schedule_from_dict
     from opsched.schedule import Job, Pair, Schedule, Stage, StageGraph, pair_duration, simulate, validate
 
@@ -169,9 +169,9 @@ def test_plan_json_rejects_stream_operations_that_do_not_add_up(streams, message
 def test_planned_stages_carry_stream_operations_only_for_a_runtime_that_overlaps_pairs(overlap_pairs):
     import networkx as nx
 
-    from opsched.cluster import Training, preset
-    from opsched.cost import Mode
-    from opsched.graph import Block
+    from opsched.cost.cluster import Training, preset
+    from opsched.cost.blocks import Mode
+    from opsched.model.graph import Block
     from opsched.schedule import Job, Pair, pair_duration
     from opsched.upper.layouts import Layout
     from opsched.upper.mip import upper_problem

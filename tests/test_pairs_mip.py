@@ -27,7 +27,7 @@ from opsched.lower.parting import part_pairs
 from opsched.lower.solve import PAIR_SUBMIP_VARIABLES, split_fused_backward
 from opsched.lower.timeindexed import build_model, complete_warm_start, exact_slot, slot_problem, slotted_stage_graph
 from opsched.schedule import Pair, Schedule, chain_stage_graph, simulate, validate
-from opsched.solver import Status
+from opsched.solving.solver import Status
 
 
 TOL = 1e-9

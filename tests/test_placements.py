@@ -11,9 +11,9 @@ from opsched.cli import main
 from opsched.errors import MemoryTooSmall, OpschedError
 from opsched.lower import minimum_memory_limit, solve
 from opsched.lower.placements import Candidate, solve_placements
-from opsched.placements import SEARCHED, candidates, placed
+from opsched.plan.placements import SEARCHED, candidates, placed
 from opsched.schedule import chain_stage_graph, device_param_bytes, metrics, validate
-from opsched.solver import Status
+from opsched.solving.solver import Status
 
 #: a tiny work budget: these instances are solved by the whole MIP or the first sweeps
 BUDGET = {"search_budget": 10}
@@ -140,7 +140,7 @@ def test_a_plan_on_device_groups_is_re_placed_group_by_group():
     (as the baselines run it), then back onto the groups; none is refused for the groups."""
     from dataclasses import replace
 
-    from opsched.placements import candidates
+    from opsched.plan.placements import candidates
     from opsched.schedule import StageGraph, chain_stage_graph
 
     chain = chain_stage_graph(4)

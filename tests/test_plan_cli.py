@@ -8,10 +8,10 @@ import networkx as nx
 import pytest
 
 from opsched.cli import main
-from opsched.cluster import Training, cluster_from_dict
+from opsched.cost.cluster import Training, cluster_from_dict
 from opsched.export.plan_json import read_plan
-from opsched.graph import Block
-from opsched.planner import plan_block_graph
+from opsched.model.graph import Block
+from opsched.plan.search import plan_block_graph
 from opsched.schedule import validate
 from opsched.upper.layouts import parse_config
 from conftest import SLOW_LINK_CLUSTER
@@ -122,9 +122,9 @@ def test_plan_help_explains_the_layout_notation_and_the_words(capsys):
 
 def assert_every_stage_says_what_it_holds(schedule, doc, report, model):
     """Every stage has its layers; the original stages hold every layer of the model exactly once."""
-    from opsched.coarsen import coarsen
-    from opsched.graph import ops
-    from opsched.onnx_import import import_onnx
+    from opsched.model.coarsen import coarsen
+    from opsched.model.graph import ops
+    from opsched.model.onnx_import import import_onnx
     from opsched.upper.stages import layer_path
 
     contents = doc["stage_contents"]
@@ -264,7 +264,7 @@ def _bug():
 
 def test_run_isolated_returns_reraises_and_survives_crashes():
     from opsched.errors import OpschedError
-    from opsched.isolate import ChildTraceback, SolverCrash, run_isolated
+    from opsched.solving.isolate import ChildTraceback, SolverCrash, run_isolated
 
     assert run_isolated(sum, [1, 2, 3], timeout=30) == 6
     with pytest.raises(OpschedError, match="nothing fits"):
@@ -353,7 +353,7 @@ def _cluster_file(tmp_path, devices: int) -> Path:
 
 
 def test_no_fit_hint_never_asks_for_more_memory_than_the_device_has():
-    from opsched.cluster import memory_hint, preset
+    from opsched.cost.cluster import memory_hint, preset
 
     h100 = preset("h100-sxm", 8)
     assert memory_hint(94 * 2**30, h100).startswith("more than the 80 GB")
@@ -535,9 +535,9 @@ def test_with_a_global_batch_the_fastest_megatron_layout_is_a_baseline_the_plan_
 def test_a_plan_that_leaves_devices_idle_says_why():
     from types import SimpleNamespace
 
-    from opsched.cluster import Training
+    from opsched.cost.cluster import Training
     from opsched.commands.plan import plan_warnings
-    from opsched.planner import EveryDevicePlan
+    from opsched.plan.search import EveryDevicePlan
 
     cluster = SimpleNamespace(devices=16)
     training = Training(4, whole_sequences=True)
@@ -588,7 +588,7 @@ def test_adding_nodes_never_makes_the_plan_slower():
     """Issue 13 item 4: the plan on 4 nodes offers the plan on its first 2 nodes, which offers the one on 1 node.
     Work budgets decide them all (the limit is far away), so the plan offered is the very plan found on those
     nodes alone, and the plan on more nodes is never slower."""
-    from opsched.planner import FewerNodesPlan
+    from opsched.plan.search import FewerNodesPlan
 
     spec = {**SLOW_LINK_CLUSTER, "inter_node_bandwidth": 1e9}  # one device per node
     four, two = (plan_block_graph(_slow_link_chain(), cluster_from_dict({**spec, "devices": n}), Training(2),
@@ -602,7 +602,7 @@ def test_adding_nodes_never_makes_the_plan_slower():
 def test_a_plan_says_when_the_time_limit_left_fewer_nodes_unsearched(monkeypatch):
     """Issue 13 item 4 holds only when the search on half the nodes runs: when the time limit is spent first, the
     plan says so (on which device count, and what to do), and says nothing when every half was searched."""
-    import opsched.planner as planner
+    import opsched.plan.search as planner
     from opsched.commands.plan import plan_warnings
 
     spec = {**SLOW_LINK_CLUSTER, "inter_node_bandwidth": 1e9, "devices": 4}  # one device per node
@@ -623,7 +623,7 @@ def test_the_plan_on_half_the_nodes_is_returned_when_the_search_on_all_finds_onl
     """The search on both nodes sees only 4 groups of 1 device here (as if its layouts missed the good ones), whose
     splits send the large activations between the nodes: the plan on one node wins, the other node idle, and the
     report says so."""
-    import opsched.planner as planner
+    import opsched.plan.search as planner
     from opsched.commands.plan import plan_warnings
     from opsched.upper.layouts import layouts
 

@@ -130,9 +130,9 @@ def test_the_schema_holds_runtimes_to_the_known_names(tmp_path):
 def test_the_planner_returns_only_what_the_runtime_runs_and_says_why_it_left_the_rest_out():
     """Two towers: the placement MIP's best plan branches (the towers side by side); with runtime torch only a
     chain may win, and the branching candidates say why they were left out."""
-    from opsched.cluster import Training, cluster_from_dict
+    from opsched.cost.cluster import Training, cluster_from_dict
     from opsched.export.torch_csv import check_expressible
-    from opsched.planner import plan_block_graph
+    from opsched.plan.search import plan_block_graph
     from conftest import SLOW_LINK_CLUSTER
     from test_plan_cli import two_tower_graph
 

@@ -1,4 +1,4 @@
-"""Stored activations: what the import says each operator keeps for the backward (opsched.saved).
+"""Stored activations: what the import says each operator keeps for the backward (opsched.model.saved).
 
 Checked against the world twice: PyTorch's autograd, which reports every tensor it saves (the tensors a
 training step holds per microbatch), and Korthikanti et al. 2022's per-layer count for a GPT layer.
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from opsched.coarsen import coarsen
-from opsched.cost import Mode, stored_activation_bytes
-from opsched.onnx_import import import_onnx
-from opsched.saved import saved_tensors
+from opsched.model.coarsen import coarsen
+from opsched.cost.blocks import Mode, stored_activation_bytes
+from opsched.model.onnx_import import import_onnx
+from opsched.model.saved import saved_tensors
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 

@@ -1,4 +1,4 @@
-"""opsched.solver (one home for MIP models and statuses) and how the planner treats crashes and bugs in its solves."""
+"""opsched.solving.solver (one home for MIP models and statuses) and how the planner treats crashes and bugs in its solves."""
 
 import faulthandler
 import os
@@ -6,15 +6,15 @@ import os
 import mip
 import pytest
 
-import opsched.planner as planner
-import opsched.solver as solver_module
+import opsched.plan.search as planner
+import opsched.solving.solver as solver_module
 from opsched.cli import main
-from opsched.cluster import Training, cluster_from_dict, preset
+from opsched.cost.cluster import Training, cluster_from_dict, preset
 from opsched.errors import OpschedError
-from opsched.graph import Block
+from opsched.model.graph import Block
 from opsched.lower import solve
 from opsched.schedule import chain_stage_graph, validate
-from opsched.solver import Objective, Status, new_model, require
+from opsched.solving.solver import Objective, Status, new_model, require
 from opsched.upper.layouts import Layout
 from opsched.upper.mip import solve_upper, upper_problem
 from conftest import SLOW_LINK_CLUSTER
@@ -51,7 +51,7 @@ def test_plan_with_a_missing_highs_exits_2_before_any_work(no_highs, tmp_path, c
     def no_import(*args, **kwargs):  # the check must come before the model is even read
         raise AssertionError("the model was imported before the solver was checked")
 
-    monkeypatch.setattr("opsched.onnx_import.import_onnx", no_import)
+    monkeypatch.setattr("opsched.model.onnx_import.import_onnx", no_import)
     out = tmp_path / "out"
     code = main(["plan", str(MODELS / "clip_vit_l14.onnx"), "--devices", "4", "--solver", "highs", "-o", str(out)])
     err = capsys.readouterr().err
@@ -156,7 +156,7 @@ def test_baselines_past_their_deadline_keep_what_they_found_and_say_what_was_not
     then stops; the other depths are not tried, and nothing left untried is called a refusal."""
     import networkx as nx
 
-    from opsched.contiguous import contiguous_baselines
+    from opsched.plan.contiguous import contiguous_baselines
 
     bg = nx.DiGraph(kind="BlockGraph")
     for i in range(8):

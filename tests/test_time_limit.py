@@ -20,12 +20,12 @@ import pytest
 from conftest import process_alive
 
 from opsched.baselines import baseline_orders
-from opsched.isolate import SolverCrash, TimedOut, run_isolated
+from opsched.solving.isolate import SolverCrash, TimedOut, run_isolated
 from opsched.lower import solve
 from opsched.lower.bounds import lower_bound
 from opsched.lower.jobs import JobSet, activation_budgets
 from opsched.schedule import chain_stage_graph, validate
-from opsched.solver import Status
+from opsched.solving.solver import Status
 
 #: the module (``opsched.lower.solve`` names the function there)
 solve_module = importlib.import_module("opsched.lower.solve")

@@ -5,10 +5,10 @@ import itertools
 import networkx as nx
 import pytest
 
-from opsched.cluster import Training, cluster_from_dict, preset
-from opsched.cost import Mode
+from opsched.cost.cluster import Training, cluster_from_dict, preset
+from opsched.cost.blocks import Mode
 from opsched.errors import OpschedError
-from opsched.graph import Block
+from opsched.model.graph import Block
 from opsched.upper.layouts import Layout, layouts
 from opsched.upper.mip import estimate, solve_upper, upper_problem
 from opsched.upper.stages import build_stage_graph
@@ -189,8 +189,8 @@ def _moe_layer_graph(layers=3, experts=4):
 
 
 def test_reduce_merges_experts_keeps_a_dag_and_conserves_costs():
-    from opsched.cost import expert_count
-    from opsched.graph import totals
+    from opsched.cost.blocks import expert_count
+    from opsched.model.graph import totals
     from opsched.upper.reduce import reduce_block_graph
 
     bg = _moe_layer_graph()

@@ -26,7 +26,7 @@ from opsched.lower.lns import better, evaluate
 from opsched.lower.solve import split_fused_backward
 from opsched.lower.warmup import deepen_warmup
 from opsched.schedule import Job, Schedule, chain_stage_graph, jobs_of, simulate, validate
-from opsched.solver import Objective
+from opsched.solving.solver import Objective
 
 
 def check_deepen(js: JobSet, budgets, order, objective: Objective) -> None:

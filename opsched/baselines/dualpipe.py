@@ -3,7 +3,7 @@
 With PP = D logical stages, device r holds logical stage r of the first copy
 (direction 0: microbatches 0 .. M/2-1 enter at device 0) and logical stage
 D-1-r of the second copy (direction 1: microbatches M/2 .. M-1 enter at
-device D-1); see :func:`opsched.baselines.placement.dual_graph` for the stage
+device D-1); see :func:`opsched.schedule.placement.dual_graph` for the stage
 ids. Each device runs the eight phases of
 :func:`opsched.baselines.dualpipev.eight_phases` with ``n = D/2`` positions,
 position ``h = min(r, D-1-r)`` and M/2 microbatches per chunk; chunk 0 is the
@@ -17,7 +17,7 @@ stage per device (the DualPipe README).
 
 from __future__ import annotations
 
-from opsched.baselines import placement
+from opsched.schedule import placement
 from opsched.baselines.common import Counters
 from opsched.baselines.dualpipev import eight_phases
 from opsched.errors import Unsupported

@@ -12,7 +12,7 @@ Activations: at most D+1 microbatches of a chunk-pair per device.
 
 from __future__ import annotations
 
-from opsched.baselines import placement
+from opsched.schedule import placement
 from opsched.baselines.common import Counters, check_microbatches
 from opsched.baselines import zb_v
 from opsched.schedule import Action, Job, Order, Pair, StageGraph, v_stages

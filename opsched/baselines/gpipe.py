@@ -10,7 +10,7 @@ Activations: a device holds every microbatch at the end of its forwards (M).
 
 from __future__ import annotations
 
-from opsched.baselines import placement
+from opsched.schedule import placement
 from opsched.baselines.common import check_microbatches
 from opsched.schedule import Job, Order, StageGraph
 

@@ -25,7 +25,7 @@ M divisible by ``rounds``.
 
 from __future__ import annotations
 
-from opsched.baselines import placement
+from opsched.schedule import placement
 from opsched.baselines.common import Counters, check_microbatches
 from opsched.errors import Unsupported
 from opsched.schedule import Job, Order, StageGraph

@@ -12,7 +12,7 @@ Activations: stage s holds at most min(P-s, M) microbatches.
 
 from __future__ import annotations
 
-from opsched.baselines import placement
+from opsched.schedule import placement
 from opsched.baselines.common import check_microbatches
 from opsched.schedule import Job, Order, StageGraph
 

@@ -17,7 +17,7 @@ Activations: like 1F1B, at most P microbatches (part of each held until W).
 
 from __future__ import annotations
 
-from opsched.baselines import placement
+from opsched.schedule import placement
 from opsched.baselines.common import check_microbatches
 from opsched.baselines.interleaved import device_actions
 from opsched.schedule import Order, StageGraph

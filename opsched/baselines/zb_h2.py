@@ -25,7 +25,7 @@ microbatches >= 1.
 
 from __future__ import annotations
 
-from opsched.baselines import placement
+from opsched.schedule import placement
 from opsched.baselines.common import check_microbatches
 from opsched.schedule import Job, Order, StageGraph
 

@@ -23,7 +23,7 @@ Preconditions: 2D stages in the V placement, microbatches >= 1.
 
 from __future__ import annotations
 
-from opsched.baselines import placement
+from opsched.schedule import placement
 from opsched.baselines.common import Counters, check_microbatches
 from opsched.schedule import Job, Order, StageGraph, v_device, v_stages
 

@@ -156,7 +156,7 @@ BARE_BYTES_AT_LEAST = 2**20
 
 
 def byte_size(text: str) -> float:
-    """A memory size such as ``80GiB``, ``80GB`` or ``8e10`` (see :func:`opsched.cluster.parse_bytes`).
+    """A memory size such as ``80GiB``, ``80GB`` or ``8e10`` (see :func:`opsched.cost.cluster.parse_bytes`).
 
     A bare number is bytes, so one below a MiB (no model trains in that) is
     refused as a forgotten unit:
@@ -168,7 +168,7 @@ def byte_size(text: str) -> float:
     ...
     argparse.ArgumentTypeError: 80 without a unit is 80 bytes; did you mean 80GiB? (write a unit: GiB, GB, MiB; or all the bytes, e.g. 8e10)
     """
-    from opsched.cluster import parse_bytes
+    from opsched.cost.cluster import parse_bytes
 
     try:
         value = parse_bytes(text)
@@ -184,12 +184,12 @@ def byte_size(text: str) -> float:
 
 
 def dimension(text: str) -> dict[str, int]:
-    """One ``NAME=VALUE`` symbolic dimension with a positive value (see :func:`opsched.onnx_import.parse_dim`).
+    """One ``NAME=VALUE`` symbolic dimension with a positive value (see :func:`opsched.model.onnx_import.parse_dim`).
 
     >>> dimension("seq=4096")
     {'seq': 4096}
     """
-    from opsched.onnx_import import parse_dim
+    from opsched.model.onnx_import import parse_dim
 
     try:
         return parse_dim(text, source="--dim")
@@ -212,7 +212,7 @@ def merged_dims(items: list[dict[str, int]]) -> dict[str, int]:
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     """``--devices N`` and the machine, ``--cluster FILE`` or ``--preset NAME`` (one of them), as plan and evaluate take them.
 
-    :func:`opsched.cluster.resolve_cluster` turns the three into a cluster.
+    :func:`opsched.cost.cluster.resolve_cluster` turns the three into a cluster.
     """
     parser.add_argument("--devices", type=device_count, metavar="N",
                         help=f"number of devices, at most {MAX_DEVICES:,} (default: the cluster file's)")
@@ -222,9 +222,9 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_optimizer_state_argument(parser: argparse.ArgumentParser, auto: bool = False) -> None:
-    """``--optimizer-state fp32|bf16`` as evaluate takes it (:data:`opsched.cluster.OPTIMIZER_STATE_BYTES`); with
+    """``--optimizer-state fp32|bf16`` as evaluate takes it (:data:`opsched.cost.cluster.OPTIMIZER_STATE_BYTES`); with
     ``auto``, plan's ``fp32|bf16|auto`` (default auto: FP32, and BF16 only when nothing fits in FP32)."""
-    from opsched.cluster import OPTIMIZER_STATE_BYTES
+    from opsched.cost.cluster import OPTIMIZER_STATE_BYTES
 
     parser.add_argument("--optimizer-state", choices=(*OPTIMIZER_STATE_BYTES, *(("auto",) if auto else ())),
                         default="auto" if auto else "fp32",

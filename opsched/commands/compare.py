@@ -42,9 +42,9 @@ from opsched.commands.args import (
     stage_count,
 )
 from opsched.errors import OpschedError, Unsupported
-from opsched.isolate import SolverCrash
-from opsched.placements import CHOICES as PLACEMENT_CHOICES
-from opsched.solver import SOLVERS, Objective, Status, require
+from opsched.solving.isolate import SolverCrash
+from opsched.plan.placements import CHOICES as PLACEMENT_CHOICES
+from opsched.solving.solver import SOLVERS, Objective, Status, require
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ def run_method(name: str, sg, microbatches: int, limit: float | None, args):
     if name == "mip":
         schedule, extra = run_mip(sg, microbatches, limit, args)
     else:
-        from opsched.baselines.placement import is_chain, linearize, on_group_devices, onto_groups
+        from opsched.schedule.placement import is_chain, linearize, on_group_devices, onto_groups
 
         comm = max((e.time for e in sg.edges), default=0.0)
         # stages on device groups: each group is one pseudo-device for the baselines
@@ -212,10 +212,11 @@ def run_method(name: str, sg, microbatches: int, limit: float | None, args):
 
 def run_mip(sg, microbatches: int, limit: float | None, args) -> tuple:
     """(schedule, extra row fields) of the MIP over the placements ``--placement`` names, at memory ``limit``."""
-    from opsched import isolate, lower
+    from opsched import lower
+    from opsched.solving import isolate
     from opsched.lower.placements import solve_placements
     from opsched.lower.solve import thin_pairs
-    from opsched.placements import candidates
+    from opsched.plan.placements import candidates
 
     # with --plan the plan's own placement is tried too (first): it may branch or use device groups
     tries = candidates(sg, microbatches, args.placement, as_given=bool(args.plan))
@@ -260,7 +261,7 @@ def placement_text(placement: str, sg) -> str:
     'chain, stage k on device k (4 stages)'
     """
     from opsched.baselines import PLACEMENTS
-    from opsched.placements import AS_GIVEN
+    from opsched.plan.placements import AS_GIVEN
 
     key = "dual" if placement == "bidirectional" else placement
     return f"{PLACEMENTS.get(key, AS_GIVEN)} ({len(sg.stages)} stages)"

@@ -74,11 +74,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from opsched.cluster import Training, resolve_cluster
-    from opsched.coarsen import coarsen
+    from opsched.cost.cluster import Training, resolve_cluster
+    from opsched.model.coarsen import coarsen
     from opsched.errors import OpschedError
-    from opsched.evaluate import ParallelLayout, evaluate_layout
-    from opsched.onnx_import import import_onnx
+    from opsched.plan.layouts import ParallelLayout, evaluate_layout
+    from opsched.model.onnx_import import import_onnx
 
     cluster = resolve_cluster(args.devices, args.cluster, args.preset)
     # a malformed layout, or one that does not match the devices, fails before the import

@@ -53,9 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def summarise(path: str, dims: dict[str, int] | None = None, capacity_factor: float = 1.0,
               depth: int | None = None, blocks: int | None = None) -> dict:
     """The inspect summary of one model as a plain dict (what ``--json`` prints)."""
-    from opsched.coarsen import coarsen, parallel_branches
-    from opsched.graph import totals
-    from opsched.onnx_import import import_onnx, routing_assumptions
+    from opsched.model.coarsen import coarsen, parallel_branches
+    from opsched.model.graph import totals
+    from opsched.model.onnx_import import import_onnx, routing_assumptions
 
     g = import_onnx(path, dims=dims, capacity_factor=capacity_factor)
     bg = coarsen(g, depth=depth, target_blocks=blocks)

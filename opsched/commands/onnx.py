@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from opsched.hf_onnx import DTYPES
+    from opsched.model.hf_onnx import DTYPES
 
     parser.add_argument("--hf-config", required=True, metavar="CONFIG.json",
                         help="a Hugging Face model config (config.json: model_type and sizes)")
@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from opsched.hf_onnx import HfExportRequest, export_hf_config
+    from opsched.model.hf_onnx import HfExportRequest, export_hf_config
 
     request = HfExportRequest(config_path=args.hf_config, output=args.output, seq_len=args.seq_len,
                               batch=args.batch, dtype=args.dtype)

@@ -89,11 +89,11 @@ from opsched.commands.args import (
     positive_float,
     positive_int,
 )
-from opsched.cluster import ATTENTION_MODES
+from opsched.cost.cluster import ATTENTION_MODES
 from opsched.errors import MemoryTooSmall
 from opsched.export.runtimes import RUNTIMES
-from opsched.planner import GLOSSARY
-from opsched.solver import SOLVERS
+from opsched.plan.search import GLOSSARY
+from opsched.solving.solver import SOLVERS
 from opsched.upper.layouts import NOTATION
 
 #: after the options in `opsched plan --help`: how to read the layouts and words the output uses
@@ -187,13 +187,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from opsched.cluster import Training, resolve_cluster
-    from opsched.coarsen import coarsen
+    from opsched.cost.cluster import Training, resolve_cluster
+    from opsched.model.coarsen import coarsen
     from opsched.errors import OpschedError
     from opsched.export.runtimes import verdicts
     from opsched.fileio import check_output_dir
-    from opsched.onnx_import import import_onnx, routing_assumptions
-    from opsched.solver import require
+    from opsched.model.onnx_import import import_onnx, routing_assumptions
+    from opsched.solving.solver import require
     from opsched.units import bytes_text, plural
     from opsched.upper.layouts import layouts
 
@@ -306,8 +306,8 @@ def plan_with_optimizer_state(args: argparse.Namespace, bg, cluster, training, l
                               dims: dict, global_batch: int | None, warnings: list[str]):
     """:func:`plan_with_recompute` with the Megatron-style layouts (with a global batch), and with ``--optimizer-state
     auto`` once more with Adam's state in BF16 when nothing fits in FP32 and something does in BF16 (a sentence in
-    ``warnings`` says so); (training as planned, :class:`opsched.planner.PlanResult`)."""
-    from opsched.cluster import OPTIMIZER_STATE_BYTES
+    ``warnings`` says so); (training as planned, :class:`opsched.plan.search.PlanResult`)."""
+    from opsched.cost.cluster import OPTIMIZER_STATE_BYTES
     from opsched.units import plain
 
     def layouts_today(training) -> list:  # within its share of the time left
@@ -336,20 +336,20 @@ def plan_with_optimizer_state(args: argparse.Namespace, bg, cluster, training, l
 
 def plan_with_recompute(args: argparse.Namespace, bg, cluster, training, limit: float, deadline: float, today: list,
                         searched: bool):
-    """(training as planned, :class:`opsched.planner.PlanResult`): the planner's search, once more with full
+    """(training as planned, :class:`opsched.plan.search.PlanResult`): the planner's search, once more with full
     recomputation when nothing fits without it and ``--recompute auto``; for ``--runtime R`` only plans R can run,
     and :class:`NoRunnablePlan` says why none can, and how to widen the search. ``today``: the Megatron-style
     layouts found (``searched``: whether they were looked for)."""
     from opsched.errors import MemoryTooSmall, NoRunnablePlan, OpschedError
-    from opsched.isolate import usable_cores
-    from opsched.planner import plan_block_graph
+    from opsched.solving.isolate import usable_cores
+    from opsched.plan.search import plan_block_graph
     from opsched.units import seconds_text
 
     runtime = None if args.runtime == "any" else args.runtime
     plan = functools.partial(plan_block_graph, bg, cluster, memory_limit=limit, time_limit=args.time_limit,
                              solver=args.solver, layouts_run_today=today, runtime=runtime,
                              workers=args.jobs or usable_cores())
-    # the planner logs its own progress (opsched.planner)
+    # the planner logs its own progress (opsched.plan.search)
     try:
         try:
             return training, plan(training, deadline=deadline)
@@ -384,8 +384,8 @@ class StateInBf16Fits(MemoryTooSmall):
 def with_optimizer_state_hint(exc, bg, cluster, training, limit: float, solver: str):
     """``exc`` (a :class:`opsched.errors.MemoryTooSmall`), as :class:`StateInBf16Fits` whose line ends with the memory
     Adam's state in BF16 would need when that fits in ``limit`` and the plan kept it in FP32; else ``exc`` itself."""
-    from opsched.cluster import OPTIMIZER_STATE_BYTES
-    from opsched.planner import smallest_memory
+    from opsched.cost.cluster import OPTIMIZER_STATE_BYTES
+    from opsched.plan.search import smallest_memory
     from opsched.units import bytes_text, plain
 
     if training.optimizer_state != "fp32":
@@ -437,7 +437,7 @@ def runtimes_fields(runtimes: dict[str, str | None]) -> dict:
 
 def megatron_layouts(args: argparse.Namespace, dims: dict[str, int], cluster, training, limit: float,
                      global_batch: int, deadline: float | None = None) -> list:
-    """The fastest Megatron-style layout that fits (:func:`opsched.evaluate.search_layouts`) as a baseline row;
+    """The fastest Megatron-style layout that fits (:func:`opsched.plan.layouts.search_layouts`) as a baseline row;
     with ``--runtime R``, the fastest R can run (:func:`opsched.export.runtimes.refusal`).
 
     The model is imported again with one sequence per microbatch (Megatron's
@@ -446,10 +446,10 @@ def megatron_layouts(args: argparse.Namespace, dims: dict[str, int], cluster, tr
     with like. Empty when no such layout fits. Past ``deadline`` the layouts
     not yet evaluated are skipped.
     """
-    from opsched.coarsen import coarsen
-    from opsched.evaluate import RECOMPUTE_SEARCH, search_layouts
+    from opsched.model.coarsen import coarsen
+    from opsched.plan.layouts import RECOMPUTE_SEARCH, search_layouts
     from opsched.export.runtimes import layout_fields, refusal
-    from opsched.onnx_import import import_onnx
+    from opsched.model.onnx_import import import_onnx
     from opsched.units import seconds_text
 
     t0 = time.perf_counter()
@@ -512,10 +512,10 @@ def plan_warnings(result, training, cluster) -> list[str]:
 
 
 def layout_row(e, bg, cluster, t0: float):
-    """A Megatron-style layout's :class:`opsched.evaluate.Evaluation` as a baseline row: its schedule on the real
+    """A Megatron-style layout's :class:`opsched.plan.layouts.Evaluation` as a baseline row: its schedule on the real
     devices, what each stage holds, one sequence per data-parallel replica, its own recomputation."""
-    from opsched.contiguous import Baseline, on_real_devices
-    from opsched.cost import Mode, expert_count
+    from opsched.plan.contiguous import Baseline, on_real_devices
+    from opsched.cost.blocks import Mode, expert_count
     from opsched.schedule import metrics
     from opsched.upper.layouts import Layout
     from opsched.upper.stages import stage_contents
@@ -549,7 +549,7 @@ def split_sequences(result, training) -> list[str]:
     """
     if training.whole_sequences:
         return []
-    from opsched.cost import Mode
+    from opsched.cost.blocks import Mode
 
     modes = {m for contents in result.stage_contents.values() for m in contents.modes}
     return sorted(m for m in modes if Mode.parse(m).dp > result.microbatch_size)

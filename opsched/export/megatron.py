@@ -23,7 +23,7 @@ inside the distributed optimizer), and an interleaved plan whose
 microbatches are not a multiple of pp (Megatron's interleaved schedule runs
 them in groups of pp, ``microbatch_group_size_per_vp_stage``).
 
->>> from opsched.evaluate import ParallelLayout
+>>> from opsched.plan.layouts import ParallelLayout
 >>> from opsched.export.plan_layout import PlanLayout
 >>> lay = PlanLayout(ParallelLayout(tp=2, pp=2, dp=2, sp=True, zero=1), "chain", "tp2.dp2", "model.layers", (15, 17),
 ...                  (("model.layers.0",), ("model.layers.1",)), 2, 8, 32, 4096, "1f1b", 8)
@@ -132,7 +132,7 @@ def megatron_args(layout: PlanLayout) -> list[MegatronArg]:
 
 def _optimizer_precision(state: str) -> list[MegatronArg]:
     """The precision-aware optimizer's flags for Adam's state in ``state`` (none for FP32, Megatron's default):
-    the bytes per parameter the plan was costed with (opsched.cluster.OPTIMIZER_STATE_BYTES).
+    the bytes per parameter the plan was costed with (opsched.cost.cluster.OPTIMIZER_STATE_BYTES).
 
     >>> [" ".join(a.words()) for a in _optimizer_precision("bf16")][1:3]
     ['--main-grads-dtype bf16', '--main-params-dtype fp32']

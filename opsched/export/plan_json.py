@@ -32,7 +32,7 @@ from typing import Any
 
 from opsched.errors import OpschedError
 from opsched.fileio import write_text
-from opsched.overlap import STREAM_NAMES, PassStreams, StreamOp
+from opsched.cost.overlap import STREAM_NAMES, PassStreams, StreamOp
 from opsched.schedule import PASSES, Edge, Event, Metrics, Schedule, Stage, StageGraph
 from opsched.schedule import metrics as schedule_metrics
 from opsched.schedule import validate as validate_schedule

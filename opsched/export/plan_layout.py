@@ -9,7 +9,7 @@ reason (their own limits stay in their modules). From plan.json:
   (:func:`opsched.export.torch_csv.check_expressible`, the rule torch's
   runtime has too), on ``pp`` device groups of equal size; pipeline rank r is
   group r, devices ``r·k .. r·k + k - 1`` (tp innermost, then cp, then dp,
-  pp outermost: :class:`opsched.evaluate.ParallelLayout`'s rank order); stage c
+  pp outermost: :class:`opsched.plan.layouts.ParallelLayout`'s rank order); stage c
   sits on rank ``c mod pp`` (a chain, or interleaved with ``vpp = stages /
   pp``) or in a V (two stages per rank, Zero Bubble V / DualPipeV), read
   with :class:`opsched.upper.layouts.Layout`;
@@ -53,10 +53,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from opsched.cluster import ATTENTION_MODES, OPTIMIZER_STATE_BYTES
-from opsched.cost import Mode
+from opsched.cost.cluster import ATTENTION_MODES, OPTIMIZER_STATE_BYTES
+from opsched.cost.blocks import Mode
 from opsched.errors import OpschedError
-from opsched.evaluate import RECOMPUTE, ParallelLayout
+from opsched.plan.layouts import RECOMPUTE, ParallelLayout
 from opsched.export.torch_csv import check_expressible
 from opsched.schedule import Schedule, StageGraph
 from opsched.units import plural
@@ -88,7 +88,7 @@ class PlanLayout:
     seq_len: int | None  # the model's seq dim as planned, None when the plan does not say
     method: str  # what made the plan's order: a baseline's name, mip, ...
     devices: int
-    optimizer_state: str = "fp32"  # precision of Adam's state (opsched.cluster.OPTIMIZER_STATE_BYTES)
+    optimizer_state: str = "fp32"  # precision of Adam's state (opsched.cost.cluster.OPTIMIZER_STATE_BYTES)
 
     @property
     def num_layers(self) -> int:

@@ -49,7 +49,7 @@ import heapq
 from collections import deque
 from typing import Mapping
 
-from opsched.baselines.placement import on_group_devices
+from opsched.schedule.placement import on_group_devices
 from opsched.errors import Unsupported
 from opsched.lower.jobs import JobSet, noise
 from opsched.schedule import Action, Job, Order, Pair, jobs_of, pair_duration

@@ -52,7 +52,7 @@ from opsched.lower.timeindexed import (
     starts_to_order,
 )
 from opsched.schedule import Order, Pair, StageGraph, simulate
-from opsched.solver import Objective
+from opsched.solving.solver import Objective
 
 
 #: a sub-MIP of the search stops after this many seconds by default (a clock cap; the node limit is the budget)

@@ -4,7 +4,7 @@ A placement is a way the same chain of work sits on the devices (the chain,
 the V, interleaved chunks, DualPipe's two copies); the caller builds each
 one's StageGraph and warm orders (the lower level knows no hand-written
 schedule: ``opsched compare`` uses
-:func:`opsched.placements.candidates`) and :func:`solve_placements` runs
+:func:`opsched.plan.placements.candidates`) and :func:`solve_placements` runs
 :func:`opsched.lower.solve` on each, in the order given, at the same memory
 limit. The schedule with the lowest objective wins (ties keep the earliest).
 
@@ -58,7 +58,7 @@ from opsched.errors import MemoryTooSmall, OpschedError
 from opsched.lower.jobs import noise
 from opsched.lower.solve import LowerResult, Prospect, prospect, solve, thin_pairs
 from opsched.schedule import Order, StageGraph
-from opsched.solver import Status
+from opsched.solving.solver import Status
 
 log = logging.getLogger(__name__)
 

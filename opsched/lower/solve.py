@@ -17,7 +17,7 @@ Pipeline of the solve (each step is anytime; the best order so far is kept):
    pairs it does not need for its makespan parted (:mod:`opsched.lower.parting`),
    and validated.
 
-Steps 3 to 5 run in a watched child process (:func:`opsched.isolate.run_isolated`)
+Steps 3 to 5 run in a watched child process (:func:`opsched.solving.isolate.run_isolated`)
 that sends every new best order and every raised bound here as it finds
 them. The time limit is a hard limit on the whole solve: at its deadline the
 child is stopped, and the result is built from the last order it sent. A
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 from opsched.errors import Deadlock, OpschedError
-from opsched.isolate import SolverCrash, TimedOut, run_isolated
+from opsched.solving.isolate import SolverCrash, TimedOut, run_isolated
 from opsched.lower.bounds import lower_bound as combinatorial_bound
 from opsched.lower.bounds import own_orders_hold_every_schedule, span_lower_bound
 from opsched.lower.jobs import JobSet, activation_budgets, check_memory_limit, noise, order_fits
@@ -68,7 +68,7 @@ from opsched.lower.timeindexed import (
     starts_to_order,
 )
 from opsched.schedule import Job, Order, Pair, Schedule, StageGraph, jobs_of, simulate, validate
-from opsched.solver import Objective, Status, objective_of, require
+from opsched.solving.solver import Objective, Status, objective_of, require
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ class _News:
 class _Search:
     """The state of one :func:`solve`'s search process: the problem, the best order, its bounds, the work done.
 
-    ``report`` sends :class:`_News` to the solve (:func:`opsched.isolate.run_isolated`'s ``report``).
+    ``report`` sends :class:`_News` to the solve (:func:`opsched.solving.isolate.run_isolated`'s ``report``).
     """
 
     js: JobSet

@@ -39,7 +39,7 @@ import mip
 
 from opsched.lower.jobs import PAIRED_BACKWARDS, JobSet, topological_order
 from opsched.schedule import Action, Edge, Job, Pair, Stage, StageGraph, pair_duration
-from opsched.solver import Objective, Status, collector_paused, new_model
+from opsched.solving.solver import Objective, Status, collector_paused, new_model
 
 
 class HorizonTooShort(Exception):

@@ -43,7 +43,7 @@ from opsched.lower.jobs import JobSet, order_fits
 from opsched.lower.lns import Incumbent, better, timed_incumbent
 from opsched.errors import Deadlock
 from opsched.schedule import Job, Order, jobs_of, simulate
-from opsched.solver import Objective
+from opsched.solving.solver import Objective
 
 #: simulations one deepening may spend (each tries one move; the grid's V needs 7-20)
 DEEPEN_SIMULATIONS = 64

@@ -246,7 +246,7 @@ def clip_spec_for_plan(config_path: str, data: dict, config, plan: dict, stages:
     from transformers import AutoModel
 
     from opsched.export.plan_layout import stack_splits
-    from opsched.hf_onnx import _forward_module
+    from opsched.model.hf_onnx import _forward_module
 
     if config.model_type != "clip":
         raise OpschedError(f"--hf-config {config_path}: `opsched run --hf-config` runs causal language models and "

@@ -148,7 +148,7 @@ def hf_spec_for_plan(config_path: str, plan: dict, stages: int, dtype: str = "fl
     causal language model of the supported shape (or CLIP), and the plan's
     module paths name its layers (see :func:`opsched.export.plan_layout.layer_split`).
     """
-    from opsched.hf_onnx import _forward_module, _model_kind, read_config_json
+    from opsched.model.hf_onnx import _forward_module, _model_kind, read_config_json
 
     try:
         import transformers  # noqa: F401  (asked here so the message names this command)

@@ -51,8 +51,8 @@ def shallow_copy(module: nn.Module) -> nn.Module:
 
 
 def build_hf_config(data: dict, path: str = "(config)"):
-    """The transformers config of a config.json's object (its rules: :mod:`opsched.hf_onnx`), for training."""
-    from opsched.hf_onnx import _build_config, _import_backends
+    """The transformers config of a config.json's object (its rules: :mod:`opsched.model.hf_onnx`), for training."""
+    from opsched.model.hf_onnx import _build_config, _import_backends
 
     _torch, transformers = _import_backends()
     config = _build_config(data, path, transformers)

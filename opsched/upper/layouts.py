@@ -25,8 +25,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from opsched.cluster import Cluster
-from opsched.cost import Mode, divisors
+from opsched.cost.cluster import Cluster
+from opsched.cost.blocks import Mode, divisors
 from opsched.errors import OpschedError
 from opsched.schedule import v_device
 
@@ -84,7 +84,7 @@ def layouts(cluster: Cluster, max_virtual: int = 2) -> list[Layout]:
     devices per node or is a whole number of nodes. Raises
     :class:`OpschedError` when the devices do not fill whole nodes.
 
-    >>> from opsched.cluster import preset
+    >>> from opsched.cost.cluster import preset
     >>> [str(l) for l in layouts(preset("h100-sxm", 2))]
     ['1x2', '2x1', '2x1 v v=2', '2x1 interleaved v=2']
     """

@@ -13,8 +13,8 @@ bytes, ``sync[b,g,m]`` its gradient all-reduce per step; ``n(s) = min(M, S - s)`
 microbatches in flight at slot ``s``.
 
 >>> import networkx as nx
->>> from opsched.graph import Block
->>> from opsched.cluster import preset, Training
+>>> from opsched.model.graph import Block
+>>> from opsched.cost.cluster import preset, Training
 >>> from opsched.upper.layouts import Layout
 >>> bg = nx.DiGraph(kind="BlockGraph")
 >>> for i in range(4):
@@ -37,10 +37,10 @@ from dataclasses import dataclass, field, replace
 import mip
 import networkx as nx
 
-from opsched.cluster import Cluster, Training
-from opsched.cost import BlockCost, Mode, block_cost, modes_for
+from opsched.cost.cluster import Cluster, Training
+from opsched.cost.blocks import BlockCost, Mode, block_cost, modes_for
 from opsched.errors import OpschedError
-from opsched.solver import Status, new_model
+from opsched.solving.solver import Status, new_model
 from opsched.units import bytes_text
 from opsched.upper.layouts import Layout
 
@@ -117,8 +117,8 @@ class CostTable:
     per group of every layout.
 
     >>> import networkx as nx
-    >>> from opsched.graph import Block
-    >>> from opsched.cluster import preset, Training
+    >>> from opsched.model.graph import Block
+    >>> from opsched.cost.cluster import preset, Training
     >>> bg = nx.DiGraph(kind="BlockGraph")
     >>> bg.add_node(0, block=Block(0, "mlp", (), (), flops=1e12, param_count=10**6))
     >>> table = CostTable(bg, preset("h100-sxm", 16), Training())
@@ -136,7 +136,7 @@ class CostTable:
         return len(devices), devices[0] % self.cluster.devices_per_node
 
     def cost(self, b: int, mode: Mode, devices: tuple[int, ...]) -> BlockCost:
-        """:func:`opsched.cost.block_cost` of block ``b`` under ``mode`` on ``devices`` (consecutive)."""
+        """:func:`opsched.cost.blocks.block_cost` of block ``b`` under ``mode`` on ``devices`` (consecutive)."""
         key = (b, mode, *self.shape(devices))
         if key not in self._costs:
             if b not in self._extra:
@@ -206,8 +206,8 @@ class GroupCosts(Mapping):
     for every group, in memory that does not grow with the device count.
 
     >>> import networkx as nx
-    >>> from opsched.graph import Block
-    >>> from opsched.cluster import preset, Training
+    >>> from opsched.model.graph import Block
+    >>> from opsched.cost.cluster import preset, Training
     >>> bg = nx.DiGraph(kind="BlockGraph")
     >>> bg.add_node(0, block=Block(0, "mlp", (), (), flops=1e12, param_count=10**6))
     >>> table = CostTable(bg, preset("h100-sxm", 4096), Training())
@@ -244,7 +244,7 @@ class SlotLinks:
     Found once per pair of groups, and only for the pairs asked about: a
     layout of S slots has S²/2 pairs, most of which no block edge joins.
 
-    >>> from opsched.cluster import preset
+    >>> from opsched.cost.cluster import preset
     >>> links = SlotLinks(Layout(16, 4, 2, "v"), preset("h100-sxm", 16))
     >>> links.rate(0, 7), links.rate(0, 1) == 1 / preset("h100-sxm").intra_node_bandwidth
     (0.0, True)

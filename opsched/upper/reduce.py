@@ -15,7 +15,7 @@ graph a DAG and conserve every cost exactly:
    branches (the towers of a two-tower model) stay apart: they only get shorter.
 
 >>> import networkx as nx
->>> from opsched.graph import Block
+>>> from opsched.model.graph import Block
 >>> g = nx.DiGraph(kind="BlockGraph")
 >>> g.add_node(0, block=Block(0, "attn", ("l0",), ("l0/attn",), flops=4.0))
 >>> for i in (1, 2, 3):
@@ -35,8 +35,8 @@ from collections import defaultdict
 
 import networkx as nx
 
-from opsched.cost import expert_count
-from opsched.graph import COST_FIELDS, Block, common_scope
+from opsched.cost.blocks import expert_count
+from opsched.model.graph import COST_FIELDS, Block, common_scope
 from opsched.upper.stages import layer_path
 
 

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
-from opsched.cost import Mode, stage_streams
+from opsched.cost.blocks import Mode, stage_streams
 from opsched.errors import OpschedError
 from opsched.schedule import Edge, Stage, StageGraph
 from opsched.upper.mip import Assignment, UpperProblem
@@ -36,9 +36,9 @@ def build_stage_graph(p: UpperProblem, assignment: Assignment) -> StagePlan:
     """The StageGraph of an assignment (see the module docstring).
 
     >>> import networkx as nx
-    >>> from opsched.graph import Block
-    >>> from opsched.cluster import preset, Training
-    >>> from opsched.cost import Mode
+    >>> from opsched.model.graph import Block
+    >>> from opsched.cost.cluster import preset, Training
+    >>> from opsched.cost.blocks import Mode
     >>> from opsched.upper.layouts import Layout
     >>> from opsched.upper.mip import upper_problem
     >>> bg = nx.DiGraph(kind="BlockGraph")

@@ -13,7 +13,7 @@ One module, one set of formulas (written out in ``docs/cost-model.md``):
   its input per microbatch and runs its forward again before I;
   ``selective``, its attention core's forward runs again before I;
 * **activations** stored: what the block's operators keep for the backward
-  (:mod:`opsched.saved`), split over the mode's devices; without sequence
+  (:mod:`opsched.model.saved`), split over the mode's devices; without sequence
   parallelism the norms' inputs and outputs are held whole by every
   tensor-parallel rank (:func:`stored_activation_bytes`);
 * **context parallelism**: ring attention's K/V exchange, overlapped with the
@@ -26,7 +26,7 @@ One module, one set of formulas (written out in ``docs/cost-model.md``):
   ``(k-1)α + (k-1)/k · n/β``;
 * **transfer** of ``n`` bytes between groups: ``α + n/β`` (0 on the same group).
 
->>> from opsched.cluster import preset
+>>> from opsched.cost.cluster import preset
 >>> c = preset("h100-sxm")
 >>> roofline_time(989e12 * 0.5, 0.0, c, "bf16")
 1.0
@@ -41,10 +41,10 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from opsched.cluster import DTYPE_BYTES, Cluster, Training, attention_dtype
+from opsched.cost.cluster import DTYPE_BYTES, Cluster, Training, attention_dtype
 from opsched.errors import OpschedError
-from opsched.graph import Block
-from opsched.overlap import COMM, COMPUTE, PassStreams, StreamOp, compact
+from opsched.model.graph import Block
+from opsched.cost.overlap import COMM, COMPUTE, PassStreams, StreamOp, compact
 
 
 @dataclass(frozen=True, order=True)
@@ -58,7 +58,7 @@ class Mode:
     all-to-all); ``cp``: context-parallel degree (each sequence split over cp
     ranks that pass keys and values round a ring). The planner's own modes
     have ``cp = 1``; a Megatron-style layout with context parallelism
-    (:mod:`opsched.evaluate`, which costs it) names its blocks' mode with
+    (:mod:`opsched.plan.layouts`, which costs it) names its blocks' mode with
     ``cp`` so that plan.json carries it (``tp2.cp2.dp2``: Megatron's rank
     order, tp innermost, then cp, then dp).
 
@@ -183,8 +183,8 @@ def stage_streams(costs: Sequence[BlockCost], before: float = 0.0) -> PassStream
     """The stream operations of a stage running ``costs``' blocks in order (backwards in reverse).
 
     ``before``: communication ahead of F and of I (ZeRO-3's weight
-    all-gather). Chains longer than :data:`opsched.overlap.STORED_OPS`
-    operations are compacted (:func:`opsched.overlap.compact`).
+    all-gather). Chains longer than :data:`opsched.cost.overlap.STORED_OPS`
+    operations are compacted (:func:`opsched.cost.overlap.compact`).
     """
     return joined_streams([c.streams() for c in costs], before)
 
@@ -278,12 +278,12 @@ def compute_time(block: Block, share: int, cluster: Cluster, dtype: str, attenti
     costs the block as one roofline at its efficiency, and so does a block
     whose operators carry no kind (a hand-made Block).
     Either way, matrix multiplies are charged their tile-padded FLOPs
-    (:mod:`opsched.gemm`), and attention runs at the BF16 rate under FP8
-    (:meth:`opsched.cluster.Cluster.attention_flops_per_second`). With
+    (:mod:`opsched.model.gemm`), and attention runs at the BF16 rate under FP8
+    (:meth:`opsched.cost.cluster.Cluster.attention_flops_per_second`). With
     ``attention="unfused"``, a fused ``Attention`` op is costed as the
     unfused kernels it stands for instead (:func:`unfused_attention_time`).
 
-    >>> from opsched.cluster import cluster_from_dict, preset
+    >>> from opsched.cost.cluster import cluster_from_dict, preset
     >>> c = cluster_from_dict({"preset": "h100-sxm", "devices": 8, "matmul_efficiency": {"bf16": 0.801}})
     >>> b = Block(0, "mlp", (), (), flops=2 * 792.1e12, matmul_flops=792.1e12)
     >>> round(compute_time(b, 1, c, "bf16"), 3)   # 1 s of matmul at 0.801 of 989e12, 792.1e12 FLOPs at 0.5
@@ -336,7 +336,7 @@ def unfused_attention_time(block: Block, share: int, cluster: Cluster, dtype: st
     plus the op's own inputs and output) are one roofline at the memory
     efficiency. The backward, as for every operator, costs the forward twice.
 
-    >>> from opsched.cluster import preset
+    >>> from opsched.cost.cluster import preset
     >>> c = preset("a100-80g")
     >>> b = Block(0, "attn", (), (), flops=8.0, attention_flops=8.0, attention_scores=1e9,
     ...           attention_gemm_padded_flops=0.0)
@@ -366,7 +366,7 @@ def unfused_kept_score_bytes(block: Block, dtype: str) -> float:
 def tensor_parallel_bytes(block: Block, token_bytes: float | None = None) -> float:
     """Bytes the block's tensor-parallel all-reduces move per microbatch (in F, and again in I).
 
-    The outputs of its row-parallel layers (:attr:`opsched.graph.OpNode.tp_comm_bytes`:
+    The outputs of its row-parallel layers (:attr:`opsched.model.graph.OpNode.tp_comm_bytes`:
     attention's output projection, the MLP's down projection, the embedding);
     an expert block without one (its output is merged by routing, not by a
     residual Add) reduces the tokens it receives, ``token_bytes``.
@@ -453,7 +453,7 @@ def block_cost(
     the block's output bytes, an upper bound), over the ``moe_layers`` MoE
     layers the block holds, each of which dispatches and combines once.
 
-    >>> from opsched.cluster import preset, Training
+    >>> from opsched.cost.cluster import preset, Training
     >>> c, t = preset("h100-sxm"), Training()
     >>> b = Block(0, "mlp", (), (), flops=989e12, param_count=1000)
     >>> block_cost(b, Mode(), (0,), c, t).F
@@ -461,8 +461,8 @@ def block_cost(
     """
     if mode.size != len(devices):
         raise OpschedError(f"mode {mode} needs {mode.size} devices, the group has {len(devices)}")
-    if mode.cp > 1:  # its K/V ring is costed per layout, by opsched.evaluate (_chunk_cost)
-        raise OpschedError(f"mode {mode}: context parallelism is costed by opsched.evaluate, not per block")
+    if mode.cp > 1:  # its K/V ring is costed per layout, by opsched.plan.layouts (_chunk_cost)
+        raise OpschedError(f"mode {mode}: context parallelism is costed by opsched.plan.layouts, not per block")
     share = mode.size  # every mode splits a microbatch's compute over the whole group
     compute = compute_time(block, share, cluster, training.dtype, training.attention)
     has_weights = block.param_count > 0
@@ -522,7 +522,7 @@ def stored_activation_bytes(block: Block, mode: Mode, sequence_parallel: bool = 
     """Bytes one device stores from the block's forward for its backward, per microbatch (no recomputation).
 
     What the block's operators keep for the backward (``saved_bytes``,
-    :mod:`opsched.saved`), split over the mode's devices, except that without
+    :mod:`opsched.model.saved`), split over the mode's devices, except that without
     sequence parallelism a tensor-parallel rank holds whole what lies outside
     the column-/row-parallel pairs (``tp_replicated_bytes``: the norms' inputs
     and outputs): Korthikanti et al. 2022, Table 2, ``sbh(10 + 24/t)``
@@ -545,7 +545,7 @@ def attention_core_time(block: Block, share: int, cluster: Cluster, dtype: str, 
     traffic at the attention efficiency, or at the cluster's one efficiency
     when it sets none by kind.
 
-    >>> from opsched.cluster import cluster_from_dict
+    >>> from opsched.cost.cluster import cluster_from_dict
     >>> c = cluster_from_dict({"preset": "h100-sxm", "devices": 8, "attention_efficiency": 0.5})
     >>> b = Block(0, "attn", (), (), flops=3 * 989e12, attention_flops=989e12 / 2)
     >>> attention_core_time(b, 1, c, "bf16")   # half a second of peak at 0.5 efficiency

@@ -1,7 +1,7 @@
 """Predict the step time of a layout a user runs today (Megatron-style tp / pp / vpp / ep / dp).
 
 ``opsched evaluate`` answers "what does opsched think of the configuration I
-run?" with the same cost model (:mod:`opsched.cost`), simulator and
+run?" with the same cost model (:mod:`opsched.cost.blocks`), simulator and
 hand-written schedules (:mod:`opsched.baselines`) the planner uses, so a
 plan and a user's layout are compared like with like.
 
@@ -40,12 +40,12 @@ from typing import Callable
 import networkx as nx
 
 from opsched.baselines import baseline_order, placed_stage_graph, run_baseline
-from opsched.cluster import ATTENTION_MODES, RECOMPUTE_MODES, Cluster, Training, with_devices
-from opsched.cost import (BlockCost, Mode, alltoall_time, allreduce_time, attention_core_time, block_cost,
+from opsched.cost.cluster import ATTENTION_MODES, RECOMPUTE_MODES, Cluster, Training, with_devices
+from opsched.cost.blocks import (BlockCost, Mode, alltoall_time, allreduce_time, attention_core_time, block_cost,
                           context_ring_time, expert_count, held_param_bytes, joined_streams)
 from opsched.errors import OpschedError, Unsupported
-from opsched.graph import COST_FIELDS, Block
-from opsched.overlap import PassStreams
+from opsched.model.graph import COST_FIELDS, Block
+from opsched.cost.overlap import PassStreams
 from opsched.lower.jobs import order_peak_activation
 from opsched.schedule import Edge, Schedule, Stage, StageGraph, device_param_bytes, metrics
 from opsched.units import plain
@@ -78,11 +78,11 @@ class ParallelLayout:
     when the layers are split into chunks (see the module docstring).
     ``tp_overlap``: Megatron's ``--tp-comm-overlap`` (needs tp > 1 and sp):
     each tensor-parallel collective runs under its GEMM
-    (:func:`opsched.cost.tp_comm_overlapped`).
+    (:func:`opsched.cost.blocks.tp_comm_overlapped`).
     ``attention``: ``fused`` (FlashAttention and its kin, the default) or
     ``unfused`` (Megatron-LM before FlashAttention: the scores written to
     memory between Q·Kᵀ, softmax, dropout and scores·V;
-    :func:`opsched.cost.unfused_attention_time`).
+    :func:`opsched.cost.blocks.unfused_attention_time`).
     The expert grid ``ep x etp`` must divide the ``tp x dp`` devices of a
     pipeline rank (Megatron-Core's parallel folding): with ``etp = tp``
     that is ``ep`` dividing ``dp``; opsched's expert-parallel mode spreads

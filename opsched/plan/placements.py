@@ -12,7 +12,7 @@
 
 Each placement regroups the chain (merging consecutive stages or splitting
 each one into equal parts) exactly as the baseline whose rule it is
-(:mod:`opsched.baselines.placement`), so the MIP and the baselines schedule
+(:mod:`opsched.schedule.placement`), so the MIP and the baselines schedule
 the same work on the same devices. Every hand-written order that runs on a
 placement is that placement's warm start. The lower level then solves each
 one at the same memory (:func:`opsched.lower.placements.solve_placements`).
@@ -28,7 +28,7 @@ one at the same memory (:func:`opsched.lower.placements.solve_placements`).
 from __future__ import annotations
 
 from opsched.baselines import baseline_orders, dualpipe, interleaved, one_f_one_b, zb_v
-from opsched.baselines.placement import dual_graph, graph_onto_groups, on_group_devices
+from opsched.schedule.placement import dual_graph, graph_onto_groups, on_group_devices
 from opsched.errors import OpschedError, Unsupported
 from opsched.lower.placements import Candidate
 from opsched.schedule import StageGraph

@@ -1,6 +1,6 @@
 """Coarsening: merge an OpGraph's operators into blocks (a BlockGraph).
 
->>> from opsched.onnx_import import import_onnx                    # doctest: +SKIP
+>>> from opsched.model.onnx_import import import_onnx                    # doctest: +SKIP
 >>> bg = coarsen(import_onnx("models/mixtral_8x7b.onnx"), target_blocks=120)  # doctest: +SKIP
 
 Three steps, each of which keeps the result a DAG and every cost exact:
@@ -60,7 +60,7 @@ from collections import defaultdict
 import networkx as nx
 
 from opsched.errors import OpschedError
-from opsched.graph import COST_FIELDS, Block, gc_paused
+from opsched.model.graph import COST_FIELDS, Block, gc_paused
 
 _INDEXED = re.compile(r"\.\d+$")
 SHAPE_READERS = frozenset({"Shape", "Size"})
@@ -154,7 +154,7 @@ def _unordered(ops, window, family) -> list[tuple[str, ...]]:
     forward pass gives, per module, the siblings with an op reaching one of its
     ops; "reached by" is the same relation read backwards.
 
-    >>> from opsched.graph import OpNode
+    >>> from opsched.model.graph import OpNode
     >>> g = nx.DiGraph([("a1", "b1"), ("a1", "c1")])  # a before b and c; b, c parallel
     >>> for v, scope in [("a1", ("a",)), ("b1", ("b",)), ("c1", ("c",))]:
     ...     g.nodes[v]["op"] = OpNode(v, "Relu", scope)

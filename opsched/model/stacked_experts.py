@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 import onnx
 
-from opsched.graph import COST_FIELDS, OpNode, add_op, common_scope
+from opsched.model.graph import COST_FIELDS, OpNode, add_op, common_scope
 
 # Ops through which a weight stays the same weight, leading axis included.
 _SAME_AXES = frozenset({"Identity", "Transpose", "Cast"})

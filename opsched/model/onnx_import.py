@@ -1,7 +1,7 @@
 """ONNX model -> OpGraph, with a forward cost for every operator.
 
 >>> g = import_onnx("models/mixtral_8x7b.onnx", dims={"batch": 1, "seq": 4096})  # doctest: +SKIP
->>> from opsched.graph import totals
+>>> from opsched.model.graph import totals
 >>> totals(g)["param_count"]                                                     # doctest: +SKIP
 
 What the importer does, in order:
@@ -86,7 +86,7 @@ What the importer does, in order:
    twice (directly or through an alias op such as Transpose) is a tied weight
    (shared embeddings). ``GatherND`` reads its table (input 0) in a weight
    position like ``Gather``.
-7. **Stacked experts** (:mod:`opsched.stacked_experts`): when a router (a
+7. **Stacked experts** (:mod:`opsched.model.stacked_experts`): when a router (a
    ``TopK`` over an axis of E that keeps fewer than E) is present, a weight of
    shape ``[E, ...]`` read by ``Gather`` / ``GatherND`` of expert indices or
    by a matmul batched over the expert axis makes the operators of that
@@ -128,10 +128,10 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from opsched.errors import OpschedError
-from opsched.gemm import GemmShape, matmul_shape, padded_flops
-from opsched.graph import OpNode, gc_paused, new_op_graph
-from opsched.saved import NO_GRADIENT, VIEW_OPS, saved_tensors
-from opsched.stacked_experts import find_families, router_sizes, split_families, stacked_weights
+from opsched.model.gemm import GemmShape, matmul_shape, padded_flops
+from opsched.model.graph import OpNode, gc_paused, new_op_graph
+from opsched.model.saved import NO_GRADIENT, VIEW_OPS, saved_tensors
+from opsched.model.stacked_experts import find_families, router_sizes, split_families, stacked_weights
 from opsched.units import plural
 
 DEFAULT_DIMS_KEY = "opsched.default_dims"
@@ -690,7 +690,7 @@ class _AttentionDims:
         return self.batch_heads * self.sq * self.skv
 
     def gemm_padded_flops(self) -> float:
-        """Q·Kᵀ and scores·V as the batched GEMMs an unfused attention runs, padded to their tiles (opsched.gemm).
+        """Q·Kᵀ and scores·V as the batched GEMMs an unfused attention runs, padded to their tiles (opsched.model.gemm).
 
         >>> _AttentionDims(batch_heads=2, sq=128, skv=128, dqk=96, dv=96).gemm_padded_flops() == 2 * 2 * 2 * 128 * 128 * 128
         True
@@ -890,7 +890,7 @@ def routing_assumptions(g: nx.DiGraph) -> list[str]:
     (:func:`import_warnings`). A NonZero that is not below a router is never
     counted here: it is a mask, and its warning says so.
 
-    >>> from opsched.graph import new_op_graph
+    >>> from opsched.model.graph import new_op_graph
     >>> routing_assumptions(new_op_graph(moe_routing={"a": 3, "b": 3}, capacity_factor=1.25))
     ['MoE routing: 2 data-dependent expert selections (NonZero below a router TopK) sized by balanced routing: each expert gets ceil(1.25 x tokens x top_k / experts) tokens (--capacity-factor 1.25); uneven real routing makes the busiest expert slower than planned']
     """
@@ -920,7 +920,7 @@ def import_warnings(g: nx.DiGraph) -> list[str]:
 
 
 def _split_stacked_experts(g, model, order, shapes, weight_inputs, capacity_factor, keys, scopes) -> None:
-    """Experts stored as one ``[E, ...]`` weight become E per-expert copies (rule 7, :mod:`opsched.stacked_experts`)."""
+    """Experts stored as one ``[E, ...]`` weight become E per-expert copies (rule 7, :mod:`opsched.model.stacked_experts`)."""
     nodes = model.graph.node
     sizes = router_sizes(nodes, shapes, _small_int_values(model))
     found: dict[str, dict] = {}
@@ -1057,7 +1057,7 @@ _PASS_THROUGH = frozenset({"Reshape", "Identity", "Dropout", "Cast", "Squeeze", 
 
 
 class _KeptActivations:
-    """The activations each node keeps for the backward (:mod:`opsched.saved`), each storage counted once.
+    """The activations each node keeps for the backward (:mod:`opsched.model.saved`), each storage counted once.
 
     Walks the nodes in topological order, tracking which tensors need a
     gradient (parameters and what is computed from them), which storage a
@@ -1215,7 +1215,7 @@ def _node_keys(nodes) -> list[str]:
 
 
 def _matmul_padded_flops(n, shapes, flops: float) -> float:
-    """A matmul's FLOPs with its dimensions padded to the GEMM tile (``opsched.gemm``); ``flops`` if its shape is unknown.
+    """A matmul's FLOPs with its dimensions padded to the GEMM tile (``opsched.model.gemm``); ``flops`` if its shape is unknown.
 
     >>> import onnx
     >>> n = onnx.helper.make_node("MatMul", ["x", "w"], ["y"])

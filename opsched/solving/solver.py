@@ -25,7 +25,7 @@ import functools
 import mip
 
 from opsched.errors import OpschedError
-from opsched.graph import gc_paused
+from opsched.model.graph import gc_paused
 
 #: solver names the command line accepts -> python-mip's backend name
 BACKENDS = {"cbc": mip.CBC, "highs": "HiGHS"}

@@ -9,7 +9,7 @@ total size of those tensors (one microbatch) and ``"tensors"`` their names.
 
 Costs are per microbatch, for the forward pass, at the dims given at import.
 
-An OpGraph made by :func:`opsched.onnx_import.import_onnx` also carries the
+An OpGraph made by :func:`opsched.model.onnx_import.import_onnx` also carries the
 node attribute ``"const"`` (True when the op computes from constants and
 weights only, e.g. a ``Constant``) and the graph attribute ``"tensor_bytes"``
 (tensor name -> bytes), which coarsening uses to charge a block edge once per
@@ -44,7 +44,7 @@ class OpNode:
     param_bytes: float = 0.0  # bytes of those parameters in their stored dtype
     output_bytes: float = 0.0  # bytes of the tensors this op writes
     io_bytes: float = 0.0  # bytes read + written (memory traffic, for the roofline)
-    #: bytes of the activations kept for the backward that this op is the first to keep (opsched.saved:
+    #: bytes of the activations kept for the backward that this op is the first to keep (opsched.model.saved:
     #: a weight matmul keeps its input, a norm its input, a bias or residual add nothing; views share storage)
     saved_bytes: float = 0.0
     #: bytes a tensor-parallel all-reduce moves after this op: its output when it is a row-parallel
@@ -56,7 +56,7 @@ class OpNode:
     matmul_io_bytes: float = 0.0
     attention_flops: float = 0.0
     attention_io_bytes: float = 0.0
-    #: ``matmul_flops`` with each GEMM's dimensions padded to the tile it runs in (``opsched.gemm``: tile
+    #: ``matmul_flops`` with each GEMM's dimensions padded to the tile it runs in (``opsched.model.gemm``: tile
     #: quantisation); what ``cost.compute_time`` charges at the matmul ceiling (0: not known, ``matmul_flops``)
     matmul_padded_flops: float = 0.0
     #: of ``saved_bytes``: what a tensor-parallel group keeps whole on every rank unless sequence parallelism

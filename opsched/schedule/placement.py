@@ -40,8 +40,9 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from opsched.errors import Unsupported
-from opsched.overlap import PassStreams, compact
-from opsched.schedule import Edge, Schedule, Stage, StageGraph
+from opsched.cost.overlap import PassStreams, compact
+from opsched.schedule.actions import Schedule
+from opsched.schedule.graph import Edge, Stage, StageGraph
 
 #: a placement rule: (logical stage, devices) -> the devices that stage's copies run on
 DevicesOf = Callable[[int, int], tuple[int, ...]]

@@ -32,16 +32,16 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from opsched.baselines import baseline_orders
-from opsched.cluster import Cluster, Training, memory_hint, with_devices
-from opsched.contiguous import Baseline, contiguous_baselines, fewer_device_baselines
-from opsched.cost import expert_count
+from opsched.cost.cluster import Cluster, Training, memory_hint, with_devices
+from opsched.plan.contiguous import Baseline, contiguous_baselines, fewer_device_baselines
+from opsched.cost.blocks import expert_count
 from opsched.errors import MemoryTooSmall, NoRunnablePlan
 from opsched.export.runtimes import RUNTIMES, layout_fields, refusal
-from opsched.graph import Block
-from opsched.isolate import Call, SolverCrash, run_isolated, run_isolated_all
+from opsched.model.graph import Block
+from opsched.solving.isolate import Call, SolverCrash, run_isolated, run_isolated_all
 from opsched.lower import minimum_memory_limit, solve
 from opsched.schedule import Order, Schedule, StageGraph, metrics, order_from_schedule, validate
-from opsched.solver import Status, require
+from opsched.solving.solver import Status, require
 from opsched.units import bytes_text, plain, plural, seconds_text
 from opsched.upper.layouts import describe_layout, layouts
 from opsched.upper.mip import (
@@ -304,7 +304,7 @@ def _plan_on_half_the_nodes(bg: nx.DiGraph, cluster: Cluster, training: Training
     this cluster can run with the other nodes idle: offering it keeps a plan
     from getting slower as nodes are added, which more stages, longer
     transfers or wider groups can otherwise do. Whole nodes only, as
-    :func:`opsched.contiguous.fewer_device_baselines` takes them. It runs
+    :func:`opsched.plan.contiguous.fewer_device_baselines` takes them. It runs
     after the search on every node, which keeps the whole clock: when work
     budgets decide that search, time is left and the plan on half the nodes
     is the very one planned there alone (when its own budgets decide too).
@@ -763,7 +763,7 @@ class RuntimeFilter:
             rows, today = self.baselines(rows, refused), self.baselines(today, refused)
             fewer = self.baselines(fewer, {})  # a method's reason is the one on every device
             best_split = rows[0] if rows else None
-        # Megatron-style layouts (opsched.evaluate.search_layouts), offered like the hand-written baselines
+        # Megatron-style layouts (opsched.plan.layouts.search_layouts), offered like the hand-written baselines
         return (sorted(rows + fewer + today, key=lambda b: (b.step_time, -b.schedule.stage_graph.num_devices,
                                                             b.method)),
                 best_split, refused)

@@ -17,11 +17,11 @@ import networkx as nx
 
 from opsched.baselines import NAMES, run_baseline
 from opsched.baselines import method as baseline_module
-from opsched.baselines.placement import onto_groups
-from opsched.cluster import Cluster, Training, with_devices
-from opsched.cost import stage_streams
+from opsched.schedule.placement import onto_groups
+from opsched.cost.cluster import Cluster, Training, with_devices
+from opsched.cost.blocks import stage_streams
 from opsched.errors import OverMemory, Unsupported
-from opsched.isolate import Call, SolverCrash, run_isolated_all
+from opsched.solving.isolate import Call, SolverCrash, run_isolated_all
 from opsched.schedule import Edge, Schedule, Stage, StageGraph, metrics
 from opsched.upper.layouts import Layout, layouts
 from opsched.units import bytes_text, plain, seconds_text
@@ -338,8 +338,8 @@ def fewer_device_baselines(
     instant) the counts not yet tried are skipped.
 
     >>> import networkx as nx
-    >>> from opsched.cluster import preset
-    >>> from opsched.graph import Block
+    >>> from opsched.cost.cluster import preset
+    >>> from opsched.model.graph import Block
     >>> bg = nx.DiGraph(kind="BlockGraph")
     >>> for i in range(4):
     ...     bg.add_node(i, block=Block(i, f"b{i}", (), (), flops=1e12, param_count=10**6, output_bytes=1e6, saved_bytes=1e6))

@@ -13,7 +13,7 @@ The weights never exist, so they are never written: each parameter becomes an
 ONNX initializer with its shape and dtype whose data is marked external, in a
 file (:data:`ABSENT_DATA`) that does not exist, the form opsched's importer
 reads without loading weights (``onnx.load(..., load_external_data=False)``,
-see :mod:`opsched.onnx_import`). While the exporter's graph optimiser runs
+see :mod:`opsched.model.onnx_import`). While the exporter's graph optimiser runs
 (constant folding, fusions) the parameters are graph inputs without values, so
 it folds nothing from them, as for a model whose weights are all too big to
 fold; afterwards they are initializers again.
@@ -30,7 +30,7 @@ Supported models:
   input ``input_ids [batch, seq]``, output the logits. MoE experts use
   transformers' ``batched_mm`` implementation (stacked ``[experts, ...]``
   weights read by expert index), whose routed experts the importer counts
-  (:mod:`opsched.stacked_experts`);
+  (:mod:`opsched.model.stacked_experts`);
 * **two-tower image-text models** (``clip``, ``siglip``): ``input_ids [batch,
   seq]`` and ``pixel_values [batch, 3, image_size, image_size]``, output the
   image-text logits, so both towers and their projections are in the graph.
@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from opsched.errors import OpschedError
-from opsched.onnx_import import DATA_INPUTS_KEY, DEFAULT_DIMS_KEY, NAME_SCOPES_KEY
+from opsched.model.onnx_import import DATA_INPUTS_KEY, DEFAULT_DIMS_KEY, NAME_SCOPES_KEY
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def _build_config(data: dict, path: str, transformers) -> Any:
     except Exception as exc:  # transformers validates values in many ways; any refusal is the file's
         raise OpschedError(f"--hf-config {path}: transformers refused the config ({_one_line(exc)})") from None
     config.use_cache = False
-    # stacked [experts, ...] weights read by expert index: traceable, and counted by opsched.stacked_experts
+    # stacked [experts, ...] weights read by expert index: traceable, and counted by opsched.model.stacked_experts
     config._experts_implementation = "batched_mm"
     return config
 

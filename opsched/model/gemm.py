@@ -13,7 +13,7 @@ Quantization"; its section 2.3 gives cuBLAS's typical tiles, 256×128 and
 
 ``ceiling(dtype)`` is what a large, well-shaped GEMM reaches in that dtype:
 the cluster's ``matmul_efficiency[dtype]`` (or its one ``efficiency``), see
-``opsched.cluster.Cluster.matmul_flops_per_second``. The tile is 128 × 128
+``opsched.cost.cluster.Cluster.matmul_flops_per_second``. The tile is 128 × 128
 outputs with K slices of 64 (128 bytes of a 16-bit operand row), the
 smallest of the guide's large-problem tiles, so the rule never charges more
 padding than cuBLAS's large tiles would. A large square GEMM has factor 1;
