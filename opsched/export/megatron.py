@@ -23,7 +23,7 @@ inside the distributed optimizer), and an interleaved plan whose
 microbatches are not a multiple of pp (Megatron's interleaved schedule runs
 them in groups of pp, ``microbatch_group_size_per_vp_stage``).
 
->>> from opsched.plan.layouts import ParallelLayout
+>>> from opsched.cost.parallel_layout import ParallelLayout
 >>> from opsched.export.plan_layout import PlanLayout
 >>> lay = PlanLayout(ParallelLayout(tp=2, pp=2, dp=2, sp=True, zero=1), "chain", "tp2.dp2", "model.layers", (15, 17),
 ...                  (("model.layers.0",), ("model.layers.1",)), 2, 8, 32, 4096, "1f1b", 8)

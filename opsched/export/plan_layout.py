@@ -56,7 +56,7 @@ from typing import Mapping
 from opsched.cost.cluster import ATTENTION_MODES, OPTIMIZER_STATE_BYTES
 from opsched.cost.blocks import Mode
 from opsched.errors import OpschedError
-from opsched.plan.layouts import RECOMPUTE, ParallelLayout
+from opsched.cost.parallel_layout import RECOMPUTE, ParallelLayout
 from opsched.export.torch_csv import check_expressible
 from opsched.schedule import Schedule, StageGraph
 from opsched.units import plural

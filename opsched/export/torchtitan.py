@@ -28,7 +28,7 @@ own file ([model], [optimizer], ...). docs/export.md has the mapping.
   (one microbatch without a pipeline: torchtitan accumulates the rest),
   ``global_batch_size`` the plan's samples per step, ``seq_len`` its seq dim.
 
->>> from opsched.plan.layouts import ParallelLayout
+>>> from opsched.cost.parallel_layout import ParallelLayout
 >>> from opsched.export.plan_layout import PlanLayout
 >>> lay = PlanLayout(ParallelLayout(tp=2, pp=2, dp=2, sp=True, zero=1), "chain", "tp2.dp2", "model.layers", (1, 1),
 ...                  (("model.layers.0",), ("model.layers.1",)), 2, 8, 32, 4096, "1f1b", 8)
