@@ -150,8 +150,8 @@ def sigterm_unwinds() -> Iterator[None]:
 def main(argv: list[str] | None = None) -> int:
     """Run one ``opsched`` command; returns its exit code (2 for an error the user can fix)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    # Only the chosen subcommand's module is imported.
-    chosen = next((a for a in argv if a in COMMANDS), None)
+    # Only the chosen subcommand's module is imported; with none chosen (``opsched --help``), none is.
+    chosen = next((a for a in argv if a in COMMANDS), "")
     try:
         parser = build_parser(only=chosen)
         args = parser.parse_args(argv)

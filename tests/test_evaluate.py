@@ -480,7 +480,7 @@ def test_the_search_picks_context_parallelism_for_a_64k_sequence(llama3_64k):
 
 def test_a_context_parallel_layout_round_trips_through_plan_json(llama3_64k, tmp_path):
     """The layout's baseline row names its stages tp.cp.dp; plan.json's fields read back to the same cp."""
-    from opsched.commands.plan import layout_row
+    from opsched.plan.policy import layout_row
     from opsched.export.megatron import MEGATRON, megatron_args
     from opsched.export.plan_json import read_plan, write_plan
     from opsched.export.plan_layout import plan_layout

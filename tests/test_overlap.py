@@ -142,7 +142,7 @@ def test_a_stage_with_expert_all_to_alls_hides_them_in_a_pair_and_round_trips_th
     again, _ = schedule_from_dict(plan_dict(schedule))
     assert again.stage_graph.stages[0].streams == stage.streams
     assert max(e.end for e in again.events) == pytest.approx(f + pair + b)
-    from opsched.commands.plan import overlapped_pairs, runtimes_table
+    from opsched.plan.report import overlapped_pairs, runtimes_table
 
     assert overlapped_pairs(again) == 1
     assert "runs each `OVERLAP_F_B` as F then B" in "\n".join(runtimes_table({"torch": None}, overlapped_pairs(again)))

@@ -98,7 +98,7 @@ def assert_reads_in_units(report: str, summary: str) -> None:
 
 def test_report_words_memory_refusals_in_units():
     """A baseline refused for memory says how much it needs in MiB/GiB, not 3.43e+08."""
-    from opsched.commands.plan import report_text, summary_text
+    from opsched.plan.report import report_text, summary_text
 
     cluster, training = cluster_from_dict(SPEC), Training(microbatches=8)
     result = plan_block_graph(two_tower_graph(), cluster, training, memory_limit=3e8, time_limit=4)
@@ -414,7 +414,7 @@ def test_nothing_fits_says_when_adams_state_in_bf16_would(tmp_path, capsys):
     assert hint and float(hint.group(1)) * 2**10 <= 2**20, err
     assert not (tmp_path / "fp32").exists()
     # a plan already in BF16 has no lighter state to offer: the error stays as it is, nothing searched again
-    from opsched.commands.plan import with_optimizer_state_hint
+    from opsched.plan.policy import with_optimizer_state_hint
     from opsched.errors import MemoryTooSmall
 
     exc = MemoryTooSmall("no layout fits", 2.0)
@@ -536,7 +536,7 @@ def test_a_plan_that_leaves_devices_idle_says_why():
     from types import SimpleNamespace
 
     from opsched.cost.cluster import Training
-    from opsched.commands.plan import plan_warnings
+    from opsched.plan.policy import plan_warnings
     from opsched.plan.search import EveryDevicePlan
 
     cluster = SimpleNamespace(devices=16)
@@ -603,7 +603,7 @@ def test_a_plan_says_when_the_time_limit_left_fewer_nodes_unsearched(monkeypatch
     """Issue 13 item 4 holds only when the search on half the nodes runs: when the time limit is spent first, the
     plan says so (on which device count, and what to do), and says nothing when every half was searched."""
     import opsched.plan.search as planner
-    from opsched.commands.plan import plan_warnings
+    from opsched.plan.policy import plan_warnings
 
     spec = {**SLOW_LINK_CLUSTER, "inter_node_bandwidth": 1e9, "devices": 4}  # one device per node
     cluster = cluster_from_dict(spec)
@@ -624,7 +624,7 @@ def test_the_plan_on_half_the_nodes_is_returned_when_the_search_on_all_finds_onl
     splits send the large activations between the nodes: the plan on one node wins, the other node idle, and the
     report says so."""
     import opsched.plan.search as planner
-    from opsched.commands.plan import plan_warnings
+    from opsched.plan.policy import plan_warnings
     from opsched.upper.layouts import layouts
 
     spec = {**SLOW_LINK_CLUSTER, "devices_per_node": 2, "inter_node_bandwidth": 1e9, "devices": 4}
@@ -639,7 +639,7 @@ def test_the_plan_on_half_the_nodes_is_returned_when_the_search_on_all_finds_onl
     (said,) = plan_warnings(result, Training(4), cluster_from_dict(spec))
     assert said.startswith("devices 2-3 (2 of 4) hold no stage of this plan")
     # plan.json carries it, as its schema says
-    from opsched.commands.plan import plan_extra
+    from opsched.plan.report import plan_extra
     from opsched.export.plan_json import plan_dict
 
     doc = plan_dict(result.schedule, extra=plan_extra("chain.onnx", cluster_from_dict(spec), Training(4), result))

@@ -116,7 +116,7 @@ def test_refusal_agrees_with_the_export_on_random_plans(tmp_path):
 
 
 def test_the_schema_holds_runtimes_to_the_known_names(tmp_path):
-    from opsched.commands.plan import runtimes_fields
+    from opsched.plan.report import runtimes_fields
 
     plan = make_plan(tmp_path, layers=[16, 16], config="tp2.dp2", microbatch_size=4)
     schedule, doc = read_plan(plan)
