@@ -87,7 +87,7 @@ from opsched.commands.args import (
 from opsched.cost.cluster import ATTENTION_MODES, Training, resolve_cluster
 from opsched.errors import OpschedError
 from opsched.export.plan_files import write_outputs
-from opsched.export.runtimes import RUNTIMES, verdicts
+from opsched.export.runtimes import ANY, RUNTIMES, runtime_named, runtime_overlaps_pairs, verdicts
 from opsched.fileio import check_output_dir
 from opsched.plan.policy import (EXPORT_SHARE, PlanRequest, imported, plan_warnings, plan_with_optimizer_state,
                                  whole_layer_batch)
@@ -104,7 +104,7 @@ log = logging.getLogger(__name__)
 
 
 #: what --runtime takes: a runtime of opsched.export.runtimes.RUNTIMES, or any
-RUNTIME_CHOICES = ("any", *RUNTIMES)
+RUNTIME_CHOICES = (ANY, *RUNTIMES)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -202,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
                         whole_sequences=args.global_batch is not None,
                         tp_comm_overlap=overlap_tp, attention=args.attention,
                         # torch (and torchtitan, through it) runs an OVERLAP_F_B pair as F then B; Megatron pairs nothing
-                        overlap_pairs=args.runtime == "any")
+                        overlap_pairs=runtime_overlaps_pairs(args.runtime))
     log.info("cluster: %s, %s (%d per node), memory limit %s per device, %s per step",
              cluster.name, plural(cluster.devices, "device"), cluster.devices_per_node, bytes_text(limit),
              plural(training.microbatches, "microbatch", "microbatches"))
@@ -238,9 +238,10 @@ def tp_comm_overlap(args: argparse.Namespace) -> bool:
     Traceback (most recent call last):
     opsched.errors.OpschedError: --tp-comm-overlap on: torch does not overlap tensor-parallel collectives with their GEMMs (Megatron-LM with Transformer Engine does); plan with --tp-comm-overlap off, or --runtime megatron or any
     """
+    runtime = runtime_named(args.runtime)
     if args.tp_comm_overlap == "auto":
-        return args.runtime == "megatron"
-    if args.tp_comm_overlap == "on" and args.runtime in ("torch", "torchtitan"):
+        return runtime is not None and runtime.overlaps_tp_comm
+    if args.tp_comm_overlap == "on" and runtime is not None and not runtime.overlaps_tp_comm:
         raise OpschedError(f"--tp-comm-overlap on: {args.runtime} does not overlap tensor-parallel collectives with "
                            "their GEMMs (Megatron-LM with Transformer Engine does); plan with --tp-comm-overlap off, "
                            "or --runtime megatron or any")

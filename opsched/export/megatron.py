@@ -39,12 +39,11 @@ import os
 import shlex
 from dataclasses import dataclass
 
-from opsched.errors import OpschedError
-from opsched.export.plan_layout import PlanLayout, Runtime, plan_layout
+from opsched.export.plan_layout import Framework, PlanLayout, plan_layout
 from opsched.schedule import Schedule
 from opsched.units import plural
 
-MEGATRON: Runtime = ("Megatron-LM", "plan a chain or an interleaved layout: Megatron runs neither DualPipe nor a V")
+MEGATRON = Framework("Megatron-LM", "plan a chain or an interleaved layout: Megatron runs neither DualPipe nor a V")
 
 #: the bash array the file sets
 ARRAY = "OPSCHED_MEGATRON_ARGS"
@@ -68,7 +67,7 @@ class MegatronArg:
 def megatron_args(layout: PlanLayout) -> list[MegatronArg]:
     """The arguments that set ``layout`` in Megatron-LM, or :class:`OpschedError` for a plan Megatron cannot run."""
     p = layout.parallel
-    refuse = lambda reason: OpschedError(f"{MEGATRON[0]} cannot run this plan: {reason}")  # noqa: E731
+    refuse = MEGATRON.cannot_run
     if layout.placement == "v":
         raise refuse("its stages sit in a V (pipeline rank 0 holds the first and the last stage, as Zero Bubble V "
                      "and DualPipeV place them); Megatron puts chunk c on rank c mod pp; plan an interleaved layout")

@@ -56,16 +56,13 @@ from typing import Mapping
 from opsched.cost.cluster import ATTENTION_MODES, OPTIMIZER_STATE_BYTES
 from opsched.cost.blocks import Mode
 from opsched.errors import OpschedError
+from opsched.export.framework import Framework
 from opsched.cost.parallel_layout import RECOMPUTE, ParallelLayout
 from opsched.export.torch_csv import check_expressible
 from opsched.schedule import Schedule, StageGraph
 from opsched.units import plural
 from opsched.upper.layouts import Layout, parse_config
 from opsched.upper.stages import LAYER_COMPONENT, summarize_layers
-
-#: a framework's name in refusals, and what to plan instead of DualPipe's two copies of every stage there
-Runtime = tuple[str, str]
-
 
 @dataclass(frozen=True)
 class PlanLayout:
@@ -109,15 +106,12 @@ class PlanLayout:
         return f"{plural(self.devices, 'device')}: pp {p.pp} x ({self.config}){shape}"
 
 
-def plan_layout(schedule: Schedule, doc: dict, runtime: Runtime) -> PlanLayout:
+def plan_layout(schedule: Schedule, doc: dict, runtime: Framework) -> PlanLayout:
     """The :class:`PlanLayout` of a plan, or :class:`OpschedError` saying why ``runtime`` cannot run it.
 
     ``doc`` is the plan.json document (:func:`opsched.export.plan_json.read_plan`).
     """
-    name = runtime[0]
-
-    def refuse(reason: str) -> OpschedError:
-        return OpschedError(f"{name} cannot run this plan: {reason}")
+    refuse = runtime.cannot_run
 
     sg = schedule.stage_graph
     try:
@@ -159,36 +153,34 @@ def plan_layout(schedule: Schedule, doc: dict, runtime: Runtime) -> PlanLayout:
     )
 
 
-def check_without_context_parallel(doc: dict, runtime: Runtime) -> None:
+def check_without_context_parallel(doc: dict, runtime: Framework) -> None:
     """Refuse a plan whose stages split sequences over context-parallel ranks (a ``cpC`` config) for ``runtime``,
     which runs the pipeline's order but not context parallelism (torch's pipeline runtime alone).
 
     >>> doc = {"stage_contents": {"0": {"modules": ["model.layers.0"], "config": "cp2.dp4"}}}
-    >>> check_without_context_parallel(doc, ("torch.distributed.pipelining", ""))
+    >>> check_without_context_parallel(doc, Framework("torch.distributed.pipelining", ""))
     Traceback (most recent call last):
     opsched.errors.OpschedError: torch.distributed.pipelining cannot run this plan: its stages split each sequence over 2 context-parallel ranks (cp2.dp4), which it does not do; export it with --torchtitan F.toml --torch-csv F.csv or --megatron F
     """
     for config, base in _configs(doc):
         cp = base.cp
         if cp > 1:
-            raise OpschedError(f"{runtime[0]} cannot run this plan: its stages split each sequence over {cp} "
-                               f"context-parallel ranks ({config}), which it does not do; export it with "
-                               "--torchtitan F.toml --torch-csv F.csv or --megatron F")
+            raise runtime.cannot_run(f"its stages split each sequence over {cp} context-parallel ranks ({config}), "
+                                     "which it does not do; export it with --torchtitan F.toml --torch-csv F.csv or "
+                                     "--megatron F")
 
 
-def layer_split(doc: dict, stages: int, runtime: Runtime) -> tuple[str, list[int]]:
+def layer_split(doc: dict, stages: int, runtime: Framework) -> tuple[str, list[int]]:
     """(the layer stack's module path, layers per stage) of a plan with ``stages`` stages, by the rules of
     :func:`plan_layout` (whole layers in model order, the rest at either end) and nothing else of it: for a
     runtime that sets no parallel configuration (``opsched run --hf-config``).
 
     >>> layer_split({"stage_contents": {"0": {"modules": ["embed", "model.layers.0"], "config": "single"},
     ...                                 "1": {"modules": ["model.layers.1", "model.layers.2", "lm_head"],
-    ...                                       "config": "dp2"}}}, 2, ("torch", ""))
+    ...                                       "config": "dp2"}}}, 2, Framework("torch", ""))
     ('model.layers', [1, 2])
     """
-
-    def refuse(reason: str) -> OpschedError:
-        return OpschedError(f"{runtime[0]} cannot run this plan: {reason}")
+    refuse = runtime.cannot_run
 
     return _layer_split(_stage_contents(doc, stages, refuse), refuse)
 
@@ -291,13 +283,13 @@ def _attention(doc: Mapping, refuse) -> str:
     return attention
 
 
-def check_torch_can_run(doc: Mapping, runtime: Runtime) -> None:
+def check_torch_can_run(doc: Mapping, runtime: Framework) -> None:
     """Refuse a plan that torch's pipeline runtime alone cannot run as costed: stages that split sequences over
     context-parallel ranks (:func:`check_without_context_parallel`), or tensor-parallel collectives costed as
     overlapped with their GEMMs.
 
     >>> doc = {"tp_comm_overlap": True, "stage_contents": {"0": {"modules": ["model.layers.0"], "config": "tp2.dp4"}}}
-    >>> check_torch_can_run(doc, ("torch.distributed.pipelining", ""))
+    >>> check_torch_can_run(doc, Framework("torch.distributed.pipelining", ""))
     Traceback (most recent call last):
     opsched.errors.OpschedError: torch.distributed.pipelining cannot run this plan: its tensor-parallel collectives (tp2.dp4) are costed as running under their GEMMs (Megatron's --tp-comm-overlap), which it does not do; export it with --megatron F, or plan with --tp-comm-overlap off
     """
@@ -306,9 +298,9 @@ def check_torch_can_run(doc: Mapping, runtime: Runtime) -> None:
         return
     for config, base in _configs(doc):
         if base.tp > 1:
-            raise OpschedError(f"{runtime[0]} cannot run this plan: its tensor-parallel collectives ({config}) are "
-                               "costed as running under their GEMMs (Megatron's --tp-comm-overlap), which it does "
-                               "not do; export it with --megatron F, or plan with --tp-comm-overlap off")
+            raise runtime.cannot_run(f"its tensor-parallel collectives ({config}) are costed as running under their "
+                                     "GEMMs (Megatron's --tp-comm-overlap), which it does not do; export it with "
+                                     "--megatron F, or plan with --tp-comm-overlap off")
 
 
 def _configs(doc: Mapping) -> list[tuple[str, Mode]]:
@@ -336,7 +328,7 @@ def _layer_split(contents: list[dict], refuse) -> tuple[str, list[int]]:
     return stack, [len(indices) for indices in per_stack[stack]]
 
 
-def stack_splits(doc: dict, stages: int, runtime: Runtime) -> dict[str, list[list[int]]]:
+def stack_splits(doc: dict, stages: int, runtime: Framework) -> dict[str, list[list[int]]]:
     """Every stack of numbered layers in a plan (in model order) -> the layer numbers each stage holds of it:
     whole layers, each stack's in model order along the stages and none missing (the rules of
     :func:`plan_layout` for one stack, here for each). For a runtime that runs two stacks side by side
@@ -344,12 +336,10 @@ def stack_splits(doc: dict, stages: int, runtime: Runtime) -> dict[str, list[lis
 
     >>> stack_splits({"stage_contents": {"0": {"modules": ["vision.layers.0", "vision.layers.1"], "config": "single"},
     ...                                  "1": {"modules": ["text.layers.0", "head"], "config": "single"}}},
-    ...              2, ("torch", ""))
+    ...              2, Framework("torch", ""))
     {'vision.layers': [[0, 1], []], 'text.layers': [[], [0]]}
     """
-
-    def refuse(reason: str) -> OpschedError:
-        return OpschedError(f"{runtime[0]} cannot run this plan: {reason}")
+    refuse = runtime.cannot_run
 
     return _stack_splits(_stage_contents(doc, stages, refuse), refuse)
 

@@ -33,7 +33,8 @@ Megatron-LM cannot run this plan: its stages use different parallel configuratio
 
 from __future__ import annotations
 
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Callable, Mapping
 
 from opsched.errors import OpschedError
 from opsched.export.megatron import megatron_file
@@ -43,47 +44,103 @@ from opsched.export.torchtitan import torchtitan_file
 from opsched.schedule import Schedule, cached_on, order_from_schedule
 from opsched.upper.stages import StageContents
 
-#: every runtime ``opsched plan --runtime`` knows, with the export that writes its files (docs/export.md)
-RUNTIMES = {
-    "torch": "--torch-csv F.csv",
-    "megatron": "--megatron F",
-    "torchtitan": "--torchtitan F.toml --torch-csv F.csv",
-}
-
 #: the place names in the files the export would write; nothing is written when only asking
 _PLAN, _CSV = "plan.json", "schedule.csv"
 
 
-def refusal(runtime: str, schedule: Schedule, doc: Mapping) -> str | None:
-    """Why ``opsched export`` refuses ``schedule`` (with the plan.json fields ``doc``) for ``runtime``; None if not.
+@dataclass(frozen=True)
+class Runtime:
+    """A runtime a plan is made for (``opsched plan --runtime``): what it can do, asked instead of its name."""
 
-    ``doc`` needs what the export reads besides the schedule:
-    ``stage_contents``, ``microbatch_size``, ``zero``, ``recompute`` and
-    ``optimizer_state`` and ``tp_comm_overlap`` (:func:`layout_fields`; a plan without them had FP32 state and
-    exposed tensor-parallel collectives). A schedule without events (a candidate's stages
-    before the lower level orders them) is asked about its layout only; with
-    events, torch's checks of the order (complete, no deadlock) run too.
+    #: its name on the command line
+    name: str
+    #: the ``opsched export`` options that write its files (docs/export.md)
+    export_flags: str
+    #: whole layers per stage, one parallel configuration for the whole model, whole samples per replica
+    #: (Megatron-LM, torchtitan): the Megatron-style layouts are its plans, and a model of two layer stacks is not
+    needs_whole_layers: bool
+    #: runs tensor-parallel collectives under their GEMMs (Megatron's --tp-comm-overlap with Transformer Engine)
+    overlaps_tp_comm: bool
+    #: runs the plan's own order of actions from torch's CSV, so torch's checks of the order apply
+    runs_plan_order: bool
+    #: its file (the export ``refuse`` runs first), raising OpschedError for a plan it cannot run
+    check_layout: Callable[[Schedule, dict], object]
+    #: runs an overlapped F&B pair overlapped (DualPipe's runtime does; torch runs OVERLAP_F_B as F then B and
+    #: Megatron pairs nothing), so a pair may be costed shorter than its two passes
+    overlaps_pairs: bool = False
+
+    def refuse(self, schedule: Schedule, doc: Mapping) -> str | None:
+        """Why ``opsched export`` refuses ``schedule`` (with the plan.json fields ``doc``) for this runtime; None if not.
+
+        ``doc`` needs what the export reads besides the schedule:
+        ``stage_contents``, ``microbatch_size``, ``zero``, ``recompute`` and
+        ``optimizer_state`` and ``tp_comm_overlap`` (:func:`layout_fields`; a plan without them had FP32 state and
+        exposed tensor-parallel collectives). A schedule without events (a candidate's stages
+        before the lower level orders them) is asked about its layout only; with
+        events, torch's checks of the order (complete, no deadlock) run too.
+        """
+        doc = dict(doc)
+        try:  # in the export's order: the framework's file is made before the CSV
+            self.check_layout(schedule, doc)
+            if self.runs_plan_order:
+                if schedule.events:
+                    problem = cached_on(schedule, "torch_order", _torch_order_problem)  # the same check for all
+                    if problem:
+                        raise OpschedError(problem)
+                else:
+                    check_expressible(schedule.stage_graph, schedule.microbatches)
+        except OpschedError as exc:
+            return str(exc)
+        return None
+
+
+#: every runtime ``opsched plan --runtime`` knows, by name: the one map the CLI's choices, the report's table and
+#: the planner's filter read
+RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
+    # torch's pipeline runtime alone: no context parallelism, no tp overlap
+    Runtime("torch", "--torch-csv F.csv", needs_whole_layers=False, overlaps_tp_comm=False, runs_plan_order=True,
+            check_layout=lambda schedule, doc: check_torch_can_run(doc, TORCH_RUNTIME)),
+    # Megatron runs its own (interleaved) 1F1B on the plan's layout
+    Runtime("megatron", "--megatron F", needs_whole_layers=True, overlaps_tp_comm=True, runs_plan_order=False,
+            check_layout=lambda schedule, doc: megatron_file(schedule, doc, _PLAN)),
+    # torchtitan runs the order from torch's CSV beside its TOML
+    Runtime("torchtitan", "--torchtitan F.toml --torch-csv F.csv", needs_whole_layers=True, overlaps_tp_comm=False,
+            runs_plan_order=True,
+            check_layout=lambda schedule, doc: torchtitan_file(schedule, doc, _PLAN, csv=_CSV, torch_check=False)),
+)}
+
+#: what ``opsched plan --runtime`` takes: a runtime, or any (every plan shape, overlapped pairs counted overlapped)
+ANY = "any"
+
+
+def runtime_named(name: str) -> Runtime | None:
+    """The runtime ``opsched plan --runtime NAME`` asks for; None for ``any``.
+
+    >>> runtime_named("megatron").needs_whole_layers, runtime_named("any")
+    (True, None)
     """
-    if runtime not in RUNTIMES:
-        raise ValueError(f"unknown runtime {runtime!r}; one of {', '.join(RUNTIMES)}")
-    doc = dict(doc)
-    try:  # in the export's order: the framework's file is made before the CSV
-        if runtime == "megatron":
-            megatron_file(schedule, doc, _PLAN)
-        elif runtime == "torchtitan":
-            torchtitan_file(schedule, doc, _PLAN, csv=_CSV, torch_check=False)
-        elif runtime == "torch":  # torch's pipeline runtime alone: no context parallelism, no tp overlap
-            check_torch_can_run(doc, TORCH_RUNTIME)
-        if runtime in ("torch", "torchtitan"):  # torchtitan runs the order from torch's CSV
-            if schedule.events:
-                problem = cached_on(schedule, "torch_order", _torch_order_problem)  # the same check for both
-                if problem:
-                    raise OpschedError(problem)
-            else:
-                check_expressible(schedule.stage_graph, schedule.microbatches)
-    except OpschedError as exc:
-        return str(exc)
-    return None
+    if name == ANY:
+        return None
+    if name not in RUNTIMES:
+        raise ValueError(f"unknown runtime {name!r}; one of {', '.join(RUNTIMES)}")
+    return RUNTIMES[name]
+
+
+def runtime_overlaps_pairs(name: str) -> bool:
+    """Whether a plan for ``--runtime NAME`` may count an overlapped F&B pair shorter than its two passes: with any,
+    for a runtime that overlaps them as DualPipe's does; else as the named runtime runs them.
+
+    >>> runtime_overlaps_pairs("any"), runtime_overlaps_pairs("torch")
+    (True, False)
+    """
+    runtime = runtime_named(name)
+    return runtime is None or runtime.overlaps_pairs
+
+
+def refusal(runtime: str, schedule: Schedule, doc: Mapping) -> str | None:
+    """Why ``opsched export`` refuses ``schedule`` for the runtime named ``runtime``; None if not
+    (:meth:`Runtime.refuse`)."""
+    return runtime_named(runtime).refuse(schedule, doc)
 
 
 def _torch_order_problem(schedule: Schedule) -> str:

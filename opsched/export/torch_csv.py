@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Sequence
 
 from opsched.errors import OpschedError
+from opsched.export.framework import Framework
 from opsched.fileio import atomic_path
 from opsched.schedule import (
     Action,
@@ -93,10 +94,10 @@ def stage_ranks(sg: StageGraph) -> dict[int, int]:
 
 
 #: what a pipeline runtime is called in a refusal, and what to plan instead of DualPipe's two copies there
-TORCH_RUNTIME = ("torch.distributed.pipelining", "use DualPipeV, which torch runs")
+TORCH_RUNTIME = Framework("torch.distributed.pipelining", "use DualPipeV, which torch runs")
 
 
-def check_expressible(sg: StageGraph, microbatches: int, runtime: tuple[str, str] = TORCH_RUNTIME) -> None:
+def check_expressible(sg: StageGraph, microbatches: int, runtime: Framework = TORCH_RUNTIME) -> None:
     """Raise :class:`OpschedError` saying why PyTorch's runtime cannot run ``sg``, if it cannot.
 
     The runtime (torch 2.6 to 2.13) passes activations only from stage k to

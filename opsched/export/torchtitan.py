@@ -47,12 +47,11 @@ import os
 from dataclasses import dataclass
 from typing import Union
 
-from opsched.errors import OpschedError
-from opsched.export.plan_layout import PlanLayout, Runtime, plan_layout
+from opsched.export.plan_layout import Framework, PlanLayout, plan_layout
 from opsched.schedule import Schedule
 from opsched.units import plural
 
-TORCHTITAN: Runtime = ("torchtitan", "use DualPipeV, which torchtitan runs")
+TORCHTITAN = Framework("torchtitan", "use DualPipeV, which torchtitan runs")
 
 #: opsched's methods whose order torch's schedule of that name runs (torch.distributed.pipelining.get_schedule_class)
 TORCH_SCHEDULES = {
@@ -84,19 +83,19 @@ def _check_training(layout: PlanLayout) -> None:
     p = layout.parallel
     if p.recompute == "selective":
         # torchtitan's selective modes checkpoint every n-th layer or chosen ops, not the attention core alone
-        raise OpschedError(f"{TORCHTITAN[0]} cannot run this plan: its selective recomputation runs the attention "
+        raise TORCHTITAN.cannot_run("its selective recomputation runs the attention "
                            "core again (Megatron's); torchtitan's selective modes recompute other things: plan with "
                            "--recompute none or full")
     if p.tp_overlap:
         # torchtitan's async tensor parallel (a compiler pass, with torch.compile) is another mechanism, not costed
-        raise OpschedError(f"{TORCHTITAN[0]} cannot run this plan: its tensor-parallel collectives are costed as "
+        raise TORCHTITAN.cannot_run("its tensor-parallel collectives are costed as "
                            "running under their GEMMs (Megatron's --tp-comm-overlap, Transformer Engine's "
                            "userbuffers), which torchtitan does not do: plan with --tp-comm-overlap off, or export "
                            "it --megatron")
     if layout.optimizer_state != "fp32":
         # torchtitan's optimizer.implementation "fused_opt_states_bf16" keeps the moments in bf16 beside fp32
         # parameters and gradients: 4 + 4 + 2 + 2 = 12 bytes per parameter where the plan costs 2 + 2 + 6 = 10
-        raise OpschedError(f"{TORCHTITAN[0]} cannot run this plan: it keeps Adam's state in {layout.optimizer_state} "
+        raise TORCHTITAN.cannot_run(f"it keeps Adam's state in {layout.optimizer_state} "
                            "with the master weight as 16-bit remainders of the bf16 weight (Megatron's precision-aware "
                            "optimizer); torchtitan's fused_opt_states_bf16 keeps fp32 weights and gradients, 2 bytes "
                            "more per parameter: plan with --optimizer-state fp32, or export it --megatron")
@@ -171,7 +170,7 @@ def torchtitan_keys(layout: PlanLayout, csv: str | None = None) -> list[TomlKey]
 
 def _schedule(layout: PlanLayout, csv: str | None) -> str:
     """torch's schedule name for the plan: the CSV's placement, or the plan's method's schedule."""
-    refuse = lambda reason: OpschedError(f"{TORCHTITAN[0]} cannot run this plan: {reason}")  # noqa: E731
+    refuse = TORCHTITAN.cannot_run
     if csv or layout.parallel.pp == 1:
         return PLACEMENT_SCHEDULES[layout.placement]
     name = TORCH_SCHEDULES.get(layout.method)
@@ -213,7 +212,7 @@ def check_with_torch_schedule(layout: PlanLayout, schedule: str) -> None:
         cls(stages[0] if issubclass(cls, PipelineScheduleSingle) else stages, n_microbatches=layout.microbatches)
     except (ValueError, AssertionError, RuntimeError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise OpschedError(f"{TORCHTITAN[0]} cannot run this plan: torch's {schedule} refuses it: {first}") from None
+        raise TORCHTITAN.cannot_run(f"torch's {schedule} refuses it: {first}") from None
 
 
 def toml_value(value: TomlValue) -> str:

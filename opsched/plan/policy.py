@@ -14,7 +14,7 @@ from opsched.cost.blocks import Mode, expert_count
 from opsched.cost.cluster import OPTIMIZER_STATE_BYTES
 from opsched.errors import MemoryTooSmall, NoRunnablePlan, OpschedError
 from opsched.export.plan_layout import layer_stack_of, one_layer_stack
-from opsched.export.runtimes import layout_fields, refusal
+from opsched.export.runtimes import layout_fields, refusal, runtime_named
 from opsched.model.coarsen import coarsen
 from opsched.model.onnx_import import import_onnx, routing_assumptions
 from opsched.plan.contiguous import Baseline, on_real_devices
@@ -90,7 +90,8 @@ def whole_layer_batch(request: PlanRequest, training, dims: dict[str, int]) -> i
     """The samples per step a runtime that needs whole layers plans with when no global batch is given (so the
     Megatron-style layouts users run join the baselines and the plan is never slower than the best of them);
     None for a runtime that does not, or a model without a symbolic batch."""
-    whole_layers = request.runtime in ("megatron", "torchtitan") and "batch" in dims
+    runtime = runtime_named(request.runtime)
+    whole_layers = runtime is not None and runtime.needs_whole_layers and "batch" in dims
     return training.microbatches * training.microbatch_size if whole_layers else None
 
 
@@ -162,7 +163,7 @@ def plan_with_recompute(request: PlanRequest, bg, cluster, training, limit: floa
         raise with_optimizer_state_hint(exc, bg, cluster, training, limit, request.solver) from None
     except NoRunnablePlan as exc:
         hint = "plan with --runtime any for the fastest plan of any shape"
-        if runtime in ("megatron", "torchtitan") and not today:
+        if runtime is not None and runtime_named(runtime).needs_whole_layers and not today:
             hint = ("no Megatron-style layout (whole layers, one configuration) fits: pass a larger --memory-limit or "
                     f"more --devices, or {hint}" if searched else
                     "the model has no symbolic batch dimension, so no Megatron-style layout (whole layers, one "
@@ -202,7 +203,8 @@ def _memory_bound(exc) -> bool:
 def check_runtime_model(runtime: str, model: str, bg) -> None:
     """Refuse, before the search, a model ``runtime`` can run no plan of: Megatron-LM and torchtitan split one
     stack of numbered layers (:func:`opsched.export.plan_layout.one_layer_stack`, the export's own rule)."""
-    if runtime not in ("megatron", "torchtitan"):
+    named = runtime_named(runtime)
+    if named is None or not named.needs_whole_layers:
         return
     stacks = [layer_stack_of(layer_path(bg.nodes[b]["block"].name)) for b in bg.nodes]
 
@@ -231,7 +233,7 @@ def megatron_layouts(request: PlanRequest, dims: dict[str, int], cluster, traini
     modes = RECOMPUTE_SEARCH if request.recompute == "auto" else (training.recompute,)
 
     def runs(e) -> bool:  # the runtime asked for can run the layout as plan.json would hold it
-        if request.runtime == "any":
+        if runtime_named(request.runtime) is None:
             return True
         row = layout_row(e, bg, cluster, t0)
         return refusal(request.runtime, row.schedule, layout_fields(row.contents, row.microbatch_size, training.zero,

@@ -176,7 +176,7 @@ def runtimes_table(runtimes: dict[str, str | None], overlapped: int = 0) -> list
              "| runtime | can run it | export, or why not |", "|---|---|---|"]
     for runtime, why in runtimes.items():
         lines.append(f"| {runtime} | {'yes' if why is None else 'no'} | "
-                     + (f"`opsched export plan.json {RUNTIMES[runtime]}` |" if why is None else f"{why} |"))
+                     + (f"`opsched export plan.json {RUNTIMES[runtime].export_flags}` |" if why is None else f"{why} |"))
     if overlapped:
         lines += ["", f"The step time counts {overlapped} overlapped F&B pairs as shorter than their two passes: "
                   "a runtime that overlaps them (DualPipe's) runs the plan as planned; torch's runtime (and "

@@ -828,7 +828,7 @@ class RuntimeFilter:
         """Raise :class:`NoRunnablePlan` when candidates were left out for the runtime (else the caller says
         that nothing fits)."""
         if self.reasons:
-            raise NoRunnablePlan(f"no plan found can run on {self.runtime} (opsched export {RUNTIMES[self.runtime]}): "
+            raise NoRunnablePlan(f"no plan found can run on {self.runtime} (opsched export {RUNTIMES[self.runtime].export_flags}): "
                                  f"{self.reasons[0]}", list(self.reasons))
 
 

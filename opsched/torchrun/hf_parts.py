@@ -11,8 +11,10 @@ import copy
 
 from torch import nn
 
+from opsched.export.framework import Framework
+
 #: this runtime's name in refusals, and what to plan instead of DualPipe's two copies of every stage
-RUNTIME = ("opsched run --hf-config", "use DualPipeV, which torch runs")
+RUNTIME = Framework("opsched run --hf-config", "use DualPipeV, which torch runs")
 
 #: the run's sequence length when the plan does not give one
 DEFAULT_RUN_SEQ = 16
