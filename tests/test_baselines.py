@@ -411,7 +411,7 @@ def test_memory_limit_refuses_a_schedule_over_it():
 
 def test_unsupported_is_an_opsched_error():
     assert issubclass(Unsupported, OpschedError)
-    assert baselines.placement_of("dualpipe") == "dual"
+    assert baselines.placement_of("dualpipe") == "bidirectional"
 
 
 def test_orders_simulate_on_exactly_the_placed_graph():

@@ -2,8 +2,8 @@
 
 Each method lives in its own module, which states its placement and its order:
 
-* ``PLACEMENT``: the placement's name (chain, interleaved, v or dual; see
-  :data:`PLACEMENTS`);
+* ``PLACEMENT``: the placement's name, a key of
+  :data:`opsched.schedule.placement.PLACEMENTS`;
 * ``stages_per_device(devices, stages)``: how many logical stages per device
   it regroups a chain of ``stages`` stages into;
 * ``devices_of(stage, devices)``: the devices logical stage ``stage`` runs
@@ -46,13 +46,6 @@ METHODS: dict[str, ModuleType] = {
 }
 NAMES: list[str] = list(METHODS)
 
-#: how each placement puts stages on devices (for tables and docs)
-PLACEMENTS = {
-    "chain": "chain, stage k on device k",
-    "interleaved": "interleaved, stage k on device k mod D",
-    "v": "V, device i holds stages i and 2D-1-i",
-    "dual": "two copies, device r holds stages r and PP-1-r",
-}
 
 
 def method(name: str) -> ModuleType:
@@ -64,7 +57,7 @@ def method(name: str) -> ModuleType:
 
 
 def placement_of(name: str) -> str:
-    """The placement name a method uses: chain, interleaved, v or dual."""
+    """The placement a method uses: a key of :data:`opsched.schedule.placement.PLACEMENTS`."""
     return method(name).PLACEMENT
 
 

@@ -23,7 +23,7 @@ from opsched.baselines.dualpipev import eight_phases
 from opsched.errors import Unsupported
 from opsched.schedule import Order, StageGraph
 
-PLACEMENT = "dual"
+PLACEMENT = "bidirectional"
 #: what :func:`order` checks the stage graph against
 RULE = "two copies: stage r on device r and stage D+j (copy of j) on device D-1-j"
 

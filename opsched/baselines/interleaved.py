@@ -40,7 +40,7 @@ def stages_per_device(devices: int, stages: int) -> int:
 
 def devices_of(stage: int, devices: int) -> tuple[int, ...]:
     """Stage k on device k mod D."""
-    return (stage % devices,)
+    return (placement.interleaved_device(stage, devices),)
 
 
 def place(sg: StageGraph, microbatches: int, comm: float | None = None) -> StageGraph:

@@ -44,6 +44,7 @@ from opsched.commands.args import (
 from opsched.errors import OpschedError, Unsupported
 from opsched.solving.isolate import SolverCrash
 from opsched.plan.placements import CHOICES as PLACEMENT_CHOICES
+from opsched.schedule.placement import PLACEMENTS
 from opsched.solving.solver import SOLVERS, Objective, Status, require
 
 log = logging.getLogger(__name__)
@@ -178,14 +179,14 @@ def given_placement(stages: int, devices: int, choice: str) -> str:
 
 def describe_placement(name: str, sg) -> str:
     """A short text of how a schedule's stage graph sits on devices."""
-    from opsched.baselines import PLACEMENTS, placement_of
+    from opsched.baselines import placement_of
 
     p = len(sg.stages)
     if name.endswith(".csv"):
         return f"as written ({p} stages)"
     if name == "mip":
         return f"as given ({p} stages)"
-    return f"{PLACEMENTS[placement_of(name)]} ({p} stages)"
+    return f"{PLACEMENTS[placement_of(name)].rule} ({p} stages)"
 
 
 def run_method(name: str, sg, microbatches: int, limit: float | None, args):
@@ -260,11 +261,10 @@ def placement_text(placement: str, sg) -> str:
     >>> placement_text("chain", chain_stage_graph(4))
     'chain, stage k on device k (4 stages)'
     """
-    from opsched.baselines import PLACEMENTS
     from opsched.plan.placements import AS_GIVEN
 
-    key = "dual" if placement == "bidirectional" else placement
-    return f"{PLACEMENTS.get(key, AS_GIVEN)} ({len(sg.stages)} stages)"
+    rule = PLACEMENTS[placement].rule if placement in PLACEMENTS else AS_GIVEN
+    return f"{rule} ({len(sg.stages)} stages)"
 
 
 def tried_row(tried) -> dict:

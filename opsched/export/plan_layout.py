@@ -41,7 +41,7 @@ reason (their own limits stay in their modules). From plan.json:
 >>> doc = {"microbatch_size": 4, "zero": 1, "recompute": "none", "dims": {"batch": 4, "seq": 2048},
 ...        "stage_contents": {"0": {"modules": ["model.embed_tokens", "model.layers.0"], "config": "tp2"},
 ...                           "1": {"modules": ["model.layers.1", "model.norm", "lm_head"], "config": "tp2"}}}
->>> lay = plan_layout(Schedule(sg, 8, [], name="1f1b"), doc, ("Megatron-LM", "plan a chain"))
+>>> lay = plan_layout(Schedule(sg, 8, [], name="1f1b"), doc, Framework("Megatron-LM", "plan a chain"))
 >>> lay.parallel
 ParallelLayout(tp=2, pp=2, vpp=1, ep=1, etp=0, cp=1, dp=1, sp=True, zero=1, recompute='none', ends_as_layers=False, tp_overlap=False, attention='fused')
 >>> lay.stage_layers, lay.micro_batch_size, lay.global_batch_size, lay.seq_len

@@ -27,18 +27,18 @@ one at the same memory (:func:`opsched.lower.placements.solve_placements`).
 
 from __future__ import annotations
 
-from opsched.baselines import baseline_orders, dualpipe, interleaved, one_f_one_b, zb_v
-from opsched.schedule.placement import dual_graph, graph_onto_groups, on_group_devices
+from opsched.baselines import METHODS, baseline_orders, dualpipe, placement_of
+from opsched.schedule.placement import PLACEMENTS, dual_graph, graph_onto_groups, on_group_devices
 from opsched.errors import OpschedError, Unsupported
 from opsched.lower.placements import Candidate
 from opsched.schedule import StageGraph
 
-#: the placements ``auto`` tries, in order
-SEARCHED = ("chain", "v", "interleaved", "bidirectional")
+#: the placements ``auto`` tries, in order: every placement there is
+SEARCHED = tuple(PLACEMENTS)
 #: what ``--placement`` accepts
 CHOICES = ("auto", *SEARCHED)
-#: the baseline module whose placement rule each one is
-RULE_OF = {"chain": one_f_one_b, "v": zb_v, "interleaved": interleaved, "bidirectional": dualpipe}
+#: the baseline module whose placement rule each one is: the first method (in the baselines' order) placed so
+RULE_OF = {name: next(METHODS[m] for m in METHODS if placement_of(m) == name) for name in SEARCHED}
 #: the name the graph as given (a plan's own placement) is tried under
 AS_GIVEN = "as given"
 
@@ -58,7 +58,7 @@ def placed(sg: StageGraph, microbatches: int, placement: str, comm: float | None
     """
     if placement not in RULE_OF:
         raise OpschedError(f"unknown placement {placement!r}; choose from {', '.join(CHOICES)}")
-    if placement == "bidirectional":
+    if PLACEMENTS[placement].copies == 2:
         # DualPipe's own order needs M >= 2·PP; the placement itself only needs a microbatch per direction
         if microbatches < 2:
             raise Unsupported(f"bidirectional runs half of the microbatches each way: needs at least 2, got {microbatches}")

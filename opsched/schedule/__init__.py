@@ -23,7 +23,9 @@ in opsched goes through, baselines and MIP plans alike.
 """
 
 from opsched.schedule.actions import Action, Event, Job, Order, PAIRED_BACKWARDS, PASSES, Pair, Schedule, _PASS_RANK, _order_from_schedule, _tie_break_key, cached_on, jobs_of, order_from_schedule, pair_duration  # noqa: F401
-from opsched.schedule.graph import Edge, Stage, StageGraph, _check_stage, _per_stage, _topological_order, chain_stage_graph, stage_placement, v_device, v_stages  # noqa: F401
+from opsched.schedule.graph import Edge, Stage, StageGraph, _check_stage, _topological_order  # noqa: F401
 from opsched.schedule.simulate import _action_devices, _backward_of, _check_job, _checked_actions, _numbered, _ready_time, _resumed, backward_kinds, dependencies, forward_and_backward, simulate  # noqa: F401
 from opsched.schedule.validate import ScheduleError, _check_complete, _check_dependencies, _check_events, _check_exclusive, _check_memory, _check_pairs, _device_intervals, _devices_text, _g, _memory_changes, _name, _raise, _tolerance, device_param_bytes, validate  # noqa: F401
 from opsched.schedule.metrics import Metrics, _metrics, busy_time, memory_profile, metrics, param_copies, transferred_bytes, zb_bubble_rate  # noqa: F401
+from opsched.schedule.placement import (PLACEMENTS, Placement, _per_stage, chain_stage_graph,  # noqa: F401
+                                       interleaved_device, stage_placement, v_device, v_stages)

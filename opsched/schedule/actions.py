@@ -184,7 +184,7 @@ def cached_on(schedule: Schedule, name: str, compute: Callable[[Schedule], Any])
     """``compute(schedule)``, kept on the schedule under ``name`` and computed again only if its events (or memory
     limit) change: what every file of a plan asks of the same schedule is worked out once.
 
-    >>> from opsched.schedule.graph import chain_stage_graph
+    >>> from opsched.schedule import chain_stage_graph
     >>> s = Schedule(chain_stage_graph(1), 1, [])
     >>> calls = []
     >>> _ = [cached_on(s, "n", lambda sched: calls.append(1) or len(sched.events)) for _ in range(3)]

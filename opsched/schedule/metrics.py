@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from opsched.schedule.actions import Event, Job, Schedule, cached_on  # noqa: F401 (names the doctests use)
-from opsched.schedule.graph import chain_stage_graph  # noqa: F401 (names the doctests use)
+from opsched.schedule.placement import chain_stage_graph  # noqa: F401 (names the doctests use)
 from opsched.schedule.simulate import simulate  # noqa: F401 (names the doctests use)
 from opsched.schedule.validate import _device_intervals, _memory_changes, _tolerance, device_param_bytes
 from typing import TYPE_CHECKING

@@ -37,15 +37,168 @@ time of the input graph (a chain has one link speed).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Sequence
 
-from opsched.errors import Unsupported
+from opsched.errors import OpschedError, Unsupported
 from opsched.cost.overlap import PassStreams, compact
 from opsched.schedule.actions import Schedule
 from opsched.schedule.graph import Edge, Stage, StageGraph
 
 #: a placement rule: (logical stage, devices) -> the devices that stage's copies run on
 DevicesOf = Callable[[int, int], tuple[int, ...]]
+
+
+def interleaved_device(stage: int, devices: int) -> int:
+    """The device of ``stage`` when stages go round the devices (Megatron's interleaved 1F1B): k mod D.
+
+    >>> [interleaved_device(k, 3) for k in range(6)]
+    [0, 1, 2, 0, 1, 2]
+    """
+    return stage % devices
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How a placement puts the stages of a chain on devices: the one record every level asks."""
+
+    #: its name on the command line and in plan.json
+    name: str
+    #: the rule in words, for tables and docs
+    rule: str
+    #: copies of each logical stage (DualPipe's bidirectional placement: two, fed from both ends)
+    copies: int = 1
+
+    def device_of(self, stage: int, devices: int) -> int:
+        """The device (group) of logical stage ``stage`` of one copy, on ``devices`` devices (groups).
+
+        >>> [PLACEMENTS["v"].device_of(k, 2) for k in range(4)], PLACEMENTS["interleaved"].device_of(5, 2)
+        ([0, 1, 1, 0], 1)
+        """
+        if self.name == "v":
+            return v_device(stage, devices)
+        if self.name == "interleaved":
+            return interleaved_device(stage, devices)
+        if self.name == "bidirectional":
+            return stage  # copy 0 runs down the devices; copy 1 (DualPipe's) the other way
+        return stage
+
+
+#: every placement, by name, in the order ``--placement auto`` tries them (ties keep the earliest)
+PLACEMENTS: dict[str, Placement] = {p.name: p for p in (
+    Placement("chain", "chain, stage k on device k"),
+    Placement("v", "V, device i holds stages i and 2D-1-i"),
+    Placement("interleaved", "interleaved, stage k on device k mod D"),
+    Placement("bidirectional", "two copies, device r holds stages r and PP-1-r", copies=2),
+)}
+
+
+
+def chain_stage_graph(
+    stages: int,
+    f: float | Sequence[float] = 1.0,
+    b: float | Sequence[float] = 2.0,
+    w: float | Sequence[float] = 1.0,
+    *,
+    devices: int | None = None,
+    placement: str = "chain",
+    comm: float = 0.0,
+    act: float | Sequence[float] = 1.0,
+    act_w: float | Sequence[float] = 0.5,
+    param_bytes: float | Sequence[float] = 0.0,
+    overlap_gain: float = 0.0,
+) -> StageGraph:
+    """A synthetic chain of ``stages`` stages (B is the full backward, so I = B - W).
+
+    ``placement`` maps stage k to a device: ``chain`` (k, needs devices == stages),
+    ``interleaved`` (k mod D) or ``v`` (:func:`v_device`; needs stages == 2D).
+    ``comm`` is the transfer time of an edge between different devices.
+
+    >>> sg = chain_stage_graph(4, devices=2, placement="v")
+    >>> [s.devices for s in sg.stages]
+    [(0,), (1,), (1,), (0,)]
+    """
+    d = stages if devices is None else devices
+    per = lambda x: _per_stage(x, stages)  # noqa: E731
+    fs, bs, ws, acts, act_ws, params = map(per, (f, b, w, act, act_w, param_bytes))
+    for k in range(stages):
+        if ws[k] > bs[k]:
+            raise OpschedError(f"stage {k}: W={ws[k]} exceeds the full backward B={bs[k]}; B includes W")
+    place = stage_placement(stages, d, placement)
+    stage_list = [
+        Stage(
+            id=k,
+            devices=(place[k],),
+            time={"F": fs[k], "I": bs[k] - ws[k], "W": ws[k]},
+            param_bytes=params[k],
+            act_bytes=acts[k],
+            act_w_bytes=act_ws[k],
+            name=f"stage{k}",
+        )
+        for k in range(stages)
+    ]
+    edges = [
+        Edge(k, k + 1, time=(comm if place[k] != place[k + 1] else 0.0)) for k in range(stages - 1)
+    ]
+    return StageGraph(stage_list, edges, num_devices=d, overlap_gain=overlap_gain)
+
+
+def stage_placement(stages: int, devices: int, placement: str) -> list[int]:
+    """Device of each stage under a named placement (see :func:`chain_stage_graph`)."""
+    if devices < 1 or stages < 1:
+        raise OpschedError("stages and devices must be at least 1")
+    if placement == "chain":
+        if stages != devices:
+            raise OpschedError(
+                f"placement chain puts one stage per device: {stages} stages on {devices} devices; "
+                "use --placement interleaved or v"
+            )
+        return list(range(stages))
+    if placement == "interleaved":
+        if stages % devices:
+            raise OpschedError(f"placement interleaved needs stages ({stages}) divisible by devices ({devices})")
+        return [interleaved_device(k, devices) for k in range(stages)]
+    if placement == "v":
+        if stages != 2 * devices:
+            raise OpschedError(f"placement v needs stages = 2 x devices, got {stages} stages on {devices} devices")
+        return [v_device(k, devices) for k in range(stages)]
+    raise OpschedError(f"unknown placement {placement!r}; choose chain, interleaved or v")
+
+
+def v_device(stage: int, devices: int) -> int:
+    """The device of ``stage`` when 2D stages sit on D devices in a V: k for k < D, else 2D-1-k.
+
+    The V goes down the devices and back up, so device i holds stages i and
+    2D-1-i, and the first and last stage share device 0 (Zero Bubble V,
+    DualPipeV).
+
+    >>> [v_device(k, 3) for k in range(6)]
+    [0, 1, 2, 2, 1, 0]
+    """
+    if not 0 <= stage < 2 * devices:
+        raise OpschedError(f"a V on {devices} devices has stages 0..{2 * devices - 1}, not {stage}")
+    return stage if stage < devices else 2 * devices - 1 - stage
+
+
+def v_stages(device: int, devices: int) -> tuple[int, int]:
+    """The two stages a device holds in a V (:func:`v_device` read backwards): down i, up 2D-1-i.
+
+    >>> v_stages(1, 3), [v_device(k, 3) for k in v_stages(1, 3)]
+    ((1, 4), [1, 1])
+    """
+    if not 0 <= device < devices:
+        raise OpschedError(f"a V on {devices} devices has devices 0..{devices - 1}, not {device}")
+    return device, 2 * devices - 1 - device
+
+
+def _per_stage(value, stages: int) -> list[float]:
+    if isinstance(value, (int, float)):
+        return [float(value)] * stages
+    values = [float(v) for v in value]
+    if len(values) == 1:
+        return values * stages
+    if len(values) != stages:
+        raise OpschedError(f"expected 1 or {stages} per-stage values, got {len(values)}: {values}")
+    return values
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Iterable, Mapping, Sequence
 from opsched.errors import Deadlock, OpschedError
 from opsched.schedule.actions import Event, Job, PASSES, Pair, _PASS_RANK, jobs_of, pair_duration
-from opsched.schedule.graph import chain_stage_graph  # noqa: F401 (names the doctests use)
+from opsched.schedule.placement import chain_stage_graph  # noqa: F401 (names the doctests use)
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:

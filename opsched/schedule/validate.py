@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 from opsched.errors import OpschedError
 from opsched.schedule.actions import Event, PASSES, Pair, Schedule, pair_duration
-from opsched.schedule.graph import chain_stage_graph  # noqa: F401 (names the doctests use)
+from opsched.schedule.placement import chain_stage_graph  # noqa: F401 (names the doctests use)
 from opsched.schedule.simulate import dependencies, forward_and_backward
 from typing import TYPE_CHECKING
 

@@ -28,9 +28,11 @@ from dataclasses import dataclass
 from opsched.cost.cluster import Cluster
 from opsched.cost.blocks import Mode, divisors
 from opsched.errors import OpschedError
-from opsched.schedule import v_device
+from opsched.schedule.placement import PLACEMENTS as ALL_PLACEMENTS
 
-PLACEMENTS = ("chain", "v", "interleaved")
+#: the placements a group layout may take: those with one copy of each stage (the registry's; DualPipe's two
+#: copies are the lower level's, made from a chain)
+PLACEMENTS = tuple(name for name, p in ALL_PLACEMENTS.items() if p.copies == 1)
 
 
 @dataclass(frozen=True)
@@ -61,9 +63,7 @@ class Layout:
         return self.groups * self.virtual
 
     def group_of_slot(self, slot: int) -> int:
-        if self.placement == "v":
-            return v_device(slot, self.groups)
-        return slot % self.groups
+        return ALL_PLACEMENTS[self.placement].device_of(slot, self.groups)
 
     def slots_of_group(self, group: int) -> list[int]:
         return [s for s in range(self.slots) if self.group_of_slot(s) == group]
