@@ -93,6 +93,7 @@ from opsched.cost.cluster import ATTENTION_MODES
 from opsched.errors import MemoryTooSmall
 from opsched.export.runtimes import RUNTIMES
 from opsched.plan.search import GLOSSARY
+from opsched.schedule.shape import shape_lines
 from opsched.solving.solver import SOLVERS
 from opsched.upper.layouts import NOTATION
 
@@ -701,6 +702,7 @@ def report_text(model: str, cluster, training, limit: float, result, warnings: l
                                                 if training.attention == "unfused" else " (one kernel)"),
         f"- chosen: {result.source} on layout {result.layout} ({describe_layout(result.layout)}), "
         f"{plural(stages, 'pipeline stage')}",
+        *(f"- {name}: {line}" for name, line in shape_lines(result.schedule)),
         f"- step time {seconds_text(result.step_time)} (makespan {seconds_text(m.makespan)} + gradient sync "
         f"{seconds_text(result.grad_sync)}), throughput {plain(samples / result.step_time)} samples/s",
         f"- upper MIP placed {plural(result.blocks, 'block')}; time spent: upper {seconds_text(result.seconds.get('upper', 0))}, "
@@ -895,6 +897,7 @@ def summary_text(model: str, cluster, training, result, samples: int, out: Path,
         f"  step time   {seconds_text(result.step_time)} (makespan {seconds_text(m.makespan)} + gradient sync "
         f"{seconds_text(result.grad_sync)})   throughput {plain(samples / result.step_time)} samples/s",
         f"  bubbles     {m.bubble_ratio:.3f}   peak memory {bytes_text(max(m.peak_memory_bytes, default=0.0))} per device",
+        *(f"  {name:<11} {line}" for name, line in shape_lines(result.schedule)),
     ]
     gap = result.solver_metrics.get("gap")
     if gap is not None:
