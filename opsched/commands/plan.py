@@ -11,6 +11,8 @@ at the same memory. Writes, into OUTDIR:
   gantt.svg    Gantt picture;  gantt.html  the same, interactive
   report.md    the plan against every baseline: step time, throughput, bubbles, memory, solve time;
                what the import assumed about the model; how to read it all
+  report.html  one page, no network needed: the summary, the stage graph, the interactive Gantt, the plan
+               against every baseline as a bar chart, the layouts tried
 
 The cluster is a preset (--preset; `--devices N` alone uses h100-sxm) or a
 JSON/TOML file (--cluster). Memory per device defaults to the cluster's.
@@ -259,13 +261,15 @@ def run(args: argparse.Namespace) -> int:
     runtimes = verdicts(result.schedule, extra)  # the export's own checks, on the plan as written
     extra.update(runtimes_fields(runtimes))
     report = report_text(args.model, cluster, training, limit, result, warnings, runtimes)
-    names = write_outputs(out, result, extra, report)
+    # report.html shows the summary as printed, so it is written first, with the names of the files to come
+    summary = summary_text(args.model, cluster, training, result, samples, out, output_files(), warnings, runtimes)
+    names = write_outputs(out, result, extra, report, summary)
     log.info("export: %s in %s", ", ".join(names), out)
     if args.json:
         print(json.dumps(summary_dict(args.model, cluster, training, result, out, names, warnings, runtimes),
                          indent=2))
     else:
-        print(summary_text(args.model, cluster, training, result, samples, out, names, warnings, runtimes))
+        print(summary)
     return 0
 
 
@@ -627,10 +631,10 @@ def output_files() -> list[str]:
     from opsched.export.gantt import can_draw_images
 
     pictures = ["gantt.svg"] if can_draw_images() else []
-    return ["plan.json", "trace.json", *pictures, "gantt.html", "report.md"]
+    return ["plan.json", "trace.json", *pictures, "gantt.html", "report.md", "report.html"]
 
 
-def write_outputs(out: Path, result, extra: dict, report: str) -> list[str]:
+def write_outputs(out: Path, result, extra: dict, report: str, summary: str = "") -> list[str]:
     """Write every file into a temporary directory, then move them into ``out`` (no partial plan on failure).
 
     Returns the names written. Without matplotlib (the ``pictures`` extra) the
@@ -638,7 +642,9 @@ def write_outputs(out: Path, result, extra: dict, report: str) -> list[str]:
     """
     from opsched.export.gantt import write_html, write_image, write_trace
     from opsched.export.plan_json import write_plan
+    from opsched.export.report_html import write_report_html
     from opsched.fileio import write_text
+    from opsched.plan.report_page import report_page
 
     from opsched.fileio import signals_held
 
@@ -659,6 +665,7 @@ def write_outputs(out: Path, result, extra: dict, report: str) -> list[str]:
                         "gantt.html has the picture")
         write_html(result.schedule, tmp / "gantt.html", title=title, step_time=step)
         write_text(tmp / "report.md", report)
+        write_report_html(report_page(result, summary, title), tmp / "report.html")
         with signals_held():  # a stop request waits for the renames: the set is complete or absent
             for name in names:
                 (tmp / name).replace(out / name)

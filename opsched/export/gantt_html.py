@@ -342,11 +342,11 @@ def heading_html(text: str) -> str:
     return first + (f"<small>{rest}</small>" if rest else "")
 
 
-def html_page(schedule: Schedule, *, title: str | None = None, step_time: float | None = None) -> str:
-    """The whole page as a string; ``step_time`` (seconds) joins the heading when given."""
+def gantt_section(schedule: Schedule) -> str:
+    """The interactive chart with its legend, help line, zoom buttons and per-row table: gantt.html's body, and
+    report.html's Gantt (the page's scripts, :data:`CHART_MATH_JS`, :data:`_SCRIPT` and :data:`TIP_SCRIPT`, drive it)."""
     m = metrics(schedule)
     unit = chart_time_unit(schedule)
-    heading = title_text(schedule, title, m, step_time)
     used = sorted({e.pass_ for e in schedule.events}, key=PASSES.index)
     legend = "".join(
         f'<span><i style="background:{PASS_COLOURS[p]}"></i>{p} {escape(PASS_NAMES[p])}</span>' for p in used
@@ -362,17 +362,7 @@ def html_page(schedule: Schedule, *, title: str | None = None, step_time: float 
         f"<td>{sizes.number(m.peak_activation_bytes[d])}</td><td>{sizes.number(m.param_bytes[d])}</td></tr>"
         for row in rows for d in row[:1]
     )
-    data = json.dumps(plan_dict(schedule, m), allow_nan=False).replace("</", "<\\/")
-    return f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>{escape(heading.replace(chr(10), TITLE_JOIN))}</title>
-<style>{_STYLE}</style>
-</head>
-<body>
-<h1>{heading_html(heading)}</h1>
-<p class="legend">{legend}</p>
+    return f"""<p class="legend">{legend}</p>
 <p>Hover a bar for its devices, stage, microbatch, pass and times; the other microbatches dim. The strip by a row's name is the colour of its device group.
 Zoom the time axis with the mouse wheel (or the buttons, or the keys + and -), drag to pan (or the arrow keys),
 double-click (or 0) to see the whole step again.</p>
@@ -383,8 +373,33 @@ double-click (or 0) to see the whole step again.</p>
 {table}
 </table>
 <p>bubble ratio {m.bubble_ratio:.4f}, transferred {bytes_text(m.transferred_bytes)}, parameter copies {plain(m.param_copies, 3)}</p>
-<script type="application/json" id="plan">{data}</script>
-<script>{CHART_MATH_JS}{_SCRIPT}{TIP_SCRIPT}</script>
+"""
+
+
+#: every script of a page with the chart: the rules, the zoom and the hover box
+CHART_SCRIPTS = CHART_MATH_JS + _SCRIPT + TIP_SCRIPT
+
+
+def embedded_plan(schedule: Schedule) -> str:
+    """The plan (:func:`opsched.export.plan_json.plan_dict`) as a JSON script element, for other tools."""
+    data = json.dumps(plan_dict(schedule, metrics(schedule)), allow_nan=False).replace("</", "<\\/")
+    return f'<script type="application/json" id="plan">{data}</script>'
+
+
+def html_page(schedule: Schedule, *, title: str | None = None, step_time: float | None = None) -> str:
+    """The whole page as a string; ``step_time`` (seconds) joins the heading when given."""
+    heading = title_text(schedule, title, metrics(schedule), step_time)
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{escape(heading.replace(chr(10), TITLE_JOIN))}</title>
+<style>{_STYLE}</style>
+</head>
+<body>
+<h1>{heading_html(heading)}</h1>
+{gantt_section(schedule)}{embedded_plan(schedule)}
+<script>{CHART_SCRIPTS}</script>
 </body>
 </html>
 """
