@@ -117,7 +117,7 @@ def test_pair_savings_add_what_each_pair_saves(gain):
 
 def test_the_plan_summary_report_and_gantt_title_say_the_branches(tmp_path):
     """The two towers' plan: the summary, report.md and every Gantt title name the branches and their devices."""
-    from opsched.commands.plan import report_text, summary_text
+    from opsched.commands.plan import report_text, summary_dict, summary_text
     from opsched.export.gantt import write_html, write_trace
 
     cluster, training = cluster_from_dict(SLOW_LINK_CLUSTER), Training(microbatches=8)
@@ -130,6 +130,9 @@ def test_the_plan_summary_report_and_gantt_title_say_the_branches(tmp_path):
     assert f"  branches    {line}" in summary.splitlines()
     assert f"- branches: {line}" in report.splitlines()
     assert f"- F&B pairs: {overlap_text(shape)}" in report.splitlines()
+    fields = summary_dict("towers.onnx", cluster, training, result, Path("out"), ["plan.json"])
+    assert fields["branches"] == [{"stages": list(b.stages), "devices": list(b.devices)} for b in shape.branches]
+    assert fields["pairs"] == {"count": shape.pairs, "overlapped": shape.overlapped, "saving_seconds": shape.saving}
     html = write_html(result.schedule, tmp_path / "g.html", title="T").read_text()
     assert shape_title(shape).replace("&", "&amp;") in html
     assert shape_title(shape) in write_trace(result.schedule, tmp_path / "t.json", title="T").read_text()

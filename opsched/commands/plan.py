@@ -52,7 +52,9 @@ cluster, devices, microbatches, microbatch_size, source and layout (the chosen
 plan), stages, step_time (s), throughput (samples/s), bubble_ratio,
 peak_memory_bytes (per device), lower_bound (s) and gap of the lower MIP
 (null for a baseline), best_baseline (method, layout, step_time, speedup;
-null when none fits), refused_baselines (method -> reason),
+null when none fits), refused_baselines (method -> reason), branches (those
+that run side by side: stages, devices), width and pairs (count, overlapped,
+saving_seconds: the overlapped F&B pairs' total saving),
 on_half_the_nodes (the plan found on half the nodes: devices, source,
 layout, step_time, chosen; null on one node), runtimes (those
 that can run the plan), runtimes_refused (runtime -> why not), warnings (what
@@ -95,7 +97,7 @@ from opsched.cost.cluster import ATTENTION_MODES
 from opsched.errors import MemoryTooSmall
 from opsched.export.runtimes import RUNTIMES
 from opsched.plan.search import GLOSSARY
-from opsched.schedule.shape import shape_lines
+from opsched.schedule.shape import shape_fields, shape_lines
 from opsched.solving.solver import SOLVERS
 from opsched.upper.layouts import NOTATION
 
@@ -958,6 +960,7 @@ def summary_dict(model: str, cluster, training, result, out: Path, names: list[s
             "speedup": best.step_time / result.step_time if result.step_time > 0 else None,
         },
         "refused_baselines": dict(result.refused_baselines),
+        **shape_fields(result.schedule),
         "on_half_the_nodes": None if result.on_half_the_nodes is None else dataclasses.asdict(result.on_half_the_nodes),
         "warnings": list(warnings or []),
         **runtimes_fields(runtimes or {}),

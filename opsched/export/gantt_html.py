@@ -114,7 +114,7 @@ def svg_chart(schedule: Schedule, unit: Unit | None = None) -> str:
         for k, group in enumerate(groups):
             part = (ROW - 6) / len(groups)
             out.append(f'<rect class="group" x="{LEFT - 8}" y="{TOP + r * ROW + 3 + k * part:.2f}" width="5" '
-                       f'height="{part:.2f}" fill="{colours[group]}"><title>devices {ranges_text(group)}</title></rect>')
+                       f'height="{part:.2f}" fill="{colours[group]}" stroke="#888" stroke-width="0.5"><title>devices {ranges_text(group)}</title></rect>')
     out.append('<g id="bars" clip-path="url(#plot-area)">')
     for b in bars:
         halves = b.events if b.is_pair else b.events[:1]

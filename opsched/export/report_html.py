@@ -79,8 +79,8 @@ body { max-width: 1240px; }
 h2 { font-size: 1.05em; margin-top: 1.6em; }
 pre.summary { white-space: pre-wrap; overflow-wrap: anywhere; background: #f6f6f6; padding: 0.6em; font-size: 0.85em; }
 table { max-width: 100%; }
-td, th { overflow-wrap: anywhere; }
-td.text { text-align: left; }
+td { white-space: nowrap; }
+td.text { text-align: left; white-space: normal; overflow-wrap: break-word; }
 """
 
 

@@ -245,3 +245,17 @@ def shape_lines(schedule: Schedule) -> list[tuple[str, str]]:
     """
     shape = schedule_shape(schedule)
     return [("branches", branches_text(shape)), ("F&B pairs", overlap_text(shape))]
+
+
+def shape_fields(schedule: Schedule) -> dict:
+    """``plan --json``'s fields of both figures: ``branches`` (each with its ``stages`` and ``devices``; empty for a
+    chain), ``width``, and ``pairs`` (``count``, ``overlapped``, ``saving_seconds``).
+
+    >>> from opsched.schedule.graph import chain_stage_graph
+    >>> shape_fields(Schedule(chain_stage_graph(2), 1, []))
+    {'branches': [], 'width': 1, 'pairs': {'count': 0, 'overlapped': 0, 'saving_seconds': 0.0}}
+    """
+    shape = schedule_shape(schedule)
+    return {"branches": [{"stages": list(b.stages), "devices": list(b.devices)} for b in shape.branches],
+            "width": shape.width,
+            "pairs": {"count": shape.pairs, "overlapped": shape.overlapped, "saving_seconds": shape.saving}}
