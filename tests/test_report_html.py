@@ -45,6 +45,12 @@ def towers_schedule() -> Schedule:
     return schedule
 
 
+#: the pages built here: two towers, DualPipe's pairs and reversed copy, a chain of 24 stages (wrapped in bands)
+BUILT = {"towers": towers_schedule(),
+         "dualpipe": run_baseline("dualpipe", chain_stage_graph(4, overlap_gain=0.5), 8),
+         "chain": run_baseline("interleaved-1f1b", chain_stage_graph(24, devices=4, placement="interleaved"), 8)}
+
+
 def page_of(schedule: Schedule, title: str) -> ReportPage:
     step = max(e.end for e in schedule.events)
     return ReportPage(title=title, summary=f"{title}\n  a page built by the tests", schedule=schedule, step_time=step,
@@ -59,10 +65,9 @@ def pages(tmp_path_factory) -> dict[str, Path]:
     out = root / "clip"
     assert main(["plan", str(MODELS / "clip_vit_l14.onnx"), "--devices", "4", "--microbatches", "4",
                  "--time-limit", "4", "-o", str(out), "--quiet"]) == 0
-    dual = run_baseline("dualpipe", chain_stage_graph(4, overlap_gain=0.5), 8)
     return {"plan": out / "report.html", "gantt": out / "gantt.html",
-            "towers": write_report_html(page_of(towers_schedule(), "towers"), root / "towers.html"),
-            "dualpipe": write_report_html(page_of(dual, "dualpipe"), root / "dualpipe.html")}
+            **{name: write_report_html(page_of(schedule, name), root / f"{name}.html")
+               for name, schedule in BUILT.items()}}
 
 
 def test_opsched_plan_writes_report_html_with_every_part(pages):
@@ -79,7 +84,7 @@ def test_opsched_plan_writes_report_html_with_every_part(pages):
 def test_stage_nodes_take_their_device_groups_colour_as_the_gantt_rows_strips():
     schedule = towers_schedule()
     html = report_html(page_of(schedule, "towers"))
-    strips = dict(re.findall(r'<rect class="group" [^>]*fill="(#[0-9a-f]{6})"><title>devices ([^<]+)</title>', html))
+    strips = dict(re.findall(r'<rect class="group" [^>]*fill="(#[0-9a-f]{6})"[^>]*><title>devices ([^<]+)</title>', html))
     strips = {devices: colour for colour, devices in strips.items()}
     nodes = re.findall(r'<g class="stage-node" data-stage="(\d+)">.*?fill="(#[0-9a-f]{6})"', html)
     assert len(nodes) == len(schedule.stage_graph.stages)
@@ -130,7 +135,7 @@ def opened(browser):
 
 
 @needs_chromium
-@pytest.mark.parametrize("name", ["plan", "gantt", "towers", "dualpipe"])
+@pytest.mark.parametrize("name", ["plan", "gantt", *BUILT])
 def test_the_page_loads_with_no_console_error_and_fetches_nothing(opened, pages, name):
     o = opened(pages[name])
     assert o.errors == []
@@ -139,7 +144,7 @@ def test_the_page_loads_with_no_console_error_and_fetches_nothing(opened, pages,
 
 
 @needs_chromium
-@pytest.mark.parametrize("name", ["plan", "gantt", "towers", "dualpipe"])
+@pytest.mark.parametrize("name", ["plan", "gantt", *BUILT])
 def test_nothing_overflows_a_1280_pixel_window(opened, pages, name):
     """Neither the page nor any element in it is wider than the window (gantt.html was 1,374 px)."""
     o = opened(pages[name])
@@ -197,14 +202,10 @@ def test_zoom_and_pan_change_the_axis(opened, pages):
 
 
 @needs_chromium
-@pytest.mark.parametrize("name", ["plan", "towers", "dualpipe"])
+@pytest.mark.parametrize("name", ["plan", *BUILT])
 def test_the_stage_graph_has_one_node_per_stage(opened, pages, name):
     o = opened(pages[name])
-    if name == "plan":
-        sg = read_plan(pages[name].parent / "plan.json")[0].stage_graph
-    else:
-        sg = towers_schedule().stage_graph if name == "towers" else \
-            run_baseline("dualpipe", chain_stage_graph(4, overlap_gain=0.5), 8).stage_graph
+    sg = read_plan(pages[name].parent / "plan.json")[0].stage_graph if name == "plan" else BUILT[name].stage_graph
     nodes = o.page.locator("#stage-graph .stage-node")
     assert nodes.count() == len(sg.stages)
     assert sorted(int(n.get_attribute("data-stage")) for n in nodes.all()) == list(range(len(sg.stages)))

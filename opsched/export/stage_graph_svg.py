@@ -89,11 +89,11 @@ def stage_graph_svg(schedule: Schedule, notes: Mapping[int, str] | None = None) 
            'orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#666"/></marker></defs>']
     for e in sg.edges:
         (x0, y0), (x1, y1) = corner(e.src), corner(e.dst)
-        x0, y0, x1, y1 = x0 + NODE_W, y0 + NODE_H / 2, x1, y1 + NODE_H / 2
-        bend = max(30.0, abs(x1 - x0) / 2)  # a wrapped edge (to a later band) curves back to the left
         tip = f"<title>stage {e.src} to stage {e.dst}: {seconds_text(e.time)} per transfer</title>"
-        out.append(f'<path class="stage-edge" d="M{x0:.1f},{y0:.1f} C{x0 + bend:.1f},{y0:.1f} {x1 - bend:.1f},'
-                   f'{y1:.1f} {x1:.1f},{y1:.1f}" fill="none" stroke="#666" marker-end="url(#arrow)">{tip}</path>')
+        band = spots[e.dst].band  # an edge to a later band runs back left in the gap above it
+        between = tops[band] - BAND_GAP / 2 if band > spots[e.src].band else None
+        out.append(f'<path class="stage-edge" d="{edge_path(x0 + NODE_W, y0 + NODE_H / 2, x1, y1 + NODE_H / 2, between)}" '
+                   f'fill="none" stroke="#666" marker-end="url(#arrow)">{tip}</path>')
     for st in sg.stages:
         x, y = corner(st.id)
         copy = f" (copy of stage {st.copy_of})" if st.copy_of is not None else ""
@@ -110,3 +110,24 @@ def stage_graph_svg(schedule: Schedule, notes: Mapping[int, str] | None = None) 
                    f'<text x="{x + NODE_W / 2}" y="{y + 30}" text-anchor="middle">{escape(devices)}</text></g>')
     out.append("</svg>")
     return "\n".join(out)
+
+
+def edge_path(x0: float, y0: float, x1: float, y1: float, between: float | None = None) -> str:
+    """An edge from a node's right side to another's left side. One that skips columns runs along its source's
+    lane (a branch's own lane, free past its end) and bends into its target in the last gap; one to a later band
+    of a wrapped chain (``between``: the height of the gap above that band) runs back left in that gap.
+
+    >>> edge_path(0, 10, 28, 10)
+    'M0.0,10.0 C30.0,10.0 -2.0,10.0 28.0,10.0'
+    >>> edge_path(0, 10, 292, 60)
+    'M0.0,10.0 H264.0 C278.0,10.0 278.0,60.0 292.0,60.0'
+    """
+    gap = COLUMN - NODE_W
+    if between is not None:
+        step = MARGIN - 2  # out of the node and back in, within the drawing's margins
+        return f"M{x0:.1f},{y0:.1f} h{step} V{between:.1f} H{x1 - step:.1f} V{y1:.1f} H{x1:.1f}"
+    if x1 - x0 > COLUMN:  # across at least one column, in the same band
+        return (f"M{x0:.1f},{y0:.1f} H{x1 - gap:.1f} C{x1 - gap / 2:.1f},{y0:.1f} {x1 - gap / 2:.1f},{y1:.1f} "
+                f"{x1:.1f},{y1:.1f}")
+    bend = max(30.0, abs(x1 - x0) / 2)
+    return f"M{x0:.1f},{y0:.1f} C{x0 + bend:.1f},{y0:.1f} {x1 - bend:.1f},{y1:.1f} {x1:.1f},{y1:.1f}"
