@@ -41,7 +41,7 @@ from opsched.export.gantt_bars import (
 )
 from opsched.export.plan_json import plan_dict
 from opsched.fileio import write_text
-from opsched.schedule import PASSES, Schedule, metrics
+from opsched.schedule import PASSES, Schedule, cached_on, metrics
 from opsched.units import Unit, bytes_text, column_size_unit, plain, ranges_text
 
 CHART_WIDTH = 1200  # pixels of the time axis
@@ -344,7 +344,12 @@ def heading_html(text: str) -> str:
 
 def gantt_section(schedule: Schedule) -> str:
     """The interactive chart with its legend, help line, zoom buttons and per-row table: gantt.html's body, and
-    report.html's Gantt (the page's scripts, :data:`CHART_MATH_JS`, :data:`_SCRIPT` and :data:`TIP_SCRIPT`, drive it)."""
+    report.html's Gantt (the page's scripts, :data:`CHART_MATH_JS`, :data:`_SCRIPT` and :data:`TIP_SCRIPT`, drive it).
+    Kept on the schedule (:func:`opsched.schedule.cached_on`): the second page of a plan costs nothing more."""
+    return cached_on(schedule, "gantt section", _gantt_section)
+
+
+def _gantt_section(schedule: Schedule) -> str:
     m = metrics(schedule)
     unit = chart_time_unit(schedule)
     used = sorted({e.pass_ for e in schedule.events}, key=PASSES.index)
@@ -381,7 +386,12 @@ CHART_SCRIPTS = CHART_MATH_JS + _SCRIPT + TIP_SCRIPT
 
 
 def embedded_plan(schedule: Schedule) -> str:
-    """The plan (:func:`opsched.export.plan_json.plan_dict`) as a JSON script element, for other tools."""
+    """The plan (:func:`opsched.export.plan_json.plan_dict`) as a JSON script element, for other tools (kept on the
+    schedule, as :func:`gantt_section`)."""
+    return cached_on(schedule, "embedded plan", _embedded_plan)
+
+
+def _embedded_plan(schedule: Schedule) -> str:
     data = json.dumps(plan_dict(schedule, metrics(schedule)), allow_nan=False).replace("</", "<\\/")
     return f'<script type="application/json" id="plan">{data}</script>'
 
