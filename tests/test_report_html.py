@@ -72,7 +72,7 @@ def pages(tmp_path_factory) -> dict[str, Path]:
 
 def test_opsched_plan_writes_report_html_with_every_part(pages):
     html = pages["plan"].read_text()
-    schedule, doc = read_plan(pages["plan"].parent / "plan.json")
+    _, doc = read_plan(pages["plan"].parent / "plan.json")
     for part in ('id="stage-graph"', 'id="chart"', 'id="methods"', 'id="layouts"', 'class="summary"'):
         assert part in html, part
     assert html.count('class="method-bar"') == 1 + len(doc["baselines"])  # the plan and every baseline

@@ -131,7 +131,7 @@ def side_by_side(sg: StageGraph) -> tuple[tuple[Branch, ...], int, int]:
     # a fork is told by the trunk stages before it: its branches' stages come after the same ones
     forks: dict[int, list[Branch]] = {}
     for stages in members.values():
-        fork = min(bin(above[sid] & trunk_bits).count("1") for sid in stages)
+        fork = min((above[sid] & trunk_bits).bit_count() for sid in stages)
         devices = sorted({d for sid in stages for d in sg.stage(sid).devices})
         forks.setdefault(fork, []).append(Branch(tuple(sorted(stages)), tuple(devices)))
     wide = [sorted(found, key=lambda b: b.stages) for _, found in sorted(forks.items()) if len(found) > 1]
