@@ -218,6 +218,11 @@ def test_the_stage_graph_has_one_node_per_stage(opened, pages, name):
             apart = (a["x"] + a["width"] <= b["x"] or b["x"] + b["width"] <= a["x"] or a["y"] + a["height"] <= b["y"]
                      or b["y"] + b["height"] <= a["y"])
             assert apart, (a, b)
+    # hovering a node leaves that stage's bars alone undimmed in the Gantt
+    nodes.nth(1).hover()
+    dimmed = o.page.evaluate("""Array.prototype.map.call(document.querySelectorAll('#chart .job'),
+                                function (g) { return [g.dataset.stage, g.classList.contains('dim')]; })""")
+    assert {stage for stage, dim in dimmed if not dim} == {"1"} and any(dim for _, dim in dimmed)
     if name == "towers":  # the two towers in lanes of their own: stages 1 and 3 in one column, one above the other
         one, three = boxes[1], boxes[3]
         assert one["x"] == pytest.approx(three["x"]) and one["y"] != three["y"]

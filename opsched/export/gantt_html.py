@@ -130,7 +130,8 @@ def svg_chart(schedule: Schedule, unit: Unit | None = None) -> str:
             shown = f'font-size="{size:g}"' if size else f'font-size="{LABEL_FONTS_PX[-1]:g}" visibility="hidden"'
             colour = "#fff" if b.chunks[k] == 0 else "#000"
             out.append(
-                f'<g class="job mb{e.microbatch}" data-mb="{e.microbatch}" data-row="{row_of[b.device]}" '
+                f'<g class="job mb{e.microbatch}" data-mb="{e.microbatch}" data-stage="{e.stage}" '
+                f'data-row="{row_of[b.device]}" '
                 f'data-t0="{b.start!r}" data-t1="{b.end!r}">'
                 f'<rect class="bar" x="{x:.2f}" y="{y:.2f}" width="{w:.2f}" height="{part:.2f}" '
                 f'fill="{bar_colour(e.pass_, b.chunks[k])}" {stroke}><title>{tip}</title></rect>'

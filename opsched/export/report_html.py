@@ -84,6 +84,22 @@ td.text { text-align: left; white-space: normal; overflow-wrap: break-word; }
 """
 
 
+#: hovering a stage node dims every bar of the Gantt but that stage's
+STAGE_LINK_SCRIPT = """
+document.querySelectorAll('#stage-graph .stage-node').forEach(function (node) {
+  node.addEventListener('mouseenter', function () {
+    var stage = node.getAttribute('data-stage');
+    document.querySelectorAll('#chart .job').forEach(function (g) {
+      g.classList.toggle('dim', g.getAttribute('data-stage') !== stage);
+    });
+  });
+  node.addEventListener('mouseleave', function () {
+    document.querySelectorAll('#chart .job.dim').forEach(function (g) { g.classList.remove('dim'); });
+  });
+});
+"""
+
+
 def methods_svg(methods: tuple[MethodRow, ...]) -> str:
     """The plan against every baseline: one horizontal bar per method, its step time at the end, from 0 up."""
     unit = column_time_unit([m.step_time for m in methods])
@@ -153,7 +169,7 @@ def report_html(page: ReportPage) -> str:
 <ul>{shape}</ul>
 <p>One node per stage, in the colour of its device group (the strips by the Gantt's rows); inputs to the left,
 branches that run side by side in lanes of their own; a dashed outline is a copy of another stage. Hover a node
-for its devices, pass times and what it holds.</p>
+for its devices, pass times and what it holds; the Gantt below then shows that stage's bars alone.</p>
 {stage_graph_svg(schedule, page.notes)}
 <h2>Schedule</h2>
 {gantt_section(schedule)}
@@ -166,7 +182,7 @@ faster. Baselines run on the best contiguous layer split (report.md says how).</
 <h2>Layouts tried</h2>
 {layouts_table(page.layouts)}
 {embedded_plan(schedule)}
-<script>{CHART_SCRIPTS}</script>
+<script>{CHART_SCRIPTS}{STAGE_LINK_SCRIPT}</script>
 </body>
 </html>
 """
