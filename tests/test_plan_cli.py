@@ -57,7 +57,7 @@ def test_plan_cli_writes_every_file_and_a_valid_plan(tmp_path, capsys):
     code = main(["plan", str(MODELS / "clip_vit_l14.onnx"), "--devices", "4", "--microbatches", "4",
                  "--time-limit", "4", "-o", str(out), "--quiet"])
     assert code == 0
-    for name in ("plan.json", "trace.json", "gantt.svg", "gantt.html", "report.md"):
+    for name in ("plan.json", "trace.json", "gantt.svg", "gantt.html", "report.md", "report.html"):
         assert (out / name).stat().st_size > 0
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary leftovers
     schedule, doc = read_plan(out / "plan.json")
@@ -77,7 +77,7 @@ def test_plan_cli_writes_every_file_and_a_valid_plan(tmp_path, capsys):
     # the charts head with the summary's step time, next to the makespan
     step_line = next(line for line in summary.splitlines() if "step time" in line)
     step_text = re.search(r"step time\s+(\S+ \S+)", step_line).group(1)
-    for chart in ("gantt.html", "gantt.svg"):
+    for chart in ("gantt.html", "gantt.svg", "report.html"):
         assert f"step time {step_text}, makespan " in (out / chart).read_text(), chart
 
 
@@ -151,7 +151,7 @@ def test_plan_without_matplotlib_skips_only_the_svg(tmp_path, capsys, monkeypatc
     code = main(["plan", str(MODELS / "llama_7b.onnx"), "--devices", "4", "--microbatches", "4",
                  "--time-limit", "2", "-o", str(out), "--quiet"])  # which plan does not matter here, only its files
     assert code == 0
-    assert sorted(p.name for p in out.iterdir()) == ["gantt.html", "plan.json", "report.md", "trace.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["gantt.html", "plan.json", "report.html", "report.md", "trace.json"]
     assert "gantt.svg" not in capsys.readouterr().out
 
 

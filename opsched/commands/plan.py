@@ -11,6 +11,8 @@ at the same memory. Writes, into OUTDIR:
   gantt.svg    Gantt picture;  gantt.html  the same, interactive
   report.md    the plan against every baseline: step time, throughput, bubbles, memory, solve time;
                what the import assumed about the model; how to read it all
+  report.html  one page, no network needed: the summary, the stage graph, the interactive Gantt, the plan
+               against every baseline as a bar chart, the layouts tried
 
 The cluster is a preset (--preset; `--devices N` alone uses h100-sxm) or a
 JSON/TOML file (--cluster). Memory per device defaults to the cluster's.
@@ -50,7 +52,9 @@ cluster, devices, microbatches, microbatch_size, source and layout (the chosen
 plan), stages, step_time (s), throughput (samples/s), bubble_ratio,
 peak_memory_bytes (per device), lower_bound (s) and gap of the lower MIP
 (null for a baseline), best_baseline (method, layout, step_time, speedup;
-null when none fits), refused_baselines (method -> reason),
+null when none fits), refused_baselines (method -> reason), branches (those
+that run side by side: stages, devices), width and pairs (count, overlapped,
+saving_seconds: the overlapped F&B pairs' total saving),
 on_half_the_nodes (the plan found on half the nodes: devices, source,
 layout, step_time, chosen; null on one node), runtimes (those
 that can run the plan), runtimes_refused (runtime -> why not), warnings (what
@@ -86,7 +90,7 @@ from opsched.commands.args import (
 )
 from opsched.cost.cluster import ATTENTION_MODES, Training, resolve_cluster
 from opsched.errors import OpschedError
-from opsched.export.plan_files import write_outputs
+from opsched.plan.files import output_files, write_outputs
 from opsched.export.runtimes import ANY, RUNTIMES, runtime_named, runtime_overlaps_pairs, verdicts
 from opsched.fileio import check_output_dir
 from opsched.plan.policy import (EXPORT_SHARE, PlanRequest, imported, plan_warnings, plan_with_optimizer_state,
@@ -216,15 +220,17 @@ def run(args: argparse.Namespace) -> int:
     extra = plan_extra(args.model, cluster, training, result, warnings, dims=used_dims)
     runtimes = verdicts(result.schedule, extra)  # the export's own checks, on the plan as written
     extra.update(runtimes_fields(runtimes))
+    # report.html shows the summary as printed, so it is written first, with the names of the files to come
+    samples = training.microbatches * training.microbatch_size
+    summary = summary_text(args.model, cluster, training, result, samples, out, output_files(), warnings, runtimes)
     names = write_outputs(out, result, extra, report_text(args.model, cluster, training, limit, result, warnings,
-                                                          runtimes))
+                                                          runtimes), summary)
     log.info("export: %s in %s", ", ".join(names), out)
     if args.json:
         print(json.dumps(summary_dict(args.model, cluster, training, result, out, names, warnings, runtimes),
                          indent=2))
     else:
-        samples = training.microbatches * training.microbatch_size
-        print(summary_text(args.model, cluster, training, result, samples, out, names, warnings, runtimes))
+        print(summary)
     return 0
 
 

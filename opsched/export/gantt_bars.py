@@ -20,11 +20,32 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from opsched.schedule import PASSES, Event, Metrics, Schedule, metrics
+from opsched.schedule.shape import schedule_shape, shape_title
 from opsched.units import Unit, ranges_text, seconds_text, time_unit
 
 #: base colour of each pass (colour-blind-safe palette)
 PASS_COLOURS = {"F": "#3b75af", "I": "#ef8636", "W": "#519e3e", "B": "#c53a32"}
 PASS_NAMES = {"F": "forward", "I": "backward (inputs)", "W": "backward (weights)", "B": "full backward"}
+
+
+#: the colour of each device group, as the report's stage graph and the Gantt's row labels show it: ColorBrewer's
+#: 12-class qualitative "Set3" (Cynthia Brewer, colorbrewer2.org), light enough for dark text; it repeats past 12
+GROUP_COLOURS = ("#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462",
+                 "#b3de69", "#fccde5", "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f")
+
+
+def device_groups(schedule: Schedule) -> dict[tuple[int, ...], str]:
+    """Each device group a stage runs on -> its colour, groups in the order of their stages' ids.
+
+    >>> from opsched.schedule import chain_stage_graph
+    >>> device_groups(Schedule(chain_stage_graph(4, devices=2, placement="v"), 1, []))
+    {(0,): '#8dd3c7', (1,): '#ffffb3'}
+    """
+    groups: dict[tuple[int, ...], str] = {}
+    for st in schedule.stage_graph.stages:
+        if st.devices not in groups:
+            groups[st.devices] = GROUP_COLOURS[len(groups) % len(GROUP_COLOURS)]
+    return groups
 
 
 @dataclass(frozen=True)
@@ -134,21 +155,30 @@ def bar_colour(pass_: str, chunk: int) -> str:
 def title_text(
     schedule: Schedule, title: str | None = None, m: Metrics | None = None, step_time: float | None = None
 ) -> str:
-    """The figure title of every format: ``<title or method> — step time X, makespan Y, bubble ratio Z``.
+    """The figure title of every format, two lines: ``<title or method> — step time X, makespan Y, bubble ratio Z``,
+    then the branches that run side by side and what the overlapped pairs save
+    (:func:`opsched.schedule.shape.shape_title`, the words of the plan's summary).
 
     ``step_time`` (makespan + the gradient sync, what ``opsched plan``'s
     summary heads with) is shown when known; a schedule alone only knows its makespan.
+    A format with room for one line joins them with ``; `` (:data:`TITLE_JOIN`).
 
     >>> from opsched.schedule import chain_stage_graph, simulate, Job
     >>> sg = chain_stage_graph(1, f=0.004, b=0.008, w=0.004)
     >>> s = Schedule(sg, 1, simulate(sg, {0: [Job(0, 0, "F"), Job(0, 0, "B")]}, 1), name="demo")
-    >>> title_text(s, step_time=0.0125)
-    'demo — step time 12.5 ms, makespan 12 ms, bubble ratio 0.000'
+    >>> print(title_text(s, step_time=0.0125))
+    demo — step time 12.5 ms, makespan 12 ms, bubble ratio 0.000
+    one chain of stages; no overlapped F&B pair
     """
     m = m or metrics(schedule)
     head = title or schedule.name or "schedule"
     step = "" if step_time is None else f"step time {seconds_text(step_time)}, "
-    return f"{head} — {step}makespan {seconds_text(m.makespan)}, bubble ratio {m.bubble_ratio:.3f}"
+    return (f"{head} — {step}makespan {seconds_text(m.makespan)}, bubble ratio {m.bubble_ratio:.3f}\n"
+            + shape_title(schedule_shape(schedule)))
+
+
+#: how a one-line format (a trace's process name, a page's <title>) joins the title's two lines
+TITLE_JOIN = "; "
 
 
 def chart_time_unit(schedule: Schedule) -> Unit:

@@ -27,8 +27,10 @@ from opsched.export.gantt_bars import (
     LABEL_PAD_PX,
     PASS_COLOURS,
     PASS_NAMES,
+    TITLE_JOIN,
     bar_colour,
     chart_time_unit,
+    device_groups,
     device_rows,
     gantt_bars,
     job_description,
@@ -39,7 +41,7 @@ from opsched.export.gantt_bars import (
 )
 from opsched.export.plan_json import plan_dict
 from opsched.fileio import write_text
-from opsched.schedule import PASSES, Schedule, metrics
+from opsched.schedule import PASSES, Schedule, cached_on, metrics
 from opsched.units import Unit, bytes_text, column_size_unit, plain, ranges_text
 
 CHART_WIDTH = 1200  # pixels of the time axis
@@ -85,8 +87,11 @@ def svg_chart(schedule: Schedule, unit: Unit | None = None) -> str:
     scale = CHART_WIDTH / makespan
     bottom = TOP + n * ROW
     height = bottom + 40
+    width = LEFT + CHART_WIDTH + 20
     out = [
-        f'<svg id="chart" width="{LEFT + CHART_WIDTH + 20}" height="{height}" role="img" font-family="sans-serif" '
+        # drawn at its own size, and narrower in a narrower window (viewBox; the zoom script reads the ratio)
+        f'<svg id="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        'style="max-width:100%;height:auto" role="img" font-family="sans-serif" '
         f'font-size="11" data-left="{LEFT}" data-width="{CHART_WIDTH}" data-top="{TOP}" data-bottom="{bottom}" '
         f'data-end="{makespan!r}" data-unit-size="{unit.size!r}">',
         # bars and labels outside the plot area (when zoomed in) are cut off at its edges
@@ -99,8 +104,17 @@ def svg_chart(schedule: Schedule, unit: Unit | None = None) -> str:
         out.append(f'<text x="{x:.2f}" y="{bottom + 16}" text-anchor="middle">{plain(t)}</text>')
     out.append("</g>")
     out.append(f'<text x="{LEFT + CHART_WIDTH / 2}" y="{bottom + 34}" text-anchor="middle">time ({unit.name})</text>')
+    colours = device_groups(schedule)
+    sg = schedule.stage_graph
     for r, row in enumerate(rows):
-        out.append(f'<text x="{LEFT - 8}" y="{TOP + r * ROW + ROW / 2 + 4}" text-anchor="end">{row_label(row)}</text>')
+        out.append(f'<text class="row-label" x="{LEFT - 12}" y="{TOP + r * ROW + ROW / 2 + 4}" '
+                   f'text-anchor="end">{row_label(row)}</text>')
+        # a strip in the colour of each device group the row's devices belong to, as the report's stage graph
+        groups = list(dict.fromkeys(sg.stage(sid).devices for sid in sg.stages_on(row[0])))
+        for k, group in enumerate(groups):
+            part = (ROW - 6) / len(groups)
+            out.append(f'<rect class="group" x="{LEFT - 8}" y="{TOP + r * ROW + 3 + k * part:.2f}" width="5" '
+                       f'height="{part:.2f}" fill="{colours[group]}" stroke="#888" stroke-width="0.5"><title>devices {ranges_text(group)}</title></rect>')
     out.append('<g id="bars" clip-path="url(#plot-area)">')
     for b in bars:
         halves = b.events if b.is_pair else b.events[:1]
@@ -116,7 +130,9 @@ def svg_chart(schedule: Schedule, unit: Unit | None = None) -> str:
             shown = f'font-size="{size:g}"' if size else f'font-size="{LABEL_FONTS_PX[-1]:g}" visibility="hidden"'
             colour = "#fff" if b.chunks[k] == 0 else "#000"
             out.append(
-                f'<g class="job mb{e.microbatch}" data-mb="{e.microbatch}" data-t0="{b.start!r}" data-t1="{b.end!r}">'
+                f'<g class="job mb{e.microbatch}" data-mb="{e.microbatch}" data-stage="{e.stage}" '
+                f'data-row="{row_of[b.device]}" '
+                f'data-t0="{b.start!r}" data-t1="{b.end!r}">'
                 f'<rect class="bar" x="{x:.2f}" y="{y:.2f}" width="{w:.2f}" height="{part:.2f}" '
                 f'fill="{bar_colour(e.pass_, b.chunks[k])}" {stroke}><title>{tip}</title></rect>'
                 f'<text x="{x + w / 2:.2f}" y="{y + part / 2:.2f}" text-anchor="middle" dominant-baseline="central" '
@@ -137,6 +153,9 @@ h1 { font-size: 1.2em; }
 .legend i { display: inline-block; width: 1em; height: 1em; vertical-align: middle; margin-right: 0.3em; border: 1px solid #fff; }
 .zoom button { margin-right: 0.4em; }
 .zoom output { margin-left: 0.8em; color: #555; }
+h1 small { display: block; font-size: 0.8em; font-weight: normal; color: #444; margin-top: 0.2em; }
+#tip { position: fixed; display: none; max-width: 36em; padding: 3px 6px; background: #fffff0; border: 1px solid #888;
+       font-size: 0.85em; pointer-events: none; z-index: 10; }
 table { border-collapse: collapse; margin-top: 1em; font-size: 0.9em; }
 td, th { border: 1px solid #ccc; padding: 2px 8px; text-align: right; }
 """
@@ -290,12 +309,50 @@ document.querySelectorAll('.job').forEach(function (g) {
 })();
 """
 
+#: the page's own hover text: a bar's job, times and devices in a box by the pointer (the browser's own tooltip,
+#: the <title> of the bar, shows late and not at all in some browsers; the <title>s stay for a page read without
+#: scripts, and the script takes them out so that the two do not show at once)
+TIP_SCRIPT = """
+(function () {
+  var svg = document.getElementById('chart');
+  if (!svg) { return; }
+  var tip = document.createElement('div');
+  tip.id = 'tip';
+  tip.setAttribute('role', 'tooltip');
+  document.body.appendChild(tip);
+  var labels = svg.querySelectorAll('.row-label');
+  function place(e) {
+    tip.style.left = Math.max(0, Math.min(e.clientX + 14, window.innerWidth - tip.offsetWidth - 4)) + 'px';
+    tip.style.top = Math.max(0, Math.min(e.clientY + 14, window.innerHeight - tip.offsetHeight - 4)) + 'px';
+  }
+  svg.querySelectorAll('.job').forEach(function (g) {
+    var title = g.querySelector('title'), row = labels[+g.dataset.row];
+    var text = (row ? row.textContent + ': ' : '') + (title ? title.textContent : '');
+    if (title) { title.parentNode.removeChild(title); }
+    g.addEventListener('mouseenter', function (e) { tip.textContent = text; tip.style.display = 'block'; place(e); });
+    g.addEventListener('mousemove', place);
+    g.addEventListener('mouseleave', function () { tip.style.display = 'none'; });
+  });
+})();
+"""
 
-def html_page(schedule: Schedule, *, title: str | None = None, step_time: float | None = None) -> str:
-    """The whole page as a string; ``step_time`` (seconds) joins the heading when given."""
+
+def heading_html(text: str) -> str:
+    """A two-line title as a heading's inner HTML: the second line smaller, below the first."""
+    first, _, rest = escape(text).partition("\n")
+    return first + (f"<small>{rest}</small>" if rest else "")
+
+
+def gantt_section(schedule: Schedule) -> str:
+    """The interactive chart with its legend, help line, zoom buttons and per-row table: gantt.html's body, and
+    report.html's Gantt (the page's scripts, :data:`CHART_MATH_JS`, :data:`_SCRIPT` and :data:`TIP_SCRIPT`, drive it).
+    Kept on the schedule (:func:`opsched.schedule.cached_on`): the second page of a plan costs nothing more."""
+    return cached_on(schedule, "gantt section", _gantt_section)
+
+
+def _gantt_section(schedule: Schedule) -> str:
     m = metrics(schedule)
     unit = chart_time_unit(schedule)
-    heading = escape(title_text(schedule, title, m, step_time))
     used = sorted({e.pass_ for e in schedule.events}, key=PASSES.index)
     legend = "".join(
         f'<span><i style="background:{PASS_COLOURS[p]}"></i>{p} {escape(PASS_NAMES[p])}</span>' for p in used
@@ -311,18 +368,8 @@ def html_page(schedule: Schedule, *, title: str | None = None, step_time: float 
         f"<td>{sizes.number(m.peak_activation_bytes[d])}</td><td>{sizes.number(m.param_bytes[d])}</td></tr>"
         for row in rows for d in row[:1]
     )
-    data = json.dumps(plan_dict(schedule, m), allow_nan=False).replace("</", "<\\/")
-    return f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>{heading}</title>
-<style>{_STYLE}</style>
-</head>
-<body>
-<h1>{heading}</h1>
-<p class="legend">{legend}</p>
-<p>Hover a bar for its stage, microbatch, pass and times; the other microbatches dim.
+    return f"""<p class="legend">{legend}</p>
+<p>Hover a bar for its devices, stage, microbatch, pass and times; the other microbatches dim. The strip by a row's name is the colour of its device group.
 Zoom the time axis with the mouse wheel (or the buttons, or the keys + and -), drag to pan (or the arrow keys),
 double-click (or 0) to see the whole step again.</p>
 <p class="zoom"><button id="zoom-in" type="button">zoom in</button><button id="zoom-out" type="button">zoom out</button><button id="zoom-reset" type="button">whole step</button><output id="zoom-window" data-unit="{unit.name}">the whole step</output></p>
@@ -332,8 +379,38 @@ double-click (or 0) to see the whole step again.</p>
 {table}
 </table>
 <p>bubble ratio {m.bubble_ratio:.4f}, transferred {bytes_text(m.transferred_bytes)}, parameter copies {plain(m.param_copies, 3)}</p>
-<script type="application/json" id="plan">{data}</script>
-<script>{CHART_MATH_JS}{_SCRIPT}</script>
+"""
+
+
+#: every script of a page with the chart: the rules, the zoom and the hover box
+CHART_SCRIPTS = CHART_MATH_JS + _SCRIPT + TIP_SCRIPT
+
+
+def embedded_plan(schedule: Schedule) -> str:
+    """The plan (:func:`opsched.export.plan_json.plan_dict`) as a JSON script element, for other tools (kept on the
+    schedule, as :func:`gantt_section`)."""
+    return cached_on(schedule, "embedded plan", _embedded_plan)
+
+
+def _embedded_plan(schedule: Schedule) -> str:
+    data = json.dumps(plan_dict(schedule, metrics(schedule)), allow_nan=False).replace("</", "<\\/")
+    return f'<script type="application/json" id="plan">{data}</script>'
+
+
+def html_page(schedule: Schedule, *, title: str | None = None, step_time: float | None = None) -> str:
+    """The whole page as a string; ``step_time`` (seconds) joins the heading when given."""
+    heading = title_text(schedule, title, metrics(schedule), step_time)
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{escape(heading.replace(chr(10), TITLE_JOIN))}</title>
+<style>{_STYLE}</style>
+</head>
+<body>
+<h1>{heading_html(heading)}</h1>
+{gantt_section(schedule)}{embedded_plan(schedule)}
+<script>{CHART_SCRIPTS}</script>
 </body>
 </html>
 """

@@ -101,7 +101,10 @@ def _draw(fig, schedule: Schedule, title: str | None, step_time: float | None, P
     labels = [row_label(row) for row in rows]
     # the left margin holds the longest row name ("devices 960-1023" is about 1.3 inches at 10 pt)
     left_in = max(0.9, 0.2 + 0.075 * max(len(t) for t in labels))
-    left, right, top, bottom = left_in / width_in, 0.2 / width_in, 0.45 / height_in, 0.95 / height_in
+    heading = title_text(schedule, title, step_time=step_time)
+    # 0.45 inches hold a line of the title; each further line takes 0.2 more (11 pt)
+    top_in = 0.45 + 0.2 * heading.count("\n")
+    left, right, top, bottom = left_in / width_in, 0.2 / width_in, top_in / height_in, 0.95 / height_in
     ax = fig.add_axes([left, bottom, 1 - left - right, 1 - top - bottom])
     ax.set_xlim(0, makespan)
     ax.set_ylim(n - 0.5, -0.5)
@@ -114,7 +117,7 @@ def _draw(fig, schedule: Schedule, title: str | None, step_time: float | None, P
     ax.grid(axis="x", color="#dddddd", linewidth=0.6)
     ax.set_axisbelow(True)
     # a literal "$" would start matplotlib's math mode
-    ax.set_title(title_text(schedule, title, step_time=step_time).replace("$", r"\$"), fontsize=11)
+    ax.set_title(heading.replace("$", r"\$"), fontsize=11)
     px_per_second = (1 - left - right) * width_in * fig.dpi / makespan
     row_px = (1 - top - bottom) * height_in * fig.dpi / n
     # label fonts in points, largest first: the smaller one labels bars too narrow for the first (two-digit microbatches)

@@ -20,7 +20,7 @@ import json
 import os
 from pathlib import Path
 
-from opsched.export.gantt_bars import PASS_NAMES, device_rows, row_label, title_text
+from opsched.export.gantt_bars import PASS_NAMES, TITLE_JOIN, device_rows, row_label, title_text
 from opsched.fileio import write_text
 from opsched.schedule import Schedule, memory_profile, metrics
 
@@ -37,7 +37,7 @@ def trace_dict(
     scale = _US[time_unit]
     m = metrics(schedule)
     events: list[dict] = [
-        {"ph": "M", "pid": _PID, "tid": 0, "name": "process_name", "args": {"name": title_text(schedule, title, m, step_time)}}
+        {"ph": "M", "pid": _PID, "tid": 0, "name": "process_name", "args": {"name": title_text(schedule, title, m, step_time).replace("\n", TITLE_JOIN)}}
     ]
     # one track per run of devices hosting the same stages (they run the same events), as the charts draw them
     rows = device_rows(schedule)

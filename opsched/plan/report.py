@@ -11,6 +11,7 @@ from opsched.schedule import Job, Pair, metrics, pair_duration
 from opsched.units import bytes_text, column_size_unit, column_time_unit, plain, plural, seconds_text
 from opsched.upper.layouts import describe_layout
 from opsched.plan.search import GLOSSARY
+from opsched.schedule.shape import pair_savings, shape_fields, shape_lines
 from opsched.upper.layouts import NOTATION
 
 #: how report.md says what each --zero level shards over data-parallel replicas
@@ -87,6 +88,7 @@ def report_text(model: str, cluster, training, limit: float, result, warnings: l
                                                 if training.attention == "unfused" else " (one kernel)"),
         f"- chosen: {result.source} on layout {result.layout} ({describe_layout(result.layout)}), "
         f"{plural(stages, 'pipeline stage')}",
+        *(f"- {name}: {line}" for name, line in shape_lines(result.schedule)),
         f"- step time {seconds_text(result.step_time)} (makespan {seconds_text(m.makespan)} + gradient sync "
         f"{seconds_text(result.grad_sync)}), throughput {plain(samples / result.step_time)} samples/s",
         f"- upper MIP placed {plural(result.blocks, 'block')}; time spent: upper {seconds_text(result.seconds.get('upper', 0))}, "
@@ -154,16 +156,9 @@ def runtimes_line(runtimes: dict[str, str | None]) -> str:
 
 
 def overlapped_pairs(schedule) -> int:
-    """How many of the schedule's F&B pairs are shorter than their two passes (a runtime must overlap them)."""
-    sg, found = schedule.stage_graph, 0
-    halves: dict[int, list] = {}
-    for e in schedule.events:
-        if e.pair is not None:
-            halves.setdefault(e.pair, []).append(e)
-    for a, b in (h for h in halves.values() if len(h) == 2):
-        alone = sg.stage(a.stage).duration(a.pass_) + sg.stage(b.stage).duration(b.pass_)
-        found += pair_duration(sg, Pair(a.job, b.job)) < alone * (1 - 1e-9)
-    return found
+    """How many of the schedule's F&B pairs are shorter than their two passes (a runtime must overlap them):
+    :func:`opsched.schedule.shape.pair_savings`'s count."""
+    return pair_savings(schedule)[1]
 
 
 def runtimes_table(runtimes: dict[str, str | None], overlapped: int = 0) -> list[str]:
@@ -266,6 +261,7 @@ def summary_text(model: str, cluster, training, result, samples: int, out: Path,
         f"  step time   {seconds_text(result.step_time)} (makespan {seconds_text(m.makespan)} + gradient sync "
         f"{seconds_text(result.grad_sync)})   throughput {plain(samples / result.step_time)} samples/s",
         f"  bubbles     {m.bubble_ratio:.3f}   peak memory {bytes_text(max(m.peak_memory_bytes, default=0.0))} per device",
+        *(f"  {name:<11} {line}" for name, line in shape_lines(result.schedule)),
     ]
     gap = result.solver_metrics.get("gap")
     if gap is not None:
@@ -317,6 +313,7 @@ def summary_dict(model: str, cluster, training, result, out: Path, names: list[s
             "speedup": best.step_time / result.step_time if result.step_time > 0 else None,
         },
         "refused_baselines": dict(result.refused_baselines),
+        **shape_fields(result.schedule),
         "on_half_the_nodes": None if result.on_half_the_nodes is None else dataclasses.asdict(result.on_half_the_nodes),
         "warnings": list(warnings or []),
         **runtimes_fields(runtimes or {}),

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from opsched.export import gantt  # the module, not its names: a test stands in for can_draw_images
 from opsched.export.plan_json import write_plan
+from opsched.export.report_html import write_report_html
+from opsched.plan.report_page import report_page
 from opsched.fileio import signals_held, write_text
 
 log = logging.getLogger(__name__)
@@ -18,10 +20,10 @@ log = logging.getLogger(__name__)
 def output_files() -> list[str]:
     """The files `opsched plan` writes; gantt.svg only where matplotlib is installed."""
     pictures = ["gantt.svg"] if gantt.can_draw_images() else []
-    return ["plan.json", "trace.json", *pictures, "gantt.html", "report.md"]
+    return ["plan.json", "trace.json", *pictures, "gantt.html", "report.md", "report.html"]
 
 
-def write_outputs(out: Path, result, extra: dict, report: str) -> list[str]:
+def write_outputs(out: Path, result, extra: dict, report: str, summary: str = "") -> list[str]:
     """Write every file into a temporary directory, then move them into ``out`` (no partial plan on failure).
 
     Returns the names written. Without matplotlib (the ``pictures`` extra) the
@@ -44,6 +46,7 @@ def write_outputs(out: Path, result, extra: dict, report: str) -> list[str]:
                         "gantt.html has the picture")
         gantt.write_html(result.schedule, tmp / "gantt.html", title=title, step_time=step)
         write_text(tmp / "report.md", report)
+        write_report_html(report_page(result, summary, title), tmp / "report.html")
         with signals_held():  # a stop request waits for the renames: the set is complete or absent
             for name in names:
                 (tmp / name).replace(out / name)
