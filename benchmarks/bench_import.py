@@ -1,7 +1,7 @@
 """Time ONNX import + coarsening of a ~6,000-node 32-layer MoE (target: under 3 s).
 
 The graph is built with ``onnx.helper`` by the tests' model builder
-(``tests/conftest.py``): a legacy-style export (scoped node names, weights as
+(``tests/helpers.py``): a legacy-style export (scoped node names, weights as
 typed graph inputs, Constant nodes) of a 32-layer MoE language model with
 Mixtral-like sizes, whose experts are a loop over the routed tokens
 (Equal -> NonZero -> Gather -> expert -> ScatterND), so the import also
@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from conftest import make_moe_model, save  # noqa: E402
+from helpers import make_moe_model, save  # noqa: E402
 
 from opsched.model.coarsen import coarsen  # noqa: E402
 from opsched.model.onnx_import import import_onnx  # noqa: E402

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SLOW_LINK_CLUSTER, make_moe_model
+from helpers import SLOW_LINK_CLUSTER, make_moe_model
 from opsched.cli import main
 from opsched.export.torch_csv import torch_available
 

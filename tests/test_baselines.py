@@ -479,7 +479,7 @@ def test_the_planner_offers_the_best_baseline_on_fewer_nodes_when_more_are_slowe
     baselines must include that plan (devices 2-7 idle), and be no slower than the best on any halving."""
     import networkx as nx
 
-    from conftest import SLOW_LINK_CLUSTER
+    from helpers import SLOW_LINK_CLUSTER
     from opsched.cost.cluster import Training, cluster_from_dict, with_devices
     from opsched.plan.contiguous import contiguous_baselines
     from opsched.model.graph import Block
@@ -508,7 +508,7 @@ def test_baselines_are_the_same_for_any_number_of_workers():
     split and the refusals do not depend on how many run at once."""
     import networkx as nx
 
-    from conftest import SLOW_LINK_CLUSTER
+    from helpers import SLOW_LINK_CLUSTER
     from opsched.cost.cluster import Training, cluster_from_dict
     from opsched.plan.contiguous import contiguous_baselines
     from opsched.model.graph import Block

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SLOW_LINK_CLUSTER
+from helpers import SLOW_LINK_CLUSTER
 from opsched.cost.cluster import Training, cluster_from_dict
 from opsched.cost.blocks import (
     Mode,

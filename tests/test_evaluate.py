@@ -362,7 +362,7 @@ def test_context_parallelism_splits_each_sequence_and_passes_keys_and_values_rou
 
 
 def test_selective_recomputation_drops_the_scores_of_attention_written_as_operators():
-    from conftest import real_export
+    from helpers import real_export
 
     bg = coarsen(import_onnx(real_export("deepseek_lm_2L_sh1_r4.dynamo.onnx")))
     scores = sum(bg.nodes[b]["block"].attention_scores_bytes for b in bg)

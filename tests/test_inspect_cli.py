@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from conftest import make_moe_model, moe_param_count, real_export, save
+from helpers import make_moe_model, moe_param_count, real_export, save
 from opsched.cli import main
 
 F = TensorProto.FLOAT

@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from conftest import REPO, make_moe_model, moe_param_count, real_export, save
+from helpers import REPO, make_moe_model, moe_param_count, real_export, save
 from opsched.errors import OpschedError
 from opsched.model.graph import ops, totals
 from opsched.model.onnx_import import import_onnx, node_scope, parse_dims

@@ -14,7 +14,7 @@ from opsched.model.graph import Block
 from opsched.plan.search import plan_block_graph
 from opsched.schedule import validate
 from opsched.upper.layouts import parse_config
-from conftest import SLOW_LINK_CLUSTER
+from helpers import SLOW_LINK_CLUSTER
 from test_plan_json import schema_errors
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
@@ -285,7 +285,7 @@ def test_run_isolated_returns_reraises_and_survives_crashes():
 
 def test_plan_json_summary_and_refused_baselines_with_reasons(tmp_path, capsys):
     """--json prints the summary as JSON on stdout (progress on stderr); refused baselines say why everywhere."""
-    from conftest import make_moe_model
+    from helpers import make_moe_model
 
     model = tmp_path / "tiny.onnx"
     model.write_bytes(make_moe_model("legacy", layers=2, experts=2, top_k=1, default_dims="batch=1,seq=4")
@@ -328,7 +328,7 @@ def test_plan_json_summary_and_refused_baselines_with_reasons(tmp_path, capsys):
 
 def test_a_mask_is_a_warning_in_the_plan_and_never_called_moe_routing(tmp_path, capsys):
     """LLaVA merges image features by a NonZero mask: plan says so in report.md and plan.json, not as routing."""
-    from conftest import real_export
+    from helpers import real_export
 
     out = tmp_path / "out"
     code = main(["plan", str(real_export("llava_mask.legacy.onnx")), "--cluster", str(_cluster_file(tmp_path, 2)),
@@ -367,7 +367,7 @@ def test_tiny_real_exports_leave_no_device_idle(export, tmp_path):
     """Issue 15 item 10: tiny multimodal exports on 8 devices used to leave 7 (LLaVA) or 2 (CLIP) devices idle
     without a word. Every device works, or the plan says which idle and that the fastest plan found giving every
     device work is slower (issue 13, item 4: a tiny model's gradient sync can make fewer devices faster)."""
-    from conftest import real_export
+    from helpers import real_export
 
     out = tmp_path / "out"
     assert main(["plan", str(real_export(export)), "--devices", "8", "--time-limit", "4", "-o", str(out), "--quiet"]) == 0
@@ -382,7 +382,7 @@ def test_tiny_real_exports_leave_no_device_idle(export, tmp_path):
 def test_recompute_auto_plans_with_full_recomputation_only_when_nothing_fits(tmp_path, capsys):
     """The tiny CLIP needs about 1,016 KiB per device on 2 devices without recomputation and 834 KiB with it (Adam's
     state in BF16, which the default optimizer state falls back to)."""
-    from conftest import real_export
+    from helpers import real_export
 
     model = str(real_export("clip.legacy.onnx"))
     base = ["plan", model, "--devices", "2", "--memory-limit", "900KiB", "--quiet"]
@@ -402,7 +402,7 @@ def test_recompute_auto_plans_with_full_recomputation_only_when_nothing_fits(tmp
 def test_nothing_fits_says_when_adams_state_in_bf16_would(tmp_path, capsys):
     """The tiny CLIP with full recomputation needs about 1.3 MiB per device on 2 devices with Adam's state in FP32
     and 840 KiB in BF16: with --optimizer-state fp32, refused at 1 MiB with a line that says the BF16 state fits."""
-    from conftest import real_export
+    from helpers import real_export
 
     base = ["plan", str(real_export("clip.legacy.onnx")), "--devices", "2", "--memory-limit", "1MiB",
             "--recompute", "full", "--optimizer-state", "fp32", "--time-limit", "4", "--quiet"]
@@ -424,7 +424,7 @@ def test_nothing_fits_says_when_adams_state_in_bf16_would(tmp_path, capsys):
 @pytest.mark.parametrize("state", ["bf16", "auto"])
 def test_adams_state_in_bf16_fits_where_fp32_does_not(tmp_path, state):
     """Asked for (bf16) or by default (auto: nothing fits in FP32, and the plan's warnings say why it is BF16)."""
-    from conftest import real_export
+    from helpers import real_export
 
     out = tmp_path / "bf16"
     assert main(["plan", str(real_export("clip.legacy.onnx")), "--devices", "2", "--memory-limit", "1MiB",
@@ -500,7 +500,7 @@ def test_a_global_batch_keeps_sequences_whole():
 
 def test_plan_says_when_its_data_parallel_modes_split_a_sequence(tmp_path):
     """Without --global-batch a dpN mode over 1 sequence is context parallelism, uncosted: report.md says so."""
-    from conftest import real_export
+    from helpers import real_export
 
     model = str(real_export("clip.legacy.onnx"))
     assert main(["plan", model, "--devices", "8", "--time-limit", "2", "-o", str(tmp_path / "a"), "--quiet"]) == 0
@@ -651,7 +651,7 @@ def test_tp_comm_overlap_is_recorded_and_only_megatron_runs_a_tensor_parallel_pl
     """`plan --tp-comm-overlap on` costs every tensor-parallel block with its collectives under its GEMMs: plan.json
     says so (schema-valid), report.md too, and the runtimes' verdicts follow the plan's stages (torch and
     torchtitan refuse only a plan with tp > 1). With --runtime megatron (auto) it is on; off by default."""
-    from conftest import real_export
+    from helpers import real_export
 
     model = str(real_export("clip.legacy.onnx"))
     out = tmp_path / "on"
@@ -671,7 +671,7 @@ def test_tp_comm_overlap_is_recorded_and_only_megatron_runs_a_tensor_parallel_pl
 def test_attention_unfused_is_recorded_and_costed(tmp_path):
     """`plan --attention unfused` plans with each fused Attention op costed as its unfused kernels: plan.json
     records the kernel (schema-valid) for the Megatron export, and report.md says it; by default it is fused."""
-    from conftest import REPO
+    from helpers import REPO
 
     model = str(REPO / "models" / "gpt_1_7b.onnx")
     out = tmp_path / "unfused"

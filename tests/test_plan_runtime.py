@@ -133,7 +133,7 @@ def test_the_planner_returns_only_what_the_runtime_runs_and_says_why_it_left_the
     from opsched.cost.cluster import Training, cluster_from_dict
     from opsched.export.torch_csv import check_expressible
     from opsched.plan.search import plan_block_graph
-    from conftest import SLOW_LINK_CLUSTER
+    from helpers import SLOW_LINK_CLUSTER
     from test_plan_cli import two_tower_graph
 
     result = plan_block_graph(two_tower_graph(), cluster_from_dict(SLOW_LINK_CLUSTER), Training(microbatches=4),
@@ -155,7 +155,7 @@ def test_an_unknown_runtime_is_refused_by_argparse(tmp_path, capsys):
 @pytest.mark.parametrize("runtime", ["megatron", "torchtitan"])
 def test_a_model_with_two_layer_stacks_is_refused_before_the_search(runtime, tmp_path, capsys):
     """CLIP's two towers: no Megatron / torchtitan pipeline splits two stacks, known right after the import."""
-    from conftest import real_export
+    from helpers import real_export
 
     before = _snapshot(tmp_path)
     code = main(["plan", str(real_export("clip.legacy.onnx")), "--devices", "4", "--runtime", runtime,
@@ -172,7 +172,7 @@ def test_a_model_with_two_layer_stacks_is_refused_before_the_search(runtime, tmp
 def test_no_runnable_plan_says_why_and_how_to_widen_the_search(tmp_path, capsys):
     """A model without a batch dimension: no Megatron-style layout is searched, and the block-level splits cut a
     layer; one line names the first reason and the way out, exit 2, nothing written."""
-    from conftest import real_export
+    from helpers import real_export
 
     before = _snapshot(tmp_path)
     code = main(["plan", str(real_export("deepseek_lm_2L_sh1_r4.dynamo.onnx")), "--devices", "4", "--time-limit", "2",

@@ -5,7 +5,7 @@ import re
 import subprocess
 import sys
 
-from conftest import REPO
+from helpers import REPO
 from opsched.upper.layouts import NOTATION
 
 README = (REPO / "README.md").read_text(encoding="utf-8")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import hand_1f1b as one_f_one_b
+from helpers import hand_1f1b as one_f_one_b
 from opsched.errors import OpschedError
 from opsched.schedule import (
     Edge,

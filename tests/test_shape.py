@@ -12,7 +12,7 @@ from opsched.plan.search import plan_block_graph
 from opsched.schedule import Edge, Job, Pair, Schedule, Stage, StageGraph, chain_stage_graph, pair_duration, simulate
 from opsched.units import seconds_text
 from opsched.schedule.shape import branches_text, overlap_text, schedule_shape, shape_title
-from conftest import SLOW_LINK_CLUSTER
+from helpers import SLOW_LINK_CLUSTER
 from test_plan_cli import two_tower_graph
 
 TIMES = {"F": 1.0, "I": 1.0, "W": 1.0}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import process_alive
+from helpers import process_alive
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -17,7 +17,7 @@ from opsched.schedule import chain_stage_graph, validate
 from opsched.solving.solver import Objective, Status, new_model, require
 from opsched.upper.layouts import Layout
 from opsched.upper.mip import solve_upper, upper_problem
-from conftest import SLOW_LINK_CLUSTER
+from helpers import SLOW_LINK_CLUSTER
 from test_plan_cli import MODELS, two_tower_graph
 
 

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import process_alive
+from helpers import process_alive
 
 from opsched.baselines import baseline_orders
 from opsched.solving.isolate import SolverCrash, TimedOut, run_isolated

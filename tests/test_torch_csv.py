@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import hand_1f1b as one_f_one_b
+from helpers import hand_1f1b as one_f_one_b
 from opsched import baselines as base
 from opsched.cli import main
 from opsched.errors import OpschedError

@@ -12,7 +12,7 @@ from opsched.model.graph import Block
 from opsched.upper.layouts import Layout, layouts
 from opsched.upper.mip import estimate, solve_upper, upper_problem
 from opsched.upper.stages import build_stage_graph
-from conftest import SLOW_LINK_CLUSTER
+from helpers import SLOW_LINK_CLUSTER
 
 SPEC = SLOW_LINK_CLUSTER
 
