@@ -223,3 +223,15 @@ def process_alive(pid: int) -> bool:
     except OSError:
         return False
     return state not in ("Z", "X")
+
+
+def block_of_ops(blockgraph) -> dict[str, int]:
+    """OpGraph node name -> block id."""
+    return {v: b for b, data in blockgraph.nodes(data=True) for v in data["block"].ops}
+
+
+def job_order(order) -> dict[int, list]:
+    """The order with pairs split into their two jobs."""
+    from opsched.schedule import jobs_of
+
+    return {d: [j for a in actions for j in jobs_of(a)] for d, actions in order.items()}

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import make_moe_model, real_export, save
-from opsched.model.coarsen import block_of_ops, coarsen, parallel_branches
+from helpers import block_of_ops, make_moe_model, real_export, save
+from opsched.model.coarsen import coarsen, parallel_branches
 from opsched.errors import OpschedError
 from opsched.model.graph import COST_FIELDS, OpNode, add_op, new_op_graph, totals
 from opsched.model.onnx_import import import_onnx

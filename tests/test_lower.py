@@ -363,7 +363,7 @@ def test_plan_twice_gives_the_same_plan(tmp_path):
 
 
 def test_mip_start_gives_every_variable_a_value_within_bounds():
-    from opsched.lower.listsched import job_order
+    from helpers import job_order
     from opsched.lower.lns import neighbourhood, slotted_starts
     from opsched.lower.timeindexed import build_model, complete_warm_start
 

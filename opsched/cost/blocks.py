@@ -427,10 +427,6 @@ def alltoall_time(nbytes: float, ranks: int, bandwidth: float, latency: float) -
     return (ranks - 1) * latency + (ranks - 1) / ranks * nbytes / bandwidth
 
 
-def group_devices(first: int, size: int) -> tuple[int, ...]:
-    return tuple(range(first, first + size))
-
-
 def block_cost(
     block: Block,
     mode: Mode,

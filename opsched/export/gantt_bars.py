@@ -183,7 +183,7 @@ TITLE_JOIN = "; "
 
 def chart_time_unit(schedule: Schedule) -> Unit:
     """The time unit of a chart's axis and hover texts: the one its makespan reads best in."""
-    return time_unit(max((e.end for e in schedule.events), default=0.0))
+    return time_unit(schedule.makespan)
 
 
 def job_description(e: Event, schedule: Schedule, unit: Unit | None = None) -> str:

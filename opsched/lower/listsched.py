@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from opsched.lower.jobs import EPS, JobSet, noise, order_fits
-from opsched.schedule import Action, Job, Order, Pair, jobs_of, pair_duration, simulate
+from opsched.schedule import Action, Job, Order, Pair, pair_duration, simulate
 
 #: priority rule name -> sort key of a candidate job (smaller runs first)
 PRIORITIES = ("zb", "forward", "critical")
@@ -747,11 +747,3 @@ def best_list_schedule(
             best = (order, span, v.name)
     assert best is not None
     return best[0], best[1], best[2], tried
-
-
-def job_order(order: Order) -> dict[int, list[Job]]:
-    """The order with pairs split into their two jobs (for splicing and windows)."""
-    out: dict[int, list[Job]] = {}
-    for d, actions in order.items():
-        out[d] = [j for a in actions for j in jobs_of(a)]
-    return out

@@ -148,7 +148,7 @@ class LowerResult:
 
     @property
     def makespan(self) -> float:
-        return max((e.end for e in self.schedule.events), default=0.0)
+        return self.schedule.makespan
 
 
 @dataclass(frozen=True)

@@ -555,11 +555,6 @@ def _block_graph(opgraph, order, members, edges, labels, depth, target_blocks) -
     return bg
 
 
-def block_of_ops(blockgraph: nx.DiGraph) -> dict[str, int]:
-    """OpGraph node name -> block id."""
-    return {v: b for b, data in blockgraph.nodes(data=True) for v in data["block"].ops}
-
-
 def parallel_branches(g: nx.DiGraph) -> int:
     """Width of a DAG by levels: the most nodes that share one ASAP level.
 

@@ -302,7 +302,7 @@ def _rows_at_depth(bg: nx.DiGraph, lay: Layout, cluster: Cluster, training: Trai
             layout=f"{G}x{lay.group_size} contiguous, {chain.config}",
             schedule=on_real_devices(sched, lay),
             makespan=m.makespan,
-            step_time=m.makespan + sync,
+            step_time=sched.step_time(sync),
             bubble_ratio=m.bubble_ratio,
             peak_memory_bytes=max(m.peak_memory_bytes, default=0.0),
             grad_sync=sync,

@@ -103,19 +103,15 @@ class Evaluation:
             "fits": self.fits,
             "breakdown": self.breakdown,
             # the planner's accounting of the same step: makespan + the whole gradient sync, no optimizer step
-            "makespan": self.schedule_makespan,
+            "makespan": self.schedule.makespan,
             "grad_sync_seconds": self.grad_sync,
         }
-
-    @property
-    def schedule_makespan(self) -> float:
-        return max((e.end for e in self.schedule.events), default=0.0)
 
     @property
     def planner_step(self) -> float:
         """The step as ``opsched plan`` counts every candidate's: the makespan plus the whole gradient sync (none of
         it hidden under the last backward), no optimizer step; like with like across its candidates."""
-        return self.schedule_makespan + self.grad_sync
+        return self.schedule.step_time(self.grad_sync)
 
 
 @dataclass
@@ -671,9 +667,6 @@ def _last_backward(sched: Schedule, ranks: int) -> list[tuple[float, float]]:
                     windows[r] += e.end - e.start
     return list(zip(ends, windows))
 
-
-#: the schedules evaluate runs by default (Megatron's), whose backwards are whole: what the layout floor assumes
-FUSED_BACKWARD = ("1f1b", "interleaved-1f1b")
 
 #: virtual pipeline degrees the layout search tries (each must divide the layers per pipeline rank)
 SEARCH_VPP = (1, 2, 4, 8)

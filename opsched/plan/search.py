@@ -643,7 +643,7 @@ def _keep_if_better(job: LowerJob, schedule: Schedule, outcome: LowerOutcome, cl
     """Keep a lower solve's schedule in ``job`` when it is better than what the job holds."""
     cand = job.candidate
     m = metrics(schedule)
-    step = m.makespan + job.grad_sync
+    step = schedule.step_time(job.grad_sync)
     if job.schedule is not None and step >= cand.step_time:
         return
     job.schedule, job.outcome = schedule, outcome

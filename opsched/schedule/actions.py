@@ -127,6 +127,16 @@ class Schedule:
     memory_limit: float | None = None
     name: str = ""
 
+    @property
+    def makespan(self) -> float:
+        """First job to last job: the end of the last event (0 for a schedule without events)."""
+        return max((e.end for e in self.events), default=0.0)
+
+    def step_time(self, grad_sync: float) -> float:
+        """The step as every level counts it: the makespan plus the gradient all-reduce done once per step, none
+        of it hidden under the last backward (the one home of this rule; docs/cost-model.md)."""
+        return self.makespan + grad_sync
+
 
 def _tie_break_key(sg: StageGraph, job: Job) -> tuple:
     """A tie-break between events that start and end together (zero durations) that respects dependencies."""

@@ -122,7 +122,7 @@ def metrics(schedule: Schedule) -> Metrics:
 def _metrics(schedule: Schedule) -> Metrics:
     sg = schedule.stage_graph
     n = sg.num_devices or 0
-    makespan = max((e.end for e in schedule.events), default=0.0)
+    makespan = schedule.makespan
     busy = busy_time(schedule)
     idle = [makespan - b for b in busy]
     bubble = sum(idle) / (n * makespan) if n and makespan > 0 else 0.0

@@ -122,9 +122,6 @@ class HeldBlock(NamedTuple):
     holds: str = "weights"
 
 
-#: what a block may hold (:class:`HeldBlock`)
-HOLDS = ("weights", "experts", "none")
-
 
 @dataclass
 class StageContents:
