@@ -17,32 +17,30 @@ import logging
 from pathlib import Path
 
 from opsched.errors import OpschedError
+from opsched.export.gantt import GANTT_FORMATS, gantt_format, write_gantt
 
 log = logging.getLogger(__name__)
-
-SUFFIXES = (".svg", ".png", ".html", ".htm", ".json")
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", metavar="PLAN.json", help="a plan file (schema opsched.plan/1)")
     parser.add_argument(
         "-o", "--output", action="append", required=True, metavar="OUT",
-        help="output file: .svg, .png, .html or .json (Perfetto); repeat for several; never the plan itself",
+        help="output file, its suffix naming the format: "
+             + "; ".join(f"{'/'.join(f.suffixes)} {f.what}" for f in GANTT_FORMATS)
+             + "; repeat for several; never the plan itself",
     )
     parser.add_argument("--title", help="title shown instead of the method name (step time, makespan and bubble ratio follow)")
     parser.add_argument("--no-validate", action="store_true", help="draw the plan even if it breaks a validity rule")
 
 
 def run(args: argparse.Namespace) -> int:
-    from opsched.export.gantt import write_gantt
     from opsched.export.plan_json import plan_step_time, read_plan
     from opsched.fileio import check_not_input, check_output_file
     from opsched.schedule import ScheduleError, validate
 
     # check every output before writing anything, so a typo or a bad place leaves no partial set of files
     for out in args.output:
-        if Path(out).suffix.lower() not in SUFFIXES:
-            raise OpschedError(f"cannot tell the Gantt format of {out!r}: use a .svg, .png, .html or .json file name")
+        gantt_format(out)  # a suffix that names no format is refused here, before anything is read
         check_not_input(out, [args.plan], "-o")
         check_output_file(out, "-o", example="gantt" + Path(out).suffix)
     schedule, doc = read_plan(args.plan)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 from opsched.errors import OpschedError
 from opsched.export.gantt_bars import Bar, gantt_bars  # noqa: F401 - the bars are part of this module's API
@@ -33,25 +34,54 @@ from opsched.export.gantt_image import write_image
 from opsched.export.gantt_trace import write_trace
 from opsched.schedule import Schedule
 
-__all__ = ["Bar", "can_draw_images", "gantt_bars", "write_gantt", "write_html", "write_image", "write_trace"]
+__all__ = ["GANTT_FORMATS", "Bar", "GanttFormat", "can_draw_images", "gantt_format", "gantt_bars", "write_gantt", "write_html", "write_image", "write_trace"]
+
+
+class GanttFormat(NamedTuple):
+    """A Gantt timeline's file format: the suffixes that name it and its writer."""
+
+    #: the file suffixes that choose it, lower case, the first the usual one
+    suffixes: tuple[str, ...]
+    #: what it is, in words (help texts)
+    what: str
+    #: writes a schedule to a path: ``write(schedule, path, title=..., step_time=...)``
+    write: Callable[..., Path]
+
+
+#: every Gantt format, in the order help texts list them: the one map ``opsched gantt`` and :func:`write_gantt` read
+GANTT_FORMATS = (
+    GanttFormat((".svg", ".png"), "a matplotlib picture", write_image),
+    GanttFormat((".html", ".htm"), "one page with hover details, zoom and pan, no network needed", write_html),
+    GanttFormat((".json",), "a Perfetto / chrome://tracing trace", write_trace),
+)
+
+#: the suffixes in words, for help texts and refusals: ".svg, .png, .html, .htm or .json"
+SUFFIXES_TEXT = (lambda every: ", ".join(every[:-1]) + " or " + every[-1])(
+    [suffix for fmt in GANTT_FORMATS for suffix in fmt.suffixes])
+
+
+def gantt_format(path: str | os.PathLike) -> GanttFormat:
+    """The format the suffix of ``path`` names, or :class:`OpschedError` saying which suffixes there are.
+
+    >>> gantt_format("out/gantt.PNG").what
+    'a matplotlib picture'
+    """
+    suffix = Path(path).suffix.lower()
+    for fmt in GANTT_FORMATS:
+        if suffix in fmt.suffixes:
+            return fmt
+    raise OpschedError(f"cannot tell the Gantt format of {str(path)!r}: use a {SUFFIXES_TEXT} (Perfetto) file name")
 
 
 def write_gantt(
     schedule: Schedule, path: str | os.PathLike, *, title: str | None = None, step_time: float | None = None
 ) -> Path:
-    """Write a Gantt timeline in the format named by the suffix of ``path`` (.json, .svg, .png, .html).
+    """Write a Gantt timeline in the format named by the suffix of ``path`` (:data:`GANTT_FORMATS`).
 
     ``step_time`` (seconds: the makespan plus the once-per-step gradient
     sync, plan.json's ``step_time``) joins the makespan in the title when given.
     """
-    suffix = Path(path).suffix.lower()
-    if suffix == ".json":
-        return write_trace(schedule, path, title=title, step_time=step_time)
-    if suffix in (".svg", ".png"):
-        return write_image(schedule, path, title=title, step_time=step_time)
-    if suffix in (".html", ".htm"):
-        return write_html(schedule, path, title=title, step_time=step_time)
-    raise OpschedError(f"cannot tell the Gantt format of {str(path)!r}: use a .svg, .png, .html or .json (Perfetto) file name")
+    return gantt_format(path).write(schedule, path, title=title, step_time=step_time)
 
 
 def can_draw_images() -> bool:
