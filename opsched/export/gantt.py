@@ -46,16 +46,18 @@ class GanttFormat(NamedTuple):
     what: str
     #: writes a schedule to a path: ``write(schedule, path, title=..., step_time=...)``
     write: Callable[..., Path]
+    #: other suffixes taken for it, never shown (.htm)
+    aliases: tuple[str, ...] = ()
 
 
 #: every Gantt format, in the order help texts list them: the one map ``opsched gantt`` and :func:`write_gantt` read
 GANTT_FORMATS = (
     GanttFormat((".svg", ".png"), "a matplotlib picture", write_image),
-    GanttFormat((".html", ".htm"), "one page with hover details, zoom and pan, no network needed", write_html),
+    GanttFormat((".html",), "one page with hover details, zoom and pan, no network needed", write_html, (".htm",)),
     GanttFormat((".json",), "a Perfetto / chrome://tracing trace", write_trace),
 )
 
-#: the suffixes in words, for help texts and refusals: ".svg, .png, .html, .htm or .json"
+#: the suffixes in words, for help texts and refusals: ".svg, .png, .html or .json"
 SUFFIXES_TEXT = (lambda every: ", ".join(every[:-1]) + " or " + every[-1])(
     [suffix for fmt in GANTT_FORMATS for suffix in fmt.suffixes])
 
@@ -68,7 +70,7 @@ def gantt_format(path: str | os.PathLike) -> GanttFormat:
     """
     suffix = Path(path).suffix.lower()
     for fmt in GANTT_FORMATS:
-        if suffix in fmt.suffixes:
+        if suffix in fmt.suffixes + fmt.aliases:
             return fmt
     raise OpschedError(f"cannot tell the Gantt format of {str(path)!r}: use a {SUFFIXES_TEXT} (Perfetto) file name")
 
