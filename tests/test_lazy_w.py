@@ -27,7 +27,7 @@ from test_parting import start_orders
 from opsched.baselines import baseline_orders
 from opsched.lower.jobs import JobSet, activation_budgets, noise, order_fits
 from opsched.lower.lazy_w import device_groups, place_w_lazily
-from opsched.lower.lns import evaluate
+from opsched.lower.lns import incumbent_of
 from opsched.lower.solve import _reshape_start, _Search, solve, split_fused_backward
 from opsched.lower.warmup import deepen_warmup
 from opsched.schedule import Schedule, chain_stage_graph, jobs_of, simulate, validate
@@ -70,7 +70,7 @@ def check_lazy(js: JobSet, budgets, order) -> None:
     if order_fits(js.sg, last, budgets):
         ours, theirs = starts_of_others(js, lazy), starts_of_others(js, last)
         assert all(abs(ours[k] - theirs[k]) <= noise(theirs[k]) for k in theirs)
-        assert evaluate(js, lazy).makespan <= evaluate(js, last).makespan + noise(evaluate(js, last).makespan)
+        assert incumbent_of(js, lazy).makespan <= incumbent_of(js, last).makespan + noise(incumbent_of(js, last).makespan)
 
 
 @settings(max_examples=100, derandomize=True, deadline=None, database=None,
@@ -122,13 +122,13 @@ def test_zero_bubble_v_gains_from_lazy_w_and_then_a_deeper_warm_up(devices, micr
     sg, budgets = grid_v(devices)
     js = JobSet(sg, microbatches)
     zbv = split_fused_backward(baseline_orders(sg, microbatches)["zb-v"])
-    assert evaluate(js, zbv).makespan == lazy + 1.5
+    assert incumbent_of(js, zbv).makespan == lazy + 1.5
     placed = place_w_lazily(js, zbv, budgets)
-    assert evaluate(js, placed).makespan == lazy
+    assert incumbent_of(js, placed).makespan == lazy
     # the deeper warm-up gains only once the W wait: deepening ZB-V as it is gives one F less than both
     assert deepen_warmup(js, zbv, budgets).incumbent.makespan == lazy + 0.5
     again = place_w_lazily(js, deepen_warmup(js, placed, budgets).order, budgets)
-    assert evaluate(js, again).makespan == deepened and order_fits(sg, again, budgets)
+    assert incumbent_of(js, again).makespan == deepened and order_fits(sg, again, budgets)
 
 
 def test_the_solve_starts_from_it():
@@ -163,7 +163,7 @@ def test_a_chain_on_groups_runs_as_on_single_devices():
         lazy = place_w_lazily(JobSet(single, 8), one_f_one_b, activation_budgets(single, limit))
         grouped_lazy = place_w_lazily(JobSet(grouped, 8), on_groups, activation_budgets(grouped, limit))
         assert grouped_lazy == {d: lazy[d // 2] for d in range(8)}
-        assert evaluate(JobSet(grouped, 8), grouped_lazy).makespan == makespan
+        assert incumbent_of(JobSet(grouped, 8), grouped_lazy).makespan == makespan
         assert order_fits(grouped, grouped_lazy, activation_budgets(grouped, limit))
     # a group's devices in different orders: left alone
     on_groups[1] = list(reversed(on_groups[1]))
@@ -175,7 +175,7 @@ def test_a_passed_deadline_leaves_the_start_as_it_is():
     sg, budgets = grid_v(8)
     js = JobSet(sg, 16)
     zbv = split_fused_backward(baseline_orders(sg, 16)["zb-v"])
-    best = ("zb-v", zbv, evaluate(js, zbv))
+    best = ("zb-v", zbv, incumbent_of(js, zbv))
     late = _Search(js, budgets, Objective.MAKESPAN, "cbc", 1, time.monotonic() - 1.0, 0.0, lambda news: None)
     assert _reshape_start(late, best, set()) is best
     assert late.clock_cut == "the deadline came before reshaping the start"

@@ -19,7 +19,7 @@ from test_bounds import Instance, baseline_values, brute_force, instances, list_
 from opsched.baselines import baseline_orders
 from opsched.lower import solve
 from opsched.lower.jobs import JobSet, activation_budgets, minimum_memory_limit, order_fits
-from opsched.lower.lns import (Incumbent, SearchLog, better, evaluate, large_neighbourhood_search, neighbourhood,
+from opsched.lower.lns import (Incumbent, SearchLog, SearchOptions, better, incumbent_of, large_neighbourhood_search, neighbourhood,
                                pair_count, preferred, slotted_timing)
 from opsched.lower.listsched import Variant, list_schedule
 from opsched.lower.pairing import pair_up
@@ -94,8 +94,9 @@ def test_search_improves_a_paired_start():
     # its node limit (at the function's default 800 the first ran into its 5 s clock cap, and what it returned
     # then depended on the machine)
     found = large_neighbourhood_search(js, start.incumbent, exact_slot(sg, pairs=True), budgets,
-                                       deadline=time.monotonic() + 60, max_solves=8,
-                                       max_variables=PAIR_SUBMIP_VARIABLES, pairs=True)
+                                       deadline=time.monotonic() + 60,
+                                       options=SearchOptions(max_solves=8, max_variables=PAIR_SUBMIP_VARIABLES,
+                                                             pairs=True))
     assert found.makespan < start.makespan
     assert order_fits(sg, found.order, budgets)
     paired = [a for acts in found.order.values() for a in acts if isinstance(a, Pair)]
@@ -203,8 +204,9 @@ def check_thinning(inst: Instance, fewer_pairs: bool) -> None:
     # windows sized as the solve's search sizes them with pairs: CBC finishes each within its node limit, not its
     # clock cap (which one instance's 800-variable windows reached twice, for 10 s); the property holds for any size
     found = large_neighbourhood_search(js, start.incumbent, exact_slot(sg, pairs=True), budgets,
-                                       deadline=time.monotonic() + 60, max_solves=3,
-                                       max_variables=PAIR_SUBMIP_VARIABLES, pairs=True, fewer_pairs=fewer_pairs)
+                                       deadline=time.monotonic() + 60,
+                                       options=SearchOptions(max_solves=3, max_variables=PAIR_SUBMIP_VARIABLES,
+                                                             pairs=True, fewer_pairs=fewer_pairs))
     assert not (preferred if fewer_pairs else better)(start.incumbent, found)
     assert found.value <= start.incumbent.value + TOL
     if fewer_pairs and found.value >= start.incumbent.value - TOL:
@@ -225,10 +227,10 @@ def test_thinning_parts_a_pair_the_parting_step_cannot():
     pairs where they are; the search that thins pairs moves the jobs of a window and parts one at the same makespan."""
     sg = chain_stage_graph(4, f=2, b=3, w=1, overlap_gain=1.0)
     js = JobSet(sg, 4)
-    start = evaluate(js, list_schedule(js, None, Variant(pairs=True)))
+    start = incumbent_of(js, list_schedule(js, None, Variant(pairs=True)))
     assert (pair_count(start.order), part_pairs(js, start.order).count) == (4, 0)
     found = large_neighbourhood_search(js, start, exact_slot(sg, pairs=True), None, deadline=time.monotonic() + 60,
-                                       max_solves=6, pairs=True, fewer_pairs=True)
+                                       options=SearchOptions(max_solves=6, pairs=True, fewer_pairs=True))
     assert found.makespan == start.makespan
     assert pair_count(found.order) < pair_count(start.order)
     validate(Schedule(sg, 4, simulate(sg, found.order, 4)))
@@ -245,7 +247,7 @@ def test_no_sub_mip_is_solved_twice_and_the_search_takes_the_same_steps(monkeypa
     sg = chain_stage_graph(4, f=2, b=3, w=1, overlap_gain=1.0)
     js = JobSet(sg, 2)
     budgets = activation_budgets(sg, minimum_memory_limit(sg, 2) + 2)
-    start = evaluate(js, list_schedule(js, budgets, Variant(pairs=True)))
+    start = incumbent_of(js, list_schedule(js, budgets, Variant(pairs=True)))
     signature = timeindexed.SlotProblem.signature
 
     def search() -> tuple[Incumbent, SearchLog, list]:
@@ -258,8 +260,8 @@ def test_no_sub_mip_is_solved_twice_and_the_search_takes_the_same_steps(monkeypa
 
         monkeypatch.setattr(lns, "solve_slot_problem", spy)
         found = large_neighbourhood_search(js, start, exact_slot(sg, pairs=True), budgets, log=log,
-                                           deadline=time.monotonic() + 60, max_solves=10, pairs=True,
-                                           fewer_pairs=fewer_pairs)
+                                           deadline=time.monotonic() + 60,
+                                           options=SearchOptions(max_solves=10, pairs=True, fewer_pairs=fewer_pairs))
         return found, log, solved
 
     found, log, solved = search()

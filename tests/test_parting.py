@@ -23,7 +23,7 @@ from opsched.errors import OpschedError
 from opsched.lower import solve
 from opsched.lower.jobs import JobSet, activation_budgets, order_fits, order_peak_activation
 from opsched.lower.listsched import default_variants, list_schedule
-from opsched.lower.lns import evaluate
+from opsched.lower.lns import incumbent_of
 from opsched.lower.parting import part_pairs
 from opsched.lower.solve import _same_jobs, split_fused_backward
 from opsched.schedule import Job, Pair, Schedule, chain_stage_graph, validate
@@ -34,7 +34,7 @@ TOL = 1e-9
 
 
 def makespan(js: JobSet, order) -> float:
-    return evaluate(js, order).makespan
+    return incumbent_of(js, order).makespan
 
 
 def pairs_in(order) -> int:

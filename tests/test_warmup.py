@@ -22,7 +22,7 @@ from test_parting import start_orders
 
 from opsched.baselines import baseline_orders
 from opsched.lower.jobs import JobSet, activation_budgets, order_fits
-from opsched.lower.lns import better, evaluate
+from opsched.lower.lns import better, incumbent_of
 from opsched.lower.solve import split_fused_backward
 from opsched.lower.warmup import deepen_warmup
 from opsched.schedule import Job, Schedule, chain_stage_graph, jobs_of, simulate, validate
@@ -30,9 +30,9 @@ from opsched.solving.solver import Objective
 
 
 def check_deepen(js: JobSet, budgets, order, objective: Objective) -> None:
-    start = evaluate(js, order, objective)
+    start = incumbent_of(js, order, objective)
     deepened = deepen_warmup(js, order, budgets, objective, max_simulations=40)
-    again = evaluate(js, deepened.order, objective)
+    again = incumbent_of(js, deepened.order, objective)
     assert (again.value, again.total_end) == (deepened.incumbent.value, deepened.incumbent.total_end)
     assert deepened.moves == 0 or better(deepened.incumbent, start)
     assert not better(start, deepened.incumbent)
@@ -72,7 +72,7 @@ def test_one_more_forward_at_the_tip_shortens_zero_bubble_v(devices, microbatche
     js = JobSet(sg, microbatches)
     budgets = activation_budgets(sg, 2 * devices + 1)
     zbv = split_fused_backward(baseline_orders(sg, microbatches)["zb-v"])
-    assert evaluate(js, zbv).makespan == before
+    assert incumbent_of(js, zbv).makespan == before
     deepened = deepen_warmup(js, zbv, budgets)
     assert deepened.incumbent.makespan == after and deepened.moves >= 1
     tip = devices - 1  # the device that waits longest for its first backward moved a forward before it

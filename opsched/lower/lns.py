@@ -88,7 +88,7 @@ def objective_value(js: JobSet, events, objective: Objective = Objective.MAKESPA
     raise ValueError(f"unknown objective {objective!r}")
 
 
-def evaluate(js: JobSet, order: dict, objective: Objective = Objective.MAKESPAN) -> Incumbent:
+def incumbent_of(js: JobSet, order: dict, objective: Objective = Objective.MAKESPAN) -> Incumbent:
     """Time ``order`` with the simulator and wrap it as an :class:`Incumbent`."""
     return timed_incumbent(js, order, simulate(js.sg, order, js.microbatches),
                            objective)
@@ -210,6 +210,33 @@ class SearchLog:
         return self.solves + self.repeats
 
 
+@dataclass(frozen=True)
+class SearchOptions:
+    """How hard and how the neighbourhood search works (:func:`large_neighbourhood_search`): its budgets and modes."""
+
+    #: the MIP solver of the sub-MIPs, and the threads each may use
+    solver: str = "cbc"
+    threads: int = 1
+    #: a window's sub-MIP at most this many variables (its width follows), and its branch-and-bound nodes
+    max_variables: int = SUBMIP_VARIABLES
+    max_nodes: int = 500
+    #: sweeps of windows without an improvement before the search stops
+    rounds: int = 12
+    #: a proven lower bound: the search stops once the incumbent reaches it
+    target: float = 0.0
+    objective: Objective = Objective.MAKESPAN
+    #: sub-MIPs posed at most (a deterministic budget; None: no cap)
+    max_solves: int | None = None
+    #: each sub-MIP's clock cap (CBC's root can take long on wide windows; the node limit does not bound it)
+    max_seconds_per_solve: float = SECONDS_PER_SOLVE
+    #: the freed jobs of a window may form new overlapped pairs and part old ones
+    pairs: bool = False
+    #: sub-MIPs minimise the pairs between the objective and the flow; a result is accepted by :func:`thinner`
+    fewer_pairs: bool = False
+    #: stop after this many sub-MIPs in a row that gave nothing accepted (a deterministic budget too)
+    patience: int | None = None
+
+
 def large_neighbourhood_search(
     js: JobSet,
     incumbent: Incumbent,
@@ -217,45 +244,23 @@ def large_neighbourhood_search(
     budgets,
     *,
     deadline: float,
-    solver: str = "cbc",
-    threads: int = 1,
-    max_variables: int = SUBMIP_VARIABLES,
-    max_nodes: int = 500,
-    rounds: int = 12,
-    target: float = 0.0,
-    objective: Objective = Objective.MAKESPAN,
-    max_solves: int | None = None,
-    max_seconds_per_solve: float = SECONDS_PER_SOLVE,
+    options: SearchOptions = SearchOptions(),
     on_improve: Callable[[Incumbent], None] | None = None,
     on_solve: Callable[[SearchLog], None] | None = None,
     log: SearchLog | None = None,
-    pairs: bool = False,
-    fewer_pairs: bool = False,
-    patience: int | None = None,
 ) -> Incumbent:
-    """Improve ``incumbent`` window by window until ``rounds`` sweeps give nothing or time runs out.
+    """Improve ``incumbent`` window by window until ``options.rounds`` sweeps give nothing or time runs out.
 
-    ``budgets`` are the activation budgets per device (``None``: no limit).
-    ``max_solves`` caps the number of sub-MIPs posed (:attr:`SearchLog.posed`) and ``max_nodes`` each
-    sub-MIP's branch-and-bound nodes (deterministic budgets). The clock stops
-    work only when these do not: each sub-MIP also stops after ``max_seconds_per_solve``
-    (CBC's root can take long on wide windows; the node limit does not bound
-    it) and the search stops at ``deadline``; when either binds, the result
-    depends on the machine and ``log.timed_out`` says so.
-
-    ``target`` (a proven lower bound) stops the search once reached.
-    ``on_improve`` gets each better incumbent, ``on_solve`` the log after
-    each sub-MIP that found nothing better.
-
-    The incumbent may hold overlapped pairs; with ``pairs`` the freed jobs
-    of a window may also form new ones and part old ones (the slot must
-    make every pair length whole: :func:`opsched.lower.timeindexed.exact_slot`).
-    With ``fewer_pairs``, sub-MIPs minimise the pairs between the objective and
-    the flow, and a result is accepted by :func:`thinner` (thinning pairs).
-    ``patience``: stop after this many sub-MIPs in a row that gave nothing
-    accepted (a deterministic budget too).
+    ``budgets`` are the activation budgets per device (``None``: no limit). ``options.max_solves`` caps the
+    sub-MIPs posed (:attr:`SearchLog.posed`) and ``options.max_nodes`` each one's branch-and-bound nodes
+    (deterministic budgets). The clock stops work only when these do not: each sub-MIP also stops after
+    ``options.max_seconds_per_solve`` and the search at ``deadline``; when either binds, the result depends on
+    the machine and ``log.timed_out`` says so. ``on_improve`` gets each better incumbent, ``on_solve`` the log
+    after each sub-MIP that found nothing better. The incumbent may hold overlapped pairs; with ``options.pairs``
+    the slot must make every pair length whole (:func:`opsched.lower.timeindexed.exact_slot`).
     """
-    accept = thinner if fewer_pairs else better
+    o = options
+    accept = thinner if o.fewer_pairs else better
     fruitless = 0  # sub-MIPs posed since the last accepted one
     tried: set[tuple] = set()  # signatures of the sub-MIPs solved on this incumbent
     log = log or SearchLog()
@@ -263,24 +268,24 @@ def large_neighbourhood_search(
     ssg = slotted_stage_graph(js.sg, slot)
     t0 = time.monotonic()
     width = None
-    for _ in range(rounds):  # a round is one sweep of windows
+    for _ in range(o.rounds):  # a round is one sweep of windows
         improved_round = False
         timing: SlottedTiming | None = slotted_timing(js, incumbent.order, slot, ssg)
         horizon = timing.horizon  # the windows of this sweep come from its first incumbent
         if width is None:
-            width = base_width = _initial_width(js, base, horizon, max_variables)
+            width = base_width = _initial_width(js, base, horizon, o.max_variables)
         # windows much larger than the first sweep's make sub-MIPs CBC cannot finish: skipped
-        size_cap = min(4 * max_variables, 2 * max_variables * (width / base_width) ** 2)
+        size_cap = min(4 * o.max_variables, 2 * o.max_variables * (width / base_width) ** 2)
         for lo, hi, devices in _windows(js, horizon, width):
-            if _search_done(incumbent, target, deadline, max_solves, log):
+            if _search_done(incumbent, o.target, deadline, o.max_solves, log):
                 return incumbent
             posed_before = log.posed
             # the incumbent's timing changes only with the incumbent
             timing = timing or slotted_timing(js, incumbent.order, slot, ssg)
             candidate = _window_candidate(
-                js, base, timing, ssg if pairs else None, slot, (lo, hi, devices), size_cap, log, tried,
-                solver=solver, threads=threads, max_nodes=max_nodes, objective=objective, fewer_pairs=fewer_pairs,
-                time_limit=max(0.05, min(max_seconds_per_solve, deadline - time.monotonic())),
+                js, base, timing, ssg if o.pairs else None, slot, (lo, hi, devices), size_cap, log, tried,
+                solver=o.solver, threads=o.threads, max_nodes=o.max_nodes, objective=o.objective, fewer_pairs=o.fewer_pairs,
+                time_limit=max(0.05, min(o.max_seconds_per_solve, deadline - time.monotonic())),
             )
             if candidate is not None and accept(candidate, incumbent) and order_fits(js.sg, candidate.order, budgets):
                 incumbent, timing = candidate, None
@@ -295,7 +300,7 @@ def large_neighbourhood_search(
                 fruitless += 1
                 if on_solve is not None:
                     on_solve(log)
-                if patience is not None and fruitless >= patience:
+                if o.patience is not None and fruitless >= o.patience:
                     return incumbent
         if not improved_round:
             if width >= horizon:
@@ -343,7 +348,7 @@ def _window_candidate(js: JobSet, base: SlotProblem, timing: SlottedTiming, pair
     log.timed_out = log.timed_out or out.timed_out
     if out.starts is None:
         return None
-    return evaluate(js, starts_to_order(js, out.starts, out.pairs), solve_options["objective"])
+    return incumbent_of(js, starts_to_order(js, out.starts, out.pairs), solve_options["objective"])
 
 
 def better(a: Incumbent, b: Incumbent) -> bool:

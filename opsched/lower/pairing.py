@@ -20,13 +20,13 @@ memory budgets (a pair allocates its F before its backward frees,
 
 >>> from opsched.schedule import Job as J, chain_stage_graph
 >>> from opsched.lower.jobs import JobSet
->>> from opsched.lower.lns import evaluate
+>>> from opsched.lower.lns import incumbent_of
 >>> js = JobSet(chain_stage_graph(2, f=1, b=2, w=1, overlap_gain=1.0), 3)
 >>> order = {0: [J(0, 0, "F"), J(0, 1, "F"), J(0, 2, "F"), J(0, 0, "I"), J(0, 0, "W"), J(0, 1, "I"), J(0, 1, "W"),
 ...              J(0, 2, "I"), J(0, 2, "W")],
 ...          1: [J(1, 0, "F"), J(1, 0, "I"), J(1, 1, "F"), J(1, 1, "I"), J(1, 0, "W"), J(1, 2, "F"), J(1, 2, "I"),
 ...              J(1, 1, "W"), J(1, 2, "W")]}
->>> evaluate(js, order).makespan
+>>> incumbent_of(js, order).makespan
 10.0
 >>> paired = pair_up(js, order, None)  # the last stage's F of microbatch 1 hides inside the I of microbatch 0
 >>> paired.makespan, str(paired.order[1][1])

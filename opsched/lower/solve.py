@@ -48,8 +48,9 @@ from opsched.lower.lns import (
     SECONDS_PER_SOLVE,
     SUBMIP_VARIABLES,
     SearchLog,
+    SearchOptions,
     better,
-    evaluate,
+    incumbent_of,
     large_neighbourhood_search,
     objective_value,
     pair_count,
@@ -454,7 +455,7 @@ def _search(
     """
     run = _Search(js, budgets, objective, solver, threads, deadline, bound, report, search_bound=search_bound)
     name, start, _ = _best_start(run, allow_pairs, warm_orders)
-    best = evaluate(js, start, objective)
+    best = incumbent_of(js, start, objective)
     pairs = _pairs_searched(js, allow_pairs)
     slot = slot or auto_slot(js.sg, best.makespan, pairs=pairs)
     run.pairs = pairs  # an inexact slot rounds pair lengths up, as it does every pass (pair_length)
@@ -531,7 +532,7 @@ def _thinning(js: JobSet, budgets, solver: str, threads: int, order: Order, boun
               deadline: float, report: Callable[[_News], None]) -> _News:
     """:func:`thin_pairs`'s search process: :func:`_thin_pairs` from ``order``."""
     run = _Search(js, budgets, Objective.MAKESPAN, solver, threads, deadline, bound, report)
-    run.best, run.pairs, run.slot = evaluate(js, order), True, slot
+    run.best, run.pairs, run.slot = incumbent_of(js, order), True, slot
     run.value = run.best.value
     _thin_pairs(run, slot)
     return run.news(done=True)
@@ -557,10 +558,11 @@ def _thin_pairs(run: _Search, slot: float) -> None:
         run.send(f"thinning pairs: {pair_count(inc.order)} of {before} left")
 
     run.best = large_neighbourhood_search(
-        run.js, run.best, slot, run.budgets, deadline=run.deadline, solver=run.solver, threads=run.threads,
-        log=thinning, objective=run.objective, max_solves=THINNING_BUDGET, on_improve=thinned, pairs=True,
-        fewer_pairs=True, max_variables=PAIR_SUBMIP_VARIABLES, max_seconds_per_solve=THINNING_SECONDS_PER_SOLVE,
-        patience=THINNING_PATIENCE,
+        run.js, run.best, slot, run.budgets, deadline=run.deadline, log=thinning, on_improve=thinned,
+        options=SearchOptions(solver=run.solver, threads=run.threads, objective=run.objective,
+                              max_solves=THINNING_BUDGET, pairs=True, fewer_pairs=True,
+                              max_variables=PAIR_SUBMIP_VARIABLES, max_seconds_per_solve=THINNING_SECONDS_PER_SOLVE,
+                              patience=THINNING_PATIENCE),
     )
     run.cut(THINNING_CUT, thinning.timed_out)
 
@@ -627,7 +629,7 @@ def _solve_whole_mip(run: _Search) -> None:
     )
     run.cut("the whole MIP stopped at its cap, half the time left", out.timed_out)
     if out.starts is not None:
-        cand = evaluate(js, starts_to_order(js, out.starts), run.objective)
+        cand = incumbent_of(js, starts_to_order(js, out.starts), run.objective)
         if better(cand, best) and order_fits(js.sg, cand.order, run.budgets):
             run.best = cand
             run.improved(cand.order, cand.value)
@@ -657,10 +659,11 @@ def _neighbourhood_search(run: _Search, search_budget: int | None) -> None:
         run.send()
 
     run.best = large_neighbourhood_search(
-        run.js, run.best, run.slot, run.budgets, deadline=run.deadline, solver=run.solver, threads=run.threads,
-        target=max(run.bound, run.search_bound), log=search, objective=run.objective, max_solves=search_budget,
-        on_improve=improved, on_solve=solved, pairs=run.pairs,
-        max_variables=PAIR_SUBMIP_VARIABLES if run.pairs else SUBMIP_VARIABLES,
+        run.js, run.best, run.slot, run.budgets, deadline=run.deadline, log=search, on_improve=improved,
+        on_solve=solved,
+        options=SearchOptions(solver=run.solver, threads=run.threads, target=max(run.bound, run.search_bound),
+                              objective=run.objective, max_solves=search_budget, pairs=run.pairs,
+                              max_variables=PAIR_SUBMIP_VARIABLES if run.pairs else SUBMIP_VARIABLES),
     )
     run.cut(SEARCH_CUT, search.timed_out)
     run.solves = search.solves

@@ -1,4 +1,30 @@
-"""The simulator: an order of actions per device becomes as-soon-as-possible timed events."""
+"""The simulator: an order of actions per device becomes as-soon-as-possible timed events.
+
+Resuming (:func:`simulate`'s ``earlier`` and ``since``): ``earlier`` are its events for another order that
+runs, on every device, the same actions in the same sequence as ``order``
+up to those that started at ``since`` or later. Nothing before ``since``
+can change (an action's start depends only on actions that ended by
+then), so those events are kept and only the rest of ``order`` is timed
+and checked: when an order changes at one point, as a local search's
+move does, only the actions after it cost time. Raises
+:class:`OpschedError` when the kept events are not the first actions of
+``order`` on their devices.
+
+>>> sg = chain_stage_graph(2, f=1, b=2)
+>>> order = {0: [Job(0, 0, "F"), Job(0, 1, "F"), Job(0, 0, "B"), Job(0, 1, "B")],
+...          1: [Job(1, 0, "F"), Job(1, 0, "B"), Job(1, 1, "F"), Job(1, 1, "B")]}
+>>> events = simulate(sg, order, 2)
+>>> max(e.end for e in events)
+9.0
+
+Device 1 running both forwards first changes nothing before 2, when its
+second action starts:
+
+>>> swapped = {0: order[0], 1: [Job(1, 0, "F"), Job(1, 1, "F"), Job(1, 0, "B"), Job(1, 1, "B")]}
+>>> resumed = simulate(sg, swapped, 2, earlier=events, since=2.0)
+>>> resumed == simulate(sg, swapped, 2), max(e.end for e in resumed)
+(True, 9.0)
+"""
 
 from __future__ import annotations
 
@@ -30,36 +56,9 @@ def simulate(sg: StageGraph, order: Order, microbatches: int, earlier: Sequence[
     (start, stage, microbatch, pass); overlapped pairs are numbered 0, 1, ...
     in that order.
 
-    Resuming: ``earlier`` are this function's events for another order that
-    runs, on every device, the same actions in the same sequence as ``order``
-    up to those that started at ``since`` or later. Nothing before ``since``
-    can change (an action's start depends only on actions that ended by
-    then), so those events are kept and only the rest of ``order`` is timed
-    and checked: when an order changes at one point, as a local search's
-    move does, only the actions after it cost time. Raises
-    :class:`OpschedError` when the kept events are not the first actions of
-    ``order`` on their devices.
-
-    >>> sg = chain_stage_graph(2, f=1, b=2)
-    >>> order = {0: [Job(0, 0, "F"), Job(0, 1, "F"), Job(0, 0, "B"), Job(0, 1, "B")],
-    ...          1: [Job(1, 0, "F"), Job(1, 0, "B"), Job(1, 1, "F"), Job(1, 1, "B")]}
-    >>> events = simulate(sg, order, 2)
-    >>> max(e.end for e in events)
-    9.0
-
-    Device 1 running both forwards first changes nothing before 2, when its
-    second action starts:
-
-    >>> swapped = {0: order[0], 1: [Job(1, 0, "F"), Job(1, 1, "F"), Job(1, 0, "B"), Job(1, 1, "B")]}
-    >>> resumed = simulate(sg, swapped, 2, earlier=events, since=2.0)
-    >>> resumed == simulate(sg, swapped, 2), max(e.end for e in resumed)
-    (True, 9.0)
+    Resuming from ``earlier`` events at ``since``: the module docstring.
     """
-    queues = {d: [] for d in range(sg.num_devices or 0)}
-    for d, acts in order.items():
-        if d not in queues:
-            raise OpschedError(f"the order lists device {d}, but the StageGraph has devices 0..{sg.num_devices - 1}")
-        queues[d] = list(acts)
+    queues = _queues(sg, order)
     heads, device_free, finished, events = _resumed(sg, queues, [e for e in earlier if e.start < since])
     devices_of = _checked_actions(sg, queues, heads, microbatches, finished)
     next_pair = 1 + max((e.pair for e in events if e.pair is not None), default=-1)  # ids apart from the kept ones
@@ -103,12 +102,24 @@ def simulate(sg: StageGraph, order: Order, microbatches: int, earlier: Sequence[
                 remaining -= 1
             progressed = True
         if not progressed:
-            blocked = {
-                d: str(queues[d][heads[d]]) for d in sorted(queues) if heads[d] < len(queues[d])
-            }
-            detail = ", ".join(f"device {d} waits at {a}" for d, a in blocked.items())
-            raise Deadlock(f"the order deadlocks: {detail}")
+            raise _deadlock(queues, heads)
     return _numbered(events)
+
+
+def _queues(sg: StageGraph, order: Order) -> dict[int, list[Action]]:
+    """Each device's actions (an empty list for a device the order leaves out); a device not in ``sg`` is refused."""
+    queues = {d: [] for d in range(sg.num_devices or 0)}
+    for d, acts in order.items():
+        if d not in queues:
+            raise OpschedError(f"the order lists device {d}, but the StageGraph has devices 0..{sg.num_devices - 1}")
+        queues[d] = list(acts)
+    return queues
+
+
+def _deadlock(queues: dict[int, list[Action]], heads: dict[int, int]) -> Deadlock:
+    """The deadlock of an order stuck at ``heads``, naming where each device waits."""
+    blocked = {d: str(queues[d][heads[d]]) for d in sorted(queues) if heads[d] < len(queues[d])}
+    return Deadlock("the order deadlocks: " + ", ".join(f"device {d} waits at {a}" for d, a in blocked.items()))
 
 
 def _resumed(sg: StageGraph, queues: dict[int, list[Action]],
