@@ -4,6 +4,9 @@ Each method lives in its own module, which states its placement and its order:
 
 * ``PLACEMENT``: the placement's name, a key of
   :data:`opsched.schedule.placement.PLACEMENTS`;
+* ``TORCH_SCHEDULE``: the torch.distributed.pipelining schedule class that
+  runs its order (``get_schedule_class``'s name), or None; ``MEGATRON_RUNS``:
+  whether Megatron-LM runs it itself (the exports read both);
 * ``stages_per_device(devices, stages)``: how many logical stages per device
   it regroups a chain of ``stages`` stages into;
 * ``devices_of(stage, devices)``: the devices logical stage ``stage`` runs

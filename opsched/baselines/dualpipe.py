@@ -24,6 +24,10 @@ from opsched.errors import Unsupported
 from opsched.schedule import Order, StageGraph
 
 PLACEMENT = "bidirectional"
+#: the schedule class torch.distributed.pipelining runs this order as (get_schedule_class), None if none
+TORCH_SCHEDULE = None
+#: Megatron-LM runs this schedule itself (its own 1F1B, interleaved when a rank holds several chunks)
+MEGATRON_RUNS = False
 #: what :func:`order` checks the stage graph against
 RULE = "two copies: stage r on device r and stage D+j (copy of j) on device D-1-j"
 

@@ -19,6 +19,10 @@ from opsched.schedule import Action, Job, Order, Pair, StageGraph, v_stages
 
 # ZB-V's placement: 2D stages in a V
 PLACEMENT = zb_v.PLACEMENT
+#: the schedule class torch.distributed.pipelining runs this order as (get_schedule_class), None if none
+TORCH_SCHEDULE = "DualPipeV"
+#: Megatron-LM runs this schedule itself (its own 1F1B, interleaved when a rank holds several chunks)
+MEGATRON_RUNS = False
 stages_per_device = zb_v.stages_per_device
 devices_of = zb_v.devices_of
 place = zb_v.place

@@ -31,6 +31,10 @@ from opsched.errors import Unsupported
 from opsched.schedule import Job, Order, StageGraph
 
 PLACEMENT = "interleaved"
+#: the schedule class torch.distributed.pipelining runs this order as (get_schedule_class), None if none
+TORCH_SCHEDULE = "Interleaved1F1B"
+#: Megatron-LM runs this schedule itself (its own 1F1B, interleaved when a rank holds several chunks)
+MEGATRON_RUNS = True
 
 
 def stages_per_device(devices: int, stages: int) -> int:

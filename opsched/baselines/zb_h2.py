@@ -30,6 +30,10 @@ from opsched.baselines.common import check_microbatches
 from opsched.schedule import Job, Order, StageGraph
 
 PLACEMENT = "chain"
+#: the schedule class torch.distributed.pipelining runs this order as (get_schedule_class), None if none
+TORCH_SCHEDULE = None
+#: Megatron-LM runs this schedule itself (its own 1F1B, interleaved when a rank holds several chunks)
+MEGATRON_RUNS = False
 stages_per_device = placement.one_stage_per_device
 devices_of = placement.chain_devices
 place = placement.place_chain

@@ -28,6 +28,10 @@ from opsched.baselines.common import Counters, check_microbatches
 from opsched.schedule import Job, Order, StageGraph, v_device, v_stages
 
 PLACEMENT = "v"
+#: the schedule class torch.distributed.pipelining runs this order as (get_schedule_class), None if none
+TORCH_SCHEDULE = "ZBVZeroBubble"
+#: Megatron-LM runs this schedule itself (its own 1F1B, interleaved when a rank holds several chunks)
+MEGATRON_RUNS = False
 #: what :func:`order` checks the stage graph against (DualPipeV shares it)
 V_RULE = "2D stages in a V (device i holds stages i and 2D-1-i)"
 

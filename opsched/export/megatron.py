@@ -39,7 +39,9 @@ import os
 import shlex
 from dataclasses import dataclass
 
-from opsched.export.plan_layout import Framework, PlanLayout, plan_layout
+from opsched.baselines import METHODS
+from opsched.export.framework import Framework
+from opsched.export.plan_layout import PlanLayout, plan_layout
 from opsched.schedule import Schedule
 from opsched.units import plural
 
@@ -49,7 +51,7 @@ MEGATRON = Framework("Megatron-LM", "plan a chain or an interleaved layout: Mega
 ARRAY = "OPSCHED_MEGATRON_ARGS"
 
 #: the plan methods whose order Megatron's own schedules follow: 1F1B, interleaved 1F1B with vpp > 1
-MEGATRON_SCHEDULES = ("1f1b", "interleaved-1f1b")
+MEGATRON_SCHEDULES = tuple(name for name, module in METHODS.items() if module.MEGATRON_RUNS)
 
 
 @dataclass(frozen=True)

@@ -47,17 +47,16 @@ import os
 from dataclasses import dataclass
 from typing import Union
 
-from opsched.export.plan_layout import Framework, PlanLayout, plan_layout
+from opsched.baselines import METHODS
+from opsched.export.framework import Framework
+from opsched.export.plan_layout import PlanLayout, plan_layout
 from opsched.schedule import Schedule
 from opsched.units import plural
 
 TORCHTITAN = Framework("torchtitan", "use DualPipeV, which torchtitan runs")
 
 #: opsched's methods whose order torch's schedule of that name runs (torch.distributed.pipelining.get_schedule_class)
-TORCH_SCHEDULES = {
-    "1f1b": "1F1B", "gpipe": "GPipe", "interleaved-1f1b": "Interleaved1F1B", "zb-v": "ZBVZeroBubble",
-    "dualpipev": "DualPipeV",
-}
+TORCH_SCHEDULES = {name: module.TORCH_SCHEDULE for name, module in METHODS.items() if module.TORCH_SCHEDULE}
 
 #: with a CSV, the schedule name only tells torchtitan how to place the stages: a V for ZBVZeroBubble and
 #: DualPipeV, rank c mod pp otherwise; one stage per rank is a single-stage schedule
