@@ -495,20 +495,24 @@ def test_a_global_batch_keeps_sequences_whole():
                                                        whole_sequences=True))
         assert max(m.dp for m in whole.modes[1]) == widest
         assert all(samples % m.dp == 0 for modes in whole.modes.values() for m in modes)
-    assert max(m.dp for m in loose.modes[1]) == cluster.devices  # without: a dp mode may split a sequence
+    # without: a split whose replicas would split a sequence is context parallel instead (costed by block_cost)
+    assert all(m.dp == 1 and m.tp * m.cp == cluster.devices for m in loose.modes[1] if m.ep == 1)
+    assert max(m.cp for m in loose.modes[1]) == cluster.devices
 
 
-def test_plan_says_when_its_data_parallel_modes_split_a_sequence(tmp_path):
-    """Without --global-batch a dpN mode over 1 sequence is context parallelism, uncosted: report.md says so."""
+def test_a_default_plan_costs_the_context_parallelism_it_uses(tmp_path):
+    """Without --global-batch a group whose replicas would split a sequence splits it by context parallelism,
+    named cpN in plan.json and costed (issue 45): no warning says anything is not costed."""
     from conftest import real_export
 
     model = str(real_export("clip.legacy.onnx"))
     assert main(["plan", model, "--devices", "8", "--time-limit", "2", "-o", str(tmp_path / "a"), "--quiet"]) == 0
     doc = json.loads((tmp_path / "a" / "plan.json").read_text())
     modes = {m for c in doc["stage_contents"].values() for m in c["modes"]}
-    splits = any(re.search(r"dp(\d+)", m) and int(re.search(r"dp(\d+)", m).group(1)) > doc["microbatch_size"]
-                 for m in modes)
-    assert splits == any("context parallelism" in w for w in doc["warnings"])
+    for m in modes:  # every data-parallel replica takes whole sequences
+        d = re.search(r"dp(\d+)", m)
+        assert d is None or doc["microbatch_size"] % int(d.group(1)) == 0, m
+    assert not any("not costed" in w for w in doc["warnings"])
     assert main(["plan", str(MODELS / "clip_vit_l14.onnx"), "--devices", "8", "--time-limit", "2",
                  "--global-batch", "64", "--quiet", "-o", str(tmp_path / "b")]) == 0
     doc = json.loads((tmp_path / "b" / "plan.json").read_text())

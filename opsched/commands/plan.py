@@ -91,7 +91,7 @@ from opsched.commands.args import (
 )
 from opsched.cost.cluster import ATTENTION_MODES
 from opsched.errors import MemoryTooSmall
-from opsched.export.runtimes import RUNTIMES
+from opsched.export.runtimes import CONTEXT_PARALLEL, RUNTIMES
 from opsched.plan.search import GLOSSARY
 from opsched.solving.solver import SOLVERS
 from opsched.upper.layouts import NOTATION
@@ -126,8 +126,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="microbatches per step, at most 4,096 (default 16, or global batch / micro-batch size)")
     parser.add_argument("--global-batch", type=positive_int, metavar="G",
                         help="sequences per step; data-parallel replicas then take whole sequences of a microbatch "
-                             "(without it, a data-parallel mode may split a microbatch's one sequence, which is "
-                             "context parallelism and its traffic is not costed)")
+                             "(without it, a group whose replicas would split a microbatch's sequences splits them "
+                             "by context parallelism, its K/V ring costed as `opsched evaluate` costs it)")
     parser.add_argument("--micro-batch-size", type=positive_int, metavar="B",
                         help="sequences per microbatch (the model's batch dimension; default: global batch / "
                              "microbatches with --global-batch, else the file's)")
@@ -220,7 +220,8 @@ def run(args: argparse.Namespace) -> int:
     training = Training(microbatches=microbatches, microbatch_size=int(used_dims.get("batch", 1)),
                         zero=args.zero, recompute="none" if args.recompute == "auto" else args.recompute,
                         optimizer_state="fp32" if args.optimizer_state == "auto" else args.optimizer_state,
-                        whole_sequences=args.global_batch is not None,
+                        # replicas of whole sequences; else context parallelism, costed, for a runtime that runs it
+                        whole_sequences=args.global_batch is not None or args.runtime not in ("any", *CONTEXT_PARALLEL),
                         tp_comm_overlap=overlap_tp, attention=args.attention,
                         # torch (and torchtitan, through it) runs an OVERLAP_F_B pair as F then B; Megatron pairs nothing
                         overlap_pairs=args.runtime == "any")
@@ -478,17 +479,11 @@ def megatron_layouts(args: argparse.Namespace, dims: dict[str, int], cluster, tr
 
 
 def plan_warnings(result, training, cluster) -> list[str]:
-    """What a reader of the chosen plan must know about it: uncosted sequence splits, devices left idle, fewer nodes
-    the time limit left unsearched."""
-    from opsched.units import plain, plural, ranges_text, seconds_text
+    """What a reader of the chosen plan must know about it: devices left idle, fewer nodes the time limit left
+    unsearched."""
+    from opsched.units import plain, ranges_text, seconds_text
 
     out = []
-    split = split_sequences(result, training)
-    if split:
-        out.append(f"the plan's data-parallel modes {', '.join(split)} split a microbatch of "
-                   f"{plural(result.microbatch_size, 'sequence')}: that is context parallelism, whose traffic "
-                   "is not costed; pass --global-batch G (and --micro-batch-size B) so that replicas take whole "
-                   "sequences")
     if result.idle_devices:
         idle = result.idle_devices
         every = result.on_every_device
@@ -540,19 +535,6 @@ def layout_row(e, bg, cluster, t0: float):
         peak_memory_bytes=e.peak_memory_bytes, grad_sync=e.grad_sync, solve_seconds=time.perf_counter() - t0,
         contents=contents, microbatch_size=lay.dp, recompute=lay.recompute,  # one sequence per replica
     )
-
-
-def split_sequences(result, training) -> list[str]:
-    """The chosen plan's modes whose data-parallel degree exceeds a microbatch's sequences (none with --global-batch).
-
-    Such a mode splits sequences across replicas: context parallelism, which the cost model does not cost.
-    """
-    if training.whole_sequences:
-        return []
-    from opsched.cost.blocks import Mode
-
-    modes = {m for contents in result.stage_contents.values() for m in contents.modes}
-    return sorted(m for m in modes if Mode.parse(m).dp > result.microbatch_size)
 
 
 def batch_dims(args: argparse.Namespace) -> tuple[dict[str, int], int]:
@@ -784,7 +766,7 @@ def overlapped_pairs(schedule) -> int:
 
 def runtimes_table(runtimes: dict[str, str | None], overlapped: int = 0) -> list[str]:
     """The report's Runtimes section: each runtime, the export that writes its files, or why it cannot run the plan."""
-    from opsched.export.runtimes import RUNTIMES
+    from opsched.export.runtimes import CONTEXT_PARALLEL, RUNTIMES
 
     if not runtimes:
         return []

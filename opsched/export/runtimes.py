@@ -50,6 +50,10 @@ RUNTIMES = {
     "torchtitan": "--torchtitan F.toml --torch-csv F.csv",
 }
 
+#: the runtimes that split a sequence over context-parallel ranks (Megatron-LM's --context-parallel-size,
+#: torchtitan's context_parallel_degree); torch's pipeline runtime alone does not (check_torch_can_run)
+CONTEXT_PARALLEL = ("megatron", "torchtitan")
+
 #: the place names in the files the export would write; nothing is written when only asking
 _PLAN, _CSV = "plan.json", "schedule.csv"
 
