@@ -472,8 +472,9 @@ def test_zero_one_holds_less_than_zero_zero_per_replica():
 
     g = two_tower_graph()
     cluster = cluster_from_dict(SPEC)
-    plain = upper_problem(g, Layout(cluster.devices, 1), cluster, Training(microbatches=4))
-    sharded = upper_problem(g, Layout(cluster.devices, 1), cluster, replace(Training(microbatches=4), zero=1))
+    training = Training(microbatches=4, microbatch_size=cluster.devices)  # one sequence per replica
+    plain = upper_problem(g, Layout(cluster.devices, 1), cluster, training)
+    sharded = upper_problem(g, Layout(cluster.devices, 1), cluster, replace(training, zero=1))
     dp = next(m for m in plain.modes[1] if m.dp == cluster.devices)
     replicas = cluster.devices
     assert sharded.cost[(1, 0, dp)].param_bytes == pytest.approx(plain.cost[(1, 0, dp)].param_bytes * (4 + 12 / replicas) / 16)

@@ -91,7 +91,7 @@ from opsched.commands.args import (
 )
 from opsched.cost.cluster import ATTENTION_MODES
 from opsched.errors import MemoryTooSmall
-from opsched.export.runtimes import CONTEXT_PARALLEL, RUNTIMES
+from opsched.export.runtimes import RUNTIMES
 from opsched.plan.search import GLOSSARY
 from opsched.solving.solver import SOLVERS
 from opsched.upper.layouts import NOTATION
@@ -220,8 +220,7 @@ def run(args: argparse.Namespace) -> int:
     training = Training(microbatches=microbatches, microbatch_size=int(used_dims.get("batch", 1)),
                         zero=args.zero, recompute="none" if args.recompute == "auto" else args.recompute,
                         optimizer_state="fp32" if args.optimizer_state == "auto" else args.optimizer_state,
-                        # replicas of whole sequences; else context parallelism, costed, for a runtime that runs it
-                        whole_sequences=args.global_batch is not None or args.runtime not in ("any", *CONTEXT_PARALLEL),
+                        whole_sequences=args.global_batch is not None,
                         tp_comm_overlap=overlap_tp, attention=args.attention,
                         # torch (and torchtitan, through it) runs an OVERLAP_F_B pair as F then B; Megatron pairs nothing
                         overlap_pairs=args.runtime == "any")
@@ -766,7 +765,7 @@ def overlapped_pairs(schedule) -> int:
 
 def runtimes_table(runtimes: dict[str, str | None], overlapped: int = 0) -> list[str]:
     """The report's Runtimes section: each runtime, the export that writes its files, or why it cannot run the plan."""
-    from opsched.export.runtimes import CONTEXT_PARALLEL, RUNTIMES
+    from opsched.export.runtimes import RUNTIMES
 
     if not runtimes:
         return []

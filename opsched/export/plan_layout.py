@@ -51,7 +51,7 @@ ParallelLayout(tp=2, pp=2, vpp=1, ep=1, etp=0, cp=1, dp=1, sp=True, zero=1, reco
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Collection, Mapping
 
 from opsched.cost.cluster import ATTENTION_MODES, OPTIMIZER_STATE_BYTES
 from opsched.cost.blocks import Mode
@@ -291,9 +291,11 @@ def _attention(doc: Mapping, refuse) -> str:
     return attention
 
 
-def check_torch_can_run(doc: Mapping, runtime: Runtime) -> None:
+def check_torch_can_run(doc: Mapping, runtime: Runtime, copies: Collection[int] = ()) -> None:
     """Refuse a plan that torch's pipeline runtime alone cannot run as costed: stages that split sequences over
-    context-parallel ranks (:func:`check_without_context_parallel`), or tensor-parallel collectives costed as
+    context-parallel ranks (:func:`check_without_context_parallel`), layers split between stages
+    (:func:`check_whole_layers`; ``copies``: the ids of stages that copy another, DualPipe's), or tensor-parallel
+    collectives costed as
     overlapped with their GEMMs.
 
     >>> doc = {"tp_comm_overlap": True, "stage_contents": {"0": {"modules": ["model.layers.0"], "config": "tp2.dp4"}}}
@@ -302,6 +304,7 @@ def check_torch_can_run(doc: Mapping, runtime: Runtime) -> None:
     opsched.errors.OpschedError: torch.distributed.pipelining cannot run this plan: its tensor-parallel collectives (tp2.dp4) are costed as running under their GEMMs (Megatron's --tp-comm-overlap), which it does not do; export it with --megatron F, or plan with --tp-comm-overlap off
     """
     check_without_context_parallel(doc, runtime)
+    check_whole_layers(doc, runtime, copies)
     if doc.get("tp_comm_overlap") is not True:
         return
     for config, base in _configs(doc):
@@ -309,6 +312,37 @@ def check_torch_can_run(doc: Mapping, runtime: Runtime) -> None:
             raise OpschedError(f"{runtime[0]} cannot run this plan: its tensor-parallel collectives ({config}) are "
                                "costed as running under their GEMMs (Megatron's --tp-comm-overlap), which it does "
                                "not do; export it with --megatron F, or plan with --tp-comm-overlap off")
+
+
+def check_whole_layers(doc: Mapping, runtime: Runtime, copies: Collection[int] = ()) -> None:
+    """Refuse a plan whose ``stage_contents`` split a numbered layer between stages, or hold a stack's layers out
+    of model order (:func:`stack_splits`'s rules): torch's runtime builds each stage from whole layers
+    (``opsched run --hf-config`` runs a model's own layer modules). A plan that does not say what its stages hold
+    (no ``stage_contents``: a `compare` schedule) has no layers to split; a stage in ``copies`` holds what the
+    stage it copies holds (DualPipe's second direction), which the schedule's own checks speak of.
+
+    >>> doc = {"stage_contents": {"0": {"modules": ["model.layers.0", "model.layers.1"]},
+    ...                           "1": {"modules": ["model.layers.1", "lm_head"]}}}
+    >>> check_whole_layers(doc, ("torch.distributed.pipelining", ""))
+    Traceback (most recent call last):
+    opsched.errors.OpschedError: torch.distributed.pipelining cannot run this plan: layer model.layers.1 is split between stages 0 and 1; its runtime builds each stage from whole layers (as `opsched run --hf-config` does); plan with --runtime torch, which keeps layers whole
+    """
+    raw = doc.get("stage_contents")
+    if not isinstance(raw, dict):
+        return
+    entries = [raw[k] for k in sorted(raw, key=lambda k: int(k) if str(k).isdigit() else -1)
+               if not (str(k).isdigit() and int(k) in copies)]
+    contents = [{"modules": [m for m in e.get("modules", []) if isinstance(m, str)]} for e in entries
+                if isinstance(e, dict) and isinstance(e.get("modules"), list)]
+
+    def refuse(reason: str) -> OpschedError:
+        reason = reason.replace("a framework puts whole layers on a pipeline stage",
+                                "its runtime builds each stage from whole layers (as `opsched run --hf-config` does); "
+                                "plan with --runtime torch, which keeps layers whole")
+        return OpschedError(f"{runtime[0]} cannot run this plan: {reason}")
+
+    if len(contents) == len(entries):
+        _stack_splits(contents, refuse)
 
 
 def _configs(doc: Mapping) -> list[tuple[str, Mode]]:

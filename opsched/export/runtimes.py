@@ -54,6 +54,10 @@ RUNTIMES = {
 #: torchtitan's context_parallel_degree); torch's pipeline runtime alone does not (check_torch_can_run)
 CONTEXT_PARALLEL = ("megatron", "torchtitan")
 
+#: the runtimes that build each pipeline stage from whole layers (:func:`opsched.export.plan_layout.check_whole_layers`,
+#: Megatron-LM's and torchtitan's layer split): ``opsched plan --runtime R`` searches with layers kept whole
+WHOLE_LAYERS = ("torch", "megatron", "torchtitan")
+
 #: the place names in the files the export would write; nothing is written when only asking
 _PLAN, _CSV = "plan.json", "schedule.csv"
 
@@ -77,7 +81,7 @@ def refusal(runtime: str, schedule: Schedule, doc: Mapping) -> str | None:
         elif runtime == "torchtitan":
             torchtitan_file(schedule, doc, _PLAN, csv=_CSV, torch_check=False)
         elif runtime == "torch":  # torch's pipeline runtime alone: no context parallelism, no tp overlap
-            check_torch_can_run(doc, TORCH_RUNTIME)
+            check_torch_can_run(doc, TORCH_RUNTIME, copied_stages(schedule))
         if runtime in ("torch", "torchtitan"):  # torchtitan runs the order from torch's CSV
             if schedule.events:
                 problem = cached_on(schedule, "torch_order", _torch_order_problem)  # the same check for both
@@ -88,6 +92,11 @@ def refusal(runtime: str, schedule: Schedule, doc: Mapping) -> str | None:
     except OpschedError as exc:
         return str(exc)
     return None
+
+
+def copied_stages(schedule: Schedule) -> set[int]:
+    """The ids of the stages that copy another (DualPipe's second direction): they hold what it holds."""
+    return {s.id for s in schedule.stage_graph.stages if s.copy_of is not None}
 
 
 def _torch_order_problem(schedule: Schedule) -> str:
