@@ -525,6 +525,28 @@ def test_a_default_plan_costs_the_context_parallelism_it_uses(tmp_path):
             assert d is None or doc["microbatch_size"] % int(d.group(1)) == 0
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("devices", [8, 16])
+@pytest.mark.parametrize("model", sorted(p.name for p in MODELS.glob("*.onnx")))
+def test_every_bundled_default_plan_costs_what_it_plans(tmp_path, capsys, model, devices):
+    """Issue 45: the default plan of every bundled model (no --global-batch) rests on nothing the tool calls
+    uncosted: every data-parallel replica takes whole sequences of a microbatch, a sequence split is a cpN mode
+    (its ring costed), and no warning says "not costed". A model that fits on no layout is refused in one line."""
+    from opsched.cost.blocks import Mode
+
+    out = tmp_path / "out"
+    code = main(["plan", str(MODELS / model), "--devices", str(devices), "--time-limit", "8", "-o", str(out), "-q"])
+    err = capsys.readouterr().err.strip().splitlines()
+    if code == 2:  # too large for this many devices: the refusal says so
+        assert len(err) == 1 and "fits" in err[0], err
+        return
+    assert code == 0, err
+    doc = json.loads((out / "plan.json").read_text())
+    assert not [w for w in doc["warnings"] if "not costed" in w]
+    modes = [Mode.parse(m) for c in doc["stage_contents"].values() for m in c["modes"]]
+    assert modes and all(doc["microbatch_size"] % m.dp == 0 for m in modes), (doc["microbatch_size"], modes)
+
+
 def test_with_a_global_batch_the_fastest_megatron_layout_is_a_baseline_the_plan_never_loses_to(tmp_path):
     """Issue 12: a plan is at least as fast as the best Megatron-style layout (counted the planner's way)."""
     out = tmp_path / "out"

@@ -58,6 +58,7 @@ from opsched.cost.blocks import Mode
 from opsched.errors import OpschedError
 from opsched.cost.parallel_layout import RECOMPUTE, ParallelLayout
 from opsched.export.torch_csv import check_expressible
+from opsched.model.coarsen import UNSCOPED
 from opsched.schedule import Schedule, StageGraph
 from opsched.units import plural
 from opsched.upper.layouts import Layout, parse_config
@@ -450,10 +451,12 @@ def layer_stack_of(path: str) -> str | None:
 
 def _check_ends(modules: list[str], k: int, last: int, refuse) -> None:
     """Modules outside the layer stack (embedding, final norm, head) only before the first stage's layers or
-    after the last stage's: a framework builds them on the first and the last pipeline stage."""
+    after the last stage's: a framework builds them on the first and the last pipeline stage. Operators the
+    exporter left without a module (:data:`opsched.model.coarsen.UNSCOPED`) are in no module to place: they run
+    inside whichever module computes them (DeepSeek-V3's attention, exported in part without a scope)."""
     numbered = [i for i, path in enumerate(modules) if _layer_number(path) is not None]
     for i, path in enumerate(modules):
-        if i in numbered:
+        if i in numbered or path == UNSCOPED:
             continue
         before = not numbered or i < numbered[0]
         after = not numbered or i > numbered[-1]

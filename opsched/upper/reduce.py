@@ -113,32 +113,33 @@ def _add_bytes(g: nx.DiGraph, u: int, v: int, nbytes: float) -> None:
 
 
 def _merge_layers(g: nx.DiGraph, members, records) -> None:
-    """Fold each numbered layer's blocks (:func:`opsched.upper.stages.layer_path`) into its first one.
+    """Fold each numbered layer's blocks (:func:`opsched.upper.stages.layer_path`), with every block that lies on
+    a path between two of them, into one block: the layer's convex hull, so the graph stays a DAG.
 
-    A layer's blocks are convex in a model's graph (no path leaves the layer
-    and comes back: layer i feeds layer i+1, not itself), so the graph stays a
-    DAG; a layer that is not (a path through another block between two of its
-    own) is left as it is, and the stage checks of the runtime then say so.
+    An exporter may leave a layer's ops without a scope (``(root)`` between two of its blocks, DeepSeek-V3's MLA);
+    they run inside the layer, and go with it. Layers whose hulls overlap end up in one block.
 
     >>> g = nx.DiGraph()
-    >>> names = ["embed", "layers.0/attn", "layers.0/mlp", "layers.1/attn", "layers.1/mlp", "head"]
-    >>> g.add_edges_from((i, i + 1, {"bytes": 1.0}) for i in range(5))
-    >>> members = {i: [i] for i in range(6)}
+    >>> names = ["embed", "layers.0/attn", "(root)", "layers.0/mlp", "layers.1/attn", "layers.1/mlp", "head"]
+    >>> g.add_edges_from((i, i + 1, {"bytes": 1.0}) for i in range(6))
+    >>> members = {i: [i] for i in range(7)}
     >>> _merge_layers(g, members, {i: Block(i, n, (), ()) for i, n in enumerate(names)})
     >>> sorted(members.values())
-    [[0], [1, 2], [3, 4], [5]]
+    [[0], [1, 2, 3], [4, 5], [6]]
     """
     layers: dict[str, list[int]] = defaultdict(list)
     for b in sorted(g.nodes):
         path = layer_path(records[b].name)
         if LAYER_COMPONENT.match(".".join(path.split(".")[-2:])):
             layers[path].append(b)
+    home = {b: b for b in g.nodes}  # the block each original block was folded into
     for blocks in layers.values():
-        # convex: nothing outside the layer lies on a path between two of its blocks
-        if _reached(g.successors, blocks) & _reached(g.predecessors, blocks):
-            continue
-        for other in blocks[1:]:
-            _merge(g, members, blocks[0], other)
+        now = sorted({home[b] for b in blocks})
+        hull = sorted(set(now) | (_reached(g.successors, now) & _reached(g.predecessors, now)))
+        for other in hull[1:]:
+            for m in members[other]:
+                home[m] = hull[0]
+            _merge(g, members, hull[0], other)
 
 
 def _reached(step, start: list[int]) -> set[int]:
