@@ -501,19 +501,25 @@ def test_a_global_batch_keeps_sequences_whole():
     assert max(m.cp for m in loose.modes[1]) == cluster.devices
 
 
-def test_a_default_plan_costs_the_context_parallelism_it_uses(tmp_path):
+def test_a_default_plan_costs_the_context_parallelism_it_uses(tmp_path, capsys):
     """Without --global-batch a group whose replicas would split a sequence splits it by context parallelism,
-    named cpN in plan.json and costed (issue 45): no warning says anything is not costed."""
+    named cpN in plan.json, costed, and said in the summary and report.md (issue 45): no warning says anything
+    is not costed."""
     from conftest import real_export
 
     model = str(real_export("clip.legacy.onnx"))
     assert main(["plan", model, "--devices", "8", "--time-limit", "2", "-o", str(tmp_path / "a"), "--quiet"]) == 0
+    summary = capsys.readouterr().out
     doc = json.loads((tmp_path / "a" / "plan.json").read_text())
     modes = {m for c in doc["stage_contents"].values() for m in c["modes"]}
     for m in modes:  # every data-parallel replica takes whole sequences
         d = re.search(r"dp(\d+)", m)
         assert d is None or doc["microbatch_size"] % int(d.group(1)) == 0, m
     assert not any("not costed" in w for w in doc["warnings"])
+    split = sorted(m for m in modes if re.search(r"cp\d+", m))
+    said = re.search(r"^  context     (.*): sequences split", summary, re.M)
+    assert (said.group(1) if said else None) == (", ".join(split) or None), summary
+    assert ("- context parallelism: " in (tmp_path / "a" / "report.md").read_text()) == bool(split)
     assert main(["plan", str(MODELS / "clip_vit_l14.onnx"), "--devices", "8", "--time-limit", "2",
                  "--global-batch", "64", "--quiet", "-o", str(tmp_path / "b")]) == 0
     doc = json.loads((tmp_path / "b" / "plan.json").read_text())
