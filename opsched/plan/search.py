@@ -232,7 +232,10 @@ def plan_block_graph(
     solves run at once, each in its own process and with its own work budget
     (the same plan sooner). Progress, with the time left, goes to the logger.
     ``runtime`` (one of :data:`opsched.export.runtimes.RUNTIMES`): only plans
-    it can run are scheduled and returned (:class:`RuntimeFilter`).
+    it can run are scheduled and returned (:class:`RuntimeFilter`); for one that
+    builds stages from whole layers (``WHOLE_LAYERS``) the search places whole
+    numbered layers, and for one without context parallelism
+    (``CONTEXT_PARALLEL``) every replica takes whole sequences.
     """
     require(solver)
     if runtime is not None and runtime not in CONTEXT_PARALLEL:  # it splits no sequence: replicas take whole ones
