@@ -1,8 +1,11 @@
 """Cost model against hand computation (issue 5 item 2)."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helpers import SLOW_LINK_CLUSTER
 from opsched.cost.cluster import Training, cluster_from_dict
@@ -268,6 +271,60 @@ def test_context_ring_is_hidden_behind_enough_attention():
     slow = context_ring_time(attn, tp=2, cp=4, attention_time=0.0, bandwidth=1e9, latency=0.0)
     assert slow.forward == pytest.approx(3 * 0.5) and slow.backward == pytest.approx(2 * slow.forward)
     assert context_ring_time(attn, tp=1, cp=1, attention_time=0.0, bandwidth=1e9, latency=0.0).total_backward == 0.0
+
+
+def attention_layer(kv: float, attention_flops: float = 2e12) -> Block:
+    """A layer with weights and an attention core whose keys and values are ``kv`` bytes a microbatch."""
+    return Block(0, "layer", ("layers.0",), (), flops=4 * attention_flops, matmul_flops=2 * attention_flops,
+                 attention_flops=attention_flops, param_count=10**6, output_bytes=1e8, saved_bytes=4e8,
+                 tp_comm_bytes=1e8, attention_kv_bytes=kv)
+
+
+@settings(max_examples=40, deadline=None)
+@given(tp=st.sampled_from([1, 2]), cp=st.sampled_from([2, 4]), kv=st.floats(0.0, 4e10),
+       attention=st.floats(1e9, 1e14), recompute=st.sampled_from(["none", "selective", "full"]))
+def test_a_context_parallel_mode_costs_what_evaluate_costs(tp, cp, kv, attention, recompute):
+    """Issue 45: the planner's cpN mode pays the K/V ring by the rule `opsched evaluate` uses for a
+    Megatron-style layout with --context-parallel-size (plan.layouts._block_share), to the same figures."""
+    from opsched.cost.parallel_layout import ParallelLayout
+    from opsched.plan.layouts import _block_share, _ChunkLinks, _rank_devices
+
+    training = replace(T, recompute=recompute)
+    b = attention_layer(kv, attention)
+    layout = ParallelLayout(tp=tp, pp=1, cp=cp, dp=1, zero=0, recompute=recompute)
+    groups = _rank_devices(layout, tp * cp, 0)
+    theirs = _block_share(b, b.output_bytes, 0.0, layout, groups, _ChunkLinks.of(groups, layout, C), C, training).cost
+    ours = block_cost(b, Mode(tp=tp, cp=cp), tuple(range(tp * cp)), C, training, token_bytes=b.output_bytes)
+    for field in ("F", "I", "W", "f_comm", "i_comm", "param_bytes", "act_bytes"):
+        assert getattr(ours, field) == pytest.approx(getattr(theirs, field), rel=1e-12), field
+    # the ring only adds: never cheaper than replicas taking whole sequences on the same devices
+    whole = block_cost(b, Mode(tp=tp, dp=cp), tuple(range(tp * cp)), C, training, token_bytes=b.output_bytes)
+    assert ours.F >= whole.F and ours.I >= whole.I and (kv > 0 or ours == whole)
+
+
+def test_an_expert_parallel_block_pays_the_ring_when_its_attention_splits_sequences():
+    """ep8 runs a block's attention data-parallel over 8 ranks: a microbatch of 1 sequence is split 8 ways (a ring
+    of 8), of 2 sequences 4 ways, of 8 sequences not at all."""
+    from opsched.cost.blocks import sequence_ring
+
+    b = replace(attention_layer(4e10), name="layers.0/experts", scope=("layers.0", "experts.0"),
+                ops=tuple(f"layers.0/experts.{e}/w" for e in range(8)))
+    devices = tuple(range(8))
+    cost = {n: block_cost(b, Mode(ep=8), devices, C, replace(T, microbatch_size=n)) for n in (1, 2, 8)}
+    assert cost[1].F > cost[2].F > cost[8].F
+    for n, ranks in ((1, 8), (2, 4)):
+        ring = sequence_ring(b, 1, ranks, 8, devices[:ranks], C, T)
+        assert cost[n].F == pytest.approx(cost[8].F + ring.forward)
+        assert cost[n].I == pytest.approx(cost[8].I + ring.backward)
+
+
+def test_modes_split_sequences_by_context_parallelism_only_when_asked():
+    b = block()
+    for group, samples in ((8, 1), (8, 2), (6, 4), (12, 3)):
+        loose = modes_for(b, group, samples, context=True)
+        assert [m.tp for m in loose] == [t for t in range(1, group + 1) if group % t == 0]
+        assert all(m.size == group and samples % m.dp == 0 for m in loose)
+        assert all(m.cp == 1 for m in modes_for(b, group, samples))
 
 
 def test_attention_under_fp8_runs_at_the_bf16_rate_on_presets_too():

@@ -472,8 +472,9 @@ def test_zero_one_holds_less_than_zero_zero_per_replica():
 
     g = two_tower_graph()
     cluster = cluster_from_dict(SPEC)
-    plain = upper_problem(g, Layout(cluster.devices, 1), cluster, Training(microbatches=4))
-    sharded = upper_problem(g, Layout(cluster.devices, 1), cluster, replace(Training(microbatches=4), zero=1))
+    training = Training(microbatches=4, microbatch_size=cluster.devices)  # one sequence per replica
+    plain = upper_problem(g, Layout(cluster.devices, 1), cluster, training)
+    sharded = upper_problem(g, Layout(cluster.devices, 1), cluster, replace(training, zero=1))
     dp = next(m for m in plain.modes[1] if m.dp == cluster.devices)
     replicas = cluster.devices
     assert sharded.cost[(1, 0, dp)].param_bytes == pytest.approx(plain.cost[(1, 0, dp)].param_bytes * (4 + 12 / replicas) / 16)
@@ -495,20 +496,30 @@ def test_a_global_batch_keeps_sequences_whole():
                                                        whole_sequences=True))
         assert max(m.dp for m in whole.modes[1]) == widest
         assert all(samples % m.dp == 0 for modes in whole.modes.values() for m in modes)
-    assert max(m.dp for m in loose.modes[1]) == cluster.devices  # without: a dp mode may split a sequence
+    # without: a split whose replicas would split a sequence is context parallel instead (costed by block_cost)
+    assert all(m.dp == 1 and m.tp * m.cp == cluster.devices for m in loose.modes[1] if m.ep == 1)
+    assert max(m.cp for m in loose.modes[1]) == cluster.devices
 
 
-def test_plan_says_when_its_data_parallel_modes_split_a_sequence(tmp_path):
-    """Without --global-batch a dpN mode over 1 sequence is context parallelism, uncosted: report.md says so."""
+def test_a_default_plan_costs_the_context_parallelism_it_uses(tmp_path, capsys):
+    """Without --global-batch a group whose replicas would split a sequence splits it by context parallelism,
+    named cpN in plan.json, costed, and said in the summary and report.md (issue 45): no warning says anything
+    is not costed."""
     from helpers import real_export
 
     model = str(real_export("clip.legacy.onnx"))
     assert main(["plan", model, "--devices", "8", "--time-limit", "2", "-o", str(tmp_path / "a"), "--quiet"]) == 0
+    summary = capsys.readouterr().out
     doc = json.loads((tmp_path / "a" / "plan.json").read_text())
     modes = {m for c in doc["stage_contents"].values() for m in c["modes"]}
-    splits = any(re.search(r"dp(\d+)", m) and int(re.search(r"dp(\d+)", m).group(1)) > doc["microbatch_size"]
-                 for m in modes)
-    assert splits == any("context parallelism" in w for w in doc["warnings"])
+    for m in modes:  # every data-parallel replica takes whole sequences
+        d = re.search(r"dp(\d+)", m)
+        assert d is None or doc["microbatch_size"] % int(d.group(1)) == 0, m
+    assert not any("not costed" in w for w in doc["warnings"])
+    split = sorted(m for m in modes if re.search(r"cp\d+", m))
+    said = re.search(r"^  context     (.*): sequences split", summary, re.M)
+    assert (said.group(1) if said else None) == (", ".join(split) or None), summary
+    assert ("- context parallelism: " in (tmp_path / "a" / "report.md").read_text()) == bool(split)
     assert main(["plan", str(MODELS / "clip_vit_l14.onnx"), "--devices", "8", "--time-limit", "2",
                  "--global-batch", "64", "--quiet", "-o", str(tmp_path / "b")]) == 0
     doc = json.loads((tmp_path / "b" / "plan.json").read_text())
@@ -518,6 +529,28 @@ def test_plan_says_when_its_data_parallel_modes_split_a_sequence(tmp_path):
         for m in c["modes"]:
             d = re.search(r"dp(\d+)", m)
             assert d is None or doc["microbatch_size"] % int(d.group(1)) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("devices", [8, 16])
+@pytest.mark.parametrize("model", sorted(p.name for p in MODELS.glob("*.onnx")))
+def test_every_bundled_default_plan_costs_what_it_plans(tmp_path, capsys, model, devices):
+    """Issue 45: the default plan of every bundled model (no --global-batch) rests on nothing the tool calls
+    uncosted: every data-parallel replica takes whole sequences of a microbatch, a sequence split is a cpN mode
+    (its ring costed), and no warning says "not costed". A model that fits on no layout is refused in one line."""
+    from opsched.cost.blocks import Mode
+
+    out = tmp_path / "out"
+    code = main(["plan", str(MODELS / model), "--devices", str(devices), "--time-limit", "8", "-o", str(out), "-q"])
+    err = capsys.readouterr().err.strip().splitlines()
+    if code == 2:  # too large for this many devices: the refusal says so
+        assert len(err) == 1 and "fits" in err[0], err
+        return
+    assert code == 0, err
+    doc = json.loads((out / "plan.json").read_text())
+    assert not [w for w in doc["warnings"] if "not costed" in w]
+    modes = [Mode.parse(m) for c in doc["stage_contents"].values() for m in c["modes"]]
+    assert modes and all(doc["microbatch_size"] % m.dp == 0 for m in modes), (doc["microbatch_size"], modes)
 
 
 def test_with_a_global_batch_the_fastest_megatron_layout_is_a_baseline_the_plan_never_loses_to(tmp_path):

@@ -74,6 +74,48 @@ def test_refusal_agrees_with_the_export_on_every_refused_shape(tmp_path, case):
             assert err.strip() == f"opsched: error: {why}", (runtime, err)
 
 
+def test_a_layer_split_between_stages_is_refused_for_torch_as_by_its_export(tmp_path):
+    """Issue 45: torch's runtime builds stages from whole layers (`opsched run --hf-config`), so a plan that cuts a
+    layer between two stages says it cannot run on torch, and `opsched export --torch-csv` refuses it alike."""
+    modules = chain_modules([2, 2])
+    modules[1].insert(0, modules[0][-1])
+    plan = make_plan(tmp_path, layers=[2, 2], groups=2, group_size=1, config=["single", "single"], modules=modules)
+    schedule, doc = read_plan(plan)
+    why = refusal("torch", schedule, doc)
+    assert why is not None and "is split between stages 0 and 1" in why and "whole layers" in why
+    ok, err = exports(tmp_path, plan, "torch")
+    assert not ok and err.strip() == f"opsched: error: {why}"
+    whole = make_plan(tmp_path, layers=[2, 2], groups=2, group_size=1, config=["single", "single"], name="whole.json")
+    assert refusal("torch", *read_plan(whole)) is None
+
+
+@pytest.mark.parametrize("name", ["mixtral_batched_experts.dynamo.onnx", "clip.legacy.onnx",
+                                  "deepseek_lm_2L_sh1_r4.dynamo.onnx"])
+def test_the_search_for_a_whole_layer_runtime_places_whole_layers(name):
+    """The blocks the placement MIP places for torch, Megatron-LM or torchtitan each hold whole numbered layers
+    (a layer's blocks are in one of them), so no candidate can cut a layer; any still do not."""
+    from helpers import real_export
+    from opsched.model.coarsen import coarsen
+    from opsched.model.onnx_import import import_onnx
+    from opsched.upper.reduce import reduce_block_graph
+    from opsched.upper.stages import LAYER_COMPONENT, layer_path
+
+    bg = coarsen(import_onnx(str(real_export(name))))
+
+    def layers_cut(members) -> int:
+        held = {}
+        for b, ids in members.items():
+            for m in ids:
+                path = layer_path(bg.nodes[m]["block"].name)
+                if LAYER_COMPONENT.match(".".join(path.split(".")[-2:])):
+                    held.setdefault(path, set()).add(b)
+        assert held, "the export names no numbered layer"
+        return sum(len(owners) > 1 for owners in held.values())
+
+    assert layers_cut(reduce_block_graph(bg, bg.number_of_nodes(), whole_layers=True)[1]) == 0
+    assert layers_cut(reduce_block_graph(bg, bg.number_of_nodes())[1]) > 0  # without it, layers are several blocks
+
+
 def _random_plan(tmp_path: Path, rng: random.Random, k: int) -> Path:
     """A plan as `opsched plan` writes them, with each field the export reads drawn at random: depth, layers per
     stage, interleaving, method, per-stage configuration, batch, ZeRO, layers moved between stages."""
@@ -170,12 +212,18 @@ def test_a_model_with_two_layer_stacks_is_refused_before_the_search(runtime, tmp
 
 @pytest.mark.slow
 def test_no_runnable_plan_says_why_and_how_to_widen_the_search(tmp_path, capsys):
-    """A model without a batch dimension: no Megatron-style layout is searched, and the block-level splits cut a
-    layer; one line names the first reason and the way out, exit 2, nothing written."""
+    """A model without a batch dimension: no Megatron-style layout is searched, and the planner's whole-layer
+    plans on 5 devices use them unevenly; one line names the first reason and the way out, exit 2, nothing
+    written. (On 4 devices its whole layers make a plan torchtitan runs.)"""
     from helpers import real_export
 
+    model = str(real_export("deepseek_lm_2L_sh1_r4.dynamo.onnx"))
+    assert main(["plan", model, "--devices", "4", "--time-limit", "2", "--runtime", "torchtitan",
+                 "-o", str(tmp_path / "four"), "--quiet"]) == 0
+    assert "torchtitan" in json.loads((tmp_path / "four" / "plan.json").read_text())["runtimes"]
+    capsys.readouterr()
     before = _snapshot(tmp_path)
-    code = main(["plan", str(real_export("deepseek_lm_2L_sh1_r4.dynamo.onnx")), "--devices", "4", "--time-limit", "2",
+    code = main(["plan", model, "--devices", "5", "--time-limit", "2",
                  "--runtime", "torchtitan", "-o", str(tmp_path / "out"), "--quiet"])
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()

@@ -117,7 +117,7 @@ def test_pair_savings_add_what_each_pair_saves(gain):
 
 def test_the_plan_summary_report_and_gantt_title_say_the_branches(tmp_path):
     """The two towers' plan: the summary, report.md and every Gantt title name the branches and their devices."""
-    from opsched.commands.plan import report_text, summary_dict, summary_text
+    from opsched.plan.report import report_text, summary_dict, summary_text
     from opsched.export.gantt import write_html, write_trace
 
     cluster, training = cluster_from_dict(SLOW_LINK_CLUSTER), Training(microbatches=8)

@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from opsched.export.megatron import megatron_file
     from opsched.export.plan_json import read_plan
     from opsched.export.plan_layout import check_torch_can_run
+    from opsched.export.runtimes import copied_stages
     from opsched.export.torchtitan import torchtitan_file
     from opsched.fileio import check_not_input, check_output_file, write_text
     from opsched.schedule import ScheduleError, validate
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         raise OpschedError(f"{args.plan} is not a valid plan: {exc} (`opsched gantt --no-validate` draws it)") from None
     torch_check = not args.no_torch_check and torch_csv.torch_available()
     if args.torch_csv and not args.torchtitan:  # the CSV alone is run by torch's runtime, without context parallel
-        check_torch_can_run(doc, torch_csv.TORCH_RUNTIME)
+        check_torch_can_run(doc, torch_csv.TORCH_RUNTIME, copied_stages(schedule))
 
     # every file's text is made, and every check passed, before the first one is written
     texts: list[tuple[str, str, str]] = []  # (path, text, what the summary line says)

@@ -118,8 +118,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="microbatches per step, at most 4,096 (default 16, or global batch / micro-batch size)")
     parser.add_argument("--global-batch", type=positive_int, metavar="G",
                         help="sequences per step; data-parallel replicas then take whole sequences of a microbatch "
-                             "(without it, a data-parallel mode may split a microbatch's one sequence, which is "
-                             "context parallelism and its traffic is not costed)")
+                             "(without it, a group whose replicas would split a microbatch's sequences splits them "
+                             "by context parallelism, its K/V ring costed as `opsched evaluate` costs it)")
     parser.add_argument("--micro-batch-size", type=positive_int, metavar="B",
                         help="sequences per microbatch (the model's batch dimension; default: global batch / "
                              "microbatches with --global-batch, else the file's)")

@@ -37,6 +37,7 @@ One module, one set of formulas (written out in ``docs/cost-model.md``):
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass
 from typing import Sequence
@@ -232,23 +233,29 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def modes_for(block: Block, group_size: int, samples: int | None = None) -> list[Mode]:
+def modes_for(block: Block, group_size: int, samples: int | None = None, context: bool = False) -> list[Mode]:
     """The parallel modes a block may take on a group of ``group_size`` devices.
 
     Every split ``tp × dp = group_size`` whose data-parallel degree divides
     ``samples``, the sequences of a microbatch (``None``: any): replicas take
-    whole sequences, never parts of one (that would be context parallelism);
-    plus ``ep = group_size`` when the block holds at least ``group_size``
-    experts (routing spreads tokens, not sequences). Blocks without
-    parameters gain nothing from tensor parallelism's weight split: they take
-    ``dp = group_size`` when the samples allow it, else ``tp = group_size``,
-    the work split along the hidden or sequence axis within a tensor-parallel
-    group (Megatron's sequence parallelism), which costs the same.
+    whole sequences, never parts of one; with ``context``, a split whose
+    replicas would not take whole sequences is kept as context parallelism
+    instead: ``dp`` the largest degree dividing ``samples``, each replica's
+    sequences split over ``cp`` ranks that pass keys and values round a ring
+    (costed by :func:`block_cost`). Plus ``ep = group_size`` when the block
+    holds at least ``group_size`` experts (routing spreads tokens, not
+    sequences). Blocks without parameters gain nothing from tensor
+    parallelism's weight split: they take ``dp = group_size`` when the samples
+    allow it, else ``tp = group_size``, the work split along the hidden or
+    sequence axis within a tensor-parallel group (Megatron's sequence
+    parallelism), which costs the same.
 
     >>> [str(m) for m in modes_for(Block(0, "attn", (), (), flops=1.0, param_count=10), 4)]
     ['dp4', 'tp2.dp2', 'tp4']
     >>> [str(m) for m in modes_for(Block(0, "attn", (), (), flops=1.0, param_count=10), 4, samples=2)]
     ['tp2.dp2', 'tp4']
+    >>> [str(m) for m in modes_for(Block(0, "attn", (), (), flops=1.0, param_count=10), 8, samples=2, context=True)]
+    ['cp4.dp2', 'tp2.cp2.dp2', 'tp4.dp2', 'tp8']
     >>> [str(m) for m in modes_for(Block(0, "norm", (), (), flops=1.0), 4, samples=1)]
     ['tp4']
     """
@@ -260,7 +267,14 @@ def modes_for(block: Block, group_size: int, samples: int | None = None) -> list
 
     if block.param_count <= 0:
         return [Mode(dp=group_size) if whole(group_size) else Mode(tp=group_size)]
-    modes = [Mode(tp=t, dp=group_size // t) for t in divisors(group_size) if whole(group_size // t)]
+    modes = []
+    for t in divisors(group_size):
+        rest = group_size // t
+        if whole(rest):
+            modes.append(Mode(tp=t, dp=rest))
+        elif context:
+            dp = math.gcd(rest, samples)
+            modes.append(Mode(tp=t, cp=rest // dp, dp=dp))
     if group_size > 1 and expert_count(block) >= group_size:
         modes.append(Mode(ep=group_size))
     return modes
@@ -454,11 +468,73 @@ def block_cost(
     >>> b = Block(0, "mlp", (), (), flops=989e12, param_count=1000)
     >>> block_cost(b, Mode(), (0,), c, t).F
     2.0
+
+    A mode that splits sequences pays ring attention's K/V exchange
+    (:func:`sequence_ring`, the rule ``opsched evaluate``'s layouts use): a
+    context-parallel mode (``cp > 1``) over its cp ranks, and the expert-parallel
+    mode over the ranks its replicated part (attention) splits each sequence
+    into when the microbatch's ``training.microbatch_size`` sequences do not
+    divide among its ``ep`` ranks.
     """
     if mode.size != len(devices):
         raise OpschedError(f"mode {mode} needs {mode.size} devices, the group has {len(devices)}")
-    if mode.cp > 1:  # its K/V ring is costed per layout, by opsched.plan.layouts (_chunk_cost)
-        raise OpschedError(f"mode {mode}: context parallelism is costed by opsched.plan.layouts, not per block")
+    extra = dict(expert_params=expert_params, token_bytes=token_bytes, moe_layers=moe_layers)
+    if mode.cp > 1:
+        # dp replicas each split their sequences over cp ranks: compute, memory and gradient sync as dp·cp replicas
+        # (Megatron reduces gradients and shards the optimizer over dp x cp), plus the K/V ring of the cp ranks
+        cost = block_cost(block, Mode(tp=mode.tp, dp=mode.cp * mode.dp), devices, cluster, training, **extra)
+        ring = sequence_ring(block, mode.tp, mode.cp, mode.size, devices[: mode.tp * mode.cp : mode.tp], cluster,
+                             training)
+        return with_context_ring(cost, ring, training.recompute)[0]
+    cost = _block_cost(block, mode, devices, cluster, training, **extra)
+    split = mode.ep // math.gcd(mode.ep, training.microbatch_size)
+    if split > 1:  # the replicated part of an expert-parallel block runs data-parallel over the ep ranks
+        ring = sequence_ring(block, 1, split, mode.ep, devices[:split], cluster, training)
+        return with_context_ring(cost, ring, training.recompute)[0]
+    return cost
+
+
+def sequence_ring(block: Block, tp: int, cp: int, ranks: int, ring: Sequence[int], cluster: Cluster,
+                  training: Training) -> RingExchange:
+    """Ring attention's K/V exchange (:func:`context_ring_time`) of ``block`` split over ``ranks`` devices, each
+    sequence over the ``cp`` devices ``ring`` (the first tensor rank of each), heads over ``tp``: each device
+    holds ``1/ranks`` of the microbatch's keys and values and overlaps each ring step with its attention.
+
+    >>> from opsched.cost.cluster import preset
+    >>> b = Block(0, "attn", (), (), attention_kv_bytes=8e9, attention_flops=4e15)
+    >>> r = sequence_ring(b, 1, 4, 8, (0, 1, 2, 3), preset("h100-sxm"), Training())
+    >>> r.total_forward == 3 * (5e-6 + 8e9 / 8 / 450e9)   # 3 steps of 1/8 of the bytes over NVLink
+    True
+    """
+    attention = attention_core_time(block, ranks, cluster, training.dtype, training.attention)
+    bw, lat = cluster.link(tuple(ring), tuple(ring))
+    # context_ring_time divides the keys and values by tp·cp: this device's share of them is 1/ranks
+    share = dataclasses.replace(block, attention_kv_bytes=block.attention_kv_bytes * tp * cp / ranks)
+    return context_ring_time(share, tp, cp, attention, bw, lat)
+
+
+def with_context_ring(cost: BlockCost, ring: RingExchange, recompute: str) -> tuple[BlockCost, float]:
+    """(``cost`` with the exposed part of its K/V ring, that exposed time per microbatch): the forward's in F, the
+    backward's in I, and the forward's again in I when the forward runs again there (recomputation); in the
+    passes' communication too, but for a full recomputation's rerun forward, which carries its own.
+
+    >>> r = RingExchange(forward=1.0, backward=2.0, total_forward=3.0, total_backward=4.0)
+    >>> c, exposed = with_context_ring(BlockCost(F=1, I=1, W=1, param_bytes=0, act_bytes=0, act_w_bytes=0), r, "full")
+    >>> (c.F, c.I, c.f_comm, c.i_comm, exposed)
+    (2.0, 4.0, 1.0, 3.0, 4.0)
+    """
+    again = recompute != "none"  # a recomputed attention forward passes the keys and values round again
+    exposed = ring.forward + ring.backward + (ring.forward if again else 0.0)
+    return dataclasses.replace(
+        cost, F=cost.F + ring.forward, I=cost.I + ring.backward + (ring.forward if again else 0.0),
+        f_comm=cost.f_comm + ring.forward,
+        i_comm=cost.i_comm + ring.backward + (ring.forward if again and not cost.rerun_forward else 0.0),
+    ), exposed
+
+
+def _block_cost(block: Block, mode: Mode, devices: tuple[int, ...], cluster: Cluster, training: Training, *,
+                expert_params: float | None, token_bytes: float | None, moe_layers: int) -> BlockCost:
+    """:func:`block_cost` of a mode that splits no sequence (its replicas take whole sequences)."""
     share = mode.size  # every mode splits a microbatch's compute over the whole group
     compute = compute_time(block, share, cluster, training.dtype, training.attention)
     has_weights = block.param_count > 0

@@ -144,7 +144,8 @@ class Training:
     """What one training step looks like.
 
     ``microbatch_size`` is the number of samples in a microbatch; block costs
-    come from the import dims, so it is used only to report samples/s.
+    come from the import dims, so it is used to report samples/s and to say
+    which parallel modes split sequences (``cost.blocks.modes_for``).
     ``bytes_per_param`` is the memory each parameter costs on a device that
     holds it: weight + gradient + optimizer state (default: Adam in mixed
     precision, 2 + 2 + 12 = 16; ``optimizer_state="bf16"``: 2 + 2 + 6 = 10).
@@ -171,8 +172,8 @@ class Training:
     #: Megatron's sequence parallelism with tensor parallelism: what each tensor-parallel rank would hold whole
     #: (norms, residual adds, row-parallel outputs) is split along the sequence (False: held whole on every rank)
     sequence_parallel: bool = True
-    #: data-parallel replicas take whole sequences: a block's dp degree divides ``microbatch_size``
-    #: (False: a dp mode may split a microbatch's one sequence, which is context parallelism, uncosted)
+    #: data-parallel replicas take whole sequences: a block's dp degree divides ``microbatch_size`` (False: a
+    #: split whose replicas would not is planned as context parallelism, its K/V ring costed: cost.blocks.modes_for)
     whole_sequences: bool = False
     #: an overlapped F&B pair runs one pass's communication under the other's compute (a runtime that overlaps
     #: them, as DualPipe's does); False: a pair costs its two passes, as torch runs OVERLAP_F_B (F, then B)

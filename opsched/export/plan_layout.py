@@ -51,7 +51,7 @@ ParallelLayout(tp=2, pp=2, vpp=1, ep=1, etp=0, cp=1, dp=1, sp=True, zero=1, reco
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Collection, Mapping
 
 from opsched.cost.cluster import ATTENTION_MODES, OPTIMIZER_STATE_BYTES
 from opsched.cost.blocks import Mode
@@ -59,6 +59,7 @@ from opsched.errors import OpschedError
 from opsched.export.framework import Framework
 from opsched.cost.parallel_layout import RECOMPUTE, ParallelLayout
 from opsched.export.torch_csv import check_expressible
+from opsched.model.coarsen import UNSCOPED
 from opsched.schedule import Schedule, StageGraph
 from opsched.units import plural
 from opsched.upper.layouts import Layout, parse_config
@@ -283,9 +284,11 @@ def _attention(doc: Mapping, refuse) -> str:
     return attention
 
 
-def check_torch_can_run(doc: Mapping, runtime: Framework) -> None:
+def check_torch_can_run(doc: Mapping, runtime: Framework, copies: Collection[int] = ()) -> None:
     """Refuse a plan that torch's pipeline runtime alone cannot run as costed: stages that split sequences over
-    context-parallel ranks (:func:`check_without_context_parallel`), or tensor-parallel collectives costed as
+    context-parallel ranks (:func:`check_without_context_parallel`), layers split between stages
+    (:func:`check_whole_layers`; ``copies``: the ids of stages that copy another, DualPipe's), or tensor-parallel
+    collectives costed as
     overlapped with their GEMMs.
 
     >>> doc = {"tp_comm_overlap": True, "stage_contents": {"0": {"modules": ["model.layers.0"], "config": "tp2.dp4"}}}
@@ -294,6 +297,7 @@ def check_torch_can_run(doc: Mapping, runtime: Framework) -> None:
     opsched.errors.OpschedError: torch.distributed.pipelining cannot run this plan: its tensor-parallel collectives (tp2.dp4) are costed as running under their GEMMs (Megatron's --tp-comm-overlap), which it does not do; export it with --megatron F, or plan with --tp-comm-overlap off
     """
     check_without_context_parallel(doc, runtime)
+    check_whole_layers(doc, runtime, copies)
     if doc.get("tp_comm_overlap") is not True:
         return
     for config, base in _configs(doc):
@@ -301,6 +305,37 @@ def check_torch_can_run(doc: Mapping, runtime: Framework) -> None:
             raise runtime.cannot_run(f"its tensor-parallel collectives ({config}) are costed as running under their "
                                      "GEMMs (Megatron's --tp-comm-overlap), which it does not do; export it with "
                                      "--megatron F, or plan with --tp-comm-overlap off")
+
+
+def check_whole_layers(doc: Mapping, runtime: Framework, copies: Collection[int] = ()) -> None:
+    """Refuse a plan whose ``stage_contents`` split a numbered layer between stages, or hold a stack's layers out
+    of model order (:func:`stack_splits`'s rules): torch's runtime builds each stage from whole layers
+    (``opsched run --hf-config`` runs a model's own layer modules). A plan that does not say what its stages hold
+    (no ``stage_contents``: a `compare` schedule) has no layers to split; a stage in ``copies`` holds what the
+    stage it copies holds (DualPipe's second direction), which the schedule's own checks speak of.
+
+    >>> doc = {"stage_contents": {"0": {"modules": ["model.layers.0", "model.layers.1"]},
+    ...                           "1": {"modules": ["model.layers.1", "lm_head"]}}}
+    >>> check_whole_layers(doc, Framework("torch.distributed.pipelining", ""))
+    Traceback (most recent call last):
+    opsched.errors.OpschedError: torch.distributed.pipelining cannot run this plan: layer model.layers.1 is split between stages 0 and 1; its runtime builds each stage from whole layers (as `opsched run --hf-config` does); plan with --runtime torch, which keeps layers whole
+    """
+    raw = doc.get("stage_contents")
+    if not isinstance(raw, dict):
+        return
+    entries = [raw[k] for k in sorted(raw, key=lambda k: int(k) if str(k).isdigit() else -1)
+               if not (str(k).isdigit() and int(k) in copies)]
+    contents = [{"modules": [m for m in e.get("modules", []) if isinstance(m, str)]} for e in entries
+                if isinstance(e, dict) and isinstance(e.get("modules"), list)]
+
+    def refuse(reason: str) -> OpschedError:
+        reason = reason.replace("a framework puts whole layers on a pipeline stage",
+                                "its runtime builds each stage from whole layers (as `opsched run --hf-config` does); "
+                                "plan with --runtime torch, which keeps layers whole")
+        return runtime.cannot_run(reason)
+
+    if len(contents) == len(entries):
+        _stack_splits(contents, refuse)
 
 
 def _configs(doc: Mapping) -> list[tuple[str, Mode]]:
@@ -406,10 +441,12 @@ def layer_stack_of(path: str) -> str | None:
 
 def _check_ends(modules: list[str], k: int, last: int, refuse) -> None:
     """Modules outside the layer stack (embedding, final norm, head) only before the first stage's layers or
-    after the last stage's: a framework builds them on the first and the last pipeline stage."""
+    after the last stage's: a framework builds them on the first and the last pipeline stage. Operators the
+    exporter left without a module (:data:`opsched.model.coarsen.UNSCOPED`) are in no module to place: they run
+    inside whichever module computes them (DeepSeek-V3's attention, exported in part without a scope)."""
     numbered = [i for i, path in enumerate(modules) if _layer_number(path) is not None]
     for i, path in enumerate(modules):
-        if i in numbered:
+        if i in numbered or path == UNSCOPED:
             continue
         before = not numbered or i < numbered[0]
         after = not numbered or i > numbered[-1]

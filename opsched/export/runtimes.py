@@ -56,9 +56,15 @@ class Runtime:
     name: str
     #: the ``opsched export`` options that write its files (docs/export.md)
     export_flags: str
-    #: whole layers per stage, one parallel configuration for the whole model, whole samples per replica
-    #: (Megatron-LM, torchtitan): the Megatron-style layouts are its plans, and a model of two layer stacks is not
+    #: builds each pipeline stage from whole numbered layers (:func:`opsched.export.plan_layout.check_whole_layers`;
+    #: Megatron-LM's and torchtitan's layer split, torch's `opsched run --hf-config`): the search keeps layers whole
     needs_whole_layers: bool
+    #: one parallel configuration for the whole model, one stack of layers, whole samples per replica (Megatron-LM,
+    #: torchtitan): the Megatron-style layouts are its plans, and a model of two layer stacks is not
+    one_configuration: bool
+    #: splits a sequence over context-parallel ranks (Megatron-LM's --context-parallel-size, torchtitan's
+    #: context_parallel_degree); without it every data-parallel replica takes whole sequences
+    context_parallel: bool
     #: runs tensor-parallel collectives under their GEMMs (Megatron's --tp-comm-overlap with Transformer Engine)
     overlaps_tp_comm: bool
     #: runs the plan's own order of actions from torch's CSV, so torch's checks of the order apply
@@ -98,14 +104,16 @@ class Runtime:
 #: the planner's filter read
 RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
     # torch's pipeline runtime alone: no context parallelism, no tp overlap
-    Runtime("torch", "--torch-csv F.csv", needs_whole_layers=False, overlaps_tp_comm=False, runs_plan_order=True,
-            check_layout=lambda schedule, doc: check_torch_can_run(doc, TORCH_RUNTIME)),
+    Runtime("torch", "--torch-csv F.csv", needs_whole_layers=True, one_configuration=False, context_parallel=False,
+            overlaps_tp_comm=False, runs_plan_order=True,
+            check_layout=lambda schedule, doc: check_torch_can_run(doc, TORCH_RUNTIME, copied_stages(schedule))),
     # Megatron runs its own (interleaved) 1F1B on the plan's layout
-    Runtime("megatron", "--megatron F", needs_whole_layers=True, overlaps_tp_comm=True, runs_plan_order=False,
+    Runtime("megatron", "--megatron F", needs_whole_layers=True, one_configuration=True, context_parallel=True,
+            overlaps_tp_comm=True, runs_plan_order=False,
             check_layout=lambda schedule, doc: megatron_file(schedule, doc, _PLAN)),
     # torchtitan runs the order from torch's CSV beside its TOML
-    Runtime("torchtitan", "--torchtitan F.toml --torch-csv F.csv", needs_whole_layers=True, overlaps_tp_comm=False,
-            runs_plan_order=True,
+    Runtime("torchtitan", "--torchtitan F.toml --torch-csv F.csv", needs_whole_layers=True, one_configuration=True,
+            context_parallel=True, overlaps_tp_comm=False, runs_plan_order=True,
             check_layout=lambda schedule, doc: torchtitan_file(schedule, doc, _PLAN, csv=_CSV, torch_check=False)),
 )}
 
@@ -116,7 +124,7 @@ ANY = "any"
 def runtime_named(name: str) -> Runtime | None:
     """The runtime ``opsched plan --runtime NAME`` asks for; None for ``any``.
 
-    >>> runtime_named("megatron").needs_whole_layers, runtime_named("any")
+    >>> runtime_named("megatron").one_configuration, runtime_named("any")
     (True, None)
     """
     if name == ANY:
@@ -141,6 +149,11 @@ def refusal(runtime: str, schedule: Schedule, doc: Mapping) -> str | None:
     """Why ``opsched export`` refuses ``schedule`` for the runtime named ``runtime``; None if not
     (:meth:`Runtime.refuse`)."""
     return runtime_named(runtime).refuse(schedule, doc)
+
+
+def copied_stages(schedule: Schedule) -> set[int]:
+    """The ids of the stages that copy another (DualPipe's second direction): they hold what it holds."""
+    return {s.id for s in schedule.stage_graph.stages if s.copy_of is not None}
 
 
 def _torch_order_problem(schedule: Schedule) -> str:

@@ -62,6 +62,9 @@ import networkx as nx
 from opsched.errors import OpschedError
 from opsched.model.graph import COST_FIELDS, Block, gc_paused
 
+#: the name of a block whose operators carry no module scope (the exporter left none): it belongs to no module
+UNSCOPED = "(root)"
+
 _INDEXED = re.compile(r"\.\d+$")
 SHAPE_READERS = frozenset({"Shape", "Size"})
 BIG_BRANCH_SHARE = 0.05
@@ -528,7 +531,7 @@ def _block_graph(opgraph, order, members, edges, labels, depth, target_blocks) -
             block_of[v] = new_id[g]
         recs = [opgraph.nodes[v]["op"] for v in ops_sorted]
         scope = _common_prefix(_visible(labels[v]) for v in ops_sorted)
-        base = "/".join(_dominant_label(recs, [_visible(labels[v]) for v in ops_sorted])) or "(root)"
+        base = "/".join(_dominant_label(recs, [_visible(labels[v]) for v in ops_sorted])) or UNSCOPED
         name_count[base] += 1
         name = base if name_count[base] == 1 else f"{base}#{name_count[base] - 1}"
         types: dict[str, int] = {}

@@ -42,7 +42,8 @@ import networkx as nx
 from opsched.baselines import baseline_order, placed_stage_graph, run_baseline
 from opsched.cost.cluster import Cluster, Training, with_devices
 from opsched.cost.blocks import (BlockCost, Mode, alltoall_time, allreduce_time, attention_core_time, block_cost,
-                          context_ring_time, expert_count, held_param_bytes, joined_streams)
+                          context_ring_time, expert_count, held_param_bytes, joined_streams,
+                          with_context_ring)
 from opsched.errors import OpschedError, Unsupported
 from opsched.model.graph import COST_FIELDS, Block
 from opsched.cost.overlap import PassStreams
@@ -575,22 +576,16 @@ def _block_share(block: Block, tokens: float, expert_share: float, layout: Paral
             block = _weights_read_once_per_ep(block, layout.ep)
     # a context rank takes 1/cp of each sequence: costed like a replica taking 1/cp of the microbatch
     mode = Mode(tp=layout.tp, dp=layout.cp)
-    again = training.recompute != "none"  # a recomputed attention forward passes the keys and values round again
     c = block_cost(block, mode, groups.sequence, layer_cluster, training, token_bytes=tokens)
     params, replicas = _block_shard(block, expert, layout)
-    f, i = c.F, c.I
-    f_comm, i_comm = c.f_comm, c.i_comm
     context_ring = 0.0
-    if layout.cp > 1:
+    if layout.cp > 1:  # the planner's context-parallel modes pay the same (opsched.cost.blocks.block_cost)
         bw, lat = links.context
         attention = attention_core_time(block, mode.size, cluster, training.dtype, training.attention)
         ring = context_ring_time(block, layout.tp, layout.cp, attention, bw, lat)
-        f += ring.forward
-        i += ring.backward + (ring.forward if again else 0.0)
-        context_ring = ring.forward + ring.backward + (ring.forward if again else 0.0)
-        # under full recomputation the forward's ring runs again inside the rerun forward, not as I's own
-        f_comm += ring.forward
-        i_comm += ring.backward + (ring.forward if again and not c.rerun_forward else 0.0)
+        c, context_ring = with_context_ring(c, ring, training.recompute)
+    f, i = c.F, c.I
+    f_comm, i_comm = c.f_comm, c.i_comm
     if expert and layout.ep > 1:
         # folded over the data-parallel replicas: each holds 1/ep of the experts and swaps routed tokens
         bw, lat = links.expert

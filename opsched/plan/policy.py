@@ -91,7 +91,7 @@ def whole_layer_batch(request: PlanRequest, training, dims: dict[str, int]) -> i
     Megatron-style layouts users run join the baselines and the plan is never slower than the best of them);
     None for a runtime that does not, or a model without a symbolic batch."""
     runtime = runtime_named(request.runtime)
-    whole_layers = runtime is not None and runtime.needs_whole_layers and "batch" in dims
+    whole_layers = runtime is not None and runtime.one_configuration and "batch" in dims
     return training.microbatches * training.microbatch_size if whole_layers else None
 
 
@@ -163,7 +163,7 @@ def plan_with_recompute(request: PlanRequest, bg, cluster, training, limit: floa
         raise with_optimizer_state_hint(exc, bg, cluster, training, limit, request.solver) from None
     except NoRunnablePlan as exc:
         hint = "plan with --runtime any for the fastest plan of any shape"
-        if runtime is not None and runtime_named(runtime).needs_whole_layers and not today:
+        if runtime is not None and runtime_named(runtime).one_configuration and not today:
             hint = ("no Megatron-style layout (whole layers, one configuration) fits: pass a larger --memory-limit or "
                     f"more --devices, or {hint}" if searched else
                     "the model has no symbolic batch dimension, so no Megatron-style layout (whole layers, one "
@@ -204,7 +204,7 @@ def check_runtime_model(runtime: str, model: str, bg) -> None:
     """Refuse, before the search, a model ``runtime`` can run no plan of: Megatron-LM and torchtitan split one
     stack of numbered layers (:func:`opsched.export.plan_layout.one_layer_stack`, the export's own rule)."""
     named = runtime_named(runtime)
-    if named is None or not named.needs_whole_layers:
+    if named is None or not named.one_configuration:
         return
     stacks = [layer_stack_of(layer_path(bg.nodes[b]["block"].name)) for b in bg.nodes]
 
@@ -278,15 +278,9 @@ def layout_row(e, bg, cluster, t0: float):
 
 
 def plan_warnings(result, training, cluster) -> list[str]:
-    """What a reader of the chosen plan must know about it: uncosted sequence splits, devices left idle, fewer nodes
-    the time limit left unsearched."""
+    """What a reader of the chosen plan must know about it: devices left idle, fewer nodes the time limit left
+    unsearched."""
     out = []
-    split = split_sequences(result, training)
-    if split:
-        out.append(f"the plan's data-parallel modes {', '.join(split)} split a microbatch of "
-                   f"{plural(result.microbatch_size, 'sequence')}: that is context parallelism, whose traffic "
-                   "is not costed; pass --global-batch G (and --micro-batch-size B) so that replicas take whole "
-                   "sequences")
     if result.idle_devices:
         idle = result.idle_devices
         every = result.on_every_device
@@ -307,14 +301,3 @@ def plan_warnings(result, training, cluster) -> list[str]:
                    f"spent first, so a run on {fewer} devices alone may find a faster plan than this one; a larger "
                    "--time-limit leaves that search time, and then adding devices never gives a slower plan")
     return out
-
-
-def split_sequences(result, training) -> list[str]:
-    """The chosen plan's modes whose data-parallel degree exceeds a microbatch's sequences (none with --global-batch).
-
-    Such a mode splits sequences across replicas: context parallelism, which the cost model does not cost.
-    """
-    if training.whole_sequences:
-        return []
-    modes = {m for contents in result.stage_contents.values() for m in contents.modes}
-    return sorted(m for m in modes if Mode.parse(m).dp > result.microbatch_size)

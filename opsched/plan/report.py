@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from opsched.cost.blocks import Mode
 from opsched.export.runtimes import RUNTIMES, layout_fields
 from opsched.schedule import Job, Pair, metrics, pair_duration
 from opsched.units import bytes_text, column_size_unit, column_time_unit, plain, plural, seconds_text
@@ -89,6 +90,8 @@ def report_text(model: str, cluster, training, limit: float, result, warnings: l
         f"- chosen: {result.source} on layout {result.layout} ({describe_layout(result.layout)}), "
         f"{plural(stages, 'pipeline stage')}",
         *(f"- {name}: {line}" for name, line in shape_lines(result.schedule)),
+        *([f"- context parallelism: {', '.join(context_modes(result))}: {CONTEXT_WORDS}"] if context_modes(result)
+          else []),
         f"- step time {seconds_text(result.step_time)} (makespan {seconds_text(m.makespan)} + gradient sync "
         f"{seconds_text(result.grad_sync)}), throughput {plain(samples / result.step_time)} samples/s",
         f"- upper MIP placed {plural(result.blocks, 'block')}; time spent: upper {seconds_text(result.seconds.get('upper', 0))}, "
@@ -140,6 +143,17 @@ def report_text(model: str, cluster, training, limit: float, result, warnings: l
               + runtimes_table(runtimes or {}, overlapped_pairs(result.schedule)))
     lines += ["", "## How to read this report", "", "```", NOTATION.rstrip(), "", GLOSSARY.rstrip(), "```"]
     return "\n".join(lines) + "\n"
+
+
+#: what the summary and report.md say of a plan whose modes split sequences (issue 45)
+CONTEXT_WORDS = ("sequences split over context-parallel ranks, their K/V ring costed; --global-batch G keeps "
+                 "every replica's sequences whole")
+
+
+def context_modes(result) -> list[str]:
+    """The chosen plan's modes that split sequences over context-parallel ranks (``cpN``), in order."""
+    modes = {m for contents in result.stage_contents.values() for m in contents.modes}
+    return sorted(m for m in modes if Mode.parse(m).cp > 1)
 
 
 def runtimes_line(runtimes: dict[str, str | None]) -> str:
@@ -275,6 +289,9 @@ def summary_text(model: str, cluster, training, result, samples: int, out: Path,
         )
     if result.refused_baselines:
         lines.append(f"  refused     {', '.join(result.refused_baselines)} (reasons in report.md)")
+    split = context_modes(result)
+    if split:
+        lines.append(f"  context     {', '.join(split)}: {CONTEXT_WORDS}")
     if runtimes:
         lines.append(f"  runtimes    {runtimes_line(runtimes)}"
                      + (" (reasons in report.md)" if any(why for why in runtimes.values()) else ""))

@@ -22,6 +22,7 @@ once per step); throughput = microbatches × microbatch size / step time.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import re
@@ -36,7 +37,7 @@ from opsched.cost.cluster import Cluster, Training, memory_hint, with_devices
 from opsched.plan.contiguous import Baseline, contiguous_baselines, fewer_device_baselines
 from opsched.cost.blocks import expert_count
 from opsched.errors import MemoryTooSmall, NoRunnablePlan
-from opsched.export.runtimes import RUNTIMES, layout_fields, refusal
+from opsched.export.runtimes import RUNTIMES, layout_fields, refusal, runtime_named
 from opsched.model.graph import Block
 from opsched.solving.isolate import Call, SolverCrash, run_isolated, run_isolated_all
 from opsched.lower import minimum_memory_limit, solve
@@ -231,14 +232,21 @@ def plan_block_graph(
     solves run at once, each in its own process and with its own work budget
     (the same plan sooner). Progress, with the time left, goes to the logger.
     ``runtime`` (one of :data:`opsched.export.runtimes.RUNTIMES`): only plans
-    it can run are scheduled and returned (:class:`RuntimeFilter`).
+    it can run are scheduled and returned (:class:`RuntimeFilter`); for one that
+    builds stages from whole layers (``Runtime.needs_whole_layers``) the search places whole
+    numbered layers, and for one without context parallelism
+    (``Runtime.context_parallel``) every replica takes whole sequences.
     """
     require(solver)
+    asked = runtime_named(runtime or "any")
+    if asked is not None and not asked.context_parallel:  # it splits no sequence: replicas take whole ones
+        training = dataclasses.replace(training, whole_sequences=True)
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
     t_start = time.perf_counter()
     clock = Clock(time.monotonic() + time_limit if deadline is None else deadline)
     all_layouts = layouts(cluster)
-    small, members = _reduced(bg, all_layouts, target_blocks)
+    # a runtime that builds its stages from whole layers gets only plans that keep them whole
+    small, members = _reduced(bg, all_layouts, target_blocks, whole_layers=asked is not None and asked.needs_whole_layers)
     _log_layouts(all_layouts, bg, small, clock)
     table = CostTable(small, cluster, training)  # each block costed once per group shape, for every layout
     problems = {str(lay): upper_problem(small, lay, cluster, training, limit, table) for lay in all_layouts}
@@ -848,10 +856,12 @@ def _held_block(block: Block, mode: str) -> HeldBlock:
     return HeldBlock(block.name, mode, holds)
 
 
-def _reduced(bg: nx.DiGraph, all_layouts: list, target_blocks: int | None) -> tuple[nx.DiGraph, dict]:
+def _reduced(bg: nx.DiGraph, all_layouts: list, target_blocks: int | None,
+             whole_layers: bool = False) -> tuple[nx.DiGraph, dict]:
     """``bg`` reduced to the blocks the placement MIP places (default: 3 per pipeline slot of the largest layout,
-    at least 24), with the members of each reduced block."""
-    return reduce_block_graph(bg, target_blocks or max(24, 3 * max(lay.slots for lay in all_layouts)))
+    at least 24), with the members of each reduced block; with ``whole_layers``, each numbered layer in one."""
+    return reduce_block_graph(bg, target_blocks or max(24, 3 * max(lay.slots for lay in all_layouts)),
+                              whole_layers=whole_layers)
 
 
 def smallest_memory(bg: nx.DiGraph, cluster: Cluster, training: Training, solver: str = "cbc",

@@ -178,9 +178,10 @@ def upper_problem(
         raise ValueError("the cost table was made for another block graph, cluster or training")
     blocks = list(nx.lexicographical_topological_sort(bg))
     records = {b: bg.nodes[b]["block"] for b in blocks}
-    # with a global batch (opsched plan --global-batch), replicas take whole sequences of a microbatch
-    samples = training.microbatch_size if training.whole_sequences else None
-    modes = {b: modes_for(records[b], layout.group_size, samples) for b in blocks}
+    # replicas take whole sequences of a microbatch; without a global batch (opsched plan --global-batch) a split
+    # they would not take whole is context parallelism instead, its K/V ring costed (cost.blocks.block_cost)
+    modes = {b: modes_for(records[b], layout.group_size, training.microbatch_size,
+                          context=not training.whole_sequences) for b in blocks}
     cost = GroupCosts(table, layout, modes)
     edges = {(u, v): float(d.get("bytes", 0.0)) for u, v, d in bg.edges(data=True)}
     return UpperProblem(
@@ -501,14 +502,15 @@ def uniform_families(p: UpperProblem) -> list[tuple[str, dict[int, Mode]]]:
     families = []
     weighted = [b for b in p.blocks if any(p.cost[(b, 0, m)].param_bytes > 0 for m in p.modes[b])]
     for t in [d for d in range(1, k + 1) if k % d == 0]:
-        if weighted and not any(Mode(tp=t, dp=k // t) in p.modes[b] for b in weighted):
+        # the split with tp = t a block with weights may take (replicas of whole sequences, or context parallel)
+        wanted = next((m for b in weighted for m in p.modes[b] if m.tp == t and m.ep == 1), Mode(tp=t, dp=k // t))
+        if weighted and not any(wanted in p.modes[b] for b in weighted):
             continue  # no block may take it (replicas would split a sequence): not a configuration to name
         for with_ep in (False, True):
             if with_ep and not any(m.ep > 1 for b in p.blocks for m in p.modes[b]):
                 continue
             modes = {}
             for b in p.blocks:
-                wanted = Mode(tp=t, dp=k // t)
                 eps = [m for m in p.modes[b] if m.ep > 1]
                 if with_ep and eps:
                     modes[b] = eps[0]
@@ -516,7 +518,7 @@ def uniform_families(p: UpperProblem) -> list[tuple[str, dict[int, Mode]]]:
                     modes[b] = wanted
                 else:
                     modes[b] = p.modes[b][0]  # blocks without weights: data-parallel only
-            families.append((f"{Mode(tp=t, dp=k // t)}" + ("+ep" if with_ep else ""), modes))
+            families.append((f"{wanted}" + ("+ep" if with_ep else ""), modes))
     return families
 
 

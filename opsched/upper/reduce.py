@@ -37,17 +37,21 @@ import networkx as nx
 
 from opsched.cost.blocks import expert_count
 from opsched.model.graph import COST_FIELDS, Block, common_scope
-from opsched.upper.stages import layer_path
+from opsched.upper.stages import LAYER_COMPONENT, layer_path
 
 
 def reduce_block_graph(
-    bg: nx.DiGraph, target: int, expert_parts: int = 1
+    bg: nx.DiGraph, target: int, expert_parts: int = 1, whole_layers: bool = False
 ) -> tuple[nx.DiGraph, dict[int, list[int]]]:
     """A smaller BlockGraph and, for each of its blocks, the original block ids it holds.
 
     Node ids of the result are 0..n-1 in topological order; each node also
     carries ``expert_params``, the parameters of its members that are experts,
-    and what its experts' all-to-alls move (:func:`expert_traffic`).
+    and what its experts' all-to-alls move (:func:`expert_traffic`). With
+    ``whole_layers``, first every numbered layer's blocks become one block
+    (:func:`_merge_layers`), so no stage of a plan made from the result
+    splits a layer: what a runtime that builds its stages from whole layers
+    needs (``opsched run --hf-config``, Megatron-LM, torchtitan).
     """
     members = {b: [b] for b in bg.nodes}
     g = nx.DiGraph()
@@ -55,6 +59,8 @@ def reduce_block_graph(
     for u, v, d in bg.edges(data=True):
         g.add_edge(u, v, bytes=float(d.get("bytes", 0.0)))
     records = {b: bg.nodes[b]["block"] for b in bg.nodes}
+    if whole_layers:
+        _merge_layers(g, members, records)
     _merge_expert_siblings(g, members, records, expert_parts)
     _contract_chains(g, members, records, target)
     small, held = _renumbered(g, members, records)
@@ -104,6 +110,47 @@ def _add_bytes(g: nx.DiGraph, u: int, v: int, nbytes: float) -> None:
         g[u][v]["bytes"] += nbytes
     else:
         g.add_edge(u, v, bytes=nbytes)
+
+
+def _merge_layers(g: nx.DiGraph, members, records) -> None:
+    """Fold each numbered layer's blocks (:func:`opsched.upper.stages.layer_path`), with every block that lies on
+    a path between two of them, into one block: the layer's convex hull, so the graph stays a DAG.
+
+    An exporter may leave a layer's ops without a scope (``(root)`` between two of its blocks, DeepSeek-V3's MLA);
+    they run inside the layer, and go with it. Layers whose hulls overlap end up in one block.
+
+    >>> g = nx.DiGraph()
+    >>> names = ["embed", "layers.0/attn", "(root)", "layers.0/mlp", "layers.1/attn", "layers.1/mlp", "head"]
+    >>> g.add_edges_from((i, i + 1, {"bytes": 1.0}) for i in range(6))
+    >>> members = {i: [i] for i in range(7)}
+    >>> _merge_layers(g, members, {i: Block(i, n, (), ()) for i, n in enumerate(names)})
+    >>> sorted(members.values())
+    [[0], [1, 2, 3], [4, 5], [6]]
+    """
+    layers: dict[str, list[int]] = defaultdict(list)
+    for b in sorted(g.nodes):
+        path = layer_path(records[b].name)
+        if LAYER_COMPONENT.match(".".join(path.split(".")[-2:])):
+            layers[path].append(b)
+    home = {b: b for b in g.nodes}  # the block each original block was folded into
+    for blocks in layers.values():
+        now = sorted({home[b] for b in blocks})
+        hull = sorted(set(now) | (_reached(g.successors, now) & _reached(g.predecessors, now)))
+        for other in hull[1:]:
+            for m in members[other]:
+                home[m] = hull[0]
+            _merge(g, members, hull[0], other)
+
+
+def _reached(step, start: list[int]) -> set[int]:
+    """The blocks outside ``start`` that one or more ``step``s (successors or predecessors) lead to from it."""
+    inside, seen, todo = set(start), set(), list(start)
+    while todo:
+        for n in step(todo.pop()):
+            if n not in seen and n not in inside:
+                seen.add(n)
+                todo.append(n)
+    return seen
 
 
 def _merge_expert_siblings(g: nx.DiGraph, members, records, parts: int) -> None:
