@@ -238,7 +238,7 @@ def test_megatron_any_other_split_is_a_pipeline_layout(tmp_path):
     plan = make_plan(tmp_path, layers=[2, 5, 6, 3], groups=4, group_size=2, config="tp2", microbatch_size=1)
     assert export(tmp_path, plan, "--megatron", str(tmp_path / "m.sh"))[0] == 0
     argv = megatron_argv(tmp_path / "m.sh")
-    assert flags_of(argv)["--pipeline-model-parallel-layout"] == "E,t*2|t*5|t*6|t*3,L"
+    assert flags_of(argv)["--pipeline-model-parallel-layout"] == "Ett|t*5|t*6|t*3L"
     assert "--num-virtual-stages-per-pipeline-rank" not in argv  # Megatron-LM takes one or the other
     config, _ = megatron_config(argv, **LLAMA)  # Megatron checks the layout's layers add up to num_layers
     assert config.num_layers == 16 and config.pipeline_model_parallel_layout is not None

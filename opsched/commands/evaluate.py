@@ -18,6 +18,11 @@ The layout is comma-separated KEY=VALUE, Megatron's names:
   recompute none | selective (the attention core again) | full (the whole forward again)
   ends_as_layers 0 or 1: the embedding and the head count as one layer each when the layers are
       split into pp x vpp chunks (Megatron's --account-for-embedding/loss-in-pipeline-split)
+  pipeline_layout Megatron-Core's --pipeline-model-parallel-layout, e.g. Et|(tt|)*30mL: E embedding,
+      t decoder layer, m MTP layer, L loss, | chunk end, (...)*n repeat; pp x vpp chunks (sets vpp)
+  first_layers, last_layers  layers of the first / last pipeline rank, the others sharing the rest
+      (Megatron's --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers)
+  A split that does not divide the layers is refused with the settings that would.
   tp_overlap 0 or 1: Megatron's --tp-comm-overlap (needs tp > 1 and sp=1): each tensor-parallel
       collective runs under its GEMM, so only what outlasts the compute shows
   attention fused (default: FlashAttention, cuDNN, torch's SDPA) | unfused (Megatron-LM before

@@ -39,6 +39,7 @@ import os
 import shlex
 from dataclasses import dataclass
 
+from opsched.cost.pipeline_split import compact_pipeline_layout
 from opsched.errors import OpschedError
 from opsched.export.plan_layout import PlanLayout, Runtime, plan_layout
 from opsched.schedule import Schedule
@@ -179,18 +180,17 @@ def pipeline_layout_text(counts: tuple[int, ...] | list[int]) -> str:
 
     Chunk ``i = virtual index x pp + rank``, which is opsched's stage order on
     an interleaved layout; the embedding goes with the first chunk, the
-    output layer and loss with the last.
+    output layer and loss with the last; written as
+    :func:`opsched.cost.pipeline_split.compact_pipeline_layout` writes any split
+    (the grammar ``evaluate --layout pipeline_layout=...`` reads).
 
-    >>> pipeline_layout_text([3, 4, 0, 1])
-    'E,t*3|t*4||t,L'
+    >>> pipeline_layout_text([3, 4, 4, 1])
+    'Et*3|(t*4|)*2tL'
     """
-    def chunk(n: int) -> str:
-        return "" if n == 0 else "t" if n == 1 else f"t*{n}"
-
-    parts = [chunk(n) for n in counts]
-    parts[0] = ",".join(filter(None, ["E", parts[0]]))
-    parts[-1] = ",".join(filter(None, [parts[-1], "L"]))
-    return "|".join(parts)
+    units = ["t" * n for n in counts]
+    units[0] = "E" + units[0]
+    units[-1] += "L"
+    return compact_pipeline_layout(units)
 
 
 def megatron_text(layout: PlanLayout, args: list[MegatronArg], plan_path: str | os.PathLike) -> str:

@@ -22,7 +22,7 @@ tokens by all-to-all. The rules and their sources are in
 ``docs/cost-model.md`` (section "Evaluating a layout").
 
 >>> ParallelLayout.parse("tp=2,pp=4,vpp=2,zero=1,recompute=full")
-ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, recompute='full', ends_as_layers=False, tp_overlap=False, attention='fused')
+ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, recompute='full', ends_as_layers=False, tp_overlap=False, attention='fused', pipeline_layout='', first_layers=0, last_layers=0)
 >>> ParallelLayout.parse("tp=2,pp=4").resolved(16).dp
 2
 """
@@ -124,7 +124,7 @@ class ModelIndex:
 
     order: list[int]  # blocks in topological order
     layer_of: dict[int, str | None]  # block -> its numbered layer's module path (None: outside every layer)
-    layers: list[str]  # numbered layers in model order
+    layers: list[str]  # numbered decoder layers in model order (MTP layers apart)
     experts_of: dict[int, int]  # block -> experts it holds
     experts: int  # experts of one MoE layer (0: dense)
     #: block -> the share of its MoE layer's experts it holds (0: no expert). A layer's dispatch and combine are
@@ -138,6 +138,9 @@ class ModelIndex:
     cost_class: dict[int, int] = dataclasses.field(default_factory=dict)
     #: per setting of a layout's terms, one device's share of a block (:func:`_block_share`) by its cost class
     block_shares: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    #: numbered layers of a multi-token-prediction module (a path with an ``mtp`` component: Megatron-Core's
+    #: ``mtp.layers.N``), in model order; the pipeline split places them apart from the decoder layers (``m``)
+    mtp_layers: list[str] = dataclasses.field(default_factory=list)
 
 
 def model_index(bg: nx.DiGraph) -> ModelIndex:
@@ -172,26 +175,45 @@ def model_index(bg: nx.DiGraph) -> ModelIndex:
     classes: dict[tuple, int] = {}
     cost_class = {b: classes.setdefault((tuple(getattr(bg.nodes[b]["block"], f) for f in COST_FIELDS), tokens_in[b],
                                          expert_share[b]), len(classes)) for b in order}
-    return ModelIndex(order, layer_of, list(layers), experts_of, max(per_layer.values(), default=0), expert_share,
-                      tokens_in, sum(bg.nodes[b]["block"].flops for b in order), cost_class)
+    mtp = [path for path in layers if is_mtp_path(path)]
+    return ModelIndex(order, layer_of, [path for path in layers if not is_mtp_path(path)], experts_of,
+                      max(per_layer.values(), default=0), expert_share, tokens_in,
+                      sum(bg.nodes[b]["block"].flops for b in order), cost_class, mtp_layers=mtp)
+
+
+def is_mtp_path(path: str) -> bool:
+    """Whether a module path lies in a multi-token-prediction module (a component named ``mtp``).
+
+    >>> is_mtp_path("model.mtp.layers.0"), is_mtp_path("model.layers.3")
+    (True, False)
+    """
+    return "mtp" in path.split(".")
 
 
 def layer_chunks(bg: nx.DiGraph, chunks: int, index: ModelIndex | None = None,
-                 ends_as_layers: bool = False) -> list[list[int]]:
+                 ends_as_layers: bool = False, units: tuple[str, ...] | None = None) -> list[list[int]]:
     """Blocks of each of ``chunks`` chunks: the layers split evenly in model order, the rest at either end.
 
-    Blocks outside every numbered layer join the first chunk when they come
-    before the first layer in topological order, else the last chunk. With
-    ``ends_as_layers`` those two ends count as one layer each in the split
-    (the first and last chunks take one numbered layer fewer).
+    ``units``: the chunks' units as :func:`opsched.cost.pipeline_split.chunk_units` gives them (an uneven
+    split); default the even split (with ``ends_as_layers``, the embedding and head count as one layer each).
+    Decoder layers (``t``) and MTP layers (``m``) fill the chunks in model order. Blocks outside every numbered
+    layer join the chunk of the embedding (``E``) when they come before the first layer in topological order,
+    the chunk of the first MTP layer when they lie in the MTP module, else the chunk of the loss (``L``).
     """
     index = index or model_index(bg)
-    layers = index.layers
-    units = len(layers) + 2 * ends_as_layers
-    if not layers or units % chunks:
-        raise OpschedError(f"{len(layers)} layers do not split into {chunks} equal chunks")
-    per = units // chunks
-    chunk_of_layer = {name: (k + ends_as_layers) // per for k, name in enumerate(layers)}
+    if not index.layers:
+        raise OpschedError(f"the model has no numbered layers to split into {chunks} chunks")
+    if units is None:
+        units = ParallelLayout(pp=chunks, ends_as_layers=ends_as_layers).chunk_units(len(index.layers),
+                                                                                    len(index.mtp_layers))
+    if len(units) != chunks:
+        raise OpschedError(f"{len(units)} chunks of units for {chunks} chunks")
+    def owners(letter: str) -> list[int]:  # chunk of each unit of the letter, in model order
+        return [c for c, chunk in enumerate(units) for u in chunk if u == letter]
+    chunk_of_layer = dict(zip(index.layers, owners("t")))
+    chunk_of_layer.update(zip(index.mtp_layers, owners("m")))
+    embedding, loss = owners("E")[0], owners("L")[0]
+    mtp_chunk = owners("m")[0] if index.mtp_layers else loss
     out: list[list[int]] = [[] for _ in range(chunks)]
     started = False
     for b in index.order:
@@ -199,8 +221,10 @@ def layer_chunks(bg: nx.DiGraph, chunks: int, index: ModelIndex | None = None,
         if path is not None:
             started = True
             out[chunk_of_layer[path]].append(b)
+        elif is_mtp_path(layer_path(bg.nodes[b]["block"].name)):
+            out[mtp_chunk].append(b)
         else:
-            out[chunks - 1 if started else 0].append(b)
+            out[loss if started else embedding].append(b)
     return out
 
 
@@ -263,14 +287,15 @@ def evaluate_layout(
     if layout.etp and layout.etp != layout.tp:
         raise OpschedError(f"etp={layout.etp} is not modelled yet: evaluate costs the expert layers with tp={layout.tp}; "
                            "leave etp out")
-    layout.check_model(len(index.layers), index.experts)
+    layout.check_model(len(index.layers), index.experts, len(index.mtp_layers))
     if global_batch % (layout.dp * micro_batch_size):
         raise OpschedError(f"global batch {global_batch} is not a multiple of dp x micro-batch size = "
                            f"{layout.dp} x {micro_batch_size}")
     M = global_batch // (layout.dp * micro_batch_size)
     name = schedule or ("interleaved-1f1b" if layout.vpp > 1 else "1f1b")
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
-    chunks = layer_chunks(bg, layout.pp * layout.vpp, index, layout.ends_as_layers)
+    chunks = layer_chunks(bg, layout.pp * layout.vpp, index,
+                          units=layout.chunk_units(len(index.layers), len(index.mtp_layers)))
     stages, sync, optimizer, ring = _chunk_stages(bg, index, chunks, layout, cluster, training)
     sg = _chunk_stage_graph(bg, chunks, stages, layout, cluster)
     if memory_first:
@@ -341,9 +366,10 @@ def layout_floor(bg: nx.DiGraph, cluster: Cluster, training: Training, layout: P
     """
     index = index or model_index(bg)
     layout = layout.resolved(cluster.devices)
-    layout.check_model(len(index.layers), index.experts)
+    layout.check_model(len(index.layers), index.experts, len(index.mtp_layers))
     M = global_batch // (layout.dp * micro_batch_size)
-    chunks = layer_chunks(bg, layout.pp * layout.vpp, index, layout.ends_as_layers)
+    chunks = layer_chunks(bg, layout.pp * layout.vpp, index,
+                          units=layout.chunk_units(len(index.layers), len(index.mtp_layers)))
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
     if max(_held_param_bytes(bg, index, chunks, layout, training)) > limit:
         return None  # checked before the passes are costed: most layouts of a large model end here
