@@ -51,7 +51,8 @@ import argparse
 import json
 import logging
 
-from opsched.commands.args import add_cluster_arguments, add_optimizer_state_argument, byte_size, positive_int
+from opsched.commands.args import (add_cluster_arguments, add_dtype_argument, add_optimizer_state_argument,
+                                   byte_size, positive_int)
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sequences per microbatch (default 1)")
     parser.add_argument("--schedule", choices=NAMES, metavar="NAME",
                         help=f"pipeline schedule, one of {', '.join(NAMES)} (default: interleaved-1f1b when vpp > 1, else 1f1b)")
-    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp8", "fp16", "fp32"),
-                        help="compute dtype: the peak FLOP/s the cost model and MFU use (default bf16)")
+    add_dtype_argument(parser)
     add_optimizer_state_argument(parser)
     parser.add_argument("--memory-limit", type=byte_size, metavar="BYTES",
                         help="per device with a unit, e.g. 80GiB (default: the cluster's memory)")

@@ -81,6 +81,7 @@ from opsched.commands.args import (
     MAX_DEVICES,
     WholeNumber,
     add_cluster_arguments,
+    add_dtype_argument,
     add_optimizer_state_argument,
     byte_size,
     dimension,
@@ -153,6 +154,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "1 (default) they are sharded, as Megatron's distributed optimizer does, for the same "
                              "gradient traffic; 2 the gradients too")
     add_optimizer_state_argument(parser, auto=True)
+    add_dtype_argument(parser)
     parser.add_argument("--recompute", choices=("none", "selective", "full", "auto"), default="auto",
                         help="activation recomputation: none; selective (the attention core's scores are not kept "
                              "and its forward runs again, Megatron's selective recompute); full (each block keeps "
@@ -220,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
     training = Training(microbatches=microbatches, microbatch_size=int(used_dims.get("batch", 1)),
                         zero=args.zero, recompute="none" if args.recompute == "auto" else args.recompute,
                         optimizer_state="fp32" if args.optimizer_state == "auto" else args.optimizer_state,
-                        whole_sequences=args.global_batch is not None,
+                        dtype=args.dtype, whole_sequences=args.global_batch is not None,
                         tp_comm_overlap=overlap_tp, attention=args.attention,
                         # torch (and torchtitan, through it) runs an OVERLAP_F_B pair as F then B; Megatron pairs nothing
                         overlap_pairs=args.runtime == "any")
@@ -463,7 +465,8 @@ def megatron_layouts(args: argparse.Namespace, dims: dict[str, int], cluster, tr
         row = layout_row(e, bg, cluster, t0)
         return refusal(args.runtime, row.schedule, layout_fields(row.contents, row.microbatch_size, training.zero,
                                                                  row.recompute, training.optimizer_state,
-                                                                 training.tp_comm_overlap, training.attention)) is None
+                                                                 training.tp_comm_overlap, training.attention,
+                                                                 training.dtype)) is None
 
     found = search_layouts(bg, cluster, training, global_batch=global_batch,
                            tokens_per_sequence=int(og.graph.get("dims", {}).get("seq", 1)), memory_limit=limit,
@@ -610,7 +613,7 @@ def plan_extra(model: str, cluster, training, result, warnings: list[str] | None
         "grad_sync_seconds": result.grad_sync,
         "throughput": samples / result.step_time if result.step_time > 0 else 0.0,
         **layout_fields(result.stage_contents, result.microbatch_size, training.zero, result.recompute,
-                        training.optimizer_state, training.tp_comm_overlap, training.attention),
+                        training.optimizer_state, training.tp_comm_overlap, training.attention, training.dtype),
         "stage_blocks": {str(k): c.blocks for k, c in result.stage_contents.items()},
         "baselines": [b.to_dict(samples) for b in result.baselines],
         "refused_baselines": [{"method": k, "reason": v} for k, v in result.refused_baselines.items()],

@@ -109,6 +109,7 @@ def megatron_args(layout: PlanLayout) -> list[MegatronArg]:
     if p.zero == 1:
         out.append(arg("--use-distributed-optimizer", None, "plan zero 1: optimizer states sharded over dp"))
     out += _optimizer_precision(layout.optimizer_state)
+    out += compute_precision(layout.dtype)
     if p.recompute == "full":
         out += [
             arg("--recompute-granularity", "full", "plan recompute full"),
@@ -128,6 +129,30 @@ def megatron_args(layout: PlanLayout) -> list[MegatronArg]:
     ]
     if layout.seq_len is not None:
         out.append(arg("--seq-length", str(layout.seq_len), "the plan's seq dim"))
+    return out
+
+
+def compute_precision(dtype: str) -> list[MegatronArg]:
+    """The flags that run the plan's compute dtype (none for FP32, Megatron's default).
+
+    FP8 is Transformer Engine's on a BF16 model: E4M3 for every GEMM's inputs with blockwise scaling (1 x 128
+    activation tiles, 128 x 128 weight blocks), the recipe DeepSeek-V3 trained with (arXiv 2412.19437 §3.3) and
+    Megatron-Bridge's DeepSeek-V3 FP8 runs use; attention and the rest stay in BF16, as the plan was costed
+    (opsched.cost.cluster.attention_dtype).
+
+    >>> [" ".join(a.words()) for a in compute_precision("fp8")]
+    ['--bf16', '--fp8-format e4m3', '--fp8-recipe blockwise']
+    """
+    arg = MegatronArg
+    if dtype == "fp32":
+        return []
+    if dtype == "fp16":
+        return [arg("--fp16", None, "plan dtype fp16 (with Megatron's loss scaling)")]
+    out = [arg("--bf16", None, f"plan dtype {dtype}" + (": the model in BF16, its GEMMs in FP8" if dtype == "fp8"
+                                                          else ""))]
+    if dtype == "fp8":
+        out += [arg("--fp8-format", "e4m3", "FP8 GEMMs, E4M3 inputs in forward and backward (DeepSeek-V3's)"),
+                arg("--fp8-recipe", "blockwise", "1x128 / 128x128 scaling blocks (Transformer Engine >= 2.3)")]
     return out
 
 
