@@ -10,9 +10,13 @@ like.
 
 The layout is comma-separated KEY=VALUE, Megatron's names:
   tp  tensor-parallel size          pp   pipeline-parallel size
-  vpp virtual pipeline chunks       ep   expert-parallel size (folded over dp)
-  cp  context-parallel size: each sequence split over cp ranks, K/V passed round a ring (with ep=1)
-  etp expert tensor-parallel size (only the default, tp, is modelled yet)
+  vpp virtual pipeline chunks       ep   expert-parallel size
+  cp  context-parallel size: each sequence split over cp ranks, K/V passed round a ring
+  etp expert tensor-parallel size (default tp); the ep x etp expert grid is carved out of a
+      pipeline rank's tp x cp x dp devices (Megatron-Core's parallel folding: tp=2,ep=32,etp=1
+      on 32 devices per stage)
+  max_nodes  each token's experts on at most this many nodes (DeepSeek-V3's node-limited
+      routing): the network carries a token once per chosen node, NVLink the rest
   dp  data-parallel size (default: devices / (tp x pp x cp))
   sp  sequence parallel, 0 or 1     zero 0-3 (1 = Megatron's distributed optimizer, 3 = FSDP full shard)
   recompute none | selective (the attention core again) | full (the whole forward again)

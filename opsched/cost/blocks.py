@@ -427,6 +427,30 @@ def alltoall_time(nbytes: float, ranks: int, bandwidth: float, latency: float) -
     return (ranks - 1) * latency + (ranks - 1) / ranks * nbytes / bandwidth
 
 
+def node_limited_alltoall_time(nbytes: float, copies: float, ranks: int, nodes: int, max_nodes: int,
+                                intra: tuple[float, float], inter: tuple[float, float]) -> float:
+    """Dispatch (or combine) of ``nbytes`` of routed token copies per device over ``ranks`` expert ranks on
+    ``nodes`` nodes, each token sent to at most ``max_nodes`` nodes (DeepSeek-V3's node-limited routing,
+    arXiv 2412.19437 §2.1.2 and §3.2.2): a token crosses InfiniBand once per chosen remote node, however many
+    of its ``copies`` (top-k, with the capacity factor) go to experts there, and NVLink forwards the copies to
+    their experts within the node, the two pipelined: the longer of the two, plus each hop's latency.
+    ``intra`` / ``inter``: (bandwidth, latency) of NVLink and of the network.
+
+    With 8 nodes, 4 of them per token and 8 copies, InfiniBand carries 4 x 7/8 = 3.5 token copies, not 7:
+
+    >>> round(node_limited_alltoall_time(8.0, 8, 64, 8, 4, (1e9, 0.0), (1.0, 0.0)), 3)
+    3.5
+    """
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    per_node = max(1, ranks // nodes)
+    chosen = min(max_nodes, nodes, copies)  # nodes a token goes to
+    over_network = nbytes / copies * chosen * (nodes - 1) / nodes
+    within_node = nbytes * (per_node - 1) / per_node
+    return max(over_network / inter[0], within_node / intra[0]) + (nodes - 1) * inter[1] + \
+        (per_node - 1) * intra[1]
+
+
 def group_devices(first: int, size: int) -> tuple[int, ...]:
     return tuple(range(first, first + size))
 

@@ -5,7 +5,7 @@ Megatron-LM and torchtitan exports write; it says how devices are cut, not what 
 (:mod:`opsched.plan.layouts` prices it).
 
 >>> ParallelLayout.parse("tp=2,pp=4,vpp=2,zero=1,recompute=full")
-ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, recompute='full', ends_as_layers=False, tp_overlap=False, attention='fused', pipeline_layout='', first_layers=0, last_layers=0)
+ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, recompute='full', ends_as_layers=False, tp_overlap=False, attention='fused', pipeline_layout='', first_layers=0, last_layers=0, max_nodes=0)
 >>> ParallelLayout.parse("tp=2,pp=4").resolved(16).dp
 2
 """
@@ -53,13 +53,19 @@ class ParallelLayout:
     ``--decoder-last-pipeline-num-layers``; 0: as the others). Megatron
     takes at most one of the three ways of an uneven split, and neither
     with ``ends_as_layers``.
-    The expert grid ``ep x etp`` must divide the ``tp x dp`` devices of a
-    pipeline rank (Megatron-Core's parallel folding): with ``etp = tp``
-    that is ``ep`` dividing ``dp``; opsched's expert-parallel mode spreads
-    the experts over the whole group, ``etp = 1`` and ``ep = tp x dp``.
+    The expert grid ``ep x etp`` is carved out of the ``tp x cp x dp``
+    devices of a pipeline rank, which it must divide (Megatron-Core's
+    parallel folding: TP2 with EP32 and ETP1 on 32 ranks per stage is a
+    layout); opsched's expert-parallel mode spreads the experts over the
+    whole group, ``etp = 1`` and ``ep = tp x dp``. ``max_nodes``: each
+    token's experts on at most that many nodes (DeepSeek-V3's node-limited
+    routing; Megatron-Core's ``--moe-router-group-topk`` with one group per
+    node), which the expert all-to-all's cost reads; 0, no limit.
 
     >>> ParallelLayout(tp=2, ep=4, etp=1).resolved(4).dp
     2
+    >>> ParallelLayout(tp=2, pp=1, ep=32, etp=1).resolved(32).dp
+    16
     """
 
     tp: int = 1
@@ -78,6 +84,7 @@ class ParallelLayout:
     pipeline_layout: str = ""
     first_layers: int = 0
     last_layers: int = 0
+    max_nodes: int = 0
 
     @classmethod
     def parse(cls, text: str) -> "ParallelLayout":
@@ -130,7 +137,7 @@ class ParallelLayout:
                     raise OpschedError(f"layout zero={value}: 0, 1, 2 or 3")
                 values[key] = number
             else:
-                least = 0 if key in ("dp", "etp") else 1  # 0: derived (dp) or the same as tp (etp)
+                least = 0 if key in ("dp", "etp", "max_nodes") else 1  # 0: derived (dp), tp (etp), no limit
                 if number < least:
                     raise OpschedError(f"layout {key}={value}: must be at least {least}")
                 values[key] = number
@@ -161,8 +168,6 @@ class ParallelLayout:
 
         Needs no model, so the command checks it before the import; :meth:`check_model` does the rest.
         """
-        if self.cp > 1 and self.ep > 1:
-            raise OpschedError("ep > 1 with cp > 1 is not modelled yet: evaluate one of them at a time")
         per_replica = self.tp * self.pp * self.cp
         dp = self.dp or devices // per_replica
         if per_replica * dp != devices:
@@ -177,12 +182,14 @@ class ParallelLayout:
             raise OpschedError("tp_overlap=1 needs tp > 1 and sp=1 (Megatron's --tp-comm-overlap runs with sequence "
                                "parallelism only)")
         etp = self.etp or self.tp
-        if self.ep > 1 and etp == self.tp and dp % self.ep:
-            raise OpschedError(f"ep={self.ep} must divide dp={dp}: expert parallelism is folded over the "
-                               "data-parallel replicas")
-        if self.ep > 1 and (self.tp * dp) % (self.ep * etp):
-            raise OpschedError(f"ep x etp = {self.ep} x {etp} must divide tp x dp = {self.tp} x {dp}: the expert "
-                               "layers are laid over the same devices as the others")
+        per_rank = self.tp * self.cp * dp
+        if per_rank % (self.ep * etp):
+            raise OpschedError(f"ep x etp = {self.ep} x {etp} must divide tp x cp x dp = {self.tp} x {self.cp} x {dp}"
+                               f" = {per_rank}: the expert layers are laid over a pipeline rank's devices "
+                               "(Megatron-Core's parallel folding); change ep, etp or dp")
+        if (self.tp * self.cp) % etp:
+            raise OpschedError(f"etp={etp} must divide tp x cp = {self.tp * self.cp}: opsched costs an expert's "
+                               "tensor-parallel ranks within the ranks that split one sequence")
         return dataclasses.replace(self, dp=dp)
 
     @property
@@ -217,4 +224,5 @@ class ParallelLayout:
             (f" pipeline_layout={compact_pipeline_layout(expand_pipeline_layout(self.pipeline_layout))}"
              if self.pipeline_layout else "") + \
             (f" first_layers={self.first_layers}" if self.first_layers else "") + \
-            (f" last_layers={self.last_layers}" if self.last_layers else "")
+            (f" last_layers={self.last_layers}" if self.last_layers else "") + \
+            (f" max_nodes={self.max_nodes}" if self.max_nodes else "")

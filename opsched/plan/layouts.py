@@ -22,7 +22,7 @@ tokens by all-to-all. The rules and their sources are in
 ``docs/cost-model.md`` (section "Evaluating a layout").
 
 >>> ParallelLayout.parse("tp=2,pp=4,vpp=2,zero=1,recompute=full")
-ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, recompute='full', ends_as_layers=False, tp_overlap=False, attention='fused', pipeline_layout='', first_layers=0, last_layers=0)
+ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, recompute='full', ends_as_layers=False, tp_overlap=False, attention='fused', pipeline_layout='', first_layers=0, last_layers=0, max_nodes=0)
 >>> ParallelLayout.parse("tp=2,pp=4").resolved(16).dp
 2
 """
@@ -42,7 +42,8 @@ import networkx as nx
 from opsched.baselines import baseline_order, placed_stage_graph, run_baseline
 from opsched.cost.cluster import Cluster, Training, with_devices
 from opsched.cost.blocks import (BlockCost, Mode, alltoall_time, allreduce_time, attention_core_time, block_cost,
-                          context_ring_time, expert_count, held_param_bytes, joined_streams)
+                          context_ring_time, expert_count, held_param_bytes, joined_streams,
+                          node_limited_alltoall_time)
 from opsched.errors import OpschedError, Unsupported
 from opsched.model.graph import COST_FIELDS, Block
 from opsched.cost.overlap import PassStreams
@@ -141,6 +142,9 @@ class ModelIndex:
     #: numbered layers of a multi-token-prediction module (a path with an ``mtp`` component: Megatron-Core's
     #: ``mtp.layers.N``), in model order; the pipeline split places them apart from the decoder layers (``m``)
     mtp_layers: list[str] = dataclasses.field(default_factory=list)
+    #: block holding experts -> copies of each token its MoE layer routes (top-k times the capacity factor): the
+    #: layer's expert inputs over its input, the residual stream (what node-limited routing sends once a node)
+    routed_copies: dict[int, float] = dataclasses.field(default_factory=dict)
 
 
 def model_index(bg: nx.DiGraph) -> ModelIndex:
@@ -178,7 +182,23 @@ def model_index(bg: nx.DiGraph) -> ModelIndex:
     mtp = [path for path in layers if is_mtp_path(path)]
     return ModelIndex(order, layer_of, [path for path in layers if not is_mtp_path(path)], experts_of,
                       max(per_layer.values(), default=0), expert_share, tokens_in,
-                      sum(bg.nodes[b]["block"].flops for b in order), cost_class, mtp_layers=mtp)
+                      sum(bg.nodes[b]["block"].flops for b in order), cost_class, mtp_layers=mtp,
+                      routed_copies=_routed_copies(order, layer_of, expert_layer, tokens_in))
+
+
+def _routed_copies(order: list[int], layer_of: dict[int, str | None], expert_layer: dict[int, str],
+                   tokens_in: dict[int, float]) -> dict[int, float]:
+    """Block holding experts -> its layer's expert input bytes over the layer's first block's input (the residual
+    stream entering the layer): the copies of each token the router sends (top-k x capacity factor)."""
+    entering: dict[str, float] = {}
+    routed: dict[str, float] = {}
+    for b in order:
+        path = layer_of[b]
+        if path is not None and b not in expert_layer:
+            entering.setdefault(path, tokens_in[b])
+    for b, path in expert_layer.items():
+        routed[path] = routed.get(path, 0.0) + tokens_in[b]
+    return {b: routed[path] / entering[path] if entering.get(path) else 1.0 for b, path in expert_layer.items()}
 
 
 def is_mtp_path(path: str) -> bool:
@@ -234,7 +254,8 @@ class RankGroups:
 
     tensor: tuple[int, ...]  # the tensor-parallel ranks of the first context rank of the first replica
     context: tuple[int, ...]  # the first tensor rank of each context-parallel rank of the first replica
-    expert: tuple[int, ...]  # the first rank of each replica sharing the experts
+    expert: tuple[int, ...]  # the ep ranks that swap routed tokens (stride etp: expert tensor ranks innermost)
+    expert_weights: tuple[int, ...]  # the ranks holding the same experts: stride ep x etp
     sequence: tuple[int, ...]  # every rank splitting one microbatch: tp x cp of the first replica
     weights: tuple[int, ...]  # the first tensor rank of every rank holding the same weights: cp x dp
 
@@ -247,10 +268,15 @@ def _rank_devices(layout: ParallelLayout, devices: int, rank: int) -> RankGroups
     """
     base = rank * (devices // layout.pp)
     replica = layout.tp * layout.cp
+    etp = layout.etp or layout.tp
+    expert_grid = layout.ep * etp
     return RankGroups(
         tensor=tuple(range(base, base + layout.tp)),
         context=tuple(base + k * layout.tp for k in range(layout.cp)),
-        expert=tuple(base + j * replica for j in range(layout.ep)),
+        # Megatron-Core's expert rank order (parallel folding): expert tensor ranks innermost, then ep, then the
+        # expert data-parallel replicas, over the pipeline rank's tp x cp x dp devices
+        expert=tuple(base + j * etp for j in range(layout.ep)),
+        expert_weights=tuple(base + k * expert_grid for k in range(replica * layout.dp // expert_grid)),
         sequence=tuple(range(base, base + replica)),
         weights=tuple(base + k * layout.tp for k in range(layout.cp * layout.dp)),
     )
@@ -284,9 +310,6 @@ def evaluate_layout(
     """
     index = index or model_index(bg)
     layout = layout.resolved(cluster.devices)
-    if layout.etp and layout.etp != layout.tp:
-        raise OpschedError(f"etp={layout.etp} is not modelled yet: evaluate costs the expert layers with tp={layout.tp}; "
-                           "leave etp out")
     layout.check_model(len(index.layers), index.experts, len(index.mtp_layers))
     if global_batch % (layout.dp * micro_batch_size):
         raise OpschedError(f"global batch {global_batch} is not a multiple of dp x micro-batch size = "
@@ -454,10 +477,12 @@ class _ChunkCost:
 def _block_shard(block: Block, expert: bool, layout: ParallelLayout) -> tuple[float, int]:
     """(parameters one device holds of ``block``, replicas holding the same ones: what ZeRO shards over).
 
-    Experts folded over the data-parallel replicas: each holds 1/ep of them.
+    Experts on the ep x etp grid carved out of a pipeline rank's tp x cp x dp devices (parallel folding): each
+    device holds 1/(ep x etp) of them, the same as tp x cp x dp / (ep x etp) others.
     """
-    if expert and layout.ep > 1:
-        return block.param_count / layout.tp / layout.ep, layout.dp // layout.ep
+    if expert:
+        grid = layout.ep * (layout.etp or layout.tp)
+        return block.param_count / grid, layout.tp * layout.cp * layout.dp // grid
     return block.param_count / layout.tp, layout.dp * layout.cp
 
 
@@ -473,8 +498,8 @@ def _held_param_bytes(bg: nx.DiGraph, index: ModelIndex, chunks: list[list[int]]
     :func:`_chunk_cost` counts them, without costing any pass."""
     held = [0.0] * layout.pp
     # a block's held bytes by its cost class, under what decides them (kept on the index like the blocks' shares)
-    by_class = index.block_shares.setdefault(("held", layout.tp, layout.ep, layout.dp, layout.cp, layout.zero,
-                                              training), {})
+    by_class = index.block_shares.setdefault(("held", layout.tp, layout.ep, layout.etp, layout.dp, layout.cp,
+                                              layout.zero, training), {})
     for c, members in enumerate(chunks):
         for b in members:
             k = index.cost_class[b]
@@ -514,7 +539,8 @@ def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: P
     groups = _rank_devices(layout, cluster.devices, rank)
     links = _ChunkLinks.of(groups, layout, cluster)
     # what every block's share depends on besides the block: the blocks' shares are kept on the index under it
-    setting = ("share", layout.tp, layout.cp, layout.ep, layout.dp, layout.zero, links, cluster_key, training)
+    setting = ("share", layout.tp, layout.cp, layout.ep, layout.etp, layout.max_nodes, layout.dp, layout.zero, links,
+               cluster_key, training)
     shares = index.block_shares.setdefault(setting, {})  # cost class -> its share under this setting
     out = _ChunkCost()
     weights = 0.0  # bytes of this device's share of the chunk's weights, unsharded
@@ -524,7 +550,8 @@ def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: P
         share = shares.get(k)
         if share is None:
             share = shares[k] = _block_share(bg.nodes[b]["block"], index.tokens_in[b], index.expert_share[b],
-                                             layout, groups, links, cluster, training)
+                                             layout, groups, links, cluster, training,
+                                             index.routed_copies.get(b, 1.0))
         out.F += share.cost.F
         out.I += share.cost.I
         out.W += share.cost.W
@@ -556,17 +583,21 @@ class _ChunkLinks:
     context: tuple[float, float]
     expert: tuple[float, float]
     weights: tuple[float, float]  # every rank holding the same dense weights
-    expert_weights: tuple[float, float]  # every ep-th of them: the ranks holding the same experts
+    expert_weights: tuple[float, float]  # the ranks holding the same experts
+    expert_nodes: int  # nodes the ep ranks span
+    intra_node: tuple[float, float]  # NVLink, for node-limited routing's forwarding within a node
+    inter_node: tuple[float, float]
 
     @classmethod
     def of(cls, groups: RankGroups, layout: ParallelLayout, cluster: Cluster) -> _ChunkLinks:
         def link(group):
             return cluster.link(group, group)
 
-        expert_replicas = max(1, layout.dp // layout.ep)
         return cls(link(groups.sequence[: layout.tp]), link(groups.sequence[:: layout.tp]), link(groups.context),
-                   link(groups.expert), link(groups.weights),
-                   link(groups.weights[:: (layout.dp * layout.cp) // expert_replicas]))
+                   link(groups.expert), link(groups.weights), link(groups.expert_weights),
+                   len({cluster.node_of(d) for d in groups.expert}),
+                   (cluster.intra_node_bandwidth, cluster.intra_node_latency),
+                   (cluster.inter_node_bandwidth, cluster.inter_node_latency))
 
 
 def _cluster_key(cluster: Cluster) -> tuple:
@@ -590,10 +621,15 @@ class _BlockShare:
 
 
 def _block_share(block: Block, tokens: float, expert_share: float, layout: ParallelLayout, groups: RankGroups,
-                 links: _ChunkLinks, cluster: Cluster, training: Training) -> _BlockShare:
+                 links: _ChunkLinks, cluster: Cluster, training: Training, copies: float = 1.0) -> _BlockShare:
     """One device's share of ``block`` on a pipeline rank whose groups are ``groups`` (``training`` with the
     layout's recomputation, sequence parallelism and tp overlap); ``expert_share``: the share of its MoE layer's
-    experts it holds (:attr:`ModelIndex.expert_share`, 0 for a block without experts)."""
+    experts it holds (:attr:`ModelIndex.expert_share`, 0 for a block without experts); ``copies``: the copies
+    of each token its layer routes (:attr:`ModelIndex.routed_copies`).
+
+    An expert block runs on the ep x etp grid folded over the pipeline rank's tp x cp x dp devices: a device
+    takes 1/(tp x cp) of the microbatch's expert work (the grid's tokens spread evenly), split etp ways by
+    tensor parallelism and (tp x cp) / etp ways by tokens, so its collectives are the etp ranks'."""
     expert = expert_share > 0
     layer_cluster = cluster
     if expert:
@@ -605,6 +641,9 @@ def _block_share(block: Block, tokens: float, expert_share: float, layout: Paral
             block = _weights_read_once_per_ep(block, layout.ep)
     # a context rank takes 1/cp of each sequence: costed like a replica taking 1/cp of the microbatch
     mode = Mode(tp=layout.tp, dp=layout.cp)
+    if expert:
+        etp = layout.etp or layout.tp
+        mode = Mode(tp=etp, dp=layout.tp * layout.cp // etp)  # on the same tp x cp devices, etp innermost
     again = training.recompute != "none"  # a recomputed attention forward passes the keys and values round again
     c = block_cost(block, mode, groups.sequence, layer_cluster, training, token_bytes=tokens)
     params, replicas = _block_shard(block, expert, layout)
@@ -622,11 +661,10 @@ def _block_share(block: Block, tokens: float, expert_share: float, layout: Paral
         f_comm += ring.forward
         i_comm += ring.backward + (ring.forward if again and not c.rerun_forward else 0.0)
     if expert and layout.ep > 1:
-        # folded over the data-parallel replicas: each holds 1/ep of the experts and swaps routed tokens
-        bw, lat = links.expert
-        # dispatch and combine: the layer's two all-to-alls, of which this block moves its own routed tokens and
-        # pays its share of the latency (one expert of 256 exported as a block pays 1/256 of it, not all of it)
-        a2a = 2 * alltoall_time(tokens / layout.tp, layout.ep, bw, lat * expert_share)
+        # dispatch and combine: the layer's two all-to-alls over the ep ranks, of which this block moves its own
+        # routed tokens (each device those of its 1/(tp x cp) of the sequence) and pays its share of the latency
+        # (one expert of 256 exported as a block pays 1/256 of it, not all of it)
+        a2a = 2 * _expert_alltoall_time(tokens / (layout.tp * layout.cp), copies, layout, links, expert_share)
         f += a2a
         i += a2a * (2 if training.recompute == "full" else 1)  # a recomputed forward swaps them again
         f_comm += a2a
@@ -635,7 +673,7 @@ def _block_share(block: Block, tokens: float, expert_share: float, layout: Paral
     if replicas > 1 and block.param_count > 0:
         # every ep-th replica holds the same experts; all-reduce, or reduce-scatter + all-gather with ZeRO: the
         # same ring volume
-        bw, lat = links.expert_weights if expert and layout.ep > 1 else links.weights
+        bw, lat = links.expert_weights if expert else links.weights
         grad_sync = allreduce_time(params * training.grad_bytes, replicas, bw, lat)
     updated = params / (replicas if layout.zero >= 1 else 1)
     cost = dataclasses.replace(c, F=f, I=i, f_comm=f_comm, i_comm=i_comm)
@@ -644,6 +682,20 @@ def _block_share(block: Block, tokens: float, expert_share: float, layout: Paral
                        weight_bytes=params * training.param_bytes, grad_sync=grad_sync,
                        optimizer=updated * training.optimizer_step_bytes / cluster.memory_bandwidth,
                        context_ring=context_ring)
+
+
+def _expert_alltoall_time(nbytes: float, copies: float, layout: ParallelLayout, links: _ChunkLinks,
+                          latency_share: float) -> float:
+    """One all-to-all (dispatch or combine) of ``nbytes`` routed token bytes per device over the ep ranks: plain
+    (every copy at the group's slowest link), or node-limited when ``layout.max_nodes`` is set and the ranks span
+    more nodes than that (:func:`opsched.cost.blocks.node_limited_alltoall_time`)."""
+    if layout.max_nodes and links.expert_nodes > 1:
+        bw, lat = links.intra_node
+        ib, ib_lat = links.inter_node
+        return node_limited_alltoall_time(nbytes, copies, layout.ep, links.expert_nodes, layout.max_nodes,
+                                          (bw, lat * latency_share), (ib, ib_lat * latency_share))
+    bw, lat = links.expert
+    return alltoall_time(nbytes, layout.ep, bw, lat * latency_share)
 
 
 def _weights_read_once_per_ep(block: Block, ep: int) -> Block:
