@@ -399,6 +399,7 @@ def decoder_lm(
     head_scope: str = "lm_head",
     eps: float = 1e-5,
     attn_fn=None,
+    hidden_out: list[str] | None = None,
 ) -> str:
     """Llama-family decoder stack on embeddings ``h``; returns the logits.
 
@@ -406,19 +407,29 @@ def decoder_lm(
     *including* the residual (MoE layers fuse it into their scatter-add).
     ``attn_fn(b, scope, x_normed)`` replaces the (grouped-query) attention of
     ``heads`` / ``kv_heads`` heads, e.g. with :func:`mla_attention`.
+    ``hidden_out``: a list the last layer's output (before the final norm) is
+    appended to, for a multi-token-prediction module to continue from.
     """
     for i in range(layers):
-        scope = f"{prefix}/layers.{i}"
-        normed = rms_norm(b, f"{scope}/input_layernorm", h, dim, eps)
-        if attn_fn is None:
-            a = attention(b, f"{scope}/self_attn", normed, dim, heads, kv_heads)
-        else:
-            a = attn_fn(b, f"{scope}/self_attn", normed)
-        h = b.node(scope, "Add", [h, a])
-        normed = rms_norm(b, f"{scope}/post_attention_layernorm", h, dim, eps)
-        h = mlp_fn(b, f"{scope}/{mlp_name}", normed, h, i)
+        h = decoder_layer(b, f"{prefix}/layers.{i}", h, i, dim=dim, heads=heads, kv_heads=kv_heads, mlp_fn=mlp_fn,
+                          mlp_name=mlp_name, eps=eps, attn_fn=attn_fn)
+    if hidden_out is not None:
+        hidden_out.append(h)
     h = rms_norm(b, f"{prefix}/norm", h, dim, eps)
     return linear(b, head_scope, h, dim, vocab)
+
+
+def decoder_layer(b: GraphBuilder, scope: str, h: str, i: int, *, dim: int, heads: int, kv_heads: int, mlp_fn,
+                  mlp_name: str = "mlp", eps: float = 1e-5, attn_fn=None) -> str:
+    """One pre-norm decoder layer of :func:`decoder_lm` (layer number ``i`` for ``mlp_fn``) on ``h``."""
+    normed = rms_norm(b, f"{scope}/input_layernorm", h, dim, eps)
+    if attn_fn is None:
+        a = attention(b, f"{scope}/self_attn", normed, dim, heads, kv_heads)
+    else:
+        a = attn_fn(b, f"{scope}/self_attn", normed)
+    h = b.node(scope, "Add", [h, a])
+    normed = rms_norm(b, f"{scope}/post_attention_layernorm", h, dim, eps)
+    return mlp_fn(b, f"{scope}/{mlp_name}", normed, h, i)
 
 
 def dense_mlp(dim: int, ff: int):
@@ -909,7 +920,12 @@ def build_deepseek_v3() -> onnx.ModelProto:
     """DeepSeek-V3 without its MTP module: 61 layers, d=7168, multi-head latent attention (128 heads,
     q rank 1536, kv rank 512, key 128+64, value 128); layers 0-2 dense (FFN 18432); layers 3-60:
     1 shared + 256 routed SwiGLU experts (2048) top-8, sigmoid router; vocab 129280 (671.0 B)."""
-    b = GraphBuilder("deepseek_v3")
+    return _deepseek_v3("deepseek_v3", build_deepseek_v3.__doc__, mtp=False)
+
+
+def _deepseek_v3(name: str, doc: str, mtp: bool) -> onnx.ModelProto:
+    """DeepSeek-V3's main model, and with ``mtp`` its multi-token-prediction module after it."""
+    b = GraphBuilder(name)
     dim, vocab, eps = 7168, 129280, 1e-6
     ids = b.data("input_ids", ["batch", "seq"], I64)
     h = embedding(b, "model/embed_tokens", ids, vocab, dim)
@@ -930,10 +946,42 @@ def build_deepseek_v3() -> onnx.ModelProto:
         base = b.node(scope.rsplit("/", 1)[0], "Add", [residual, shared])
         return moe_layer(b, scope, x, base, dim, 256, 8, expert, normalize_top_k=True, router=router)
 
+    hidden: list[str] = []
     logits = decoder_lm(b, "model", h, layers=61, dim=dim, heads=128, kv_heads=128, vocab=vocab, mlp_fn=mlp,
-                        eps=eps, attn_fn=attn)
-    b.output(logits, "logits", ["batch", "seq", vocab])
-    return b.model({"batch": 1, "seq": 4096}, build_deepseek_v3.__doc__)
+                        eps=eps, attn_fn=attn, hidden_out=hidden)
+    if not mtp:
+        b.output(logits, "logits", ["batch", "seq", vocab])
+        return b.model({"batch": 1, "seq": 4096}, doc)
+    b.outputs.append(helper.make_tensor_value_info(logits, b.dtype, ["batch", "seq", vocab]))
+    layer = functools.partial(decoder_layer, dim=dim, heads=128, kv_heads=128, mlp_fn=mlp, eps=eps, attn_fn=attn)
+    mtp_logits = mtp_module(b, "model/mtp", hidden[0], ids, dim=dim, vocab=vocab, eps=eps, layer=layer, index=61)
+    b.output(mtp_logits, "mtp_logits", ["batch", "seq", vocab])
+    return b.model({"batch": 1, "seq": 4096}, doc)
+
+
+def mtp_module(b: GraphBuilder, scope: str, hidden: str, ids: str, *, dim: int, vocab: int, eps: float, layer,
+               index: int) -> str:
+    """DeepSeek-V3's multi-token-prediction module (arXiv:2412.19437 §2.2): the main model's last hidden state
+    and the embedding of the next tokens, each RMS-normed, concatenated and projected back to ``dim``
+    (``eh_proj``), one decoder layer (``layer(b, scope, h, index)``, numbered as the main model's next), a
+    final norm and the output head. The embedding and the head are the checkpoint's own copies
+    (``model.layers.61.embed_tokens``, ``shared_head.head``; shared with the main model in training, held again
+    on the pipeline rank that runs the module). Scopes ``{scope}/layers.0/...``: Megatron-Core's ``mtp.layers.0``.
+    """
+    inner = f"{scope}/layers.0"
+    emb = embedding(b, f"{inner}/embed_tokens", ids, vocab, dim)
+    joined = b.node(inner, "Concat", [rms_norm(b, f"{inner}/hnorm", hidden, dim, eps),
+                                      rms_norm(b, f"{inner}/enorm", emb, dim, eps)], axis=-1)
+    h = linear(b, f"{inner}/eh_proj", joined, 2 * dim, dim)
+    h = layer(b, f"{inner}/transformer_layer", h, index)
+    h = rms_norm(b, f"{inner}/shared_head/norm", h, dim, eps)
+    return linear(b, f"{inner}/shared_head/head", h, dim, vocab)
+
+
+def build_deepseek_v3_mtp() -> onnx.ModelProto:
+    """DeepSeek-V3 as trained: the 61-layer main model of :func:`build_deepseek_v3` (671.0 B) and one MTP
+    module (13.5 B with its own embedding and head copies, the checkpoint's layer 61: the report's "14 B")."""
+    return _deepseek_v3("deepseek_v3_mtp", build_deepseek_v3_mtp.__doc__, mtp=True)
 
 
 MODELS = {
@@ -961,6 +1009,7 @@ MODELS = {
     "bloom_176b": build_bloom_176b,
     "mpt_13b": build_mpt_13b,
     "mpt_30b": build_mpt_30b,
+    "deepseek_v3_mtp": build_deepseek_v3_mtp,
 }
 
 # Written on demand only (``python models/build.py deepseek_v3``), never shipped:
@@ -968,7 +1017,7 @@ MODELS = {
 # published-run GPTs of 300 KB and more, and llm-foundry's MPT-13B and MPT-30B (benchmarks/bench_published.py
 # writes them when it needs them).
 ON_DEMAND = ("deepseek_v3", "gpt_310_1b", "gpt_529_6b", "gpt_1008b", "mcore_gpt_177b", "mcore_gpt_314b",
-             "mcore_gpt_462b", "mpt_13b", "mpt_30b")
+             "mcore_gpt_462b", "mpt_13b", "mpt_30b", "deepseek_v3_mtp")
 BUNDLED = tuple(name for name in MODELS if name not in ON_DEMAND)
 
 
