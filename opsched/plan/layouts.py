@@ -330,6 +330,7 @@ def evaluate_layout(
                               peak_memory_bytes=untimed[1], memory_limit=limit, breakdown={}, schedule=untimed[0],
                               grad_sync=max(sync), chunks=chunks)
     sched = _run_on_chunks(name, sg, M, layout)
+    sync, optimizer = _per_rank_of_copies(sync, name), _per_rank_of_copies(optimizer, name)
     m = metrics(sched)
     # Gradient reduction overlaps the last microbatch's backward (Megatron's --overlap-grad-reduce): buckets
     # are reduced as that backward makes them; only what is left when it ends is exposed.
@@ -518,13 +519,31 @@ def _chunk_stage_graph(bg: nx.DiGraph, chunks: list[list[int]], stages: list[Sta
     return StageGraph(stages, edges, num_devices=layout.pp)
 
 
+#: schedules that run two copies of the chunks, in opposite directions, each rank holding chunk r of one and chunk
+#: pp-1-r of the other (DualPipe: "2x parameters", arXiv 2412.19437 §3.2.1, Table 2)
+TWO_COPY_SCHEDULES = ("dualpipe",)
+
+
+def copies_of_chunks(schedule: str) -> int:
+    """How many copies of the chunks ``schedule`` runs (2 for DualPipe, else 1)."""
+    return 2 if schedule in TWO_COPY_SCHEDULES else 1
+
+
+def _per_rank_of_copies(per_rank: list[float], schedule: str) -> list[float]:
+    """A rank's gradient sync or optimizer step when ``schedule`` runs two copies: its own chunk's and the mirrored
+    one's (rank r holds chunks r and pp-1-r, both synced and updated)."""
+    if copies_of_chunks(schedule) == 1:
+        return per_rank
+    return [a + b for a, b in zip(per_rank, reversed(per_rank))]
+
+
 def _run_on_chunks(name: str, sg: StageGraph, microbatches: int, layout: ParallelLayout) -> Schedule:
     """Schedule ``name`` run on the chunks as they are (one stage per chunk); refused when it cannot, or regroups them."""
     try:
         sched = run_baseline(name, sg, microbatches)
     except Unsupported as exc:
         raise OpschedError(f"schedule {name} cannot run this layout: {exc}") from None
-    if len(sched.stage_graph.stages) != len(sg.stages):
+    if len(sched.stage_graph.stages) != len(sg.stages) * copies_of_chunks(name):
         raise OpschedError(f"schedule {name} regroups the {len(sg.stages)} chunks; pick a schedule for pp={layout.pp}, "
                            f"vpp={layout.vpp} (1f1b for vpp=1, interleaved-1f1b for vpp>1)")
     return sched

@@ -1,4 +1,4 @@
-"""MoE parallel folding in full (the ep x etp expert grid carved out of tp x cp x dp) and node-limited routing."""
+"""MoE at the frontier (issue 43): parallel folding in full, node-limited routing, DualPipe in evaluate."""
 
 from __future__ import annotations
 
@@ -94,3 +94,18 @@ def test_routed_copies_are_the_layers_top_k(deepseek_moe):
     index = model_index(deepseek_moe)
     copies = {round(v, 6) for v in index.routed_copies.values()}
     assert copies == {6.0}  # DeepSeek-MoE-16B routes each token to 6 experts
+
+
+def test_evaluate_runs_dualpipe_on_two_copies_of_the_chunks(deepseek_moe):
+    """DeepSeek's schedule on its kind of layout (PP4, EP8): two copies of the 4 chunks in opposite directions,
+    each rank holding chunk r and chunk 3 - r, so twice the parameters and both copies' optimizer steps; fewer
+    bubbles than 1F1B on the same chunks."""
+    dual = evaluate_layout(deepseek_moe, preset("h100-sxm", 32), Training(), ParallelLayout.parse("pp=4,ep=8,zero=1"),
+                           global_batch=64, micro_batch_size=1, tokens_per_sequence=512, schedule="dualpipe")
+    plain = run(deepseek_moe, 32, "pp=4,ep=8,zero=1")
+    assert len(dual.schedule.stage_graph.stages) == 8 and dual.schedule_name == "dualpipe"
+    held = [sum(s.param_bytes for s in dual.schedule.stage_graph.stages if r in s.devices) for r in range(4)]
+    once = [sum(s.param_bytes for s in plain.schedule.stage_graph.stages if r in s.devices) for r in range(4)]
+    assert held == pytest.approx([once[r] + once[3 - r] for r in range(4)])
+    assert dual.breakdown["pipeline_bubbles"] < plain.breakdown["pipeline_bubbles"]
+    assert dual.breakdown["optimizer_step"] > plain.breakdown["optimizer_step"]
