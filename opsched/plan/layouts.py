@@ -683,7 +683,9 @@ def _block_share(block: Block, tokens: float, expert_share: float, layout: Paral
         # dispatch and combine: the layer's two all-to-alls over the ep ranks, of which this block moves its own
         # routed tokens (each device those of its 1/(tp x cp) of the sequence) and pays its share of the latency
         # (one expert of 256 exported as a block pays 1/256 of it, not all of it)
-        a2a = 2 * _expert_alltoall_time(tokens / (layout.tp * layout.cp), copies, layout, links, expert_share)
+        routed = tokens / (layout.tp * layout.cp)
+        a2a = _expert_alltoall_time(routed * dispatch_precision(training.dtype), copies, layout, links, expert_share) \
+            + _expert_alltoall_time(routed, copies, layout, links, expert_share)
         f += a2a
         i += a2a * (2 if training.recompute == "full" else 1)  # a recomputed forward swaps them again
         f_comm += a2a
@@ -701,6 +703,17 @@ def _block_share(block: Block, tokens: float, expert_share: float, layout: Paral
                        weight_bytes=params * training.param_bytes, grad_sync=grad_sync,
                        optimizer=updated * training.optimizer_step_bytes / cluster.memory_bandwidth,
                        context_ring=context_ring)
+
+
+def dispatch_precision(dtype: str) -> float:
+    """The dispatch all-to-all's bytes per token over the model's 16-bit activations: DeepSeek-V3 quantizes the
+    tokens to FP8 before dispatch (and the activation gradients before the backward's matching all-to-all) and
+    keeps combine in BF16 (arXiv 2412.19437 §3.3.3), so with dtype fp8 dispatch moves half the bytes.
+
+    >>> dispatch_precision("fp8"), dispatch_precision("bf16")
+    (0.5, 1.0)
+    """
+    return 0.5 if dtype == "fp8" else 1.0
 
 
 def _expert_alltoall_time(nbytes: float, copies: float, layout: ParallelLayout, links: _ChunkLinks,
