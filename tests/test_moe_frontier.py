@@ -128,3 +128,14 @@ def test_fp8_dispatches_in_fp8_and_combines_in_bf16(deepseek_moe):
              for dtype in ("bf16", "fp8")}
     ratio = share["fp8"].cost.f_comm / share["bf16"].cost.f_comm
     assert ratio == pytest.approx(0.75)
+
+
+def test_the_step_splits_as_deepseek_reports_it_and_sums_to_the_step(deepseek_moe):
+    dual = evaluate_layout(deepseek_moe, preset("h100-sxm", 32), Training(), ParallelLayout.parse("pp=4,ep=8,zero=1"),
+                           global_batch=64, micro_batch_size=1, tokens_per_sequence=512, schedule="dualpipe")
+    phases = dual.phases
+    assert sum(phases) == pytest.approx(dual.step_time)
+    assert phases.pairs > 0 and phases.forward_only > 0 and min(phases) >= 0
+    assert dual.to_dict()["phases"]["pairs"] == phases.pairs
+    plain = run(deepseek_moe, 32, "pp=4,ep=8,zero=1")
+    assert plain.phases.pairs == 0 and plain.phases.w_only == 0  # 1F1B pairs nothing and splits no backward

@@ -37,8 +37,11 @@ Prints the step time, tokens/s per device, MFU (model FLOPs = 3 x the
 forward FLOPs, no recompute: PaLM's 6ND + attention), peak memory per device
 and whether it fits, and where the time goes. With --json, one object with
 step_time (s), tokens_per_second_per_device, mfu, peak_memory_bytes, fits,
-breakdown (s; context_comm, the exposed K/V ring, when cp > 1), layout,
-schedule, microbatches and optimizer_state.
+breakdown (s; context_comm, the exposed K/V ring, when cp > 1), phases
+(s, the busiest rank's step as DeepSeek splits DualPipe's: forward_only,
+pairs of overlapped forward and backward, backward_only, w_only, bubble,
+optimizer = what follows the pipeline), layout, schedule, microbatches and
+optimizer_state.
 
 --optimizer-state bf16 keeps Adam's moments in BF16 and its FP32 master
 weight as the 16 bits beyond the BF16 weight: 2 + 2 + 6 = 10 bytes per

@@ -49,6 +49,7 @@ from opsched.model.graph import COST_FIELDS, Block
 from opsched.cost.overlap import PassStreams
 from opsched.cost.parallel_layout import ParallelLayout
 from opsched.lower.jobs import order_peak_activation
+from opsched.plan.phases import StepPhases, step_phases
 from opsched.schedule import Edge, Schedule, Stage, StageGraph, device_param_bytes, metrics
 from opsched.units import plain
 from opsched.upper.stages import LAYER_COMPONENT, layer_path
@@ -83,6 +84,8 @@ class Evaluation:
     grad_sync: float = 0.0
     #: chunk (stage) id -> its blocks, in model order
     chunks: list[list[int]] = dataclasses.field(default_factory=list)
+    #: the busiest rank's step split as DeepSeek reports DualPipe's (None: not timed)
+    phases: StepPhases | None = None
 
     @property
     def fits(self) -> bool:
@@ -106,6 +109,7 @@ class Evaluation:
             # the planner's accounting of the same step: makespan + the whole gradient sync, no optimizer step
             "makespan": self.schedule_makespan,
             "grad_sync_seconds": self.grad_sync,
+            "phases": self.phases._asdict() if self.phases else None,
         }
 
     @property
@@ -350,6 +354,7 @@ def evaluate_layout(
         model_flops_per_step=model_flops,
         peak_memory_bytes=max(m.peak_memory_bytes, default=0.0), memory_limit=limit,
         breakdown=breakdown, schedule=sched, grad_sync=max(sync), chunks=chunks,
+        phases=step_phases(sched, max(range(len(m.busy)), key=m.busy.__getitem__) if m.busy else 0, step),
     )
 
 
