@@ -984,6 +984,74 @@ def build_deepseek_v3_mtp() -> onnx.ModelProto:
     return _deepseek_v3("deepseek_v3_mtp", build_deepseek_v3_mtp.__doc__, mtp=True)
 
 
+# ---------------------------------------------------------------- published MoE rows (issue 43; on demand)
+#
+# - mistral-community/Mixtral-8x22B-v0.1, config.json: hidden_size 6144, intermediate_size 16384,
+#   num_hidden_layers 56, num_attention_heads 48, num_key_value_heads 8, num_local_experts 8,
+#   num_experts_per_tok 2, vocab_size 32000, tie_word_embeddings false: 140,620,627,968 parameters
+#   (Mistral AI: "141B parameters").
+# - Qwen/Qwen3-30B-A3B, config.json: hidden_size 2048, num_hidden_layers 48, num_attention_heads 32,
+#   num_key_value_heads 4, head_dim 128, q/k RMSNorm per head, num_experts 128, num_experts_per_tok 8,
+#   moe_intermediate_size 768, norm_topk_prob true, every layer MoE, vocab_size 151936,
+#   tie_word_embeddings false: 30,532,134,912 parameters (model card: 30.5B total, 3.3B activated).
+
+
+def build_mixtral_8x22b() -> onnx.ModelProto:
+    """Mixtral-8x22B: 56 layers, d=6144, GQA 48/8 heads, 8 SwiGLU experts (FFN 16384) top-2, vocab 32000 (140.6 B)."""
+    b = GraphBuilder("mixtral_8x22b")
+    ids = b.data("input_ids", ["batch", "seq"], I64)
+    h = embedding(b, "model/embed_tokens", ids, 32000, 6144)
+
+    def expert(b, scope, t):
+        return swiglu_mlp(b, scope, t, 6144, 16384, names=("w1", "w3", "w2"))
+
+    def mlp(b, scope, x, residual, layer):
+        return moe_layer(b, scope, x, residual, 6144, 8, 2, expert, normalize_top_k=True)
+
+    logits = decoder_lm(b, "model", h, layers=56, dim=6144, heads=48, kv_heads=8, vocab=32000, mlp_fn=mlp,
+                        mlp_name="block_sparse_moe")
+    b.output(logits, "logits", ["batch", "seq", 32000])
+    return b.model({"batch": 1, "seq": 4096}, build_mixtral_8x22b.__doc__)
+
+
+def qk_norm_attention(b: GraphBuilder, scope: str, x: str, dim: int, heads: int, kv_heads: int, head_dim: int,
+                      eps: float) -> str:
+    """Grouped-query attention with RMSNorm on each head's queries and keys (Qwen3's ``q_norm`` / ``k_norm``)."""
+    def per_head_norm(name: str, t: str, n: int) -> str:
+        split = b.node(scope, "Reshape", [t, b.const(scope, [0, 0, n, head_dim])])
+        normed = rms_norm(b, f"{scope}/{name}", split, head_dim, eps)
+        return b.node(scope, "Reshape", [normed, b.const(scope, [0, 0, n * head_dim])])
+
+    q = per_head_norm("q_norm", linear(b, f"{scope}/q_proj", x, dim, heads * head_dim), heads)
+    k = per_head_norm("k_norm", linear(b, f"{scope}/k_proj", x, dim, kv_heads * head_dim), kv_heads)
+    v = linear(b, f"{scope}/v_proj", x, dim, kv_heads * head_dim)
+    a = b.node(scope, "Attention", [q, k, v], q_num_heads=heads, kv_num_heads=kv_heads, is_causal=1)
+    return linear(b, f"{scope}/o_proj", a, heads * head_dim, dim)
+
+
+def build_qwen3_30b_a3b() -> onnx.ModelProto:
+    """Qwen3-30B-A3B: 48 layers, d=2048, GQA 32/4 heads of 128 with q/k norms, every layer 128 SwiGLU experts
+    (768) top-8, no shared expert, vocab 151936 (30.5 B, 3.3 B active)."""
+    b = GraphBuilder("qwen3_30b_a3b")
+    dim, vocab, eps = 2048, 151936, 1e-6
+    ids = b.data("input_ids", ["batch", "seq"], I64)
+    h = embedding(b, "model/embed_tokens", ids, vocab, dim)
+
+    def attn(b, scope, x):
+        return qk_norm_attention(b, scope, x, dim, 32, 4, 128, eps)
+
+    def expert(b, scope, t):
+        return swiglu_mlp(b, scope, t, dim, 768)
+
+    def mlp(b, scope, x, residual, layer):
+        return moe_layer(b, scope, x, residual, dim, 128, 8, expert, normalize_top_k=True)
+
+    logits = decoder_lm(b, "model", h, layers=48, dim=dim, heads=32, kv_heads=4, vocab=vocab, mlp_fn=mlp, eps=eps,
+                        attn_fn=attn)
+    b.output(logits, "logits", ["batch", "seq", vocab])
+    return b.model({"batch": 1, "seq": 4096}, build_qwen3_30b_a3b.__doc__)
+
+
 MODELS = {
     "mixtral_8x7b": build_mixtral_8x7b,
     "deepseek_moe": build_deepseek_moe,
@@ -1010,6 +1078,8 @@ MODELS = {
     "mpt_13b": build_mpt_13b,
     "mpt_30b": build_mpt_30b,
     "deepseek_v3_mtp": build_deepseek_v3_mtp,
+    "mixtral_8x22b": build_mixtral_8x22b,
+    "qwen3_30b_a3b": build_qwen3_30b_a3b,
 }
 
 # Written on demand only (``python models/build.py deepseek_v3``), never shipped:
@@ -1017,7 +1087,8 @@ MODELS = {
 # published-run GPTs of 300 KB and more, and llm-foundry's MPT-13B and MPT-30B (benchmarks/bench_published.py
 # writes them when it needs them).
 ON_DEMAND = ("deepseek_v3", "gpt_310_1b", "gpt_529_6b", "gpt_1008b", "mcore_gpt_177b", "mcore_gpt_314b",
-             "mcore_gpt_462b", "mpt_13b", "mpt_30b", "deepseek_v3_mtp")
+             "mcore_gpt_462b", "mpt_13b", "mpt_30b", "deepseek_v3_mtp",
+             "mixtral_8x22b", "qwen3_30b_a3b")
 BUNDLED = tuple(name for name in MODELS if name not in ON_DEMAND)
 
 

@@ -649,3 +649,32 @@ def test_deepseek_v3_mtp_generator_holds_the_main_model_and_one_mtp_layer():
     assert shapes["model.mtp.layers.0.eh_proj.weight"] == [2 * 7168, 7168]
     assert shapes["model.mtp.layers.0.transformer_layer.mlp.experts.255.down_proj.weight"] == [2048, 7168]
     assert [o.name for o in model.graph.output][-1] == "mtp_logits" and len(model.graph.output) == 2
+
+
+def mixtral_8x22b_params() -> int:
+    dim, ff, layers, vocab = 6144, 16384, 56, 32000
+    layer = 2 * dim * dim + 2 * dim * 8 * 128 + 8 * 3 * dim * ff + dim * 8 + 2 * dim  # q, o; k, v; experts; gate; norms
+    return layers * layer + 2 * vocab * dim + dim
+
+
+def qwen3_30b_a3b_params() -> int:
+    dim, layers, vocab = 2048, 48, 151936
+    attention = 2 * dim * 32 * 128 + 2 * dim * 4 * 128 + 2 * 128  # q, o; k, v; q_norm, k_norm
+    layer = attention + 128 * 3 * dim * 768 + dim * 128 + 2 * dim
+    return layers * layer + 2 * vocab * dim + dim
+
+
+def test_published_moe_rows_models_count_their_published_parameters():
+    """Mixtral-8x22B: 141 B (Mistral AI); Qwen3-30B-A3B: 30.5 B (model card)."""
+    assert abs(mixtral_8x22b_params() - 140.6e9) <= 0.001 * 140.6e9
+    assert abs(qwen3_30b_a3b_params() - 30.5e9) <= 0.002 * 30.5e9
+
+
+@pytest.mark.slow  # builds both (about 5 s)
+@pytest.mark.parametrize("name, expected", [("mixtral_8x22b", mixtral_8x22b_params),
+                                            ("qwen3_30b_a3b", qwen3_30b_a3b_params)])
+def test_published_moe_row_generators_count_their_parameters(name, expected):
+    build = load_build()
+    assert name in build.ON_DEMAND
+    model = build.MODELS[name]()
+    assert int(metadata(model)["opsched.param_count"]) == count_params(model) == expected()
