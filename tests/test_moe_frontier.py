@@ -139,3 +139,30 @@ def test_the_step_splits_as_deepseek_reports_it_and_sums_to_the_step(deepseek_mo
     assert dual.to_dict()["phases"]["pairs"] == phases.pairs
     plain = run(deepseek_moe, 32, "pp=4,ep=8,zero=1")
     assert plain.phases.pairs == 0 and plain.phases.w_only == 0  # 1F1B pairs nothing and splits no backward
+
+
+def test_recompute_modules_cost_their_forward_again_and_store_less(deepseek_moe):
+    """Megatron's recompute modules (DeepSeek-V3 ran layernorm and mla_up_proj): each named module's forward runs
+    again in the backward and keeps nothing for it; more modules, more time, less memory."""
+    base = run(deepseek_moe, 32, "pp=4,ep=8,zero=1")
+    norms = run(deepseek_moe, 32, "pp=4,ep=8,zero=1,recompute_modules=layernorm")
+    more = run(deepseek_moe, 32, "pp=4,ep=8,zero=1,recompute_modules=layernorm,moe,shared_experts")
+    assert base.peak_memory_bytes > norms.peak_memory_bytes > more.peak_memory_bytes
+    assert base.step_time < norms.step_time < more.step_time
+    assert "recompute_modules=layernorm+moe+shared_experts" in str(more.layout)
+    core = run(deepseek_moe, 32, "pp=4,ep=8,zero=1,recompute_modules=core_attn")
+    selective = run(deepseek_moe, 32, "pp=4,ep=8,zero=1,recompute=selective")
+    assert core.step_time == pytest.approx(selective.step_time, rel=1e-6)  # the same attention core again
+
+
+@pytest.mark.parametrize("text, words", [("recompute_modules=norms", "name Megatron's modules"),
+                                         ("recompute=full,recompute_modules=mlp", "leave recompute out")])
+def test_bad_recompute_modules_are_refused_in_one_line(text, words):
+    with pytest.raises(OpschedError, match=words) as caught:
+        ParallelLayout.parse(text).resolved(8)
+    assert "\n" not in str(caught.value)
+
+
+def test_every_part_of_a_moe_model_is_found(deepseek_moe):
+    parts = {p.part for b in deepseek_moe.nodes for p in deepseek_moe.nodes[b]["block"].parts}
+    assert {"core_attn", "layernorm", "mlp", "moe_act", "moe_experts", "shared_experts"} <= parts

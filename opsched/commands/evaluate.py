@@ -20,6 +20,9 @@ The layout is comma-separated KEY=VALUE, Megatron's names:
   dp  data-parallel size (default: devices / (tp x pp x cp))
   sp  sequence parallel, 0 or 1     zero 0-3 (1 = Megatron's distributed optimizer, 3 = FSDP full shard)
   recompute none | selective (the attention core again) | full (the whole forward again)
+  recompute_modules Megatron's --recompute-modules, e.g. layernorm,mla_up_proj (core_attn, moe_act,
+      layernorm, mla_up_proj, mlp, moe, shared_experts): each module's forward again in the
+      backward, none of its activations kept (with recompute none)
   ends_as_layers 0 or 1: the embedding and the head count as one layer each when the layers are
       split into pp x vpp chunks (Megatron's --account-for-embedding/loss-in-pipeline-split)
   pipeline_layout Megatron-Core's --pipeline-model-parallel-layout, e.g. Et|(tt|)*30mL: E embedding,

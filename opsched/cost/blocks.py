@@ -44,6 +44,7 @@ from typing import Sequence
 from opsched.cost.cluster import DTYPE_BYTES, Cluster, Training, attention_dtype
 from opsched.errors import OpschedError
 from opsched.model.graph import Block
+from opsched.model.recompute_modules import parts_of
 from opsched.cost.overlap import COMM, COMPUTE, PassStreams, StreamOp, compact
 
 
@@ -529,6 +530,11 @@ def block_cost(
         i += attention_core_time(block, share, cluster, training.dtype, training.attention)
         act = max(0.0, act - block.attention_scores_bytes / share - kept_scores)
         act_w = min(act_w, act)
+    if training.recompute_modules:
+        f_again, saved = recomputed_parts(block, parts_of(training.recompute_modules), share, cluster, training)
+        i += f_again
+        act = max(0.0, act - saved)
+        act_w = min(act_w, act)
     if training.recompute == "full":
         # Megatron's full recomputation: keep only the block's input, run its forward again before I; the input
         # is the residual stream, held whole by every tensor-parallel rank unless sequence parallelism splits it
@@ -540,6 +546,30 @@ def block_cost(
                      f_comm=tp_comm + ep_comm, i_comm=tp_comm + ep_comm, rerun_forward=training.recompute == "full")
     hidden = tp_comm > 0 and training.tp_comm_overlap and training.sequence_parallel  # Megatron asserts sp with it
     return tp_comm_overlapped(cost, others=ep_comm) if hidden else cost
+
+
+def recomputed_parts(block: Block, parts: frozenset[str], share: int, cluster: Cluster,
+                     training: Training) -> tuple[float, float]:
+    """(forward time run again, saved bytes not stored) for ``1/share`` of ``block``'s operators in ``parts``
+    (Megatron's recompute modules: :mod:`opsched.model.recompute_modules`).
+
+    >>> from opsched.cost.cluster import preset, Training
+    >>> from opsched.model.recompute_modules import PartCost
+    >>> b = Block(0, "attn", (), (), parts=(PartCost("layernorm", 0.0, 0.0, 0.0, 2.7e12, 0.0, 0.0, 0.0, 8.0),))
+    >>> again, saved = recomputed_parts(b, frozenset({"layernorm"}), 2, preset("h100-sxm"), Training())
+    >>> round(again, 3), saved   # half the norm's traffic at 0.9 of 3.35 TB/s again; half its saved bytes kept no more
+    (0.448, 4.0)
+    """
+    again = saved = 0.0
+    for p in block.parts:
+        if p.part in parts:
+            sub = Block(block.id, block.name, block.scope, (), flops=p.flops, matmul_flops=p.matmul_flops,
+                        matmul_padded_flops=p.matmul_padded_flops, io_bytes=p.io_bytes,
+                        matmul_io_bytes=p.matmul_io_bytes, attention_flops=p.attention_flops,
+                        attention_io_bytes=p.attention_io_bytes)
+            again += compute_time(sub, share, cluster, training.dtype, training.attention)
+            saved += p.saved_bytes / share
+    return again, saved
 
 
 def stored_activation_bytes(block: Block, mode: Mode, sequence_parallel: bool = True) -> float:

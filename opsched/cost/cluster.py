@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from opsched.errors import OpschedError
+from opsched.model.recompute_modules import RECOMPUTE_MODULES
 from opsched.units import plain
 
 #: preset used when only ``--devices N`` is given
@@ -183,8 +184,15 @@ class Training:
     #: one of :data:`ATTENTION_MODES`: "unfused" runs Q·Kᵀ and scores·V as batched GEMMs with the scores in memory
     #: between them (scale-mask-softmax and dropout read and write them), ``cost.unfused_attention_time``
     attention: str = "fused"
+    #: Megatron's recompute modules (:data:`opsched.model.recompute_modules.RECOMPUTE_MODULES`) whose forward runs
+    #: again in the backward and saves nothing, beside ``recompute`` (which must then be "none")
+    recompute_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        unknown = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
+        if unknown:
+            raise OpschedError(f"recompute module {unknown[0]!r} is not Megatron's; choose from "
+                               f"{', '.join(RECOMPUTE_MODULES)}")
         if self.recompute not in RECOMPUTE_MODES:
             raise OpschedError(f"recompute must be one of {', '.join(RECOMPUTE_MODES)}, got {self.recompute!r}")
         if self.attention not in ATTENTION_MODES:

@@ -5,7 +5,7 @@ Megatron-LM and torchtitan exports write; it says how devices are cut, not what 
 (:mod:`opsched.plan.layouts` prices it).
 
 >>> ParallelLayout.parse("tp=2,pp=4,vpp=2,zero=1,recompute=full")
-ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, recompute='full', ends_as_layers=False, tp_overlap=False, attention='fused', pipeline_layout='', first_layers=0, last_layers=0, max_nodes=0)
+ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, recompute='full', ends_as_layers=False, tp_overlap=False, attention='fused', pipeline_layout='', first_layers=0, last_layers=0, max_nodes=0, recompute_modules='')
 >>> ParallelLayout.parse("tp=2,pp=4").resolved(16).dp
 2
 """
@@ -18,8 +18,12 @@ from dataclasses import dataclass
 from opsched.cost.cluster import ATTENTION_MODES, RECOMPUTE_MODES
 from opsched.cost.pipeline_split import chunk_units, compact_pipeline_layout, expand_pipeline_layout
 from opsched.errors import OpschedError
+from opsched.model.recompute_modules import RECOMPUTE_MODULES
 
 RECOMPUTE = RECOMPUTE_MODES
+
+#: keys whose value is a list that may hold commas (Megatron writes both so): what follows up to the next KEY=
+LIST_KEYS = ("pipeline_layout=", "recompute_modules=")
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,7 @@ class ParallelLayout:
     first_layers: int = 0
     last_layers: int = 0
     max_nodes: int = 0
+    recompute_modules: str = ""
 
     @classmethod
     def parse(cls, text: str) -> "ParallelLayout":
@@ -101,13 +106,18 @@ class ParallelLayout:
         values: dict[str, object] = {}
         items: list[str] = []
         for part in filter(None, (part.strip() for part in text.split(","))):
-            if "=" not in part and items and items[-1].startswith("pipeline_layout="):
-                items[-1] += part  # a cosmetic comma inside the layout string
+            if "=" not in part and items and items[-1].startswith(LIST_KEYS):
+                items[-1] += ("+" if items[-1].startswith("recompute_modules=") else "") + part  # a list's comma
             else:
                 items.append(part)
         for item in items:
             key, sep, value = item.partition("=")
             key = key.strip()
+            if key == "recompute_modules" and sep:
+                if key in values:
+                    raise OpschedError("layout sets recompute_modules twice")
+                values[key] = cls._recompute_modules(value)
+                continue
             if key == "pipeline_layout" and sep:
                 if key in values:
                     raise OpschedError("layout sets pipeline_layout twice")
@@ -146,6 +156,21 @@ class ParallelLayout:
         return cls(**values)  # type: ignore[arg-type]
 
     @staticmethod
+    def _recompute_modules(text: str) -> str:
+        """Megatron's recompute modules, ``+`` or ``,`` between them, checked: the value kept ``+``-joined."""
+        names = [m.strip() for m in text.replace(",", "+").split("+") if m.strip()]
+        unknown = [m for m in names if m not in RECOMPUTE_MODULES]
+        if not names or unknown:
+            raise OpschedError(f"layout recompute_modules={text!r}: name Megatron's modules, from "
+                               f"{', '.join(RECOMPUTE_MODULES)}")
+        return "+".join(dict.fromkeys(names))
+
+    @property
+    def recomputed_modules(self) -> tuple[str, ...]:
+        """``recompute_modules`` as a tuple of Megatron's names."""
+        return tuple(self.recompute_modules.split("+")) if self.recompute_modules else ()
+
+    @staticmethod
     def _vpp_of_layout_string(values: dict[str, object]) -> int:
         """vpp as a layout string sets it (its chunks / pp), refusing what Megatron refuses beside one."""
         text = str(values["pipeline_layout"])
@@ -175,6 +200,9 @@ class ParallelLayout:
                                f"not the {devices} devices; change a degree or --devices")
         if self.vpp > 1 and self.pp < 2:
             raise OpschedError("vpp > 1 needs pp >= 2")
+        if self.recompute_modules and self.recompute != "none":
+            raise OpschedError(f"recompute_modules with recompute={self.recompute}: Megatron's modules are its "
+                               "selective recomputation already; leave recompute out (none)")
         if (self.first_layers or self.last_layers) and self.ends_as_layers:
             raise OpschedError("first_layers / last_layers cannot go with ends_as_layers=1 (Megatron refuses "
                                "both); drop one")
@@ -225,4 +253,5 @@ class ParallelLayout:
              if self.pipeline_layout else "") + \
             (f" first_layers={self.first_layers}" if self.first_layers else "") + \
             (f" last_layers={self.last_layers}" if self.last_layers else "") + \
-            (f" max_nodes={self.max_nodes}" if self.max_nodes else "")
+            (f" max_nodes={self.max_nodes}" if self.max_nodes else "") + \
+            (f" recompute_modules={self.recompute_modules}" if self.recompute_modules else "")

@@ -22,7 +22,7 @@ tokens by all-to-all. The rules and their sources are in
 ``docs/cost-model.md`` (section "Evaluating a layout").
 
 >>> ParallelLayout.parse("tp=2,pp=4,vpp=2,zero=1,recompute=full")
-ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, recompute='full', ends_as_layers=False, tp_overlap=False, attention='fused', pipeline_layout='', first_layers=0, last_layers=0, max_nodes=0)
+ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, recompute='full', ends_as_layers=False, tp_overlap=False, attention='fused', pipeline_layout='', first_layers=0, last_layers=0, max_nodes=0, recompute_modules='')
 >>> ParallelLayout.parse("tp=2,pp=4").resolved(16).dp
 2
 """
@@ -558,7 +558,8 @@ def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: P
                 cluster_key: tuple, training: Training, rank: int, streams: bool = True) -> _ChunkCost:
     """One device's share of a chunk: pass times per microbatch, memory, gradient sync and optimizer step; with
     ``streams``, its passes' stream operations too. ``cluster_key`` is :func:`_cluster_key` of ``cluster``."""
-    training = dataclasses.replace(training, recompute=layout.recompute, sequence_parallel=layout.sp,
+    training = dataclasses.replace(training, recompute=layout.recompute, recompute_modules=layout.recomputed_modules,
+                                   sequence_parallel=layout.sp,
                                    tp_comm_overlap=layout.tp_overlap, attention=layout.attention)
     groups = _rank_devices(layout, cluster.devices, rank)
     links = _ChunkLinks.of(groups, layout, cluster)
