@@ -308,7 +308,7 @@ def measure(run: Run, folder: str) -> dict:
                 "command": shlex.join(run.command()[:-2]), "source": run.source, "note": run.note}
     return {"run": run.name, "predicted": value, "published": run.published, "unit": run.unit,
             "ratio": throughput_ratio(run, value), "ratio_kernel_ceilings": throughput_ratio(run, ceiling),
-            "step_time": doc["step_time"], "mfu": doc["mfu"],
+            "step_time": doc["step_time"], "mfu": doc["mfu"], "phases": doc.get("phases"),
             "fits": doc["fits"], "command": shlex.join(run.command()[:-2]), "source": run.source, "note": run.note}
 
 

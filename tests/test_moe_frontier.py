@@ -166,3 +166,18 @@ def test_bad_recompute_modules_are_refused_in_one_line(text, words):
 def test_every_part_of_a_moe_model_is_found(deepseek_moe):
     parts = {p.part for b in deepseek_moe.nodes for p in deepseek_moe.nodes[b]["block"].parts}
     assert {"core_attn", "layernorm", "mlp", "moe_act", "moe_experts", "shared_experts"} <= parts
+
+
+@settings(max_examples=200, deadline=None)
+@given(nbytes=st.floats(1e3, 1e10), nodes=st.integers(1, 16), per_node=st.integers(1, 8),
+       nv=st.floats(1e10, 1e12), ib=st.floats(1e9, 1e10), nv_lat=st.floats(0, 5e-6), ib_extra=st.floats(0, 1e-5))
+def test_an_all_to_all_across_nodes_costs_between_its_network_share_and_all_of_it(nbytes, nodes, per_node, nv, ib,
+                                                                                  nv_lat, ib_extra):
+    """Each peer's share over the link that reaches it: no dearer than every byte at the network's speed, no
+    cheaper than the bytes that must leave the node at the network's speed."""
+    from opsched.cost.blocks import spread_alltoall_time
+
+    ranks, ib = nodes * per_node, min(ib, nv)
+    spread = spread_alltoall_time(nbytes, ranks, nodes, (nv, nv_lat), (ib, nv_lat + ib_extra))
+    assert spread <= alltoall_time(nbytes, ranks, ib, nv_lat + ib_extra) * (1 + 1e-12)
+    assert spread >= nbytes * (ranks - per_node) / ranks / ib * (1 - 1e-12)

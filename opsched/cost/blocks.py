@@ -428,6 +428,26 @@ def alltoall_time(nbytes: float, ranks: int, bandwidth: float, latency: float) -
     return (ranks - 1) * latency + (ranks - 1) / ranks * nbytes / bandwidth
 
 
+def spread_alltoall_time(nbytes: float, ranks: int, nodes: int, intra: tuple[float, float],
+                         inter: tuple[float, float]) -> float:
+    """All-to-all of ``nbytes`` per device over ``ranks`` devices spread evenly over ``nodes`` nodes: each device
+    sends ``1/ranks`` of its bytes to every peer at once, the peers on other nodes through its network link and
+    those on its own node over NVLink, the longer of the two plus each hop's latency (on one node,
+    :func:`alltoall_time` over NVLink). Across 2 nodes half the bytes leave the node, not 15/16 of them.
+
+    >>> spread_alltoall_time(16.0, 16, 2, (1e9, 0.0), (1.0, 0.0))   # 8 of 16 peers off the node, 1 B/s network
+    8.0
+    """
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    if nodes <= 1:
+        return alltoall_time(nbytes, ranks, *intra)
+    per_node = max(1, ranks // nodes)
+    off_node = nbytes * (ranks - per_node) / ranks
+    on_node = nbytes * (per_node - 1) / ranks
+    return max(off_node / inter[0], on_node / intra[0]) + (nodes - 1) * inter[1] + (per_node - 1) * intra[1]
+
+
 def node_limited_alltoall_time(nbytes: float, copies: float, ranks: int, nodes: int, max_nodes: int,
                                 intra: tuple[float, float], inter: tuple[float, float]) -> float:
     """Dispatch (or combine) of ``nbytes`` of routed token copies per device over ``ranks`` expert ranks on

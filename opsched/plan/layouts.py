@@ -43,7 +43,7 @@ from opsched.baselines import baseline_order, placed_stage_graph, run_baseline
 from opsched.cost.cluster import Cluster, Training, with_devices
 from opsched.cost.blocks import (BlockCost, Mode, alltoall_time, allreduce_time, attention_core_time, block_cost,
                           context_ring_time, expert_count, held_param_bytes, joined_streams,
-                          node_limited_alltoall_time)
+                          node_limited_alltoall_time, spread_alltoall_time)
 from opsched.errors import OpschedError, Unsupported
 from opsched.model.graph import COST_FIELDS, Block
 from opsched.cost.overlap import PassStreams
@@ -724,16 +724,18 @@ def dispatch_precision(dtype: str) -> float:
 
 def _expert_alltoall_time(nbytes: float, copies: float, layout: ParallelLayout, links: _ChunkLinks,
                           latency_share: float) -> float:
-    """One all-to-all (dispatch or combine) of ``nbytes`` routed token bytes per device over the ep ranks: plain
-    (every copy at the group's slowest link), or node-limited when ``layout.max_nodes`` is set and the ranks span
-    more nodes than that (:func:`opsched.cost.blocks.node_limited_alltoall_time`)."""
+    """One all-to-all (dispatch or combine) of ``nbytes`` routed token bytes per device over the ep ranks: each
+    peer's share over the link that reaches it (:func:`opsched.cost.blocks.spread_alltoall_time`), or
+    node-limited when ``layout.max_nodes`` is set and the ranks span more nodes than that
+    (:func:`opsched.cost.blocks.node_limited_alltoall_time`)."""
     if layout.max_nodes and links.expert_nodes > 1:
         bw, lat = links.intra_node
         ib, ib_lat = links.inter_node
         return node_limited_alltoall_time(nbytes, copies, layout.ep, links.expert_nodes, layout.max_nodes,
                                           (bw, lat * latency_share), (ib, ib_lat * latency_share))
-    bw, lat = links.expert
-    return alltoall_time(nbytes, layout.ep, bw, lat * latency_share)
+    (bw, lat), (ib, ib_lat) = links.intra_node, links.inter_node
+    return spread_alltoall_time(nbytes, layout.ep, links.expert_nodes, (bw, lat * latency_share),
+                                (ib, ib_lat * latency_share))
 
 
 def _weights_read_once_per_ep(block: Block, ep: int) -> Block:
