@@ -525,7 +525,11 @@ def block_cost(
         # dispatch and combine: two all-to-alls of the tokens in F, two in I
         bw, lat = cluster.link(devices, devices)
         tokens = block.output_bytes if token_bytes is None else token_bytes
-        ep_comm = 2 * alltoall_time(tokens / mode.ep, mode.ep, bw, lat * moe_layers)
+        # each peer's share over the link that reaches it (the planner's mode and evaluate's layouts alike)
+        nodes = len({cluster.node_of(d) for d in devices})
+        ep_comm = 2 * spread_alltoall_time(tokens / mode.ep, mode.ep, nodes,
+                                           (cluster.intra_node_bandwidth, cluster.intra_node_latency * moe_layers),
+                                           (cluster.inter_node_bandwidth, cluster.inter_node_latency * moe_layers))
         f += ep_comm
         i += ep_comm
         sharded = block.param_count if expert_params is None else min(float(expert_params), block.param_count)
