@@ -1,9 +1,10 @@
 """Predict the training step of the layout you run today, with opsched's cost model.
 
 Imports the ONNX model (shapes only) at --micro-batch-size sequences of
---seq-len tokens, splits its layers evenly into pp x vpp pipeline chunks,
+--seq-len tokens, splits its layers into pp x vpp pipeline chunks (evenly, or as
+first_layers / last_layers or a Megatron layout string say),
 costs every block under the layout (tensor, sequence and context parallel,
-expert parallel folded over data parallel, ZeRO, recomputation) and times
+expert parallel on an ep x etp grid folded over tp x cp x dp, ZeRO, recomputation) and times
 one step with the named pipeline schedule: the same cost model and
 simulator `opsched plan` uses, so a plan and your layout compare like with
 like.

@@ -606,7 +606,6 @@ class _ChunkLinks:
     tensor: tuple[float, float]  # the tensor-parallel ranks
     sequence_replicas: tuple[float, float]  # the first tensor rank of each context rank (block_cost's replicas)
     context: tuple[float, float]
-    expert: tuple[float, float]
     weights: tuple[float, float]  # every rank holding the same dense weights
     expert_weights: tuple[float, float]  # the ranks holding the same experts
     expert_nodes: int  # nodes the ep ranks span
@@ -619,7 +618,7 @@ class _ChunkLinks:
             return cluster.link(group, group)
 
         return cls(link(groups.sequence[: layout.tp]), link(groups.sequence[:: layout.tp]), link(groups.context),
-                   link(groups.expert), link(groups.weights), link(groups.expert_weights),
+                   link(groups.weights), link(groups.expert_weights),
                    len({cluster.node_of(d) for d in groups.expert}),
                    (cluster.intra_node_bandwidth, cluster.intra_node_latency),
                    (cluster.inter_node_bandwidth, cluster.inter_node_latency))
