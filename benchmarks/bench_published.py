@@ -26,8 +26,7 @@ With ``--plan`` it instead runs ``opsched plan`` with each row's model,
 cluster, sequence length and global batch (``--time-limit 60``) and compares
 the plan's step time with the published layout's, both counted the planner's
 way (makespan + the whole gradient sync): the issue's target is a plan at
-least as fast. An FP8 row is planned in BF16 (plan has no --dtype) and its
-published layout evaluated in BF16 for the comparison; a row whose layout
+least as fast. An FP8 row is planned in FP8 (plan --dtype); a row whose layout
 runs ``attention=unfused`` is planned with ``--attention unfused``.
 
 usage:
@@ -40,7 +39,6 @@ usage:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import shlex
 import subprocess
@@ -66,6 +64,8 @@ class Run:
     source: str
     note: str = ""
     dtype: str = "bf16"
+    schedule: str | None = None  # evaluate's default (1f1b, interleaved-1f1b with vpp > 1) when None
+    optimizer_state: str = "fp32"
 
     def command(self, kernels: bool = False, model_path: str | None = None) -> list[str]:
         """The row's ``opsched evaluate`` command; ``kernels``: on the preset with kernel-ceiling efficiencies.
@@ -76,7 +76,10 @@ class Run:
                    else ["--preset", self.preset])
         return ["opsched", "evaluate", model_path or f"models/{self.model}", "--devices", str(self.devices), *machine,
                 "--layout", self.layout, "--seq-len", str(self.seq_len), "--global-batch", str(self.global_batch),
-                "--micro-batch-size", str(self.micro_batch_size), "--dtype", self.dtype, "--json", "-q"]
+                "--micro-batch-size", str(self.micro_batch_size), "--dtype", self.dtype,
+                *(["--schedule", self.schedule] if self.schedule else []),
+                *(["--optimizer-state", self.optimizer_state] if self.optimizer_state != "fp32" else []),
+                "--json", "-q"]
 
 
 def sc21_step_seconds(layers: int, hidden: int, global_batch: int, tflops_per_gpu: float, gpus: int,
@@ -227,6 +230,29 @@ RUNS = [
     foundry("30B", "H100", 2048, 3, 504, True, 2002.0),
     foundry("7B", "H100", 2048, 6, 48, False, 10643.0),
     foundry("7B", "H100", 8192, 8, 128, True, 6935.0),
+    # MoE at the frontier (issue 43; docs/published-runs.md, "MoE at the frontier"), models written on demand
+    Run("DeepSeek-V3 + MTP, DualPipe, 2,048 x H800, FP8", "deepseek_v3_mtp.onnx", 2048, "h800",
+        "tp=1,pp=16,ep=64,zero=1,max_nodes=4,recompute_modules=layernorm+mla_up_proj,"
+        "pipeline_layout=Ettt|(tttt|)*14ttmL", 4096, 15360, 1, 19.926, "s/step",
+        "ISCA'25 'Insights into DeepSeek-V3' (arXiv 2505.09343) §5.1.2 Table 4; layout and precision: DeepSeek-V3 "
+        "technical report (arXiv 2412.19437) §3",
+        "PP16 with DualPipe, EP64 over 8 nodes, node-limited routing to 4 nodes, ZeRO-1, no TP; 61 layers + MTP as "
+        "16 chunks of 4 units; FP8 GEMMs and dispatch, BF16 moments with an FP32 master (optimizer_state bf16); "
+        "RMSNorm and the MLA up-projections recomputed (recompute_modules=layernorm+mla_up_proj)",
+        dtype="fp8", schedule="dualpipe", optimizer_state="bf16"),
+    Run("DeepSeek-V3 + MTP, Megatron-Bridge 25.09, 1,024 x H100, FP8", "deepseek_v3_mtp.onnx", 1024, "h100-sxm",
+        "tp=2,pp=8,ep=64,etp=1,sp=1,zero=1,recompute_modules=mla_up_proj+mlp,pipeline_layout=Et|(tt|)*30mL", 4096, 8192, 1, 1297.0, "tokens/s/GPU",
+        "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md, release 25.09, DGX-H100",
+        "TP2 PP8 VP4 (from the layout string) EP64 ETP1, MTP 1, FP8 blockwise, interleaved 1F1B, recompute "
+        "mla_up_proj and mlp", dtype="fp8"),
+    Run("Qwen3-30B-A3B, Megatron-Bridge 26.04.01, 16 x H100, FP8", "qwen3_30b_a3b.onnx", 16, "h100-sxm",
+        "tp=1,pp=1,ep=16,zero=1", 4096, 1024, 1, 8960.0, "tokens/s/GPU",
+        "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md, release 26.04.01, DGX-H100",
+        "TP1 PP1 EP16, micro-batch 1", dtype="fp8"),
+    Run("Mixtral-8x22B, Megatron-LM MoE best practice, 128 x H100", "mixtral_8x22b.onnx", 128, "h100-sxm",
+        "tp=2,pp=8,vpp=7,ep=8,sp=1,zero=1", 4096, 256, 1, 445.0, "TFLOP/s/GPU",
+        "NVIDIA/Megatron-LM megatron/core/transformer/moe/README.md, Mixtral-8x22B best-practice script",
+        "TP2 PP8 VPP7 EP8, BF16; about 445 TFLOP/s per GPU"),
 ]
 
 
@@ -282,7 +308,7 @@ def measure(run: Run, folder: str) -> dict:
                 "command": shlex.join(run.command()[:-2]), "source": run.source, "note": run.note}
     return {"run": run.name, "predicted": value, "published": run.published, "unit": run.unit,
             "ratio": throughput_ratio(run, value), "ratio_kernel_ceilings": throughput_ratio(run, ceiling),
-            "step_time": doc["step_time"], "mfu": doc["mfu"],
+            "step_time": doc["step_time"], "mfu": doc["mfu"], "phases": doc.get("phases"),
             "fits": doc["fits"], "command": shlex.join(run.command()[:-2]), "source": run.source, "note": run.note}
 
 
@@ -290,9 +316,7 @@ def plan_row(run: Run, time_limit: float) -> dict:
     """``opsched plan`` on the row's setting against the published layout, both as the planner counts a step."""
     import tempfile
 
-    # plan has no --dtype: it plans in BF16, whose peak every preset gives FP16 too; an FP8 row is planned in
-    # BF16 and compared with its published layout evaluated in BF16
-    planned = dataclasses.replace(run, dtype="bf16") if run.dtype == "fp8" else run
+    planned = run  # plan --dtype plans in the row's own precision
     with tempfile.TemporaryDirectory() as models:
         path = model_file(run, models)
         try:
@@ -316,7 +340,7 @@ def _plan_against(run: Run, planned: Run, doc: dict, path: str | None, time_limi
     overlap += ["--attention", "unfused"] if "attention=unfused" in run.layout else []
     with tempfile.TemporaryDirectory() as out:
         command = ["opsched", "plan", path or f"models/{run.model}", "--devices", str(run.devices), "--preset", run.preset,
-                   "--global-batch", str(run.global_batch), *micro, *overlap, "--seq-len", str(run.seq_len), "--time-limit",
+                   "--global-batch", str(run.global_batch), *micro, *overlap, "--dtype", run.dtype, "--seq-len", str(run.seq_len), "--time-limit",
                    str(time_limit), "-o", out, "--json", "-q"]
         t0 = time.perf_counter()
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)

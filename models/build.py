@@ -399,6 +399,7 @@ def decoder_lm(
     head_scope: str = "lm_head",
     eps: float = 1e-5,
     attn_fn=None,
+    hidden_out: list[str] | None = None,
 ) -> str:
     """Llama-family decoder stack on embeddings ``h``; returns the logits.
 
@@ -406,19 +407,29 @@ def decoder_lm(
     *including* the residual (MoE layers fuse it into their scatter-add).
     ``attn_fn(b, scope, x_normed)`` replaces the (grouped-query) attention of
     ``heads`` / ``kv_heads`` heads, e.g. with :func:`mla_attention`.
+    ``hidden_out``: a list the last layer's output (before the final norm) is
+    appended to, for a multi-token-prediction module to continue from.
     """
     for i in range(layers):
-        scope = f"{prefix}/layers.{i}"
-        normed = rms_norm(b, f"{scope}/input_layernorm", h, dim, eps)
-        if attn_fn is None:
-            a = attention(b, f"{scope}/self_attn", normed, dim, heads, kv_heads)
-        else:
-            a = attn_fn(b, f"{scope}/self_attn", normed)
-        h = b.node(scope, "Add", [h, a])
-        normed = rms_norm(b, f"{scope}/post_attention_layernorm", h, dim, eps)
-        h = mlp_fn(b, f"{scope}/{mlp_name}", normed, h, i)
+        h = decoder_layer(b, f"{prefix}/layers.{i}", h, i, dim=dim, heads=heads, kv_heads=kv_heads, mlp_fn=mlp_fn,
+                          mlp_name=mlp_name, eps=eps, attn_fn=attn_fn)
+    if hidden_out is not None:
+        hidden_out.append(h)
     h = rms_norm(b, f"{prefix}/norm", h, dim, eps)
     return linear(b, head_scope, h, dim, vocab)
+
+
+def decoder_layer(b: GraphBuilder, scope: str, h: str, i: int, *, dim: int, heads: int, kv_heads: int, mlp_fn,
+                  mlp_name: str = "mlp", eps: float = 1e-5, attn_fn=None) -> str:
+    """One pre-norm decoder layer of :func:`decoder_lm` (layer number ``i`` for ``mlp_fn``) on ``h``."""
+    normed = rms_norm(b, f"{scope}/input_layernorm", h, dim, eps)
+    if attn_fn is None:
+        a = attention(b, f"{scope}/self_attn", normed, dim, heads, kv_heads)
+    else:
+        a = attn_fn(b, f"{scope}/self_attn", normed)
+    h = b.node(scope, "Add", [h, a])
+    normed = rms_norm(b, f"{scope}/post_attention_layernorm", h, dim, eps)
+    return mlp_fn(b, f"{scope}/{mlp_name}", normed, h, i)
 
 
 def dense_mlp(dim: int, ff: int):
@@ -909,7 +920,12 @@ def build_deepseek_v3() -> onnx.ModelProto:
     """DeepSeek-V3 without its MTP module: 61 layers, d=7168, multi-head latent attention (128 heads,
     q rank 1536, kv rank 512, key 128+64, value 128); layers 0-2 dense (FFN 18432); layers 3-60:
     1 shared + 256 routed SwiGLU experts (2048) top-8, sigmoid router; vocab 129280 (671.0 B)."""
-    b = GraphBuilder("deepseek_v3")
+    return _deepseek_v3("deepseek_v3", build_deepseek_v3.__doc__, mtp=False)
+
+
+def _deepseek_v3(name: str, doc: str, mtp: bool) -> onnx.ModelProto:
+    """DeepSeek-V3's main model, and with ``mtp`` its multi-token-prediction module after it."""
+    b = GraphBuilder(name)
     dim, vocab, eps = 7168, 129280, 1e-6
     ids = b.data("input_ids", ["batch", "seq"], I64)
     h = embedding(b, "model/embed_tokens", ids, vocab, dim)
@@ -930,10 +946,110 @@ def build_deepseek_v3() -> onnx.ModelProto:
         base = b.node(scope.rsplit("/", 1)[0], "Add", [residual, shared])
         return moe_layer(b, scope, x, base, dim, 256, 8, expert, normalize_top_k=True, router=router)
 
+    hidden: list[str] = []
     logits = decoder_lm(b, "model", h, layers=61, dim=dim, heads=128, kv_heads=128, vocab=vocab, mlp_fn=mlp,
-                        eps=eps, attn_fn=attn)
+                        eps=eps, attn_fn=attn, hidden_out=hidden)
+    if not mtp:
+        b.output(logits, "logits", ["batch", "seq", vocab])
+        return b.model({"batch": 1, "seq": 4096}, doc)
+    b.outputs.append(helper.make_tensor_value_info(logits, b.dtype, ["batch", "seq", vocab]))
+    layer = functools.partial(decoder_layer, dim=dim, heads=128, kv_heads=128, mlp_fn=mlp, eps=eps, attn_fn=attn)
+    mtp_logits = mtp_module(b, "model/mtp", hidden[0], ids, dim=dim, vocab=vocab, eps=eps, layer=layer, index=61)
+    b.output(mtp_logits, "mtp_logits", ["batch", "seq", vocab])
+    return b.model({"batch": 1, "seq": 4096}, doc)
+
+
+def mtp_module(b: GraphBuilder, scope: str, hidden: str, ids: str, *, dim: int, vocab: int, eps: float, layer,
+               index: int) -> str:
+    """DeepSeek-V3's multi-token-prediction module (arXiv:2412.19437 §2.2): the main model's last hidden state
+    and the embedding of the next tokens, each RMS-normed, concatenated and projected back to ``dim``
+    (``eh_proj``), one decoder layer (``layer(b, scope, h, index)``, numbered as the main model's next), a
+    final norm and the output head. The embedding and the head are the checkpoint's own copies
+    (``model.layers.61.embed_tokens``, ``shared_head.head``; shared with the main model in training, held again
+    on the pipeline rank that runs the module). Scopes ``{scope}/layers.0/...``: Megatron-Core's ``mtp.layers.0``.
+    """
+    inner = f"{scope}/layers.0"
+    emb = embedding(b, f"{inner}/embed_tokens", ids, vocab, dim)
+    joined = b.node(inner, "Concat", [rms_norm(b, f"{inner}/hnorm", hidden, dim, eps),
+                                      rms_norm(b, f"{inner}/enorm", emb, dim, eps)], axis=-1)
+    h = linear(b, f"{inner}/eh_proj", joined, 2 * dim, dim)
+    h = layer(b, f"{inner}/transformer_layer", h, index)
+    h = rms_norm(b, f"{inner}/shared_head/norm", h, dim, eps)
+    return linear(b, f"{inner}/shared_head/head", h, dim, vocab)
+
+
+def build_deepseek_v3_mtp() -> onnx.ModelProto:
+    """DeepSeek-V3 as trained: the 61-layer main model of :func:`build_deepseek_v3` (671.0 B) and one MTP
+    module (13.5 B with its own embedding and head copies, the checkpoint's layer 61: the report's "14 B")."""
+    return _deepseek_v3("deepseek_v3_mtp", build_deepseek_v3_mtp.__doc__, mtp=True)
+
+
+# ---------------------------------------------------------------- published MoE rows (issue 43; on demand)
+#
+# - mistral-community/Mixtral-8x22B-v0.1, config.json: hidden_size 6144, intermediate_size 16384,
+#   num_hidden_layers 56, num_attention_heads 48, num_key_value_heads 8, num_local_experts 8,
+#   num_experts_per_tok 2, vocab_size 32000, tie_word_embeddings false: 140,620,627,968 parameters
+#   (Mistral AI: "141B parameters").
+# - Qwen/Qwen3-30B-A3B, config.json: hidden_size 2048, num_hidden_layers 48, num_attention_heads 32,
+#   num_key_value_heads 4, head_dim 128, q/k RMSNorm per head, num_experts 128, num_experts_per_tok 8,
+#   moe_intermediate_size 768, norm_topk_prob true, every layer MoE, vocab_size 151936,
+#   tie_word_embeddings false: 30,532,134,912 parameters (model card: 30.5B total, 3.3B activated).
+
+
+def build_mixtral_8x22b() -> onnx.ModelProto:
+    """Mixtral-8x22B: 56 layers, d=6144, GQA 48/8 heads, 8 SwiGLU experts (FFN 16384) top-2, vocab 32000 (140.6 B)."""
+    b = GraphBuilder("mixtral_8x22b")
+    ids = b.data("input_ids", ["batch", "seq"], I64)
+    h = embedding(b, "model/embed_tokens", ids, 32000, 6144)
+
+    def expert(b, scope, t):
+        return swiglu_mlp(b, scope, t, 6144, 16384, names=("w1", "w3", "w2"))
+
+    def mlp(b, scope, x, residual, layer):
+        return moe_layer(b, scope, x, residual, 6144, 8, 2, expert, normalize_top_k=True)
+
+    logits = decoder_lm(b, "model", h, layers=56, dim=6144, heads=48, kv_heads=8, vocab=32000, mlp_fn=mlp,
+                        mlp_name="block_sparse_moe")
+    b.output(logits, "logits", ["batch", "seq", 32000])
+    return b.model({"batch": 1, "seq": 4096}, build_mixtral_8x22b.__doc__)
+
+
+def qk_norm_attention(b: GraphBuilder, scope: str, x: str, dim: int, heads: int, kv_heads: int, head_dim: int,
+                      eps: float) -> str:
+    """Grouped-query attention with RMSNorm on each head's queries and keys (Qwen3's ``q_norm`` / ``k_norm``)."""
+    def per_head_norm(name: str, t: str, n: int) -> str:
+        split = b.node(scope, "Reshape", [t, b.const(scope, [0, 0, n, head_dim])])
+        normed = rms_norm(b, f"{scope}/{name}", split, head_dim, eps)
+        return b.node(scope, "Reshape", [normed, b.const(scope, [0, 0, n * head_dim])])
+
+    q = per_head_norm("q_norm", linear(b, f"{scope}/q_proj", x, dim, heads * head_dim), heads)
+    k = per_head_norm("k_norm", linear(b, f"{scope}/k_proj", x, dim, kv_heads * head_dim), kv_heads)
+    v = linear(b, f"{scope}/v_proj", x, dim, kv_heads * head_dim)
+    a = b.node(scope, "Attention", [q, k, v], q_num_heads=heads, kv_num_heads=kv_heads, is_causal=1)
+    return linear(b, f"{scope}/o_proj", a, heads * head_dim, dim)
+
+
+def build_qwen3_30b_a3b() -> onnx.ModelProto:
+    """Qwen3-30B-A3B: 48 layers, d=2048, GQA 32/4 heads of 128 with q/k norms, every layer 128 SwiGLU experts
+    (768) top-8, no shared expert, vocab 151936 (30.5 B, 3.3 B active)."""
+    b = GraphBuilder("qwen3_30b_a3b")
+    dim, vocab, eps = 2048, 151936, 1e-6
+    ids = b.data("input_ids", ["batch", "seq"], I64)
+    h = embedding(b, "model/embed_tokens", ids, vocab, dim)
+
+    def attn(b, scope, x):
+        return qk_norm_attention(b, scope, x, dim, 32, 4, 128, eps)
+
+    def expert(b, scope, t):
+        return swiglu_mlp(b, scope, t, dim, 768)
+
+    def mlp(b, scope, x, residual, layer):
+        return moe_layer(b, scope, x, residual, dim, 128, 8, expert, normalize_top_k=True)
+
+    logits = decoder_lm(b, "model", h, layers=48, dim=dim, heads=32, kv_heads=4, vocab=vocab, mlp_fn=mlp, eps=eps,
+                        attn_fn=attn)
     b.output(logits, "logits", ["batch", "seq", vocab])
-    return b.model({"batch": 1, "seq": 4096}, build_deepseek_v3.__doc__)
+    return b.model({"batch": 1, "seq": 4096}, build_qwen3_30b_a3b.__doc__)
 
 
 MODELS = {
@@ -961,6 +1077,9 @@ MODELS = {
     "bloom_176b": build_bloom_176b,
     "mpt_13b": build_mpt_13b,
     "mpt_30b": build_mpt_30b,
+    "deepseek_v3_mtp": build_deepseek_v3_mtp,
+    "mixtral_8x22b": build_mixtral_8x22b,
+    "qwen3_30b_a3b": build_qwen3_30b_a3b,
 }
 
 # Written on demand only (``python models/build.py deepseek_v3``), never shipped:
@@ -968,7 +1087,8 @@ MODELS = {
 # published-run GPTs of 300 KB and more, and llm-foundry's MPT-13B and MPT-30B (benchmarks/bench_published.py
 # writes them when it needs them).
 ON_DEMAND = ("deepseek_v3", "gpt_310_1b", "gpt_529_6b", "gpt_1008b", "mcore_gpt_177b", "mcore_gpt_314b",
-             "mcore_gpt_462b", "mpt_13b", "mpt_30b")
+             "mcore_gpt_462b", "mpt_13b", "mpt_30b", "deepseek_v3_mtp",
+             "mixtral_8x22b", "qwen3_30b_a3b")
 BUNDLED = tuple(name for name in MODELS if name not in ON_DEMAND)
 
 

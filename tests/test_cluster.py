@@ -17,8 +17,9 @@ from opsched.errors import OpschedError
 
 def test_presets_have_every_field_and_positive_numbers():
     for name in PRESETS:
-        c = preset(name, devices=16)
-        assert c.devices == 16 and c.nodes == 2
+        per_node = PRESETS[name]["devices_per_node"]
+        c = preset(name, devices=2 * per_node)
+        assert c.devices == 2 * per_node and c.nodes == 2
         assert c.flops_per_second("bf16") == pytest.approx(c.peak_flops["bf16"] * c.efficiency)
         assert c.intra_node_bandwidth > c.inter_node_bandwidth
 
@@ -108,3 +109,15 @@ def test_error_is_one_line(tmp_path):
     with pytest.raises(OpschedError) as info:
         load_cluster(path)
     assert "\n" not in str(info.value) and "missing field" in str(info.value)
+
+
+def test_h800_is_an_h100_with_slower_nvlink_and_gb200_a_72_gpu_nvlink_domain():
+    """The presets DeepSeek-V3 and GB200 NVL72 runs need: the H800's compute is the H100's (same SXM5 part), its
+    NVLink 400 GB/s bidirectional; the GB200's NVLink domain is the 72-GPU rack, so 64 ranks share NVLink."""
+    h100, h800, gb200 = preset("h100-sxm", 16), preset("h800", 16), preset("gb200", 144)
+    assert dict(h800.peak_flops) == dict(h100.peak_flops) and h800.memory_bytes == h100.memory_bytes
+    assert h800.intra_node_bandwidth == 200e9 < h100.intra_node_bandwidth
+    assert gb200.devices_per_node == 72 and gb200.peak_flops["fp8"] == 2 * gb200.peak_flops["bf16"] == 5e15
+    # 64 ranks stay on NVLink in the rack, cross InfiniBand between H800 nodes
+    ranks = tuple(range(64))
+    assert gb200.link(ranks, ranks)[0] == 900e9 and h800.link(ranks, ranks)[0] == 50e9

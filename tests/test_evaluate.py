@@ -52,8 +52,8 @@ def test_malformed_layouts_are_refused(text, message):
     ("tp=3", 8, "not the 8 devices"),
     ("tp=2,pp=2,dp=4", 8, "= 16, not the 8 devices"),
     ("pp=1,vpp=2", 8, "vpp > 1 needs pp >= 2"),
-    ("ep=3", 8, "must divide dp=8"),
-    ("cp=2,ep=2", 8, "not modelled yet"),
+    ("ep=3", 8, "must divide tp x cp x dp = 1 x 1 x 8 = 8"),
+    ("tp=2,etp=4", 8, "etp=4 must divide tp x cp = 2"),
     ("tp=2,cp=3", 8, "tp x pp x cp x dp = 2 x 1 x 3 x 1 = 6, not the 8"),
 ])
 def test_layouts_that_do_not_match_the_devices_are_refused(text, devices, message):
@@ -380,7 +380,7 @@ def test_selective_recomputation_drops_the_scores_of_attention_written_as_operat
 
 @pytest.mark.parametrize("layout, message", [
     ("tp=2,cp=3", "tp x pp x cp x dp = 2 x 1 x 3 x 1 = 6, not the 8 devices"),
-    ("cp=2,ep=2", "ep > 1 with cp > 1 is not modelled yet"),
+    ("cp=2,ep=3", "ep x etp = 3 x 1 must divide tp x cp x dp"),
 ])
 def test_command_refuses_context_parallel_layouts_it_cannot_cost_before_the_import(tmp_path, capsys, layout, message):
     assert main(["evaluate", str(tmp_path / "missing.onnx"), "--devices", "8", "--layout", layout,

@@ -62,6 +62,7 @@ def make_plan(
     optimizer_state: str | None = None,
     tp_comm_overlap: bool | None = None,
     attention: str | None = None,
+    dtype: str | None = None,
 ) -> Path:
     """A plan.json as `opsched plan` writes one: ``method`` run on ``len(layers)`` stages over ``groups`` device
     groups of ``group_size`` devices, stage k holding ``layers[k]`` numbered layers (the embedding with the first,
@@ -87,6 +88,8 @@ def make_plan(
         extra["tp_comm_overlap"] = tp_comm_overlap
     if attention is not None:  # nor this (fused attention)
         extra["attention"] = attention
+    if dtype is not None:  # nor this (bf16)
+        extra["dtype"] = dtype
     path = tmp_path / name
     write_plan(path, sched, extra=extra)
     return path
@@ -181,7 +184,8 @@ def megatron_config(argv: list[str], **model):
             fields[field.name] = AttnBackend[value]
             continue
         fields[field.name] = True if value is None else value if field.name in (
-            "recompute_granularity", "recompute_method", "pipeline_model_parallel_layout") else int(value)
+            "recompute_granularity", "recompute_method", "pipeline_model_parallel_layout", "fp8", "fp8_recipe") \
+            else int(value)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Megatron warns that Transformer Engine and Apex are missing
         config = TransformerConfig(pipeline_dtype=torch.bfloat16, **model, **fields)
@@ -238,7 +242,7 @@ def test_megatron_any_other_split_is_a_pipeline_layout(tmp_path):
     plan = make_plan(tmp_path, layers=[2, 5, 6, 3], groups=4, group_size=2, config="tp2", microbatch_size=1)
     assert export(tmp_path, plan, "--megatron", str(tmp_path / "m.sh"))[0] == 0
     argv = megatron_argv(tmp_path / "m.sh")
-    assert flags_of(argv)["--pipeline-model-parallel-layout"] == "E,t*2|t*5|t*6|t*3,L"
+    assert flags_of(argv)["--pipeline-model-parallel-layout"] == "Ett|t*5|t*6|t*3L"
     assert "--num-virtual-stages-per-pipeline-rank" not in argv  # Megatron-LM takes one or the other
     config, _ = megatron_config(argv, **LLAMA)  # Megatron checks the layout's layers add up to num_layers
     assert config.num_layers == 16 and config.pipeline_model_parallel_layout is not None
@@ -658,3 +662,28 @@ def test_selective_recomputation_is_megatrons_and_refused_by_torchtitan(tmp_path
     code, _, err = export(tmp_path, plan, "--torchtitan", str(tmp_path / "t.toml"))
     assert code == 2 and "selective recomputation" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "t.toml").exists()
+
+
+@pytest.mark.parametrize("dtype, words", [("bf16", {"bf16": True, "fp8": None}),
+                                          ("fp8", {"bf16": True, "fp8": "e4m3", "fp8_recipe": "blockwise"}),
+                                          ("fp16", {"fp16": True, "bf16": False}),
+                                          ("fp32", {"bf16": False, "fp16": False, "fp8": None})])
+def test_megatron_computes_in_the_plans_dtype(tmp_path, dtype, words):
+    plan = make_plan(tmp_path, layers=[16, 16], config="tp2.dp2", dtype=dtype)
+    assert export(tmp_path, plan, "--megatron", str(tmp_path / "m.sh"))[0] == 0
+    config, _ = megatron_config(megatron_argv(tmp_path / "m.sh"), **LLAMA)
+    assert {k: getattr(config, k) for k in words} == words
+
+
+def test_torchtitan_computes_in_the_plans_dtype_and_refuses_fp16(tmp_path):
+    plan = make_plan(tmp_path, layers=[16, 16], config="dp4", dtype="fp8", zero=1)
+    code, _, err = export(tmp_path, plan, "--torchtitan", str(tmp_path / "t.toml"))
+    assert code == 0, err
+    import tomllib
+
+    written = tomllib.loads((tmp_path / "t.toml").read_text())
+    assert written["model"]["converters"] == ["quantize.linear.float8"]
+    assert written["training"]["mixed_precision_param"] == "bfloat16"
+    plan = make_plan(tmp_path, layers=[16, 16], config="dp4", dtype="fp16", zero=1, name="fp16.json")
+    code, _, err = export(tmp_path, plan, "--torchtitan", str(tmp_path / "t16.toml"))
+    assert code == 2 and "costed in fp16" in err and not (tmp_path / "t16.toml").exists()

@@ -620,3 +620,61 @@ def test_importer_counts_deepseek_v3_parameters(deepseek_v3):
     assert int(totals(g)["param_count"]) == deepseek_v3_params()
     assert g.graph["dims"] == {"batch": 1, "seq": 4096}
     assert any("experts.255" in op.scope for op in ops(g))
+
+
+def deepseek_v3_mtp_params() -> int:
+    """DeepSeek-V3's MTP module as its checkpoint stores it (model.layers.61): enorm, hnorm, eh_proj, one MoE
+    decoder layer, its own embedding and head copies and the head's norm."""
+    dim, vocab = 7168, 129280
+    mla = 7168 * 1536 + 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 + 512 * 128 * 256 + 128 * 128 * 7168
+    moe = 257 * 3 * dim * 2048 + 256 * dim + 256
+    return 2 * dim + 2 * dim * dim + (mla + 2 * dim + moe) + 2 * vocab * dim + dim
+
+
+def test_deepseek_v3_mtp_counts_are_the_reports():
+    """The technical report (arXiv:2412.19437, §4.2 / Hugging Face card): 671 B main model + 14 B MTP, 685 B."""
+    mtp = deepseek_v3_mtp_params()
+    assert mtp == 13_463_426_304 and abs(mtp - 14e9) <= 0.05 * 14e9
+    assert round((deepseek_v3_params() + mtp) / 1e9) == 684 and abs(deepseek_v3_params() + mtp - 685e9) <= 0.001 * 685e9
+
+
+@pytest.mark.slow  # builds the 185,000-node graph (about 10 s)
+def test_deepseek_v3_mtp_generator_holds_the_main_model_and_one_mtp_layer():
+    build = load_build()
+    assert "deepseek_v3_mtp" in build.ON_DEMAND
+    model = build.MODELS["deepseek_v3_mtp"]()
+    assert int(metadata(model)["opsched.param_count"]) == count_params(model) == \
+        deepseek_v3_params() + deepseek_v3_mtp_params()
+    shapes = weights(model)
+    assert shapes["model.mtp.layers.0.eh_proj.weight"] == [2 * 7168, 7168]
+    assert shapes["model.mtp.layers.0.transformer_layer.mlp.experts.255.down_proj.weight"] == [2048, 7168]
+    assert [o.name for o in model.graph.output][-1] == "mtp_logits" and len(model.graph.output) == 2
+
+
+def mixtral_8x22b_params() -> int:
+    dim, ff, layers, vocab = 6144, 16384, 56, 32000
+    layer = 2 * dim * dim + 2 * dim * 8 * 128 + 8 * 3 * dim * ff + dim * 8 + 2 * dim  # q, o; k, v; experts; gate; norms
+    return layers * layer + 2 * vocab * dim + dim
+
+
+def qwen3_30b_a3b_params() -> int:
+    dim, layers, vocab = 2048, 48, 151936
+    attention = 2 * dim * 32 * 128 + 2 * dim * 4 * 128 + 2 * 128  # q, o; k, v; q_norm, k_norm
+    layer = attention + 128 * 3 * dim * 768 + dim * 128 + 2 * dim
+    return layers * layer + 2 * vocab * dim + dim
+
+
+def test_published_moe_rows_models_count_their_published_parameters():
+    """Mixtral-8x22B: 141 B (Mistral AI); Qwen3-30B-A3B: 30.5 B (model card)."""
+    assert abs(mixtral_8x22b_params() - 140.6e9) <= 0.001 * 140.6e9
+    assert abs(qwen3_30b_a3b_params() - 30.5e9) <= 0.002 * 30.5e9
+
+
+@pytest.mark.slow  # builds both (about 5 s)
+@pytest.mark.parametrize("name, expected", [("mixtral_8x22b", mixtral_8x22b_params),
+                                            ("qwen3_30b_a3b", qwen3_30b_a3b_params)])
+def test_published_moe_row_generators_count_their_parameters(name, expected):
+    build = load_build()
+    assert name in build.ON_DEMAND
+    model = build.MODELS[name]()
+    assert int(metadata(model)["opsched.param_count"]) == count_params(model) == expected()

@@ -715,3 +715,23 @@ def test_attention_unfused_is_recorded_and_costed(tmp_path):
     assert "- attention: unfused (the scores written to memory between its kernels)" in (out / "report.md").read_text()
     assert main(["plan", model, "--devices", "2", "--time-limit", "3", "--quiet", "-o", str(tmp_path / "f")]) == 0
     assert read_plan(tmp_path / "f" / "plan.json")[1]["attention"] == "fused"
+
+
+def test_plan_dtype_is_costed_and_carried_into_plan_json_and_the_exports(tmp_path):
+    """Issue 45 item 3: `plan --dtype fp8` means what `evaluate --dtype fp8` means (FP8 GEMMs on the H100's FP8
+    peak), so the step is shorter than BF16's; plan.json says fp8 and the Megatron export runs FP8."""
+    steps = {}
+    for dtype in ("bf16", "fp8"):
+        out = tmp_path / dtype
+        assert main(["plan", str(MODELS / "llama_7b.onnx"), "--devices", "8", "--global-batch", "16", "--seq-len",
+                     "1024", "--runtime", "megatron", "--dtype", dtype, "--time-limit", "4", "--quiet",
+                     "-o", str(out)]) == 0
+        schedule, doc = read_plan(out / "plan.json")
+        validate(schedule)
+        assert doc["dtype"] == dtype and schema_errors(doc) == []
+        assert f"dtype {dtype}" in (out / "report.md").read_text()
+        steps[dtype] = doc["step_time"]
+    assert steps["fp8"] < steps["bf16"]
+    assert main(["export", str(tmp_path / "fp8" / "plan.json"), "--megatron", str(tmp_path / "m.sh")]) == 0
+    text = (tmp_path / "m.sh").read_text()
+    assert "--fp8-format e4m3" in text and "--bf16" in text

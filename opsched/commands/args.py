@@ -221,6 +221,16 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--preset", metavar="NAME", help="named cluster: h100-sxm (default), a100-80g, h200")
 
 
+def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    """``--dtype`` as evaluate and plan take it: the compute precision the cost model prices (peak FLOP/s per dtype;
+    FP8 runs its GEMMs in FP8 and attention in BF16, :func:`opsched.cost.cluster.attention_dtype`)."""
+    from opsched.cost.cluster import DTYPE_BYTES
+
+    parser.add_argument("--dtype", default="bf16", choices=tuple(DTYPE_BYTES),
+                        help="compute dtype: the peak FLOP/s the cost model and MFU use; fp8 runs the GEMMs in FP8 "
+                             "and attention in BF16, as Transformer Engine's FP8 recipes do (default bf16)")
+
+
 def add_optimizer_state_argument(parser: argparse.ArgumentParser, auto: bool = False) -> None:
     """``--optimizer-state fp32|bf16`` as evaluate takes it (:data:`opsched.cost.cluster.OPTIMIZER_STATE_BYTES`); with
     ``auto``, plan's ``fp32|bf16|auto`` (default auto: FP32, and BF16 only when nothing fits in FP32)."""

@@ -1,23 +1,36 @@
 """Predict the training step of the layout you run today, with opsched's cost model.
 
 Imports the ONNX model (shapes only) at --micro-batch-size sequences of
---seq-len tokens, splits its layers evenly into pp x vpp pipeline chunks,
+--seq-len tokens, splits its layers into pp x vpp pipeline chunks (evenly, or as
+first_layers / last_layers or a Megatron layout string say),
 costs every block under the layout (tensor, sequence and context parallel,
-expert parallel folded over data parallel, ZeRO, recomputation) and times
+expert parallel on an ep x etp grid folded over tp x cp x dp, ZeRO, recomputation) and times
 one step with the named pipeline schedule: the same cost model and
 simulator `opsched plan` uses, so a plan and your layout compare like with
 like.
 
 The layout is comma-separated KEY=VALUE, Megatron's names:
   tp  tensor-parallel size          pp   pipeline-parallel size
-  vpp virtual pipeline chunks       ep   expert-parallel size (folded over dp)
-  cp  context-parallel size: each sequence split over cp ranks, K/V passed round a ring (with ep=1)
-  etp expert tensor-parallel size (only the default, tp, is modelled yet)
+  vpp virtual pipeline chunks       ep   expert-parallel size
+  cp  context-parallel size: each sequence split over cp ranks, K/V passed round a ring
+  etp expert tensor-parallel size (default tp); the ep x etp expert grid is carved out of a
+      pipeline rank's tp x cp x dp devices (Megatron-Core's parallel folding: tp=2,ep=32,etp=1
+      on 32 devices per stage)
+  max_nodes  each token's experts on at most this many nodes (DeepSeek-V3's node-limited
+      routing): the network carries a token once per chosen node, NVLink the rest
   dp  data-parallel size (default: devices / (tp x pp x cp))
   sp  sequence parallel, 0 or 1     zero 0-3 (1 = Megatron's distributed optimizer, 3 = FSDP full shard)
   recompute none | selective (the attention core again) | full (the whole forward again)
+  recompute_modules Megatron's --recompute-modules, e.g. layernorm,mla_up_proj (core_attn, moe_act,
+      layernorm, mla_up_proj, mlp, moe, shared_experts): each module's forward again in the
+      backward, none of its activations kept (with recompute none)
   ends_as_layers 0 or 1: the embedding and the head count as one layer each when the layers are
       split into pp x vpp chunks (Megatron's --account-for-embedding/loss-in-pipeline-split)
+  pipeline_layout Megatron-Core's --pipeline-model-parallel-layout, e.g. Et|(tt|)*30mL: E embedding,
+      t decoder layer, m MTP layer, L loss, | chunk end, (...)*n repeat; pp x vpp chunks (sets vpp)
+  first_layers, last_layers  layers of the first / last pipeline rank, the others sharing the rest
+      (Megatron's --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers)
+  A split that does not divide the layers is refused with the settings that would.
   tp_overlap 0 or 1: Megatron's --tp-comm-overlap (needs tp > 1 and sp=1): each tensor-parallel
       collective runs under its GEMM, so only what outlasts the compute shows
   attention fused (default: FlashAttention, cuDNN, torch's SDPA) | unfused (Megatron-LM before
@@ -28,8 +41,11 @@ Prints the step time, tokens/s per device, MFU (model FLOPs = 3 x the
 forward FLOPs, no recompute: PaLM's 6ND + attention), peak memory per device
 and whether it fits, and where the time goes. With --json, one object with
 step_time (s), tokens_per_second_per_device, mfu, peak_memory_bytes, fits,
-breakdown (s; context_comm, the exposed K/V ring, when cp > 1), layout,
-schedule, microbatches and optimizer_state.
+breakdown (s; context_comm, the exposed K/V ring, when cp > 1), phases
+(s, the busiest rank's step as DeepSeek splits DualPipe's: forward_only,
+pairs of overlapped forward and backward, backward_only, w_only, bubble,
+optimizer = what follows the pipeline), layout, schedule, microbatches and
+optimizer_state.
 
 --optimizer-state bf16 keeps Adam's moments in BF16 and its FP32 master
 weight as the 16 bits beyond the BF16 weight: 2 + 2 + 6 = 10 bytes per
@@ -46,7 +62,8 @@ import argparse
 import json
 import logging
 
-from opsched.commands.args import add_cluster_arguments, add_optimizer_state_argument, byte_size, positive_int
+from opsched.commands.args import (add_cluster_arguments, add_dtype_argument, add_optimizer_state_argument,
+                                   byte_size, positive_int)
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sequences per microbatch (default 1)")
     parser.add_argument("--schedule", choices=NAMES, metavar="NAME",
                         help=f"pipeline schedule, one of {', '.join(NAMES)} (default: interleaved-1f1b when vpp > 1, else 1f1b)")
-    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp8", "fp16", "fp32"),
-                        help="compute dtype: the peak FLOP/s the cost model and MFU use (default bf16)")
+    add_dtype_argument(parser)
     add_optimizer_state_argument(parser)
     parser.add_argument("--memory-limit", type=byte_size, metavar="BYTES",
                         help="per device with a unit, e.g. 80GiB (default: the cluster's memory)")

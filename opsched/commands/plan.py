@@ -80,6 +80,7 @@ from opsched.commands.args import (
     MAX_DEVICES,
     WholeNumber,
     add_cluster_arguments,
+    add_dtype_argument,
     add_optimizer_state_argument,
     byte_size,
     dimension,
@@ -145,6 +146,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "1 (default) they are sharded, as Megatron's distributed optimizer does, for the same "
                              "gradient traffic; 2 the gradients too")
     add_optimizer_state_argument(parser, auto=True)
+    add_dtype_argument(parser)
     parser.add_argument("--recompute", choices=("none", "selective", "full", "auto"), default="auto",
                         help="activation recomputation: none; selective (the attention core's scores are not kept "
                              "and its forward runs again, Megatron's selective recompute); full (each block keeps "
@@ -203,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
     training = Training(microbatches=microbatches, microbatch_size=int(used_dims.get("batch", 1)),
                         zero=args.zero, recompute="none" if args.recompute == "auto" else args.recompute,
                         optimizer_state="fp32" if args.optimizer_state == "auto" else args.optimizer_state,
-                        whole_sequences=args.global_batch is not None,
+                        dtype=args.dtype, whole_sequences=args.global_batch is not None,
                         tp_comm_overlap=overlap_tp, attention=args.attention,
                         # torch (and torchtitan, through it) runs an OVERLAP_F_B pair as F then B; Megatron pairs nothing
                         overlap_pairs=runtime_overlaps_pairs(args.runtime))

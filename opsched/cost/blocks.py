@@ -45,6 +45,7 @@ from typing import Sequence
 from opsched.cost.cluster import DTYPE_BYTES, Cluster, Training, attention_dtype
 from opsched.errors import OpschedError
 from opsched.model.graph import Block
+from opsched.model.recompute_modules import parts_of
 from opsched.cost.overlap import COMM, COMPUTE, PassStreams, StreamOp, compact
 
 
@@ -441,6 +442,50 @@ def alltoall_time(nbytes: float, ranks: int, bandwidth: float, latency: float) -
     return (ranks - 1) * latency + (ranks - 1) / ranks * nbytes / bandwidth
 
 
+def spread_alltoall_time(nbytes: float, ranks: int, nodes: int, intra: tuple[float, float],
+                         inter: tuple[float, float]) -> float:
+    """All-to-all of ``nbytes`` per device over ``ranks`` devices spread evenly over ``nodes`` nodes: each device
+    sends ``1/ranks`` of its bytes to every peer at once, the peers on other nodes through its network link and
+    those on its own node over NVLink, the longer of the two plus each hop's latency (on one node,
+    :func:`alltoall_time` over NVLink). Across 2 nodes half the bytes leave the node, not 15/16 of them.
+
+    >>> spread_alltoall_time(16.0, 16, 2, (1e9, 0.0), (1.0, 0.0))   # 8 of 16 peers off the node, 1 B/s network
+    8.0
+    """
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    if nodes <= 1:
+        return alltoall_time(nbytes, ranks, *intra)
+    per_node = max(1, ranks // nodes)
+    off_node = nbytes * (ranks - per_node) / ranks
+    on_node = nbytes * (per_node - 1) / ranks
+    return max(off_node / inter[0], on_node / intra[0]) + (nodes - 1) * inter[1] + (per_node - 1) * intra[1]
+
+
+def node_limited_alltoall_time(nbytes: float, copies: float, ranks: int, nodes: int, max_nodes: int,
+                                intra: tuple[float, float], inter: tuple[float, float]) -> float:
+    """Dispatch (or combine) of ``nbytes`` of routed token copies per device over ``ranks`` expert ranks on
+    ``nodes`` nodes, each token sent to at most ``max_nodes`` nodes (DeepSeek-V3's node-limited routing,
+    arXiv 2412.19437 §2.1.2 and §3.2.2): a token crosses InfiniBand once per chosen remote node, however many
+    of its ``copies`` (top-k, with the capacity factor) go to experts there, and NVLink forwards the copies to
+    their experts within the node, the two pipelined: the longer of the two, plus each hop's latency.
+    ``intra`` / ``inter``: (bandwidth, latency) of NVLink and of the network.
+
+    With 8 nodes, 4 of them per token and 8 copies, InfiniBand carries 4 x 7/8 = 3.5 token copies, not 7:
+
+    >>> round(node_limited_alltoall_time(8.0, 8, 64, 8, 4, (1e9, 0.0), (1.0, 0.0)), 3)
+    3.5
+    """
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    per_node = max(1, ranks // nodes)
+    chosen = min(max_nodes, nodes, copies)  # nodes a token goes to
+    over_network = nbytes / copies * chosen * (nodes - 1) / nodes
+    within_node = nbytes * (per_node - 1) / per_node
+    return max(over_network / inter[0], within_node / intra[0]) + (nodes - 1) * inter[1] + \
+        (per_node - 1) * intra[1]
+
+
 def block_cost(
     block: Block,
     mode: Mode,
@@ -552,7 +597,11 @@ def _block_cost(block: Block, mode: Mode, devices: tuple[int, ...], cluster: Clu
         # dispatch and combine: two all-to-alls of the tokens in F, two in I
         bw, lat = cluster.link(devices, devices)
         tokens = block.output_bytes if token_bytes is None else token_bytes
-        ep_comm = 2 * alltoall_time(tokens / mode.ep, mode.ep, bw, lat * moe_layers)
+        # each peer's share over the link that reaches it (the planner's mode and evaluate's layouts alike)
+        nodes = len({cluster.node_of(d) for d in devices})
+        ep_comm = 2 * spread_alltoall_time(tokens / mode.ep, mode.ep, nodes,
+                                           (cluster.intra_node_bandwidth, cluster.intra_node_latency * moe_layers),
+                                           (cluster.inter_node_bandwidth, cluster.inter_node_latency * moe_layers))
         f += ep_comm
         i += ep_comm
         sharded = block.param_count if expert_params is None else min(float(expert_params), block.param_count)
@@ -577,6 +626,11 @@ def _block_cost(block: Block, mode: Mode, devices: tuple[int, ...], cluster: Clu
         i += attention_core_time(block, share, cluster, training.dtype, training.attention)
         act = max(0.0, act - block.attention_scores_bytes / share - kept_scores)
         act_w = min(act_w, act)
+    if training.recompute_modules:
+        f_again, saved = recomputed_parts(block, parts_of(training.recompute_modules), share, cluster, training)
+        i += f_again
+        act = max(0.0, act - saved)
+        act_w = min(act_w, act)
     if training.recompute == "full":
         # Megatron's full recomputation: keep only the block's input, run its forward again before I; the input
         # is the residual stream, held whole by every tensor-parallel rank unless sequence parallelism splits it
@@ -588,6 +642,30 @@ def _block_cost(block: Block, mode: Mode, devices: tuple[int, ...], cluster: Clu
                      f_comm=tp_comm + ep_comm, i_comm=tp_comm + ep_comm, rerun_forward=training.recompute == "full")
     hidden = tp_comm > 0 and training.tp_comm_overlap and training.sequence_parallel  # Megatron asserts sp with it
     return tp_comm_overlapped(cost, others=ep_comm) if hidden else cost
+
+
+def recomputed_parts(block: Block, parts: frozenset[str], share: int, cluster: Cluster,
+                     training: Training) -> tuple[float, float]:
+    """(forward time run again, saved bytes not stored) for ``1/share`` of ``block``'s operators in ``parts``
+    (Megatron's recompute modules: :mod:`opsched.model.recompute_modules`).
+
+    >>> from opsched.cost.cluster import preset, Training
+    >>> from opsched.model.recompute_modules import PartCost
+    >>> b = Block(0, "attn", (), (), parts=(PartCost("layernorm", 0.0, 0.0, 0.0, 2.7e12, 0.0, 0.0, 0.0, 8.0),))
+    >>> again, saved = recomputed_parts(b, frozenset({"layernorm"}), 2, preset("h100-sxm"), Training())
+    >>> round(again, 3), saved   # half the norm's traffic at 0.9 of 3.35 TB/s again; half its saved bytes kept no more
+    (0.448, 4.0)
+    """
+    again = saved = 0.0
+    for p in block.parts:
+        if p.part in parts:
+            sub = Block(block.id, block.name, block.scope, (), flops=p.flops, matmul_flops=p.matmul_flops,
+                        matmul_padded_flops=p.matmul_padded_flops, io_bytes=p.io_bytes,
+                        matmul_io_bytes=p.matmul_io_bytes, attention_flops=p.attention_flops,
+                        attention_io_bytes=p.attention_io_bytes)
+            again += compute_time(sub, share, cluster, training.dtype, training.attention)
+            saved += p.saved_bytes / share
+    return again, saved
 
 
 def stored_activation_bytes(block: Block, mode: Mode, sequence_parallel: bool = True) -> float:

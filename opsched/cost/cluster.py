@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from opsched.errors import OpschedError
+from opsched.model.recompute_modules import RECOMPUTE_MODULES
 from opsched.units import plain
 
 #: preset used when only ``--devices N`` is given
@@ -184,8 +185,15 @@ class Training:
     #: one of :data:`ATTENTION_MODES`: "unfused" runs Q·Kᵀ and scores·V as batched GEMMs with the scores in memory
     #: between them (scale-mask-softmax and dropout read and write them), ``cost.unfused_attention_time``
     attention: str = "fused"
+    #: Megatron's recompute modules (:data:`opsched.model.recompute_modules.RECOMPUTE_MODULES`) whose forward runs
+    #: again in the backward and saves nothing, beside ``recompute`` (which must then be "none")
+    recompute_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        unknown = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
+        if unknown:
+            raise OpschedError(f"recompute module {unknown[0]!r} is not Megatron's; choose from "
+                               f"{', '.join(RECOMPUTE_MODULES)}")
         if self.recompute not in RECOMPUTE_MODES:
             raise OpschedError(f"recompute must be one of {', '.join(RECOMPUTE_MODES)}, got {self.recompute!r}")
         if self.attention not in ATTENTION_MODES:
@@ -283,6 +291,44 @@ PRESETS: dict[str, dict[str, Any]] = {
         "attention_efficiency": 0.35,
         "memory_efficiency": 0.9,
         "intra_node_bandwidth": 450e9,
+        "intra_node_latency": 5e-6,
+        "inter_node_bandwidth": 50e9,
+        "inter_node_latency": 10e-6,
+    },
+    # H800 SXM: the H100 SXM's compute and memory with NVLink cut to 400 GB/s bidirectional (200 per direction;
+    # DeepSeek-V3 measures about 160 GB/s achieved, arXiv 2412.19437 §3.2.2) and one 400 Gb/s InfiniBand NIC
+    # per GPU, 50 GB/s (ISCA'25 "Insights into DeepSeek-V3", arXiv 2505.09343 §2.2, Table 1: the same SXM5
+    # part as the H100 with reduced NVLink). Efficiencies are the H100's: the same silicon.
+    "h800": {
+        "devices_per_node": 8,
+        "peak_flops": {"fp8": 1979e12, "bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
+        "efficiency": 0.5,
+        "memory_bytes": 80e9,
+        "memory_bandwidth": 3.35e12,
+        "matmul_efficiency": {"bf16": 0.65, "fp16": 0.65, "fp8": 0.6},
+        "attention_efficiency": 0.35,
+        "memory_efficiency": 0.9,
+        "intra_node_bandwidth": 200e9,
+        "intra_node_latency": 5e-6,
+        "inter_node_bandwidth": 50e9,
+        "inter_node_latency": 10e-6,
+    },
+    # GB200 NVL72: 72 Blackwell GPUs in one NVLink domain (the "node"), the rack datasheet's dense figures per
+    # GPU (NVIDIA GB200 NVL72 datasheet: FP8 720 PFLOPS and FP16/BF16 360 PFLOPS with sparsity, halved for
+    # dense and divided by 72 GPUs: 5.0 and 2.5 PFLOPS; FP32 5,760 TFLOPS / 72 = 80; HBM3e 13.4 TB and
+    # 576 TB/s / 72 = 186 GB and 8 TB/s; NVLink 130 TB/s / 72 = 1.8 TB/s bidirectional, 900 GB/s a direction),
+    # one 400 Gb/s ConnectX-7 NIC per GPU between racks. Efficiencies are the H100's until a published
+    # GB200 training run is fitted (none is in benchmarks/bench_published.py yet).
+    "gb200": {
+        "devices_per_node": 72,
+        "peak_flops": {"fp8": 5000e12, "bf16": 2500e12, "fp16": 2500e12, "fp32": 80e12},
+        "efficiency": 0.5,
+        "memory_bytes": 186e9,
+        "memory_bandwidth": 8e12,
+        "matmul_efficiency": {"bf16": 0.65, "fp16": 0.65, "fp8": 0.6},
+        "attention_efficiency": 0.35,
+        "memory_efficiency": 0.9,
+        "intra_node_bandwidth": 900e9,
         "intra_node_latency": 5e-6,
         "inter_node_bandwidth": 50e9,
         "inter_node_latency": 10e-6,

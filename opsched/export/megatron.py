@@ -40,6 +40,7 @@ import shlex
 from dataclasses import dataclass
 
 from opsched.baselines import METHODS
+from opsched.cost.pipeline_split import compact_pipeline_layout
 from opsched.export.framework import Framework
 from opsched.export.plan_layout import PlanLayout, plan_layout
 from opsched.schedule import Schedule
@@ -109,6 +110,7 @@ def megatron_args(layout: PlanLayout) -> list[MegatronArg]:
     if p.zero == 1:
         out.append(arg("--use-distributed-optimizer", None, "plan zero 1: optimizer states sharded over dp"))
     out += _optimizer_precision(layout.optimizer_state)
+    out += compute_precision(layout.dtype)
     if p.recompute == "full":
         out += [
             arg("--recompute-granularity", "full", "plan recompute full"),
@@ -128,6 +130,30 @@ def megatron_args(layout: PlanLayout) -> list[MegatronArg]:
     ]
     if layout.seq_len is not None:
         out.append(arg("--seq-length", str(layout.seq_len), "the plan's seq dim"))
+    return out
+
+
+def compute_precision(dtype: str) -> list[MegatronArg]:
+    """The flags that run the plan's compute dtype (none for FP32, Megatron's default).
+
+    FP8 is Transformer Engine's on a BF16 model: E4M3 for every GEMM's inputs with blockwise scaling (1 x 128
+    activation tiles, 128 x 128 weight blocks), the recipe DeepSeek-V3 trained with (arXiv 2412.19437 §3.3) and
+    Megatron-Bridge's DeepSeek-V3 FP8 runs use; attention and the rest stay in BF16, as the plan was costed
+    (opsched.cost.cluster.attention_dtype).
+
+    >>> [" ".join(a.words()) for a in compute_precision("fp8")]
+    ['--bf16', '--fp8-format e4m3', '--fp8-recipe blockwise']
+    """
+    arg = MegatronArg
+    if dtype == "fp32":
+        return []
+    if dtype == "fp16":
+        return [arg("--fp16", None, "plan dtype fp16 (with Megatron's loss scaling)")]
+    out = [arg("--bf16", None, f"plan dtype {dtype}" + (": the model in BF16, its GEMMs in FP8" if dtype == "fp8"
+                                                          else ""))]
+    if dtype == "fp8":
+        out += [arg("--fp8-format", "e4m3", "FP8 GEMMs, E4M3 inputs in forward and backward (DeepSeek-V3's)"),
+                arg("--fp8-recipe", "blockwise", "1x128 / 128x128 scaling blocks (Transformer Engine >= 2.3)")]
     return out
 
 
@@ -180,18 +206,17 @@ def pipeline_layout_text(counts: tuple[int, ...] | list[int]) -> str:
 
     Chunk ``i = virtual index x pp + rank``, which is opsched's stage order on
     an interleaved layout; the embedding goes with the first chunk, the
-    output layer and loss with the last.
+    output layer and loss with the last; written as
+    :func:`opsched.cost.pipeline_split.compact_pipeline_layout` writes any split
+    (the grammar ``evaluate --layout pipeline_layout=...`` reads).
 
-    >>> pipeline_layout_text([3, 4, 0, 1])
-    'E,t*3|t*4||t,L'
+    >>> pipeline_layout_text([3, 4, 4, 1])
+    'Et*3|(t*4|)*2tL'
     """
-    def chunk(n: int) -> str:
-        return "" if n == 0 else "t" if n == 1 else f"t*{n}"
-
-    parts = [chunk(n) for n in counts]
-    parts[0] = ",".join(filter(None, ["E", parts[0]]))
-    parts[-1] = ",".join(filter(None, [parts[-1], "L"]))
-    return "|".join(parts)
+    units = ["t" * n for n in counts]
+    units[0] = "E" + units[0]
+    units[-1] += "L"
+    return compact_pipeline_layout(units)
 
 
 def megatron_text(layout: PlanLayout, args: list[MegatronArg], plan_path: str | os.PathLike) -> str:

@@ -25,6 +25,8 @@ reason (their own limits stay in their modules). From plan.json:
 * ``tp_comm_overlap``: the tensor-parallel collectives were costed as
   running under their GEMMs (Megatron's ``--tp-comm-overlap``; false when
   the plan does not say);
+* ``dtype``: the compute precision the plan was costed in (bf16 when the
+  plan does not say);
 * ``attention``: the attention kernel the plan was costed with, ``fused``
   (when the plan does not say) or ``unfused``;
 * ``microbatch_size``, ``microbatches``, ``zero``, ``recompute`` and
@@ -43,7 +45,7 @@ reason (their own limits stay in their modules). From plan.json:
 ...                           "1": {"modules": ["model.layers.1", "model.norm", "lm_head"], "config": "tp2"}}}
 >>> lay = plan_layout(Schedule(sg, 8, [], name="1f1b"), doc, Framework("Megatron-LM", "plan a chain"))
 >>> lay.parallel
-ParallelLayout(tp=2, pp=2, vpp=1, ep=1, etp=0, cp=1, dp=1, sp=True, zero=1, recompute='none', ends_as_layers=False, tp_overlap=False, attention='fused')
+ParallelLayout(tp=2, pp=2, vpp=1, ep=1, etp=0, cp=1, dp=1, sp=True, zero=1, recompute='none', ends_as_layers=False, tp_overlap=False, attention='fused', pipeline_layout='', first_layers=0, last_layers=0, max_nodes=0, recompute_modules='')
 >>> lay.stage_layers, lay.micro_batch_size, lay.global_batch_size, lay.seq_len
 ((1, 1), 4, 32, 2048)
 """
@@ -53,7 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Collection, Mapping
 
-from opsched.cost.cluster import ATTENTION_MODES, OPTIMIZER_STATE_BYTES
+from opsched.cost.cluster import ATTENTION_MODES, DTYPE_BYTES, OPTIMIZER_STATE_BYTES
 from opsched.cost.blocks import Mode
 from opsched.errors import OpschedError
 from opsched.export.framework import Framework
@@ -87,6 +89,7 @@ class PlanLayout:
     method: str  # what made the plan's order: a baseline's name, mip, ...
     devices: int
     optimizer_state: str = "fp32"  # precision of Adam's state (opsched.cost.cluster.OPTIMIZER_STATE_BYTES)
+    dtype: str = "bf16"  # compute precision the plan was costed in (opsched.cost.cluster.DTYPE_BYTES)
 
     @property
     def num_layers(self) -> int:
@@ -151,6 +154,7 @@ def plan_layout(schedule: Schedule, doc: dict, runtime: Framework) -> PlanLayout
         global_batch_size=samples * schedule.microbatches,
         seq_len=seq if isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 else None,
         method=schedule.name or "unnamed", devices=layout.devices, optimizer_state=_optimizer_state(doc, refuse),
+        dtype=_dtype(doc, refuse),
     )
 
 
@@ -265,6 +269,14 @@ def _optimizer_state(doc: dict, refuse) -> str:
     if state not in OPTIMIZER_STATE_BYTES:
         raise refuse(f"field optimizer_state is {state!r}; one of {', '.join(OPTIMIZER_STATE_BYTES)}")
     return state
+
+
+def _dtype(doc: Mapping, refuse) -> str:
+    """The compute precision the plan was costed in; a plan from before it was recorded was costed in BF16."""
+    dtype = doc.get("dtype", "bf16")
+    if dtype not in DTYPE_BYTES:
+        raise refuse(f"field dtype is {dtype!r}; one of {', '.join(DTYPE_BYTES)}")
+    return dtype
 
 
 def _tp_comm_overlap(doc: Mapping, refuse) -> bool:

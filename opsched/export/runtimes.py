@@ -171,12 +171,13 @@ def verdicts(schedule: Schedule, doc: Mapping) -> dict[str, str | None]:
 
 
 def layout_fields(contents: Mapping[int, StageContents], microbatch_size: int, zero: int, recompute: str,
-                  optimizer_state: str = "fp32", tp_comm_overlap: bool = False, attention: str = "fused") -> dict:
+                  optimizer_state: str = "fp32", tp_comm_overlap: bool = False, attention: str = "fused",
+                  dtype: str = "bf16") -> dict:
     """The plan.json fields besides the schedule that a runtime's export reads (``opsched plan`` writes them so).
 
     >>> from opsched.upper.stages import stage_contents
     >>> sorted(layout_fields({0: stage_contents([("model/layers.0", "tp2")])}, 1, 1, "none"))
-    ['attention', 'microbatch_size', 'optimizer_state', 'recompute', 'stage_contents', 'tp_comm_overlap', 'zero']
+    ['attention', 'dtype', 'microbatch_size', 'optimizer_state', 'recompute', 'stage_contents', 'tp_comm_overlap', 'zero']
     """
     return {
         "microbatch_size": microbatch_size,
@@ -185,5 +186,6 @@ def layout_fields(contents: Mapping[int, StageContents], microbatch_size: int, z
         "optimizer_state": optimizer_state,
         "tp_comm_overlap": tp_comm_overlap,
         "attention": attention,
+        "dtype": dtype,
         "stage_contents": {str(k): c.to_dict() for k, c in contents.items()},
     }

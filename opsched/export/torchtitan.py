@@ -91,6 +91,9 @@ def _check_training(layout: PlanLayout) -> None:
                            "running under their GEMMs (Megatron's --tp-comm-overlap, Transformer Engine's "
                            "userbuffers), which torchtitan does not do: plan with --tp-comm-overlap off, or export "
                            "it --megatron")
+    if layout.dtype == "fp16":
+        raise TORCHTITAN.cannot_run("it was costed in fp16, and torchtitan's mixed "
+                           "precision takes bfloat16 or float32 only: plan with --dtype bf16, or export it --megatron")
     if layout.optimizer_state != "fp32":
         # torchtitan's optimizer.implementation "fused_opt_states_bf16" keeps the moments in bf16 beside fp32
         # parameters and gradients: 4 + 4 + 2 + 2 = 12 bytes per parameter where the plan costs 2 + 2 + 6 = 10
@@ -164,6 +167,22 @@ def torchtitan_keys(layout: PlanLayout, csv: str | None = None) -> list[TomlKey]
             out.append(key("parallelism", "pipeline_parallel_schedule_csv", csv, "the plan's own order"))
     out.append(key("activation_checkpoint", "mode", "full" if p.recompute == "full" else "none",
                    f"plan recompute {p.recompute}"))
+    return out + precision_keys(layout.dtype)
+
+
+def precision_keys(dtype: str) -> list[TomlKey]:
+    """The keys that run the plan's compute dtype: FSDP's / autocast's parameter dtype, and with FP8 torchao's
+    Float8Linear on the model's linear layers (torchtitan's ``quantize.linear.float8`` converter), attention
+    left in BF16 as the plan was costed.
+
+    >>> [(k.section, k.key, k.value) for k in precision_keys("fp8")][1]
+    ('model', 'converters', ['quantize.linear.float8'])
+    """
+    mixed = "float32" if dtype == "fp32" else "bfloat16"
+    out = [TomlKey("training", "mixed_precision_param", mixed, f"plan dtype {dtype}")]
+    if dtype == "fp8":
+        out.append(TomlKey("model", "converters", ["quantize.linear.float8"],
+                           "plan dtype fp8: the linear layers' GEMMs in FP8 (torchao), attention in BF16"))
     return out
 
 

@@ -101,6 +101,9 @@ class Block:
     attention_gemm_padded_flops: float = 0.0
     matmul_padded_flops: float = 0.0
     op_types: dict[str, int] = field(default_factory=dict, compare=False)
+    #: the forward costs of its operators by the part of Megatron's recompute modules they belong to
+    #: (:func:`opsched.model.recompute_modules.part_costs`; empty for a hand-made Block)
+    parts: tuple = field(default=(), compare=False)
 
 
 COST_FIELDS = ("flops", "param_count", "param_bytes", "output_bytes", "io_bytes", "saved_bytes", "tp_comm_bytes",

@@ -836,6 +836,10 @@ def _weight_position(node, k, shapes, strong: bool) -> bool:
     return False
 
 
+#: operators that read only the rows (elements) their indices select from input 0 (what their io_bytes charge)
+GATHERS = ("Gather", "GatherND", "GatherElements")
+
+
 # --------------------------------------------------------------------------- main entry
 
 
@@ -1018,6 +1022,10 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
         param_count, param_bytes = weights.read_by(n)
         out_bytes = sum(bytes_of[o] for o in outputs)
         in_bytes = sum(bytes_of[x] for x in inputs if x)
+        if op_type in GATHERS and inputs and inputs[0]:
+            # a gather reads the rows it selects (its output), not its whole table: an embedding lookup reads
+            # a sequence's rows of the vocabulary, an MoE dispatch gather the tokens routed to one expert
+            in_bytes += min(0.0, out_bytes - bytes_of[inputs[0]])
         # a vocabulary-parallel embedding (a Gather from a weight) all-reduces its output too
         row_parallel = param_count > 0 and (op_type == "Gather" or op_type in ("MatMul", "Gemm") and _feeds_residual(
             n.output[0], readers, const_tensors))

@@ -22,7 +22,7 @@ tokens by all-to-all. The rules and their sources are in
 ``docs/cost-model.md`` (section "Evaluating a layout").
 
 >>> ParallelLayout.parse("tp=2,pp=4,vpp=2,zero=1,recompute=full")
-ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, recompute='full', ends_as_layers=False, tp_overlap=False, attention='fused')
+ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, recompute='full', ends_as_layers=False, tp_overlap=False, attention='fused', pipeline_layout='', first_layers=0, last_layers=0, max_nodes=0, recompute_modules='')
 >>> ParallelLayout.parse("tp=2,pp=4").resolved(16).dp
 2
 """
@@ -41,14 +41,15 @@ import networkx as nx
 
 from opsched.baselines import baseline_order, placed_stage_graph, run_baseline
 from opsched.cost.cluster import Cluster, Training, with_devices
-from opsched.cost.blocks import (BlockCost, Mode, alltoall_time, allreduce_time, attention_core_time, block_cost,
+from opsched.cost.blocks import (BlockCost, Mode, allreduce_time, attention_core_time, block_cost,
                           context_ring_time, expert_count, held_param_bytes, joined_streams,
-                          with_context_ring)
+                          node_limited_alltoall_time, spread_alltoall_time, with_context_ring)
 from opsched.errors import OpschedError, Unsupported
 from opsched.model.graph import COST_FIELDS, Block
 from opsched.cost.overlap import PassStreams
 from opsched.cost.parallel_layout import ParallelLayout
 from opsched.lower.jobs import order_peak_activation
+from opsched.plan.phases import StepPhases, step_phases
 from opsched.schedule import Edge, Schedule, Stage, StageGraph, device_param_bytes, metrics
 from opsched.units import plain
 from opsched.upper.stages import LAYER_COMPONENT, layer_path
@@ -83,6 +84,8 @@ class Evaluation:
     grad_sync: float = 0.0
     #: chunk (stage) id -> its blocks, in model order
     chunks: list[list[int]] = dataclasses.field(default_factory=list)
+    #: the busiest rank's step split as DeepSeek reports DualPipe's (None: not timed)
+    phases: StepPhases | None = None
 
     @property
     def fits(self) -> bool:
@@ -106,6 +109,7 @@ class Evaluation:
             # the planner's accounting of the same step: makespan + the whole gradient sync, no optimizer step
             "makespan": self.schedule.makespan,
             "grad_sync_seconds": self.grad_sync,
+            "phases": self.phases._asdict() if self.phases else None,
         }
 
     @property
@@ -121,7 +125,7 @@ class ModelIndex:
 
     order: list[int]  # blocks in topological order
     layer_of: dict[int, str | None]  # block -> its numbered layer's module path (None: outside every layer)
-    layers: list[str]  # numbered layers in model order
+    layers: list[str]  # numbered decoder layers in model order (MTP layers apart)
     experts_of: dict[int, int]  # block -> experts it holds
     experts: int  # experts of one MoE layer (0: dense)
     #: block -> the share of its MoE layer's experts it holds (0: no expert). A layer's dispatch and combine are
@@ -135,6 +139,12 @@ class ModelIndex:
     cost_class: dict[int, int] = dataclasses.field(default_factory=dict)
     #: per setting of a layout's terms, one device's share of a block (:func:`_block_share`) by its cost class
     block_shares: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    #: numbered layers of a multi-token-prediction module (a path with an ``mtp`` component: Megatron-Core's
+    #: ``mtp.layers.N``), in model order; the pipeline split places them apart from the decoder layers (``m``)
+    mtp_layers: list[str] = dataclasses.field(default_factory=list)
+    #: block holding experts -> copies of each token its MoE layer routes (top-k times the capacity factor): the
+    #: layer's expert inputs over its input, the residual stream (what node-limited routing sends once a node)
+    routed_copies: dict[int, float] = dataclasses.field(default_factory=dict)
 
 
 def model_index(bg: nx.DiGraph) -> ModelIndex:
@@ -169,26 +179,61 @@ def model_index(bg: nx.DiGraph) -> ModelIndex:
     classes: dict[tuple, int] = {}
     cost_class = {b: classes.setdefault((tuple(getattr(bg.nodes[b]["block"], f) for f in COST_FIELDS), tokens_in[b],
                                          expert_share[b]), len(classes)) for b in order}
-    return ModelIndex(order, layer_of, list(layers), experts_of, max(per_layer.values(), default=0), expert_share,
-                      tokens_in, sum(bg.nodes[b]["block"].flops for b in order), cost_class)
+    mtp = [path for path in layers if is_mtp_path(path)]
+    return ModelIndex(order, layer_of, [path for path in layers if not is_mtp_path(path)], experts_of,
+                      max(per_layer.values(), default=0), expert_share, tokens_in,
+                      sum(bg.nodes[b]["block"].flops for b in order), cost_class, mtp_layers=mtp,
+                      routed_copies=_routed_copies(order, layer_of, expert_layer, tokens_in))
+
+
+def _routed_copies(order: list[int], layer_of: dict[int, str | None], expert_layer: dict[int, str],
+                   tokens_in: dict[int, float]) -> dict[int, float]:
+    """Block holding experts -> its layer's expert input bytes over the layer's first block's input (the residual
+    stream entering the layer): the copies of each token the router sends (top-k x capacity factor)."""
+    entering: dict[str, float] = {}
+    routed: dict[str, float] = {}
+    for b in order:
+        path = layer_of[b]
+        if path is not None and b not in expert_layer:
+            entering.setdefault(path, tokens_in[b])
+    for b, path in expert_layer.items():
+        routed[path] = routed.get(path, 0.0) + tokens_in[b]
+    return {b: routed[path] / entering[path] if entering.get(path) else 1.0 for b, path in expert_layer.items()}
+
+
+def is_mtp_path(path: str) -> bool:
+    """Whether a module path lies in a multi-token-prediction module (a component named ``mtp``).
+
+    >>> is_mtp_path("model.mtp.layers.0"), is_mtp_path("model.layers.3")
+    (True, False)
+    """
+    return "mtp" in path.split(".")
 
 
 def layer_chunks(bg: nx.DiGraph, chunks: int, index: ModelIndex | None = None,
-                 ends_as_layers: bool = False) -> list[list[int]]:
+                 ends_as_layers: bool = False, units: tuple[str, ...] | None = None) -> list[list[int]]:
     """Blocks of each of ``chunks`` chunks: the layers split evenly in model order, the rest at either end.
 
-    Blocks outside every numbered layer join the first chunk when they come
-    before the first layer in topological order, else the last chunk. With
-    ``ends_as_layers`` those two ends count as one layer each in the split
-    (the first and last chunks take one numbered layer fewer).
+    ``units``: the chunks' units as :func:`opsched.cost.pipeline_split.chunk_units` gives them (an uneven
+    split); default the even split (with ``ends_as_layers``, the embedding and head count as one layer each).
+    Decoder layers (``t``) and MTP layers (``m``) fill the chunks in model order. Blocks outside every numbered
+    layer join the chunk of the embedding (``E``) when they come before the first layer in topological order,
+    the chunk of the first MTP layer when they lie in the MTP module, else the chunk of the loss (``L``).
     """
     index = index or model_index(bg)
-    layers = index.layers
-    units = len(layers) + 2 * ends_as_layers
-    if not layers or units % chunks:
-        raise OpschedError(f"{len(layers)} layers do not split into {chunks} equal chunks")
-    per = units // chunks
-    chunk_of_layer = {name: (k + ends_as_layers) // per for k, name in enumerate(layers)}
+    if not index.layers:
+        raise OpschedError(f"the model has no numbered layers to split into {chunks} chunks")
+    if units is None:
+        units = ParallelLayout(pp=chunks, ends_as_layers=ends_as_layers).chunk_units(len(index.layers),
+                                                                                    len(index.mtp_layers))
+    if len(units) != chunks:
+        raise OpschedError(f"{len(units)} chunks of units for {chunks} chunks")
+    def owners(letter: str) -> list[int]:  # chunk of each unit of the letter, in model order
+        return [c for c, chunk in enumerate(units) for u in chunk if u == letter]
+    chunk_of_layer = dict(zip(index.layers, owners("t")))
+    chunk_of_layer.update(zip(index.mtp_layers, owners("m")))
+    embedding, loss = owners("E")[0], owners("L")[0]
+    mtp_chunk = owners("m")[0] if index.mtp_layers else loss
     out: list[list[int]] = [[] for _ in range(chunks)]
     started = False
     for b in index.order:
@@ -196,8 +241,10 @@ def layer_chunks(bg: nx.DiGraph, chunks: int, index: ModelIndex | None = None,
         if path is not None:
             started = True
             out[chunk_of_layer[path]].append(b)
+        elif is_mtp_path(layer_path(bg.nodes[b]["block"].name)):
+            out[mtp_chunk].append(b)
         else:
-            out[chunks - 1 if started else 0].append(b)
+            out[loss if started else embedding].append(b)
     return out
 
 
@@ -207,7 +254,8 @@ class RankGroups:
 
     tensor: tuple[int, ...]  # the tensor-parallel ranks of the first context rank of the first replica
     context: tuple[int, ...]  # the first tensor rank of each context-parallel rank of the first replica
-    expert: tuple[int, ...]  # the first rank of each replica sharing the experts
+    expert: tuple[int, ...]  # the ep ranks that swap routed tokens (stride etp: expert tensor ranks innermost)
+    expert_weights: tuple[int, ...]  # the ranks holding the same experts: stride ep x etp
     sequence: tuple[int, ...]  # every rank splitting one microbatch: tp x cp of the first replica
     weights: tuple[int, ...]  # the first tensor rank of every rank holding the same weights: cp x dp
 
@@ -220,10 +268,15 @@ def _rank_devices(layout: ParallelLayout, devices: int, rank: int) -> RankGroups
     """
     base = rank * (devices // layout.pp)
     replica = layout.tp * layout.cp
+    etp = layout.etp or layout.tp
+    expert_grid = layout.ep * etp
     return RankGroups(
         tensor=tuple(range(base, base + layout.tp)),
         context=tuple(base + k * layout.tp for k in range(layout.cp)),
-        expert=tuple(base + j * replica for j in range(layout.ep)),
+        # Megatron-Core's expert rank order (parallel folding): expert tensor ranks innermost, then ep, then the
+        # expert data-parallel replicas, over the pipeline rank's tp x cp x dp devices
+        expert=tuple(base + j * etp for j in range(layout.ep)),
+        expert_weights=tuple(base + k * expert_grid for k in range(replica * layout.dp // expert_grid)),
         sequence=tuple(range(base, base + replica)),
         weights=tuple(base + k * layout.tp for k in range(layout.cp * layout.dp)),
     )
@@ -257,17 +310,15 @@ def evaluate_layout(
     """
     index = index or model_index(bg)
     layout = layout.resolved(cluster.devices)
-    if layout.etp and layout.etp != layout.tp:
-        raise OpschedError(f"etp={layout.etp} is not modelled yet: evaluate costs the expert layers with tp={layout.tp}; "
-                           "leave etp out")
-    layout.check_model(len(index.layers), index.experts)
+    layout.check_model(len(index.layers), index.experts, len(index.mtp_layers))
     if global_batch % (layout.dp * micro_batch_size):
         raise OpschedError(f"global batch {global_batch} is not a multiple of dp x micro-batch size = "
                            f"{layout.dp} x {micro_batch_size}")
     M = global_batch // (layout.dp * micro_batch_size)
     name = schedule or ("interleaved-1f1b" if layout.vpp > 1 else "1f1b")
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
-    chunks = layer_chunks(bg, layout.pp * layout.vpp, index, layout.ends_as_layers)
+    chunks = layer_chunks(bg, layout.pp * layout.vpp, index,
+                          units=layout.chunk_units(len(index.layers), len(index.mtp_layers)))
     stages, sync, optimizer, ring = _chunk_stages(bg, index, chunks, layout, cluster, training)
     sg = _chunk_stage_graph(bg, chunks, stages, layout, cluster)
     if memory_first:
@@ -279,6 +330,7 @@ def evaluate_layout(
                               peak_memory_bytes=untimed[1], memory_limit=limit, breakdown={}, schedule=untimed[0],
                               grad_sync=max(sync), chunks=chunks)
     sched = _run_on_chunks(name, sg, M, layout)
+    sync, optimizer = _per_rank_of_copies(sync, name), _per_rank_of_copies(optimizer, name)
     m = metrics(sched)
     # Gradient reduction overlaps the last microbatch's backward (Megatron's --overlap-grad-reduce): buckets
     # are reduced as that backward makes them; only what is left when it ends is exposed.
@@ -298,6 +350,7 @@ def evaluate_layout(
         model_flops_per_step=model_flops,
         peak_memory_bytes=max(m.peak_memory_bytes, default=0.0), memory_limit=limit,
         breakdown=breakdown, schedule=sched, grad_sync=max(sync), chunks=chunks,
+        phases=step_phases(sched, max(range(len(m.busy)), key=m.busy.__getitem__) if m.busy else 0, step),
     )
 
 
@@ -338,9 +391,10 @@ def layout_floor(bg: nx.DiGraph, cluster: Cluster, training: Training, layout: P
     """
     index = index or model_index(bg)
     layout = layout.resolved(cluster.devices)
-    layout.check_model(len(index.layers), index.experts)
+    layout.check_model(len(index.layers), index.experts, len(index.mtp_layers))
     M = global_batch // (layout.dp * micro_batch_size)
-    chunks = layer_chunks(bg, layout.pp * layout.vpp, index, layout.ends_as_layers)
+    chunks = layer_chunks(bg, layout.pp * layout.vpp, index,
+                          units=layout.chunk_units(len(index.layers), len(index.mtp_layers)))
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
     if max(_held_param_bytes(bg, index, chunks, layout, training)) > limit:
         return None  # checked before the passes are costed: most layouts of a large model end here
@@ -425,10 +479,12 @@ class _ChunkCost:
 def _block_shard(block: Block, expert: bool, layout: ParallelLayout) -> tuple[float, int]:
     """(parameters one device holds of ``block``, replicas holding the same ones: what ZeRO shards over).
 
-    Experts folded over the data-parallel replicas: each holds 1/ep of them.
+    Experts on the ep x etp grid carved out of a pipeline rank's tp x cp x dp devices (parallel folding): each
+    device holds 1/(ep x etp) of them, the same as tp x cp x dp / (ep x etp) others.
     """
-    if expert and layout.ep > 1:
-        return block.param_count / layout.tp / layout.ep, layout.dp // layout.ep
+    if expert:
+        grid = layout.ep * (layout.etp or layout.tp)
+        return block.param_count / grid, layout.tp * layout.cp * layout.dp // grid
     return block.param_count / layout.tp, layout.dp * layout.cp
 
 
@@ -444,8 +500,8 @@ def _held_param_bytes(bg: nx.DiGraph, index: ModelIndex, chunks: list[list[int]]
     :func:`_chunk_cost` counts them, without costing any pass."""
     held = [0.0] * layout.pp
     # a block's held bytes by its cost class, under what decides them (kept on the index like the blocks' shares)
-    by_class = index.block_shares.setdefault(("held", layout.tp, layout.ep, layout.dp, layout.cp, layout.zero,
-                                              training), {})
+    by_class = index.block_shares.setdefault(("held", layout.tp, layout.ep, layout.etp, layout.dp, layout.cp,
+                                              layout.zero, training), {})
     for c, members in enumerate(chunks):
         for b in members:
             k = index.cost_class[b]
@@ -464,13 +520,31 @@ def _chunk_stage_graph(bg: nx.DiGraph, chunks: list[list[int]], stages: list[Sta
     return StageGraph(stages, edges, num_devices=layout.pp)
 
 
+#: schedules that run two copies of the chunks, in opposite directions, each rank holding chunk r of one and chunk
+#: pp-1-r of the other (DualPipe: "2x parameters", arXiv 2412.19437 §3.2.1, Table 2)
+TWO_COPY_SCHEDULES = ("dualpipe",)
+
+
+def copies_of_chunks(schedule: str) -> int:
+    """How many copies of the chunks ``schedule`` runs (2 for DualPipe, else 1)."""
+    return 2 if schedule in TWO_COPY_SCHEDULES else 1
+
+
+def _per_rank_of_copies(per_rank: list[float], schedule: str) -> list[float]:
+    """A rank's gradient sync or optimizer step when ``schedule`` runs two copies: its own chunk's and the mirrored
+    one's (rank r holds chunks r and pp-1-r, both synced and updated)."""
+    if copies_of_chunks(schedule) == 1:
+        return per_rank
+    return [a + b for a, b in zip(per_rank, reversed(per_rank))]
+
+
 def _run_on_chunks(name: str, sg: StageGraph, microbatches: int, layout: ParallelLayout) -> Schedule:
     """Schedule ``name`` run on the chunks as they are (one stage per chunk); refused when it cannot, or regroups them."""
     try:
         sched = run_baseline(name, sg, microbatches)
     except Unsupported as exc:
         raise OpschedError(f"schedule {name} cannot run this layout: {exc}") from None
-    if len(sched.stage_graph.stages) != len(sg.stages):
+    if len(sched.stage_graph.stages) != len(sg.stages) * copies_of_chunks(name):
         raise OpschedError(f"schedule {name} regroups the {len(sg.stages)} chunks; pick a schedule for pp={layout.pp}, "
                            f"vpp={layout.vpp} (1f1b for vpp=1, interleaved-1f1b for vpp>1)")
     return sched
@@ -480,12 +554,14 @@ def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: P
                 cluster_key: tuple, training: Training, rank: int, streams: bool = True) -> _ChunkCost:
     """One device's share of a chunk: pass times per microbatch, memory, gradient sync and optimizer step; with
     ``streams``, its passes' stream operations too. ``cluster_key`` is :func:`_cluster_key` of ``cluster``."""
-    training = dataclasses.replace(training, recompute=layout.recompute, sequence_parallel=layout.sp,
+    training = dataclasses.replace(training, recompute=layout.recompute, recompute_modules=layout.recomputed_modules,
+                                   sequence_parallel=layout.sp,
                                    tp_comm_overlap=layout.tp_overlap, attention=layout.attention)
     groups = _rank_devices(layout, cluster.devices, rank)
     links = _ChunkLinks.of(groups, layout, cluster)
     # what every block's share depends on besides the block: the blocks' shares are kept on the index under it
-    setting = ("share", layout.tp, layout.cp, layout.ep, layout.dp, layout.zero, links, cluster_key, training)
+    setting = ("share", layout.tp, layout.cp, layout.ep, layout.etp, layout.max_nodes, layout.dp, layout.zero, links,
+               cluster_key, training)
     shares = index.block_shares.setdefault(setting, {})  # cost class -> its share under this setting
     out = _ChunkCost()
     weights = 0.0  # bytes of this device's share of the chunk's weights, unsharded
@@ -495,7 +571,8 @@ def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: P
         share = shares.get(k)
         if share is None:
             share = shares[k] = _block_share(bg.nodes[b]["block"], index.tokens_in[b], index.expert_share[b],
-                                             layout, groups, links, cluster, training)
+                                             layout, groups, links, cluster, training,
+                                             index.routed_copies.get(b, 1.0))
         out.F += share.cost.F
         out.I += share.cost.I
         out.W += share.cost.W
@@ -525,19 +602,22 @@ class _ChunkLinks:
     tensor: tuple[float, float]  # the tensor-parallel ranks
     sequence_replicas: tuple[float, float]  # the first tensor rank of each context rank (block_cost's replicas)
     context: tuple[float, float]
-    expert: tuple[float, float]
     weights: tuple[float, float]  # every rank holding the same dense weights
-    expert_weights: tuple[float, float]  # every ep-th of them: the ranks holding the same experts
+    expert_weights: tuple[float, float]  # the ranks holding the same experts
+    expert_nodes: int  # nodes the ep ranks span
+    intra_node: tuple[float, float]  # NVLink, for node-limited routing's forwarding within a node
+    inter_node: tuple[float, float]
 
     @classmethod
     def of(cls, groups: RankGroups, layout: ParallelLayout, cluster: Cluster) -> _ChunkLinks:
         def link(group):
             return cluster.link(group, group)
 
-        expert_replicas = max(1, layout.dp // layout.ep)
         return cls(link(groups.sequence[: layout.tp]), link(groups.sequence[:: layout.tp]), link(groups.context),
-                   link(groups.expert), link(groups.weights),
-                   link(groups.weights[:: (layout.dp * layout.cp) // expert_replicas]))
+                   link(groups.weights), link(groups.expert_weights),
+                   len({cluster.node_of(d) for d in groups.expert}),
+                   (cluster.intra_node_bandwidth, cluster.intra_node_latency),
+                   (cluster.inter_node_bandwidth, cluster.inter_node_latency))
 
 
 def _cluster_key(cluster: Cluster) -> tuple:
@@ -561,10 +641,15 @@ class _BlockShare:
 
 
 def _block_share(block: Block, tokens: float, expert_share: float, layout: ParallelLayout, groups: RankGroups,
-                 links: _ChunkLinks, cluster: Cluster, training: Training) -> _BlockShare:
+                 links: _ChunkLinks, cluster: Cluster, training: Training, copies: float = 1.0) -> _BlockShare:
     """One device's share of ``block`` on a pipeline rank whose groups are ``groups`` (``training`` with the
     layout's recomputation, sequence parallelism and tp overlap); ``expert_share``: the share of its MoE layer's
-    experts it holds (:attr:`ModelIndex.expert_share`, 0 for a block without experts)."""
+    experts it holds (:attr:`ModelIndex.expert_share`, 0 for a block without experts); ``copies``: the copies
+    of each token its layer routes (:attr:`ModelIndex.routed_copies`).
+
+    An expert block runs on the ep x etp grid folded over the pipeline rank's tp x cp x dp devices: a device
+    takes 1/(tp x cp) of the microbatch's expert work (the grid's tokens spread evenly), split etp ways by
+    tensor parallelism and (tp x cp) / etp ways by tokens, so its collectives are the etp ranks'."""
     expert = expert_share > 0
     layer_cluster = cluster
     if expert:
@@ -576,6 +661,9 @@ def _block_share(block: Block, tokens: float, expert_share: float, layout: Paral
             block = _weights_read_once_per_ep(block, layout.ep)
     # a context rank takes 1/cp of each sequence: costed like a replica taking 1/cp of the microbatch
     mode = Mode(tp=layout.tp, dp=layout.cp)
+    if expert:
+        etp = layout.etp or layout.tp
+        mode = Mode(tp=etp, dp=layout.tp * layout.cp // etp)  # on the same tp x cp devices, etp innermost
     c = block_cost(block, mode, groups.sequence, layer_cluster, training, token_bytes=tokens)
     params, replicas = _block_shard(block, expert, layout)
     context_ring = 0.0
@@ -587,11 +675,12 @@ def _block_share(block: Block, tokens: float, expert_share: float, layout: Paral
     f, i = c.F, c.I
     f_comm, i_comm = c.f_comm, c.i_comm
     if expert and layout.ep > 1:
-        # folded over the data-parallel replicas: each holds 1/ep of the experts and swaps routed tokens
-        bw, lat = links.expert
-        # dispatch and combine: the layer's two all-to-alls, of which this block moves its own routed tokens and
-        # pays its share of the latency (one expert of 256 exported as a block pays 1/256 of it, not all of it)
-        a2a = 2 * alltoall_time(tokens / layout.tp, layout.ep, bw, lat * expert_share)
+        # dispatch and combine: the layer's two all-to-alls over the ep ranks, of which this block moves its own
+        # routed tokens (each device those of its 1/(tp x cp) of the sequence) and pays its share of the latency
+        # (one expert of 256 exported as a block pays 1/256 of it, not all of it)
+        routed = tokens / (layout.tp * layout.cp)
+        a2a = _expert_alltoall_time(routed * dispatch_precision(training.dtype), copies, layout, links, expert_share) \
+            + _expert_alltoall_time(routed, copies, layout, links, expert_share)
         f += a2a
         i += a2a * (2 if training.recompute == "full" else 1)  # a recomputed forward swaps them again
         f_comm += a2a
@@ -600,7 +689,7 @@ def _block_share(block: Block, tokens: float, expert_share: float, layout: Paral
     if replicas > 1 and block.param_count > 0:
         # every ep-th replica holds the same experts; all-reduce, or reduce-scatter + all-gather with ZeRO: the
         # same ring volume
-        bw, lat = links.expert_weights if expert and layout.ep > 1 else links.weights
+        bw, lat = links.expert_weights if expert else links.weights
         grad_sync = allreduce_time(params * training.grad_bytes, replicas, bw, lat)
     updated = params / (replicas if layout.zero >= 1 else 1)
     cost = dataclasses.replace(c, F=f, I=i, f_comm=f_comm, i_comm=i_comm)
@@ -609,6 +698,33 @@ def _block_share(block: Block, tokens: float, expert_share: float, layout: Paral
                        weight_bytes=params * training.param_bytes, grad_sync=grad_sync,
                        optimizer=updated * training.optimizer_step_bytes / cluster.memory_bandwidth,
                        context_ring=context_ring)
+
+
+def dispatch_precision(dtype: str) -> float:
+    """The dispatch all-to-all's bytes per token over the model's 16-bit activations: DeepSeek-V3 quantizes the
+    tokens to FP8 before dispatch (and the activation gradients before the backward's matching all-to-all) and
+    keeps combine in BF16 (arXiv 2412.19437 §3.3.3), so with dtype fp8 dispatch moves half the bytes.
+
+    >>> dispatch_precision("fp8"), dispatch_precision("bf16")
+    (0.5, 1.0)
+    """
+    return 0.5 if dtype == "fp8" else 1.0
+
+
+def _expert_alltoall_time(nbytes: float, copies: float, layout: ParallelLayout, links: _ChunkLinks,
+                          latency_share: float) -> float:
+    """One all-to-all (dispatch or combine) of ``nbytes`` routed token bytes per device over the ep ranks: each
+    peer's share over the link that reaches it (:func:`opsched.cost.blocks.spread_alltoall_time`), or
+    node-limited when ``layout.max_nodes`` is set and the ranks span more nodes than that
+    (:func:`opsched.cost.blocks.node_limited_alltoall_time`)."""
+    if layout.max_nodes and links.expert_nodes > 1:
+        bw, lat = links.intra_node
+        ib, ib_lat = links.inter_node
+        return node_limited_alltoall_time(nbytes, copies, layout.ep, links.expert_nodes, layout.max_nodes,
+                                          (bw, lat * latency_share), (ib, ib_lat * latency_share))
+    (bw, lat), (ib, ib_lat) = links.intra_node, links.inter_node
+    return spread_alltoall_time(nbytes, layout.ep, links.expert_nodes, (bw, lat * latency_share),
+                                (ib, ib_lat * latency_share))
 
 
 def _weights_read_once_per_ep(block: Block, ep: int) -> Block:

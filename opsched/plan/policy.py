@@ -238,7 +238,8 @@ def megatron_layouts(request: PlanRequest, dims: dict[str, int], cluster, traini
         row = layout_row(e, bg, cluster, t0)
         return refusal(request.runtime, row.schedule, layout_fields(row.contents, row.microbatch_size, training.zero,
                                                                  row.recompute, training.optimizer_state,
-                                                                 training.tp_comm_overlap, training.attention)) is None
+                                                                 training.tp_comm_overlap, training.attention,
+                                                                 training.dtype)) is None
 
     found = search_layouts(bg, cluster, training, global_batch=global_batch,
                            tokens_per_sequence=int(og.graph.get("dims", {}).get("seq", 1)), memory_limit=limit,

@@ -51,7 +51,7 @@ def plan_extra(model: str, cluster, training, result, warnings: list[str] | None
         "grad_sync_seconds": result.grad_sync,
         "throughput": samples / result.step_time if result.step_time > 0 else 0.0,
         **layout_fields(result.stage_contents, result.microbatch_size, training.zero, result.recompute,
-                        training.optimizer_state, training.tp_comm_overlap, training.attention),
+                        training.optimizer_state, training.tp_comm_overlap, training.attention, training.dtype),
         "stage_blocks": {str(k): c.blocks for k, c in result.stage_contents.items()},
         "baselines": [b.to_dict(samples) for b in result.baselines],
         "refused_baselines": [{"method": k, "reason": v} for k, v in result.refused_baselines.items()],

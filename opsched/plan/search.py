@@ -785,7 +785,8 @@ class RuntimeFilter:
             return None
         t = self.training
         doc = layout_fields(self.contents(option), option.microbatch_size or t.microbatch_size, t.zero,
-                            option.recompute or t.recompute, t.optimizer_state, t.tp_comm_overlap, t.attention)
+                            option.recompute or t.recompute, t.optimizer_state, t.tp_comm_overlap, t.attention,
+                            t.dtype)
         return refusal(self.runtime, option.schedule, doc)
 
     def baselines(self, rows: list[Baseline], refused: dict[str, str]) -> list[Baseline]:

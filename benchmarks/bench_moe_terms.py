@@ -1,0 +1,108 @@
+"""Where a MoE layout's time goes in opsched's cost model: one chunk's passes, and its vector traffic by operator.
+
+For a published row that stays off (docs/BENCHMARKS.md, "MoE at the frontier"), the terms to compare: one
+device's forward, input-gradient and weight-gradient time for one microbatch of one chunk, the
+communication inside the forward, the forward's compute by kind of operator (expert matmuls, other
+matmuls, attention, vector work), and, with ``--layer N``, the vector (non-matmul, non-attention) memory
+traffic of the model's N-th numbered layer by ONNX operator type.
+
+usage:
+  python benchmarks/bench_moe_terms.py MODEL.onnx DEVICES LAYOUT [--preset h100-sxm] [--dtype fp8] [--chunk 0]
+  python benchmarks/bench_moe_terms.py MODEL.onnx DEVICES LAYOUT --layer 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+from opsched.cost.blocks import compute_time
+from opsched.cost.cluster import Training, preset
+from opsched.cost.parallel_layout import ParallelLayout
+from opsched.model.coarsen import coarsen
+from opsched.model.onnx_import import import_onnx
+from opsched.plan import layouts as L
+
+
+def chunk_terms(bg, layout: ParallelLayout, cluster, training: Training, chunk: int) -> tuple[dict, dict]:
+    """(passes and forward communication, forward compute by kind), seconds, for one device of ``chunk``."""
+    index = L.model_index(bg)
+    chunks = L.layer_chunks(bg, layout.pp * layout.vpp, index,
+                            units=layout.chunk_units(len(index.layers), len(index.mtp_layers)))
+    groups = L._rank_devices(layout, cluster.devices, chunk % layout.pp)
+    links = L._ChunkLinks.of(groups, layout, cluster)
+    training = dataclasses.replace(training, recompute=layout.recompute, recompute_modules=layout.recomputed_modules,
+                                   sequence_parallel=layout.sp)
+    passes = dict(F=0.0, I=0.0, W=0.0, f_comm=0.0)
+    kinds = dict(matmul_expert=0.0, matmul_other=0.0, attention=0.0, vector=0.0)
+    share = layout.tp * layout.cp
+    for b in chunks[chunk]:
+        block = bg.nodes[b]["block"]
+        cost = L._block_share(block, index.tokens_in[b], index.expert_share[b], layout, groups, links, cluster,
+                              training, index.routed_copies.get(b, 1.0)).cost
+        for k in passes:
+            passes[k] += getattr(cost, k)
+        expert = index.experts_of[b] > 0
+        if expert and layout.ep > 1:
+            block = L._weights_read_once_per_ep(block, layout.ep)
+        zero = dict(matmul_flops=0.0, matmul_io_bytes=0.0, matmul_padded_flops=0.0, attention_flops=0.0,
+                    attention_io_bytes=0.0)
+        parts = {
+            "matmul_expert" if expert else "matmul_other": dataclasses.replace(
+                block, flops=block.matmul_flops, io_bytes=block.matmul_io_bytes, attention_flops=0.0,
+                attention_io_bytes=0.0),
+            "attention": dataclasses.replace(block, **{**zero, "flops": block.attention_flops,
+                                                       "io_bytes": block.attention_io_bytes,
+                                                       "attention_flops": block.attention_flops,
+                                                       "attention_io_bytes": block.attention_io_bytes}),
+            "vector": dataclasses.replace(block, **{**zero, "flops": block.flops - block.matmul_flops
+                                                    - block.attention_flops,
+                                                    "io_bytes": block.io_bytes - block.matmul_io_bytes
+                                                    - block.attention_io_bytes}),
+        }
+        for kind, part in parts.items():
+            kinds[kind] += compute_time(part, share, cluster, training.dtype)
+    return passes, kinds
+
+
+def vector_traffic(og, layer: str) -> dict[str, tuple[int, float]]:
+    """ONNX operator type -> (operators, vector bytes) in the numbered layer ``layer`` (a module path)."""
+    out: dict[str, tuple[int, float]] = {}
+    for _, data in og.nodes(data=True):
+        op = data["op"]
+        if ".".join(op.scope).startswith(layer + ".") or ".".join(op.scope) == layer:
+            n, total = out.get(op.op_type, (0, 0.0))
+            out[op.op_type] = (n + 1, total + op.io_bytes - op.matmul_io_bytes - op.attention_io_bytes)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model")
+    parser.add_argument("devices", type=int)
+    parser.add_argument("layout")
+    parser.add_argument("--preset", default="h100-sxm")
+    parser.add_argument("--dtype", default="bf16")
+    parser.add_argument("--seq-len", type=int, default=4096)
+    parser.add_argument("--chunk", type=int, default=0)
+    parser.add_argument("--layer", type=int, help="print the vector traffic of this numbered layer instead")
+    args = parser.parse_args()
+    og = import_onnx(args.model, dims={"batch": 1, "seq": args.seq_len})
+    bg = coarsen(og)
+    if args.layer is not None:
+        layer = L.model_index(bg).layers[args.layer]
+        rows = sorted(vector_traffic(og, layer).items(), key=lambda kv: -kv[1][1])
+        print(f"{layer}: vector traffic {sum(v[1] for _, v in rows) / 1e9:.2f} GB; by operator type (ops, GB):",
+              ", ".join(f"{k} {n} {b / 1e9:.2f}" for k, (n, b) in rows[:8]))
+        return 0
+    layout = ParallelLayout.parse(args.layout).resolved(args.devices)
+    passes, kinds = chunk_terms(bg, layout, preset(args.preset, args.devices), Training(dtype=args.dtype), args.chunk)
+    print(f"chunk {args.chunk}, one microbatch, one device (ms):",
+          ", ".join(f"{k} {v * 1e3:.1f}" for k, v in passes.items()))
+    print("forward compute by kind (ms):", ", ".join(f"{k} {v * 1e3:.1f}" for k, v in kinds.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Megatron-Core's recomputation by module (``--recompute-modules``): which operators each module names.
+
+Megatron-Core's selective recomputation runs again, in the backward, the forward of the modules it is told
+(``TransformerConfig.recompute_modules``): ``core_attn`` the attention core, ``layernorm`` the input and
+pre-MLP norms, ``mla_up_proj`` multi-latent attention's query and key/value up-projections, ``mlp`` a dense
+MLP, ``moe_act`` the experts' activation function, ``shared_experts`` the shared experts, ``moe`` the whole
+MoE layer (routed and shared experts). DeepSeek-V3 recomputes its RMSNorms and MLA up-projections
+(arXiv 2412.19437 §3.3.3). Each operator of an imported model falls in at most one *part* (its scope and
+kind decide, :func:`module_part`); a module is a set of parts (:data:`PARTS`). Coarsening sums each block's
+operators per part (:attr:`opsched.model.graph.Block.parts`), and the cost model charges a recomputed
+part's forward again in the backward and stores none of what it saved (:func:`opsched.cost.blocks.block_cost`).
+
+>>> sorted(parts_of(("moe",)))
+['moe_act', 'moe_experts', 'shared_experts']
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+#: Megatron-Core's module names, as ``--recompute-modules`` takes them
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+
+#: module -> the parts it recomputes
+PARTS = {
+    "core_attn": frozenset({"core_attn"}),
+    "moe_act": frozenset({"moe_act"}),
+    "layernorm": frozenset({"layernorm"}),
+    "mla_up_proj": frozenset({"mla_up_proj"}),
+    "mlp": frozenset({"mlp"}),
+    "moe": frozenset({"moe_act", "moe_experts", "shared_experts"}),
+    "shared_experts": frozenset({"shared_experts"}),
+}
+
+_EXPERT = re.compile(r"^experts\.\d+$")
+_LAYER_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_mlp_layernorm")
+_MLP_SCOPES = ("mlp", "block_sparse_moe", "feed_forward")
+#: a MoE layer's routing operators, which sit in its MLP scope beside no expert
+_ROUTING = ("TopK", "NonZero", "GatherND", "ScatterND", "Equal")
+_NORMS = ("LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
+          "SkipSimplifiedLayerNormalization")
+
+
+class PartCost(NamedTuple):
+    """The forward costs of a block's operators in one part (the fields :func:`opsched.cost.blocks.compute_time`
+    reads, and what they save for the backward)."""
+
+    part: str
+    flops: float
+    matmul_flops: float
+    matmul_padded_flops: float
+    io_bytes: float
+    matmul_io_bytes: float
+    attention_flops: float
+    attention_io_bytes: float
+    saved_bytes: float
+
+
+def parts_of(modules) -> frozenset[str]:
+    """The parts recomputing ``modules`` (Megatron names) runs again."""
+    return frozenset().union(*(PARTS[m] for m in modules)) if modules else frozenset()
+
+
+def module_part(op) -> str | None:
+    """The part an :class:`opsched.model.graph.OpNode` belongs to, or None (recomputed by no module).
+
+    >>> from opsched.model.graph import OpNode
+    >>> module_part(OpNode("n", "RMSNormalization", ("model", "layers.3", "input_layernorm")))
+    'layernorm'
+    >>> module_part(OpNode("m", "MatMul", ("model", "layers.3", "self_attn", "kv_b_proj"), matmul_flops=1.0))
+    'mla_up_proj'
+    >>> module_part(OpNode("s", "Sigmoid", ("model", "layers.3", "mlp", "experts.7")))
+    'moe_act'
+    """
+    scope = op.scope
+    if op.attention_flops > 0 or op.attention_io_bytes > 0:
+        return "core_attn"
+    if "q_b_proj" in scope or "kv_b_proj" in scope:
+        return "mla_up_proj"
+    if op.op_type in _NORMS and scope and scope[-1] in _LAYER_NORMS:
+        return "layernorm"
+    if "shared_experts" in scope:
+        return "shared_experts"
+    if any(_EXPERT.match(part) for part in scope):
+        return "moe_act" if op.matmul_flops == 0 else "moe_experts"
+    if any(part in _MLP_SCOPES for part in scope):
+        return "moe_experts" if op.op_type in _ROUTING or "gate" in scope else "mlp"
+    return None
+
+
+def part_costs(ops) -> tuple[PartCost, ...]:
+    """Each part's summed forward costs over ``ops`` (OpNode records), parts in first-met order."""
+    sums: dict[str, list[float]] = {}
+    for op in ops:
+        part = module_part(op)
+        if part is None:
+            continue
+        row = sums.setdefault(part, [0.0] * 8)
+        for k, value in enumerate((op.flops, op.matmul_flops, op.matmul_padded_flops, op.io_bytes, op.matmul_io_bytes,
+                                   op.attention_flops, op.attention_io_bytes, op.saved_bytes)):
+            row[k] += value
+    return tuple(PartCost(part, *row) for part, row in sums.items())
