@@ -18,9 +18,19 @@ from opsched.errors import OpschedError
 def test_presets_have_every_field_and_positive_numbers():
     for name in PRESETS:
         c = preset(name, devices=16)
-        assert c.devices == 16 and c.nodes == 2
-        assert c.flops_per_second("bf16") == pytest.approx(c.peak_flops["bf16"] * c.efficiency)
+        assert c.devices == 16 and c.nodes == 16 // c.devices_per_node
+        for dtype in c.peak_flops:  # v100-16g has no bf16 (V100s have none)
+            assert c.flops_per_second(dtype) == pytest.approx(c.peak_flops[dtype] * c.efficiency)
         assert c.intra_node_bandwidth > c.inter_node_bandwidth
+
+
+def test_presets_of_the_branch_testbeds():
+    """GraphPipe's V100s (4 a node, fp16 only) and Optimus's Hopper at 989 dense BF16 TFLOP/s (datasheet)."""
+    v100 = preset("v100-16g", devices=32)
+    assert v100.nodes == 8 and v100.memory_bytes == 16e9 and v100.peak_flops["fp16"] == 125e12
+    with pytest.raises(OpschedError, match="no peak FLOP/s for dtype 'bf16'"):
+        v100.flops_per_second("bf16")
+    assert preset("h100-sxm").peak_flops["bf16"] == 989e12
 
 
 def test_devices_alone_picks_the_default_preset():
