@@ -288,14 +288,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     # GraphPipe's testbed (ASPLOS'25, section 6: Summit, V100-SXM2-16GB, 4 GPUs used a node, NVLink, 100 Gb/s
     # InfiniBand). NVIDIA V100 datasheet (SXM2): 125 TFLOP/s fp16 tensor cores, 15.7 TFLOP/s fp32, 16 GB HBM2
-    # at 900 GB/s, NVLink 300 GB/s bidirectional over 6 links. V100s have no bfloat16: there is no "bf16"
-    # entry, so a bf16 graph is refused by name (fp16 graphs, as GraphPipe trained, are costed at the fp16
-    # peak). Intra-node: Summit links two GPUs of a socket by 2 NVLink-2 links, 50 GB/s each way. Inter-node:
+    # at 900 GB/s, NVLink 300 GB/s bidirectional over 6 links. V100s have no bfloat16: a V100 trains in fp16
+    # mixed precision, so "bf16" (the planner's default compute precision, Training.dtype) is the fp16 tensor-core
+    # peak, with the same 2 bytes a value. Intra-node: Summit links two GPUs of a socket by 2 NVLink-2 links, 50 GB/s each way. Inter-node:
     # 100 Gb/s (12.5 GB/s) shared by the node's 4 GPUs, 3.125 GB/s each when all of them send at once (as a
     # pipeline's group does). No published V100 row was fitted: one efficiency (0.5) for every kind.
     "v100-16g": {
         "devices_per_node": 4,
-        "peak_flops": {"fp16": 125e12, "fp32": 15.7e12},
+        "peak_flops": {"bf16": 125e12, "fp16": 125e12, "fp32": 15.7e12},
         "efficiency": 0.5,
         "memory_bytes": 16e9,
         "memory_bandwidth": 900e9,
