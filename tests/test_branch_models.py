@@ -112,3 +112,21 @@ def test_optimus_image_tokens_fill_the_sequence_positions(models):
     assert shapes["image_positions_0"] == ["batch", 256, 2] == shapes["image_positions_1"]
     assert math.prod((224 // 14, 224 // 14)) == build.OPTIMUS_IMAGE_TOKENS
     assert metadata(m)["opsched.default_dims"] == "batch=1,seq=2048"
+
+
+def test_towers_of_a_module_list_split_into_layers(tmp_path):
+    """MMT's towers are ``branches.k`` (a ModuleList): each splits into its 8 layers, as CLIP's named towers do,
+    and the towers stay parallel (4 blocks on one level)."""
+    from opsched.model.coarsen import coarsen, parallel_branches
+    from opsched.model.onnx_import import import_onnx
+
+    path = tmp_path / "mmt.onnx"
+    build.write_model(build.MODELS["mmt"](), str(path))
+    bg = coarsen(import_onnx(str(path)))
+    per_tower = {}
+    for n in bg:
+        m = re.match(r"branches\.(\d+)", bg.nodes[n]["block"].name.strip("/"))
+        if m:
+            per_tower[m.group(1)] = per_tower.get(m.group(1), 0) + 1
+    assert sorted(per_tower) == ["0", "1", "2", "3"] and min(per_tower.values()) >= 8
+    assert parallel_branches(bg) == 4
