@@ -52,7 +52,9 @@ peak_memory_bytes (per device), lower_bound (s) and gap of the lower MIP
 (null for a baseline), best_baseline (method, layout, step_time, speedup;
 null when none fits), refused_baselines (method -> reason),
 on_half_the_nodes (the plan found on half the nodes: devices, source,
-layout, step_time, chosen; null on one node), runtimes (those
+layout, step_time, chosen; null on one node), as_a_chain_step_time (that
+of the plan found with the stage graph a chain, as --branches off, when
+the model has parallel branches; else null), runtimes (those
 that can run the plan), runtimes_refused (runtime -> why not), warnings (what
 the import assumed about the model, e.g. balanced MoE routing, and any
 other import warning; also in report.md and plan.json) and files (the paths
@@ -179,6 +181,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "Only with any does an overlapped F&B pair hide one pass's communication under the "
                              "other's compute (a runtime that overlaps them, as DualPipe's does): torch runs "
                              "OVERLAP_F_B as F then B, so with a runtime named a pair costs its two passes")
+    parser.add_argument("--branches", choices=("on", "off"), default="on",
+                        help="on (default): stages may form a DAG, a model's parallel branches (towers, encoders) on "
+                             "groups of their own, and the model is planned as one chain too in the time left, so "
+                             "branches never give a slower plan when the time limit does not bind; off: the stage "
+                             "graph is a chain (a sequential pipeline), to see what the branches buy")
     parser.add_argument("--solver", default="cbc", choices=SOLVERS, help="MIP solver (default cbc; highs needs pip install highsbox)")
     parser.add_argument("-o", "--out", required=True, metavar="OUTDIR",
                         help="directory for the plan files (made if missing; checked before any work)")
@@ -348,7 +355,7 @@ def plan_with_recompute(args: argparse.Namespace, bg, cluster, training, limit: 
     runtime = None if args.runtime == "any" else args.runtime
     plan = functools.partial(plan_block_graph, bg, cluster, memory_limit=limit, time_limit=args.time_limit,
                              solver=args.solver, layouts_run_today=today, runtime=runtime,
-                             workers=args.jobs or usable_cores())
+                             workers=args.jobs or usable_cores(), branches=args.branches == "on")
     # the planner logs its own progress (opsched.plan.search)
     try:
         try:
@@ -949,6 +956,7 @@ def summary_dict(model: str, cluster, training, result, out: Path, names: list[s
         },
         "refused_baselines": dict(result.refused_baselines),
         "on_half_the_nodes": None if result.on_half_the_nodes is None else dataclasses.asdict(result.on_half_the_nodes),
+        "as_a_chain_step_time": result.chain_step_time,
         "warnings": list(warnings or []),
         **runtimes_fields(runtimes or {}),
         "files": [str(out / name) for name in names],
