@@ -16,6 +16,9 @@ The layout is comma-separated KEY=VALUE, Megatron's names:
   dp  data-parallel size (default: devices / (tp x pp x cp))
   sp  sequence parallel, 0 or 1     zero 0-3 (1 = Megatron's distributed optimizer, 3 = FSDP full shard)
   recompute none | selective (the attention core again) | full (the whole forward again)
+  encoders_first 0 or 1: a model of several stacks of layers (a vision encoder and a language model)
+      puts every stack but the last (the language model) whole into the first pipeline chunk and
+      splits the last evenly: Megatron-Core's multimodal layout, the encoder in the first pipeline stage
   ends_as_layers 0 or 1: the embedding and the head count as one layer each when the layers are
       split into pp x vpp chunks (Megatron's --account-for-embedding/loss-in-pipeline-split)
   tp_overlap 0 or 1: Megatron's --tp-comm-overlap (needs tp > 1 and sp=1): each tensor-parallel

@@ -5,7 +5,7 @@ Megatron-LM and torchtitan exports write; it says how devices are cut, not what 
 (:mod:`opsched.plan.layouts` prices it).
 
 >>> ParallelLayout.parse("tp=2,pp=4,vpp=2,zero=1,recompute=full")
-ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, recompute='full', ends_as_layers=False, tp_overlap=False, attention='fused')
+ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, recompute='full', ends_as_layers=False, tp_overlap=False, attention='fused', encoders_first=False)
 >>> ParallelLayout.parse("tp=2,pp=4").resolved(16).dp
 2
 """
@@ -41,6 +41,10 @@ class ParallelLayout:
     ``tp_overlap``: Megatron's ``--tp-comm-overlap`` (needs tp > 1 and sp):
     each tensor-parallel collective runs under its GEMM
     (:func:`opsched.cost.blocks.tp_comm_overlapped`).
+    ``encoders_first``: a model of several stacks of layers (a multimodal LLM's vision encoder and its
+    language model) puts every stack but the last (the language model, which the others feed) whole into the
+    first pipeline chunk, and splits the last evenly: Megatron-Core's layout for multimodal models (the encoder in the first pipeline stage).
+    Without it all the numbered layers, of every stack, are split evenly in model order.
     ``attention``: ``fused`` (FlashAttention and its kin, the default) or
     ``unfused`` (Megatron-LM before FlashAttention: the scores written to
     memory between Q·Kᵀ, softmax, dropout and scores·V;
@@ -67,6 +71,7 @@ class ParallelLayout:
     ends_as_layers: bool = False
     tp_overlap: bool = False
     attention: str = "fused"
+    encoders_first: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "ParallelLayout":
@@ -90,7 +95,7 @@ class ParallelLayout:
                 number = int(value)
             except ValueError:
                 raise OpschedError(f"layout {key}={value!r}: expected a whole number") from None
-            if key in ("sp", "ends_as_layers", "tp_overlap"):
+            if key in ("sp", "ends_as_layers", "tp_overlap", "encoders_first"):
                 if number not in (0, 1):
                     raise OpschedError(f"layout {key}={value}: 0 or 1")
                 values[key] = bool(number)
@@ -156,4 +161,5 @@ class ParallelLayout:
         return text + (" sp" if self.sp else "") + (f" zero{self.zero}" if self.zero else "") + \
             (f" recompute={self.recompute}" if self.recompute != "none" else "") + \
             (" ends-as-layers" if self.ends_as_layers else "") + (" tp-overlap" if self.tp_overlap else "") + \
-            (f" attention={self.attention}" if self.attention != "fused" else "")
+            (f" attention={self.attention}" if self.attention != "fused" else "") + \
+            (" encoders-first" if self.encoders_first else "")

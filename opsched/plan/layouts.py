@@ -22,7 +22,7 @@ tokens by all-to-all. The rules and their sources are in
 ``docs/cost-model.md`` (section "Evaluating a layout").
 
 >>> ParallelLayout.parse("tp=2,pp=4,vpp=2,zero=1,recompute=full")
-ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, recompute='full', ends_as_layers=False, tp_overlap=False, attention='fused')
+ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, recompute='full', ends_as_layers=False, tp_overlap=False, attention='fused', encoders_first=False)
 >>> ParallelLayout.parse("tp=2,pp=4").resolved(16).dp
 2
 """
@@ -177,31 +177,53 @@ def model_index(bg: nx.DiGraph) -> ModelIndex:
 
 
 def layer_chunks(bg: nx.DiGraph, chunks: int, index: ModelIndex | None = None,
-                 ends_as_layers: bool = False) -> list[list[int]]:
+                 ends_as_layers: bool = False, encoders_first: bool = False) -> list[list[int]]:
     """Blocks of each of ``chunks`` chunks: the layers split evenly in model order, the rest at either end.
 
     Blocks outside every numbered layer join the first chunk when they come
-    before the first layer in topological order, else the last chunk. With
+    before the first layer split in topological order, else the last chunk. With
     ``ends_as_layers`` those two ends count as one layer each in the split
-    (the first and last chunks take one numbered layer fewer).
+    (the first and last chunks take one numbered layer fewer). With
+    ``encoders_first`` only the last stack of layers is split, the other
+    stacks join the first chunk whole (:func:`split_layers`).
     """
     index = index or model_index(bg)
-    layers = index.layers
+    layers, encoders = split_layers(index, encoders_first)
     units = len(layers) + 2 * ends_as_layers
     if not layers or units % chunks:
         raise OpschedError(f"{len(layers)} layers do not split into {chunks} equal chunks")
     per = units // chunks
     chunk_of_layer = {name: (k + ends_as_layers) // per for k, name in enumerate(layers)}
+    chunk_of_layer.update((name, 0) for name in encoders)
     out: list[list[int]] = [[] for _ in range(chunks)]
     started = False
     for b in index.order:
         path = index.layer_of[b]
         if path is not None:
-            started = True
+            started = started or path not in encoders
             out[chunk_of_layer[path]].append(b)
         else:
             out[chunks - 1 if started else 0].append(b)
     return out
+
+
+def split_layers(index: ModelIndex, encoders_first: bool) -> tuple[list[str], list[str]]:
+    """(the layers split evenly into chunks, the layers the first chunk holds whole): every numbered layer and
+    none; with ``encoders_first``, the layers of the stack of the last layer (module path without the layer
+    number: the language model, which the encoders feed) and those of the other stacks (the encoders).
+
+    >>> idx = ModelIndex([], {}, ["vit.layers.0", "vit.layers.1", "lm.layers.0", "lm.layers.1", "lm.layers.2"],
+    ...                  {}, 0, {}, {}, 0.0)
+    >>> split_layers(idx, True)
+    (['lm.layers.0', 'lm.layers.1', 'lm.layers.2'], ['vit.layers.0', 'vit.layers.1'])
+    """
+    if not encoders_first:
+        return list(index.layers), []
+    stacks: dict[str, list[str]] = {}
+    for name in index.layers:
+        stacks.setdefault(name.rsplit(".", 1)[0], []).append(name)
+    main = stacks[index.layers[-1].rsplit(".", 1)[0]]
+    return main, [name for name in index.layers if name not in set(main)]
 
 
 @dataclass(frozen=True)
@@ -263,14 +285,14 @@ def evaluate_layout(
     if layout.etp and layout.etp != layout.tp:
         raise OpschedError(f"etp={layout.etp} is not modelled yet: evaluate costs the expert layers with tp={layout.tp}; "
                            "leave etp out")
-    layout.check_model(len(index.layers), index.experts)
+    layout.check_model(len(split_layers(index, layout.encoders_first)[0]), index.experts)
     if global_batch % (layout.dp * micro_batch_size):
         raise OpschedError(f"global batch {global_batch} is not a multiple of dp x micro-batch size = "
                            f"{layout.dp} x {micro_batch_size}")
     M = global_batch // (layout.dp * micro_batch_size)
     name = schedule or ("interleaved-1f1b" if layout.vpp > 1 else "1f1b")
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
-    chunks = layer_chunks(bg, layout.pp * layout.vpp, index, layout.ends_as_layers)
+    chunks = layer_chunks(bg, layout.pp * layout.vpp, index, layout.ends_as_layers, layout.encoders_first)
     stages, sync, optimizer, ring = _chunk_stages(bg, index, chunks, layout, cluster, training)
     sg = _chunk_stage_graph(bg, chunks, stages, layout, cluster)
     if memory_first:
@@ -341,9 +363,9 @@ def layout_floor(bg: nx.DiGraph, cluster: Cluster, training: Training, layout: P
     """
     index = index or model_index(bg)
     layout = layout.resolved(cluster.devices)
-    layout.check_model(len(index.layers), index.experts)
+    layout.check_model(len(split_layers(index, layout.encoders_first)[0]), index.experts)
     M = global_batch // (layout.dp * micro_batch_size)
-    chunks = layer_chunks(bg, layout.pp * layout.vpp, index, layout.ends_as_layers)
+    chunks = layer_chunks(bg, layout.pp * layout.vpp, index, layout.ends_as_layers, layout.encoders_first)
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
     if max(_held_param_bytes(bg, index, chunks, layout, training)) > limit:
         return None  # checked before the passes are costed: most layouts of a large model end here
