@@ -247,11 +247,7 @@ def plan_block_graph(
         bg = chain_only(bg)
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
     t_start = time.perf_counter()
-    full = time.monotonic() + time_limit if deadline is None else deadline
-    as_chain_too = branches and has_parallel_blocks(bg)
-    # with branches, the search as a chain keeps a part of the clock: otherwise the search with branches, whose
-    # shares are parts of the clock, would leave it none whenever the time limit binds
-    clock = Clock(time.monotonic() + (1 - CHAIN_SHARE) * (full - time.monotonic()) if as_chain_too else full)
+    clock = Clock(time.monotonic() + time_limit if deadline is None else deadline)
     all_layouts = layouts(cluster)
     small, members = _reduced(bg, all_layouts, target_blocks)
     _log_layouts(all_layouts, bg, small, clock)
@@ -275,8 +271,10 @@ def plan_block_graph(
         workers=workers, runtime=runtime, branches=branches)
     options = runnable.options(options) + ([_half_option(half, cluster)] if half is not None else [])
     t_half = time.perf_counter()
-    chain = _plan_as_chain(bg, cluster, training, limit, Clock(full), solver=solver, keep=keep,
-                           target_blocks=target_blocks, workers=workers, runtime=runtime) if as_chain_too else None
+    # last, with the time left (as the plan on half the nodes): the search with branches keeps the whole clock, so a
+    # time limit that binds it plans as before (an MoE model's experts are parallel blocks too)
+    chain = _plan_as_chain(bg, cluster, training, limit, clock, solver=solver, keep=keep, target_blocks=target_blocks,
+                           workers=workers, runtime=runtime) if branches and has_parallel_blocks(bg) else None
     options += [_chain_option(chain)] if chain is not None else []
     if not options:
         smallest = min((minimum_memory_limit(j.stage_graph, training.microbatches) for j in jobs), default=math.inf)
@@ -438,9 +436,6 @@ def _too_small(what: str, smallest: float, limit: float, cluster: Cluster) -> Me
 #: the time limit of each layout's least-memory MIP, when nothing fits (the hint of the error)
 SMALLEST_MEMORY_SECONDS = 2.0
 
-#: the part of the time limit the search as a chain keeps when the model has parallel branches (plus whatever the
-#: search with branches leaves)
-CHAIN_SHARE = 0.4
 #: the part of the time limit the upper MIPs share
 UPPER_SHARE = 0.4
 #: the part of what is left after the upper MIPs that the baselines may use (they take seconds; a loaded machine
