@@ -11,15 +11,20 @@ blocks and the stage graph is a chain (its other edges, which carry the
 model's tensors, join a stage to a later one and add no parallelism).
 
 ``--branches on`` (the default) plans the graph as it is and, when it has
-parallel blocks, also plans :func:`chain_only` of it in the time left (as
-the plan on half the nodes is: :func:`opsched.plan.search.plan_block_graph`),
-so the plan is never slower than ``--branches off`` when the time limit does
-not bind.
+parallel blocks, also plans :func:`chain_only` of it last
+(:func:`opsched.plan.search.plan_block_graph`), so the plan is never slower
+than ``--branches off`` when the time limit does not bind. With parallel
+towers (:func:`has_parallel_towers`) the chain keeps a part of the clock
+(``CHAIN_SHARE``); with an MoE layer's experts alone it gets what is left, so
+an MoE plan keeps the whole clock, as before.
 """
 
 from __future__ import annotations
 
 import networkx as nx
+
+from opsched.cost.blocks import expert_count
+from opsched.model.graph import Block  # noqa: F401 (the doctests build blocks)
 
 
 def block_order(bg: nx.DiGraph) -> list[int]:
@@ -39,6 +44,21 @@ def has_parallel_blocks(bg: nx.DiGraph) -> bool:
     """
     order = block_order(bg)
     return any(not bg.has_edge(u, v) for u, v in zip(order, order[1:]))
+
+
+def has_parallel_towers(bg: nx.DiGraph) -> bool:
+    """Whether blocks outside every expert are parallel (towers, encoders), not only an MoE layer's experts: some
+    two blocks consecutive in :func:`block_order`, neither holding experts, have no edge.
+
+    >>> g = nx.DiGraph([(0, 1), (0, 2), (1, 3), (2, 3)])
+    >>> for i, name in enumerate(["router", "experts.0", "experts.1", "combine"]):
+    ...     g.nodes[i]["block"] = Block(i, name, (name,), (name,))
+    >>> has_parallel_blocks(g), has_parallel_towers(g)
+    (True, False)
+    """
+    order = block_order(bg)
+    plain = {b: expert_count(bg.nodes[b]["block"]) == 0 for b in order}
+    return any(plain[u] and plain[v] and not bg.has_edge(u, v) for u, v in zip(order, order[1:]))
 
 
 def chain_only(bg: nx.DiGraph) -> nx.DiGraph:
