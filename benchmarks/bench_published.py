@@ -255,6 +255,30 @@ RUNS = [
         "TP2 PP8 VPP7 EP8, BF16; about 445 TFLOP/s per GPU"),
 ]
 
+OPTIMUS_SOURCE = "Feng et al., Optimus (USENIX ATC'25; arXiv 2408.03505), Table {table}"
+OPTIMUS_NOTE = ("models of appendix A at sequence 2048; image tokens per sample not published (256: 224 px, patch "
+                "14; models/build.py); {layout}; recomputation and ZeRO not stated: none and Megatron's distributed "
+                "optimizer (zero=1) assumed")
+
+
+def optimus(model: str, label: str, devices: int, preset: str, layout: str, global_batch: int, micro_batch_size: int,
+            seconds: float, table: int, layout_note: str) -> Run:
+    """One Megatron-LM row of Optimus's tables (a multimodal LLM, the encoder in the first pipeline stage)."""
+    return Run(f"{label}, Megatron-LM (Optimus Table {table}), {devices} x {preset.split('-')[0].upper()}",
+               f"{model}.onnx", devices, preset, layout, 2048, global_batch, micro_batch_size, seconds, "s/step",
+               OPTIMUS_SOURCE.format(table=table), OPTIMUS_NOTE.format(layout=layout_note))
+
+
+# issue 44: Optimus's Megatron-LM baselines. Table 5 gives the layout (TP8 PP8, micro-batch 2, the encoder in the
+# first stage; sequence parallelism assumed, as Megatron-LM runs TP with it); Table 4 gives none.
+RUNS += [
+    optimus("optimus_vit3b_gpt11b", "ViT-3B + GPT-11B", 8, "a100-80g", "tp=8,pp=1,sp=1,zero=1", 16, 1, 3.42, 4,
+            "layout not published: tp8 over the node and micro-batch 1 assumed"),
+    *(optimus("optimus_vit22b_gpt175b", "ViT-22B + GPT-175B", devices, "h100-sxm",
+              "tp=8,pp=8,sp=1,zero=1,encoders_first=1", 1536, 2, seconds, 5, "TP8 PP8 MBS 2 as published")
+      for devices, seconds in ((1536, 10.65), (2048, 8.26), (3072, 5.91))),
+]
+
 
 class NotEvaluated(Exception):
     """``opsched evaluate`` refused the row's setting (its one-line message says why)."""

@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_published as bp  # the published runs, their commands and the ratio
 
-from opsched.cost.cluster import PRESETS
+from opsched.cost.cluster import preset_fields
 
 WITHIN = (0.85, 1.15)
 GRID = {"matmul": (0.55, 0.6, 0.65, 0.7, 0.75), "attention": (0.35, 0.45, 0.55), "memory": (0.5, 0.7, 0.9)}
@@ -61,7 +61,7 @@ def ratio(run: bp.Run, spec: dict | None, folder: Path, cache: dict, cache_path:
     """Predicted / published throughput of ``run`` on the cluster ``spec`` (None: its preset as shipped); None
     when evaluate refuses the setting."""
     # the preset as shipped is keyed by its figures, so a cache kept across a refit does not answer for the old ones
-    shipped = {"shipped": PRESETS[run.preset]} if spec is None else spec
+    shipped = {"shipped": preset_fields(run.preset)} if spec is None else spec
     key = f"{run.name}|{json.dumps(shipped, sort_keys=True)}"
     if key not in cache:
         command = run.command(model_path=bp.model_file(run, str(folder)))

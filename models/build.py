@@ -556,17 +556,7 @@ def megatron_gpt(name: str, layers: int, dim: int, heads: int, doc: str, vocab: 
     h = b.node(f"{emb}/word_embeddings", "Gather", [words, ids], axis=0)
     h = b.node(emb, "Add", [h, embedding(b, f"{emb}/position_embeddings", positions, max_positions, dim)])
     for i in range(layers):
-        scope = f"language_model/encoder/layers.{i}"
-        attn = f"{scope}/self_attention"
-        x = layer_norm(b, f"{scope}/input_layernorm", h, dim)
-        qkv = linear(b, f"{attn}/query_key_value", x, dim, 3 * dim, bias=True)
-        q, k, v = b.node(attn, "Split", [qkv, b.const(attn, [dim] * 3)], n_outputs=3, axis=-1)
-        a = b.node(attn, "Attention", [q, k, v], q_num_heads=heads, kv_num_heads=heads, is_causal=1)
-        h = b.node(scope, "Add", [h, linear(b, f"{attn}/dense", a, dim, dim, bias=True)])
-        x = layer_norm(b, f"{scope}/post_attention_layernorm", h, dim)
-        up = linear(b, f"{scope}/mlp/dense_h_to_4h", x, dim, 4 * dim, bias=True)
-        up = b.node(f"{scope}/mlp", "Gelu", [up], approximate="tanh")
-        h = b.node(scope, "Add", [h, linear(b, f"{scope}/mlp/dense_4h_to_h", up, 4 * dim, dim, bias=True)])
+        h = megatron_layer(b, f"language_model/encoder/layers.{i}", h, dim, heads)
     h = layer_norm(b, "language_model/encoder/final_layernorm", h, dim)
     if tied:
         w_t = b.node("lm_head", "Transpose", [words], perm=[1, 0])  # tied: logits = h @ word_embeddings^T
@@ -1052,6 +1042,193 @@ def build_qwen3_30b_a3b() -> onnx.ModelProto:
     return b.model({"batch": 1, "seq": 4096}, build_qwen3_30b_a3b.__doc__)
 
 
+
+# ---------------------------------------------------------------- branchy models of the literature (on demand)
+#
+# GraphPipe (Jeon et al., ASPLOS'25, arXiv 2406.17145), appendix A.2: the multi-modal transformer (MMT) is
+# 4 branches of 8 transformer layers each (hidden 1024, FFN 4096, 16 heads, sequence 256) whose outputs are
+# concatenated. What each branch reads and what follows the concatenation are not given there: here each
+# branch reads its own modality as features [batch, 256, 1024] (already embedded), the branches' outputs are
+# concatenated along the hidden axis and one linear layer maps K x 1024 back to 1024 (an assumption; it is
+# 0.4 % of the parameters). Layers are pre-LayerNorm with biases and a GELU MLP (as CLIP's encoder layers).
+# The same builder with K branches is the synthetic family of GraphPipe's branch-count study (its Fig. 7).
+#
+# CANDLE-Uno (ECP-CANDLE/Benchmarks, Pilot1/Uno, uno_default_model.txt and uno_baseline_keras2.py): one
+# feature encoder per input feature (dense_feature_layers = [1000, 1000, 1000], ReLU), the encoders' outputs
+# and the doses concatenated, then dense = [1000, 1000, 1000] and one output. Inputs as in Uno's
+# ALMANAC drug-pair runs: cell.rnaseq (942 landmark genes), drug1/drug2 descriptors (5,270 Dragon7
+# descriptors) and fingerprints (2,048 bits), dose1 and dose2; a feature type's encoder is shared by both
+# drugs in Uno (Keras reuses the submodel), so here too (one weight, two branches that use it).
+# GraphPipe's appendix scales Uno up for its runs; those sizes could not be read here (the appendix was not
+# reachable from this machine), so this is Uno's published default, with ``width`` and ``depth`` to scale it.
+#
+# Optimus (Feng et al., ATC'25, arXiv 2408.03505), appendix A, sequence 2048: ViT-3B (hidden 2304, 48 layers,
+# MLP 9216, 18 heads), ViT-5B (3072, 48, 12288, 24), ViT-22B (6144, 48, 24576, 48), GPT-11B (3072, 80
+# layers, 24 heads), GPT-175B (12288, 96, 96 heads). Not published: image tokens per sample; here 256, a
+# 224 px image in patches of 14 (16 x 16), each encoder's 256 tokens projected by one linear layer to the
+# LLM's width and written over image-token embeddings of the 2048-token sequence (as LLaVA does). The
+# ViTs are CLIP-style pre-norm encoders without a class token; the GPTs are Megatron-LM GPTs (vocab 51200,
+# learned positions, FFN 4 h). The layer sizes give GPT-11B 9.2 B parameters, not 11 B: the paper's name is
+# kept, the count is the architecture's.
+
+MMT_LAYER_SIZES = {"layers": 8, "dim": 1024, "heads": 16, "ff": 4096, "seq": 256}
+
+
+def branchy_transformer(name: str, branches: int, doc: str) -> onnx.ModelProto:
+    """``branches`` equal transformer towers (GraphPipe's MMT sizes) on their own inputs, concatenated, one linear."""
+    layers, dim, heads, ff, seq = (MMT_LAYER_SIZES[k] for k in ("layers", "dim", "heads", "ff", "seq"))
+    b = GraphBuilder(name, dtype=F16)  # V100s have no bfloat16: GraphPipe's runs are fp16 mixed precision
+    outs = []
+    for k in range(branches):
+        x = b.data(f"modality_{k}", ["batch", "seq", dim])
+        tower = f"branches.{k}"
+        h = transformer_layers(b, f"{tower}/layers", x, layers, dim, heads, ff)
+        outs.append(layer_norm(b, f"{tower}/final_layernorm", h, dim))
+    joined = b.node("fusion", "Concat", outs, axis=-1)
+    y = linear(b, "fusion/proj", joined, branches * dim, dim, bias=True)
+    b.output(y, "fused", ["batch", "seq", dim])
+    return b.model({"batch": 1, "seq": seq}, doc)
+
+
+def transformer_layers(b: GraphBuilder, prefix: str, x: str, layers: int, dim: int, heads: int, ff: int,
+                       causal: bool = False) -> str:
+    """Pre-LayerNorm encoder layers with biases and a (tanh-free) GELU MLP: ``prefix/<i>/...``."""
+    for i in range(layers):
+        scope = f"{prefix}.{i}"
+        a = attention(b, f"{scope}/self_attn", layer_norm(b, f"{scope}/norm1", x, dim), dim, heads, causal=causal,
+                      bias=True, names=("q_proj", "k_proj", "v_proj", "out_proj"))
+        x = b.node(scope, "Add", [x, a])
+        x = b.node(scope, "Add", [x, gelu_mlp(b, f"{scope}/mlp", layer_norm(b, f"{scope}/norm2", x, dim), dim, ff,
+                                              quick=False)])
+    return x
+
+
+def build_mmt() -> onnx.ModelProto:
+    """GraphPipe's multi-modal transformer: 4 branches x 8 layers (d=1024, FFN 4096, 16 heads, sequence 256),
+    concatenated, one linear layer 4096 -> 1024 (0.41 B)."""
+    return branchy_transformer("mmt", 4, build_mmt.__doc__)
+
+
+def build_branches(k: int) -> onnx.ModelProto:
+    """The synthetic family: MMT with ``k`` equal branches of 8 layers."""
+    return branchy_transformer(f"branches_k{k}", k, f"MMT's layers in {k} equal branches of 8, concatenated.")
+
+
+UNO_FEATURES = {"cell_rnaseq": 942, "drug_descriptors": 5270, "drug_fingerprints": 2048}
+
+
+def build_candle_uno(width: int = 1000, depth: int = 3) -> onnx.ModelProto:
+    """CANDLE-Uno (drug-pair response): feature encoders of ``depth`` ReLU dense layers of ``width`` for cell
+    RNA-seq and each drug's descriptors and fingerprints (one encoder per feature type, shared by both
+    drugs), concatenated with the two doses, ``depth`` dense layers, one output (21.3 M at the default)."""
+    b = GraphBuilder("candle_uno", dtype=F32)  # Uno trains in float32 (Keras defaults)
+
+    def encoder(feature: str, x: str) -> str:
+        d_in = UNO_FEATURES[feature]
+        for i in range(depth):
+            x = b.node(f"{feature}_net/dense_{i}", "Relu", [linear(b, f"{feature}_net/dense_{i}", x, d_in, width,
+                                                                     bias=True)])
+            d_in = width
+        return x
+
+    encoded: set[str] = set()  # feature types whose encoder exists: a second use reads its weights
+    parts = []
+    for source, feature in (("cell", "cell_rnaseq"), ("drug1", "drug_descriptors"), ("drug1", "drug_fingerprints"),
+                            ("drug2", "drug_descriptors"), ("drug2", "drug_fingerprints")):
+        x = b.data(f"{source}.{feature.split('_')[1]}", ["batch", UNO_FEATURES[feature]])
+        parts.append(shared_encoder(b, encoded, feature, x, encoder))
+    parts += [b.data("dose1", ["batch", 1]), b.data("dose2", ["batch", 1])]
+    h = b.node("", "Concat", parts, axis=-1)
+    d_in = 5 * width + 2
+    for i in range(depth):
+        h = b.node(f"dense_{i}", "Relu", [linear(b, f"dense_{i}", h, d_in, width, bias=True)])
+        d_in = width
+    y = linear(b, "output", h, width, 1, bias=True)
+    b.output(y, "growth", ["batch", 1], F32)
+    return b.model({"batch": 32}, build_candle_uno.__doc__)
+
+
+def shared_encoder(b: GraphBuilder, seen: set[str], feature: str, x: str, make) -> str:
+    """Run ``make(feature, x)``; the second time a feature is encoded, its nodes read the first use's weights.
+
+    Weight names come from the scope, so the second use declares the same names again: those declarations
+    (and the parameters they added) are dropped, and its nodes are renamed into ``<feature>_net_1``.
+    """
+    if feature not in seen:
+        seen.add(feature)
+        return make(feature, x)
+    start, inputs, params = len(b.nodes), len(b.inputs), b.param_count
+    out = make(feature, x)
+    del b.inputs[inputs:]
+    b.param_count = params
+    for n in b.nodes[start:]:
+        n.name = n.name.replace(f"/{feature}_net/", f"/{feature}_net_1/")
+    return out
+
+
+# Optimus appendix A: (hidden, layers, MLP, heads) of the ViTs; (hidden, layers, heads) of the GPTs.
+OPTIMUS_VIT = {"vit_3b": (2304, 48, 9216, 18), "vit_5b": (3072, 48, 12288, 24), "vit_22b": (6144, 48, 24576, 48)}
+OPTIMUS_GPT = {"gpt_11b": (3072, 80, 24), "gpt_175b": (12288, 96, 96)}
+OPTIMUS_IMAGE_TOKENS = 256  # not published: a 224 px image in patches of 14
+
+
+def optimus_mllm(name: str, encoders: tuple[str, ...], llm: str) -> onnx.ModelProto:
+    """An Optimus multimodal LLM: the ``encoders`` (ViTs, each on its own image) feed the ``llm`` (a GPT)."""
+    dim, layers, heads = OPTIMUS_GPT[llm]
+    b = GraphBuilder(name)
+    ids = b.data("input_ids", ["batch", "seq"], I64)
+    positions = b.data("position_ids", ["batch", "seq"], I64)
+    emb = "language_model/embedding"
+    words = b.weight(f"{emb}/word_embeddings", "weight", [51200, dim])
+    h = b.node(f"{emb}/word_embeddings", "Gather", [words, ids], axis=0)
+    h = b.node(emb, "Add", [h, embedding(b, f"{emb}/position_embeddings", positions, 2048, dim)])
+    for k, enc in enumerate(encoders):
+        pixels = b.data(f"pixel_values_{k}", ["batch", 3, 224, 224])
+        where = b.data(f"image_positions_{k}", ["batch", OPTIMUS_IMAGE_TOKENS, 2], I64)
+        v = optimus_vit(b, f"encoder_{k}", pixels, *OPTIMUS_VIT[enc])
+        v = linear(b, f"encoder_{k}/projector", v, OPTIMUS_VIT[enc][0], dim, bias=True)
+        h = b.node(f"encoder_{k}", "ScatterND", [h, where, v])  # image features replace image-token embeddings
+    for i in range(layers):
+        h = megatron_layer(b, f"language_model/encoder/layers.{i}", h, dim, heads)
+    h = layer_norm(b, "language_model/encoder/final_layernorm", h, dim)
+    logits = b.node("lm_head", "MatMul", [h, b.node("lm_head", "Transpose", [words], perm=[1, 0])])
+    b.output(logits, "logits", ["batch", "seq", 51200])
+    doc = f"Optimus's {' + '.join(e.upper().replace('_', '-') for e in encoders + (llm,))} (appendix A; sequence 2048)."
+    return b.model({"batch": 1, "seq": 2048}, doc)
+
+
+def optimus_vit(b: GraphBuilder, prefix: str, pixels: str, dim: int, layers: int, ff: int, heads: int) -> str:
+    """A ViT of 256 patch tokens (patch 14 over 224 px, learned positions, no class token), pre-norm layers."""
+    conv_w = b.weight(f"{prefix}/patch_embed", "weight", [dim, 3, 14, 14])
+    x = b.node(f"{prefix}/patch_embed", "Conv", [pixels, conv_w], strides=[14, 14], kernel_shape=[14, 14])
+    x = b.node(prefix, "Transpose", [b.node(prefix, "Reshape", [x, b.const(prefix, [0, dim, -1])])], perm=[0, 2, 1])
+    x = b.node(prefix, "Add", [x, b.weight(f"{prefix}/pos_embed", "weight", [OPTIMUS_IMAGE_TOKENS, dim])])
+    x = transformer_layers(b, f"{prefix}/layers", x, layers, dim, heads, ff)
+    return layer_norm(b, f"{prefix}/final_layernorm", x, dim)
+
+
+def megatron_layer(b: GraphBuilder, scope: str, h: str, dim: int, heads: int) -> str:
+    """One Megatron-LM GPT layer (see the note above :func:`megatron_gpt`) on the residual stream ``h``."""
+    attn = f"{scope}/self_attention"
+    x = layer_norm(b, f"{scope}/input_layernorm", h, dim)
+    qkv = linear(b, f"{attn}/query_key_value", x, dim, 3 * dim, bias=True)
+    q, k, v = b.node(attn, "Split", [qkv, b.const(attn, [dim] * 3)], n_outputs=3, axis=-1)
+    a = b.node(attn, "Attention", [q, k, v], q_num_heads=heads, kv_num_heads=heads, is_causal=1)
+    h = b.node(scope, "Add", [h, linear(b, f"{attn}/dense", a, dim, dim, bias=True)])
+    x = layer_norm(b, f"{scope}/post_attention_layernorm", h, dim)
+    up = linear(b, f"{scope}/mlp/dense_h_to_4h", x, dim, 4 * dim, bias=True)
+    up = b.node(f"{scope}/mlp", "Gelu", [up], approximate="tanh")
+    return b.node(scope, "Add", [h, linear(b, f"{scope}/mlp/dense_4h_to_h", up, 4 * dim, dim, bias=True)])
+
+
+OPTIMUS_MODELS = {
+    "optimus_vit3b_gpt11b": (("vit_3b",), "gpt_11b"),  # Table 4
+    "optimus_vit22b_gpt175b": (("vit_22b",), "gpt_175b"),  # Table 5
+    "optimus_vit22b_vit5b_gpt175b": (("vit_22b", "vit_5b"), "gpt_175b"),  # Table 6, two encoders
+}
+BRANCH_COUNTS = (2, 4, 8, 16)
+
+
 MODELS = {
     "mixtral_8x7b": build_mixtral_8x7b,
     "deepseek_moe": build_deepseek_moe,
@@ -1080,6 +1257,10 @@ MODELS = {
     "deepseek_v3_mtp": build_deepseek_v3_mtp,
     "mixtral_8x22b": build_mixtral_8x22b,
     "qwen3_30b_a3b": build_qwen3_30b_a3b,
+    "mmt": build_mmt,
+    "candle_uno": build_candle_uno,
+    **{f"branches_k{k}": functools.partial(build_branches, k) for k in BRANCH_COUNTS},
+    **{name: functools.partial(optimus_mllm, name, *parts) for name, parts in OPTIMUS_MODELS.items()},
 }
 
 # Written on demand only (``python models/build.py deepseek_v3``), never shipped:
@@ -1088,7 +1269,9 @@ MODELS = {
 # writes them when it needs them).
 ON_DEMAND = ("deepseek_v3", "gpt_310_1b", "gpt_529_6b", "gpt_1008b", "mcore_gpt_177b", "mcore_gpt_314b",
              "mcore_gpt_462b", "mpt_13b", "mpt_30b", "deepseek_v3_mtp",
-             "mixtral_8x22b", "qwen3_30b_a3b")
+             "mixtral_8x22b", "qwen3_30b_a3b",
+             # issue 44's branchy models of the literature: generated where a benchmark or a user needs them
+             "mmt", "candle_uno", *(f"branches_k{k}" for k in BRANCH_COUNTS), *OPTIMUS_MODELS)
 BUNDLED = tuple(name for name in MODELS if name not in ON_DEMAND)
 
 

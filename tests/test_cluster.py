@@ -5,6 +5,7 @@ import pytest
 
 from opsched.cost.cluster import (
     PRESETS,
+    preset_fields,
     Training,
     cluster_from_dict,
     load_cluster,
@@ -17,11 +18,20 @@ from opsched.errors import OpschedError
 
 def test_presets_have_every_field_and_positive_numbers():
     for name in PRESETS:
-        per_node = PRESETS[name]["devices_per_node"]
+        per_node = PRESETS[name].devices_per_node
         c = preset(name, devices=2 * per_node)
         assert c.devices == 2 * per_node and c.nodes == 2
         assert c.flops_per_second("bf16") == pytest.approx(c.peak_flops["bf16"] * c.efficiency)
         assert c.intra_node_bandwidth > c.inter_node_bandwidth
+
+
+def test_presets_of_the_branch_testbeds():
+    """GraphPipe's V100s (4 a node; 2-byte training runs at the fp16 peak, V100s having no bf16) and Optimus's
+    Hopper at 989 dense BF16 TFLOP/s (datasheet)."""
+    v100 = preset("v100-16g", devices=32)
+    assert v100.nodes == 8 and v100.memory_bytes == 16e9
+    assert v100.peak_flops["fp16"] == v100.peak_flops["bf16"] == 125e12
+    assert preset("h100-sxm").peak_flops["bf16"] == 989e12
 
 
 def test_devices_alone_picks_the_default_preset():
@@ -36,7 +46,7 @@ def test_link_is_intra_node_within_a_node_and_inter_node_across():
 
 
 def test_json_file_round_trip(tmp_path):
-    spec = dict(PRESETS["a100-80g"], devices=4, memory_bytes=40e9)
+    spec = dict(preset_fields("a100-80g"), devices=4, memory_bytes=40e9)
     path = tmp_path / "c.json"
     path.write_text(json.dumps(spec))
     c = load_cluster(path)
@@ -48,12 +58,12 @@ def test_toml_file_with_preset_base(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text('preset = "h200"\ndevices = 16\nefficiency = 0.4\n')
     c = load_cluster(path)
-    assert c.memory_bytes == PRESETS["h200"]["memory_bytes"] and c.efficiency == 0.4
+    assert c.memory_bytes == PRESETS["h200"].memory_bytes and c.efficiency == 0.4
 
 
 @pytest.mark.parametrize("field", ["devices_per_node", "memory_bytes", "inter_node_latency", "peak_flops"])
 def test_missing_field_names_it(field):
-    spec = dict(PRESETS["h100-sxm"], devices=8)
+    spec = dict(preset_fields("h100-sxm"), devices=8)
     del spec[field]
     with pytest.raises(OpschedError, match=field):
         cluster_from_dict(spec)
@@ -61,7 +71,7 @@ def test_missing_field_names_it(field):
 
 @pytest.mark.parametrize("field", ["memory_bytes", "intra_node_bandwidth", "efficiency", "intra_node_latency"])
 def test_negative_field_names_it(field):
-    spec = dict(PRESETS["h100-sxm"], devices=8)
+    spec = dict(preset_fields("h100-sxm"), devices=8)
     spec[field] = -1.0
     with pytest.raises(OpschedError, match=field):
         cluster_from_dict(spec)
@@ -71,7 +81,7 @@ def test_unknown_preset_and_unknown_field():
     with pytest.raises(OpschedError, match="unknown preset 'tpu'"):
         preset("tpu")
     with pytest.raises(OpschedError, match="unknown field 'gpus'"):
-        cluster_from_dict(dict(PRESETS["h100-sxm"], devices=8, gpus=8))
+        cluster_from_dict(dict(preset_fields("h100-sxm"), devices=8, gpus=8))
 
 
 def test_bad_files(tmp_path):

@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import NoReturn
 
+from opsched.cost.cluster import DEFAULT_PRESET, DTYPE_BYTES, PRESETS
 from opsched.errors import OpschedError
 
 
@@ -218,14 +219,15 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"number of devices, at most {MAX_DEVICES:,} (default: the cluster file's)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--cluster", metavar="FILE", help="cluster description, .json or .toml (see docs/cost-model.md)")
-    source.add_argument("--preset", metavar="NAME", help="named cluster: h100-sxm (default), a100-80g, h200")
+    source.add_argument("--preset", metavar="NAME",
+                        help="named cluster: " + ", ".join(f"{name} (default)" if name == DEFAULT_PRESET else name
+                                                           for name in PRESETS)
+                             + " (docs/cost-model.md lists each one's figures and sources)")
 
 
 def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
     """``--dtype`` as evaluate and plan take it: the compute precision the cost model prices (peak FLOP/s per dtype;
     FP8 runs its GEMMs in FP8 and attention in BF16, :func:`opsched.cost.cluster.attention_dtype`)."""
-    from opsched.cost.cluster import DTYPE_BYTES
-
     parser.add_argument("--dtype", default="bf16", choices=tuple(DTYPE_BYTES),
                         help="compute dtype: the peak FLOP/s the cost model and MFU use; fp8 runs the GEMMs in FP8 "
                              "and attention in BF16, as Transformer Engine's FP8 recipes do (default bf16)")

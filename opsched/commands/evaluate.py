@@ -24,6 +24,9 @@ The layout is comma-separated KEY=VALUE, Megatron's names:
   recompute_modules Megatron's --recompute-modules, e.g. layernorm,mla_up_proj (core_attn, moe_act,
       layernorm, mla_up_proj, mlp, moe, shared_experts): each module's forward again in the
       backward, none of its activations kept (with recompute none)
+  encoders_first 0 or 1: a model of several stacks of layers (a vision encoder and a language model)
+      puts every stack but the last (the language model) whole into the first pipeline chunk and
+      splits the last evenly: Megatron-Core's multimodal layout, the encoder in the first pipeline stage
   ends_as_layers 0 or 1: the embedding and the head count as one layer each when the layers are
       split into pp x vpp chunks (Megatron's --account-for-embedding/loss-in-pipeline-split)
   pipeline_layout Megatron-Core's --pipeline-model-parallel-layout, e.g. Et|(tt|)*30mL: E embedding,

@@ -56,7 +56,9 @@ null when none fits), refused_baselines (method -> reason), branches (those
 that run side by side: stages, devices), width and pairs (count, overlapped,
 saving_seconds: the overlapped F&B pairs' total saving),
 on_half_the_nodes (the plan found on half the nodes: devices, source,
-layout, step_time, chosen; null on one node), runtimes (those
+layout, step_time, chosen; null on one node), as_a_chain_step_time (that
+of the plan found with the stage graph a chain, as --branches off, when
+the model has parallel branches; else null), runtimes (those
 that can run the plan), runtimes_refused (runtime -> why not), warnings (what
 the import assumed about the model, e.g. balanced MoE routing, and any
 other import warning; also in report.md and plan.json) and files (the paths
@@ -173,6 +175,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "Only with any does an overlapped F&B pair hide one pass's communication under the "
                              "other's compute (a runtime that overlaps them, as DualPipe's does): torch runs "
                              "OVERLAP_F_B as F then B, so with a runtime named a pair costs its two passes")
+    parser.add_argument("--branches", choices=("on", "off"), default="on",
+                        help="on (default): stages may form a DAG, a model's parallel branches (towers, encoders) on "
+                             "groups of their own, and the model is planned as one chain too in the time left, so "
+                             "branches never give a slower plan when the time limit does not bind; off: the stage "
+                             "graph is a chain (a sequential pipeline), to see what the branches buy")
     parser.add_argument("--solver", default="cbc", choices=SOLVERS, help="MIP solver (default cbc; highs needs pip install highsbox)")
     parser.add_argument("-o", "--out", required=True, metavar="OUTDIR",
                         help="directory for the plan files (made if missing; checked before any work)")
@@ -196,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
     dims, microbatches = batch_dims(args)  # a batch that does not divide fails here, before the import
     request = PlanRequest(model=args.model, time_limit=args.time_limit, solver=args.solver, jobs=args.jobs,
                           runtime=args.runtime, recompute=args.recompute, optimizer_state=args.optimizer_state,
-                          capacity_factor=args.capacity_factor)
+                          capacity_factor=args.capacity_factor, branches=args.branches == "on")
     og, bg, warnings = imported(request, dims)
     used_dims = dict(og.graph.get("dims", {}))
     if args.global_batch is not None and "batch" not in used_dims:

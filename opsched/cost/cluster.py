@@ -252,88 +252,120 @@ class Training:
 # kernel ceiling of benchmarks/clusters/ (1,170 of 1,979 TFLOP/s), which the H100 FP8 rows favour. They
 # are training figures, below the kernels' own ceilings (benchmarks/clusters/, with their sources).
 # ``efficiency`` (0.5) is left for FLOPs of no known kind.
-PRESETS: dict[str, dict[str, Any]] = {
-    "h100-sxm": {
-        "devices_per_node": 8,
-        "peak_flops": {"fp8": 1979e12, "bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
-        "efficiency": 0.5,
-        "memory_bytes": 80e9,
-        "memory_bandwidth": 3.35e12,
-        "matmul_efficiency": {"bf16": 0.65, "fp16": 0.65, "fp8": 0.6},
-        "attention_efficiency": 0.35,
-        "memory_efficiency": 0.9,
-        "intra_node_bandwidth": 450e9,
-        "intra_node_latency": 5e-6,
-        "inter_node_bandwidth": 50e9,
-        "inter_node_latency": 10e-6,
-    },
-    "a100-80g": {
-        "devices_per_node": 8,
-        "peak_flops": {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
-        "efficiency": 0.5,
-        "memory_bytes": 80e9,
-        "memory_bandwidth": 2.039e12,
-        "matmul_efficiency": {"bf16": 0.7, "fp16": 0.7},
-        "attention_efficiency": 0.6,
-        "memory_efficiency": 0.8,
-        "intra_node_bandwidth": 300e9,
-        "intra_node_latency": 5e-6,
-        "inter_node_bandwidth": 25e9,
-        "inter_node_latency": 10e-6,
-    },
-    "h200": {
-        "devices_per_node": 8,
-        "peak_flops": {"fp8": 1979e12, "bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
-        "efficiency": 0.5,
-        "memory_bytes": 141e9,
-        "memory_bandwidth": 4.8e12,
-        "matmul_efficiency": {"bf16": 0.65, "fp16": 0.65, "fp8": 0.6},
-        "attention_efficiency": 0.35,
-        "memory_efficiency": 0.9,
-        "intra_node_bandwidth": 450e9,
-        "intra_node_latency": 5e-6,
-        "inter_node_bandwidth": 50e9,
-        "inter_node_latency": 10e-6,
-    },
+#: the cluster presets (``--preset``), one node each: the one map the CLI's help, cluster files' ``preset`` key
+#: and :func:`preset` read
+PRESETS: dict[str, Cluster] = {c.name: c for c in (
+    Cluster(
+        name="h100-sxm",
+        devices=8,  # one node; preset(name, devices) sets the count
+        devices_per_node=8,
+        peak_flops={"fp8": 1979e12, "bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
+        efficiency=0.5,
+        memory_bytes=80e9,
+        memory_bandwidth=3.35e12,
+        matmul_efficiency={"bf16": 0.65, "fp16": 0.65, "fp8": 0.6},
+        attention_efficiency=0.35,
+        memory_efficiency=0.9,
+        intra_node_bandwidth=450e9,
+        intra_node_latency=5e-6,
+        inter_node_bandwidth=50e9,
+        inter_node_latency=10e-6,
+    ),
+    Cluster(
+        name="a100-80g",
+        devices=8,  # one node; preset(name, devices) sets the count
+        devices_per_node=8,
+        peak_flops={"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
+        efficiency=0.5,
+        memory_bytes=80e9,
+        memory_bandwidth=2.039e12,
+        matmul_efficiency={"bf16": 0.7, "fp16": 0.7},
+        attention_efficiency=0.6,
+        memory_efficiency=0.8,
+        intra_node_bandwidth=300e9,
+        intra_node_latency=5e-6,
+        inter_node_bandwidth=25e9,
+        inter_node_latency=10e-6,
+    ),
+    Cluster(
+        name="h200",
+        devices=8,  # one node; preset(name, devices) sets the count
+        devices_per_node=8,
+        peak_flops={"fp8": 1979e12, "bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
+        efficiency=0.5,
+        memory_bytes=141e9,
+        memory_bandwidth=4.8e12,
+        matmul_efficiency={"bf16": 0.65, "fp16": 0.65, "fp8": 0.6},
+        attention_efficiency=0.35,
+        memory_efficiency=0.9,
+        intra_node_bandwidth=450e9,
+        intra_node_latency=5e-6,
+        inter_node_bandwidth=50e9,
+        inter_node_latency=10e-6,
+    ),
     # H800 SXM: the H100 SXM's compute and memory with NVLink cut to 400 GB/s bidirectional (200 per direction;
     # DeepSeek-V3 measures about 160 GB/s achieved, arXiv 2412.19437 §3.2.2) and one 400 Gb/s InfiniBand NIC
     # per GPU, 50 GB/s (ISCA'25 "Insights into DeepSeek-V3", arXiv 2505.09343 §2.2, Table 1: the same SXM5
     # part as the H100 with reduced NVLink). Efficiencies are the H100's: the same silicon.
-    "h800": {
-        "devices_per_node": 8,
-        "peak_flops": {"fp8": 1979e12, "bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
-        "efficiency": 0.5,
-        "memory_bytes": 80e9,
-        "memory_bandwidth": 3.35e12,
-        "matmul_efficiency": {"bf16": 0.65, "fp16": 0.65, "fp8": 0.6},
-        "attention_efficiency": 0.35,
-        "memory_efficiency": 0.9,
-        "intra_node_bandwidth": 200e9,
-        "intra_node_latency": 5e-6,
-        "inter_node_bandwidth": 50e9,
-        "inter_node_latency": 10e-6,
-    },
+    Cluster(
+        name="h800",
+        devices=8,  # one node; preset(name, devices) sets the count
+        devices_per_node=8,
+        peak_flops={"fp8": 1979e12, "bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
+        efficiency=0.5,
+        memory_bytes=80e9,
+        memory_bandwidth=3.35e12,
+        matmul_efficiency={"bf16": 0.65, "fp16": 0.65, "fp8": 0.6},
+        attention_efficiency=0.35,
+        memory_efficiency=0.9,
+        intra_node_bandwidth=200e9,
+        intra_node_latency=5e-6,
+        inter_node_bandwidth=50e9,
+        inter_node_latency=10e-6,
+    ),
     # GB200 NVL72: 72 Blackwell GPUs in one NVLink domain (the "node"), the rack datasheet's dense figures per
     # GPU (NVIDIA GB200 NVL72 datasheet: FP8 720 PFLOPS and FP16/BF16 360 PFLOPS with sparsity, halved for
     # dense and divided by 72 GPUs: 5.0 and 2.5 PFLOPS; FP32 5,760 TFLOPS / 72 = 80; HBM3e 13.4 TB and
     # 576 TB/s / 72 = 186 GB and 8 TB/s; NVLink 130 TB/s / 72 = 1.8 TB/s bidirectional, 900 GB/s a direction),
     # one 400 Gb/s ConnectX-7 NIC per GPU between racks. Efficiencies are the H100's until a published
     # GB200 training run is fitted (none is in benchmarks/bench_published.py yet).
-    "gb200": {
-        "devices_per_node": 72,
-        "peak_flops": {"fp8": 5000e12, "bf16": 2500e12, "fp16": 2500e12, "fp32": 80e12},
-        "efficiency": 0.5,
-        "memory_bytes": 186e9,
-        "memory_bandwidth": 8e12,
-        "matmul_efficiency": {"bf16": 0.65, "fp16": 0.65, "fp8": 0.6},
-        "attention_efficiency": 0.35,
-        "memory_efficiency": 0.9,
-        "intra_node_bandwidth": 900e9,
-        "intra_node_latency": 5e-6,
-        "inter_node_bandwidth": 50e9,
-        "inter_node_latency": 10e-6,
-    },
-}
+    Cluster(
+        name="gb200",
+        devices=72,  # one node; preset(name, devices) sets the count
+        devices_per_node=72,
+        peak_flops={"fp8": 5000e12, "bf16": 2500e12, "fp16": 2500e12, "fp32": 80e12},
+        efficiency=0.5,
+        memory_bytes=186e9,
+        memory_bandwidth=8e12,
+        matmul_efficiency={"bf16": 0.65, "fp16": 0.65, "fp8": 0.6},
+        attention_efficiency=0.35,
+        memory_efficiency=0.9,
+        intra_node_bandwidth=900e9,
+        intra_node_latency=5e-6,
+        inter_node_bandwidth=50e9,
+        inter_node_latency=10e-6,
+    ),
+    # GraphPipe's testbed (ASPLOS'25, section 6: Summit, V100-SXM2-16GB, 4 GPUs used a node, NVLink, 100 Gb/s
+    # InfiniBand). NVIDIA V100 datasheet (SXM2): 125 TFLOP/s fp16 tensor cores, 15.7 TFLOP/s fp32, 16 GB HBM2
+    # at 900 GB/s, NVLink 300 GB/s bidirectional over 6 links. V100s have no bfloat16: a V100 trains in fp16
+    # mixed precision, so "bf16" (the planner's default compute precision, Training.dtype) is the fp16 tensor-core
+    # peak, with the same 2 bytes a value. Intra-node: Summit links two GPUs of a socket by 2 NVLink-2 links, 50 GB/s each way. Inter-node:
+    # 100 Gb/s (12.5 GB/s) shared by the node's 4 GPUs, 3.125 GB/s each when all of them send at once (as a
+    # pipeline's group does). No published V100 row was fitted: one efficiency (0.5) for every kind.
+    Cluster(
+        name="v100-16g",
+        devices=4,  # one node; preset(name, devices) sets the count
+        devices_per_node=4,
+        peak_flops={"bf16": 125e12, "fp16": 125e12, "fp32": 15.7e12},
+        efficiency=0.5,
+        memory_bytes=16e9,
+        memory_bandwidth=900e9,
+        intra_node_bandwidth=50e9,
+        intra_node_latency=5e-6,
+        inter_node_bandwidth=12.5e9 / 4,
+        inter_node_latency=10e-6,
+    ),
+)}
 
 _NUMBER_FIELDS = (
     "devices_per_node",
@@ -355,9 +387,19 @@ def preset(name: str, devices: int | None = None) -> Cluster:
     """
     if name not in PRESETS:
         raise OpschedError(f"unknown preset {name!r}; choose one of {', '.join(sorted(PRESETS))}")
-    spec = dict(PRESETS[name])
+    spec = preset_fields(name)
     spec["devices"] = spec["devices_per_node"] if devices is None else devices
     return cluster_from_dict(spec, source=f"preset {name}", name=name)
+
+
+def preset_fields(name: str) -> dict[str, Any]:
+    """The named preset's fields but its name, as a cluster file writes them (a file's ``preset`` key starts from
+    these).
+
+    >>> preset_fields("h200")["memory_bytes"]
+    141000000000.0
+    """
+    return {f.name: getattr(PRESETS[name], f.name) for f in fields(Cluster) if f.name != "name"}
 
 
 def cluster_from_dict(spec: Mapping[str, Any], source: str = "cluster", name: str | None = None) -> Cluster:
@@ -372,7 +414,7 @@ def cluster_from_dict(spec: Mapping[str, Any], source: str = "cluster", name: st
     if base is not None:
         if base not in PRESETS:
             raise OpschedError(f"{source}: unknown preset {base!r}; choose one of {', '.join(sorted(PRESETS))}")
-        merged = dict(PRESETS[base])
+        merged = preset_fields(base)
         merged.update(spec)
         spec = merged
     known = {f.name for f in fields(Cluster)}
@@ -522,7 +564,7 @@ def memory_hint(smallest: float, cluster: Cluster) -> str:
         if rounded * size <= own:
             return f"pass --memory-limit {rounded}{unit}"
         return f"leave out --memory-limit: the {gb(own)} GB of one {cluster.name} device is enough"
-    larger = sorted((spec["memory_bytes"], name) for name, spec in PRESETS.items() if spec["memory_bytes"] >= smallest)
+    larger = sorted((spec.memory_bytes, name) for name, spec in PRESETS.items() if spec.memory_bytes >= smallest)
     preset_text = f" or --preset {larger[0][1]} ({gb(larger[0][0])} GB per device)" if larger else ""
     return (f"more than the {gb(own)} GB of one {cluster.name} device: use more devices "
             f"(e.g. --devices {2 * cluster.devices}){preset_text}")

@@ -5,7 +5,7 @@ Megatron-LM and torchtitan exports write; it says how devices are cut, not what 
 (:mod:`opsched.plan.layouts` prices it).
 
 >>> ParallelLayout.parse("tp=2,pp=4,vpp=2,zero=1,recompute=full")
-ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, recompute='full', ends_as_layers=False, tp_overlap=False, attention='fused', pipeline_layout='', first_layers=0, last_layers=0, max_nodes=0, recompute_modules='')
+ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, recompute='full', ends_as_layers=False, tp_overlap=False, attention='fused', pipeline_layout='', first_layers=0, last_layers=0, max_nodes=0, recompute_modules='', encoders_first=False)
 >>> ParallelLayout.parse("tp=2,pp=4").resolved(16).dp
 2
 """
@@ -46,6 +46,10 @@ class ParallelLayout:
     ``tp_overlap``: Megatron's ``--tp-comm-overlap`` (needs tp > 1 and sp):
     each tensor-parallel collective runs under its GEMM
     (:func:`opsched.cost.blocks.tp_comm_overlapped`).
+    ``encoders_first``: a model of several stacks of layers (a multimodal LLM's vision encoder and its
+    language model) puts every stack but the last (the language model, which the others feed) whole into the
+    first pipeline chunk, and splits the last evenly: Megatron-Core's layout for multimodal models (the encoder in the first pipeline stage).
+    Without it all the numbered layers, of every stack, are split evenly in model order.
     ``attention``: ``fused`` (FlashAttention and its kin, the default) or
     ``unfused`` (Megatron-LM before FlashAttention: the scores written to
     memory between Q·Kᵀ, softmax, dropout and scores·V;
@@ -90,6 +94,7 @@ class ParallelLayout:
     last_layers: int = 0
     max_nodes: int = 0
     recompute_modules: str = ""
+    encoders_first: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "ParallelLayout":
@@ -138,7 +143,7 @@ class ParallelLayout:
                 number = int(value)
             except ValueError:
                 raise OpschedError(f"layout {key}={value!r}: expected a whole number") from None
-            if key in ("sp", "ends_as_layers", "tp_overlap"):
+            if key in ("sp", "ends_as_layers", "tp_overlap", "encoders_first"):
                 if number not in (0, 1):
                     raise OpschedError(f"layout {key}={value}: 0 or 1")
                 values[key] = bool(number)
@@ -254,4 +259,5 @@ class ParallelLayout:
             (f" first_layers={self.first_layers}" if self.first_layers else "") + \
             (f" last_layers={self.last_layers}" if self.last_layers else "") + \
             (f" max_nodes={self.max_nodes}" if self.max_nodes else "") + \
-            (f" recompute_modules={self.recompute_modules}" if self.recompute_modules else "")
+            (f" recompute_modules={self.recompute_modules}" if self.recompute_modules else "") + \
+            (" encoders-first" if self.encoders_first else "")

@@ -45,7 +45,7 @@ reason (their own limits stay in their modules). From plan.json:
 ...                           "1": {"modules": ["model.layers.1", "model.norm", "lm_head"], "config": "tp2"}}}
 >>> lay = plan_layout(Schedule(sg, 8, [], name="1f1b"), doc, Framework("Megatron-LM", "plan a chain"))
 >>> lay.parallel
-ParallelLayout(tp=2, pp=2, vpp=1, ep=1, etp=0, cp=1, dp=1, sp=True, zero=1, recompute='none', ends_as_layers=False, tp_overlap=False, attention='fused', pipeline_layout='', first_layers=0, last_layers=0, max_nodes=0, recompute_modules='')
+ParallelLayout(tp=2, pp=2, vpp=1, ep=1, etp=0, cp=1, dp=1, sp=True, zero=1, recompute='none', ends_as_layers=False, tp_overlap=False, attention='fused', pipeline_layout='', first_layers=0, last_layers=0, max_nodes=0, recompute_modules='', encoders_first=False)
 >>> lay.stage_layers, lay.micro_batch_size, lay.global_batch_size, lay.seq_len
 ((1, 1), 4, 32, 2048)
 """

@@ -11,7 +11,8 @@ Three steps, each of which keeps the result a DAG and every cost exact:
      indexed module (``layers.3``), or its first module if none is indexed;
    * ``depth=d``: the first ``d`` scope components;
 
-   and in both cases at least down to its deepest **branch** module. A branch
+   and in both cases at least down to its deepest **branch** module (by default
+   down to the first indexed module inside it, if any: the layers of a tower). A branch
    is a child module that runs in parallel with a sibling: two children of
    one parent with no path between their ops in either direction, that are
    either indexed (``experts.0`` / ``experts.1`` / ``shared_experts.0``) or
@@ -198,6 +199,11 @@ def _labels(ops, order, depth, branch_depth) -> dict[str, tuple[str, ...]]:
             cut = depth
         for k in range(len(scope), 0, -1):
             if scope[:k] in branch_depth:
+                if depth is None and cut <= k:
+                    # a tower of a ModuleList (``branches.2/layers.5``) splits into its layers, as a tower of
+                    # its own name does (``vision_model/encoder/layers.5``): one block per tower would let no
+                    # stage hold less than a whole tower (GraphPipe's MMT: 5 blocks for 32 devices)
+                    cut = next((j + 1 for j in range(k, len(scope)) if _INDEXED.search(scope[j])), k)
                 cut = max(cut, k)
                 break
         labels[v] = scope[:cut]

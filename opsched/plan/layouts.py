@@ -22,7 +22,7 @@ tokens by all-to-all. The rules and their sources are in
 ``docs/cost-model.md`` (section "Evaluating a layout").
 
 >>> ParallelLayout.parse("tp=2,pp=4,vpp=2,zero=1,recompute=full")
-ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, recompute='full', ends_as_layers=False, tp_overlap=False, attention='fused', pipeline_layout='', first_layers=0, last_layers=0, max_nodes=0, recompute_modules='')
+ParallelLayout(tp=2, pp=4, vpp=2, ep=1, etp=0, cp=1, dp=0, sp=False, zero=1, recompute='full', ends_as_layers=False, tp_overlap=False, attention='fused', pipeline_layout='', first_layers=0, last_layers=0, max_nodes=0, recompute_modules='', encoders_first=False)
 >>> ParallelLayout.parse("tp=2,pp=4").resolved(16).dp
 2
 """
@@ -211,41 +211,65 @@ def is_mtp_path(path: str) -> bool:
 
 
 def layer_chunks(bg: nx.DiGraph, chunks: int, index: ModelIndex | None = None,
-                 ends_as_layers: bool = False, units: tuple[str, ...] | None = None) -> list[list[int]]:
+                 ends_as_layers: bool = False, units: tuple[str, ...] | None = None,
+                 encoders_first: bool = False) -> list[list[int]]:
     """Blocks of each of ``chunks`` chunks: the layers split evenly in model order, the rest at either end.
 
     ``units``: the chunks' units as :func:`opsched.cost.pipeline_split.chunk_units` gives them (an uneven
     split); default the even split (with ``ends_as_layers``, the embedding and head count as one layer each).
     Decoder layers (``t``) and MTP layers (``m``) fill the chunks in model order. Blocks outside every numbered
     layer join the chunk of the embedding (``E``) when they come before the first layer in topological order,
-    the chunk of the first MTP layer when they lie in the MTP module, else the chunk of the loss (``L``).
+    the chunk of the first MTP layer when they lie in the MTP module, else the chunk of the loss (``L``). With
+    ``encoders_first`` only the last stack of layers is split, the other stacks join the first chunk whole
+    (:func:`split_layers`; Megatron-Core's multimodal layout, the encoder in the first pipeline stage).
     """
     index = index or model_index(bg)
-    if not index.layers:
+    layers, encoders = split_layers(index, encoders_first)
+    if not layers:
         raise OpschedError(f"the model has no numbered layers to split into {chunks} chunks")
     if units is None:
-        units = ParallelLayout(pp=chunks, ends_as_layers=ends_as_layers).chunk_units(len(index.layers),
+        units = ParallelLayout(pp=chunks, ends_as_layers=ends_as_layers).chunk_units(len(layers),
                                                                                     len(index.mtp_layers))
     if len(units) != chunks:
         raise OpschedError(f"{len(units)} chunks of units for {chunks} chunks")
     def owners(letter: str) -> list[int]:  # chunk of each unit of the letter, in model order
         return [c for c, chunk in enumerate(units) for u in chunk if u == letter]
-    chunk_of_layer = dict(zip(index.layers, owners("t")))
+    chunk_of_layer = dict(zip(layers, owners("t")))
     chunk_of_layer.update(zip(index.mtp_layers, owners("m")))
     embedding, loss = owners("E")[0], owners("L")[0]
+    chunk_of_layer.update((name, embedding) for name in encoders)
     mtp_chunk = owners("m")[0] if index.mtp_layers else loss
     out: list[list[int]] = [[] for _ in range(chunks)]
     started = False
     for b in index.order:
         path = index.layer_of[b]
         if path is not None:
-            started = True
+            started = started or path not in encoders
             out[chunk_of_layer[path]].append(b)
         elif is_mtp_path(layer_path(bg.nodes[b]["block"].name)):
             out[mtp_chunk].append(b)
         else:
             out[loss if started else embedding].append(b)
     return out
+
+
+def split_layers(index: ModelIndex, encoders_first: bool) -> tuple[list[str], list[str]]:
+    """(the layers split evenly into chunks, the layers the first chunk holds whole): every numbered layer and
+    none; with ``encoders_first``, the layers of the stack of the last layer (module path without the layer
+    number: the language model, which the encoders feed) and those of the other stacks (the encoders).
+
+    >>> idx = ModelIndex([], {}, ["vit.layers.0", "vit.layers.1", "lm.layers.0", "lm.layers.1", "lm.layers.2"],
+    ...                  {}, 0, {}, {}, 0.0)
+    >>> split_layers(idx, True)
+    (['lm.layers.0', 'lm.layers.1', 'lm.layers.2'], ['vit.layers.0', 'vit.layers.1'])
+    """
+    if not encoders_first:
+        return list(index.layers), []
+    stacks: dict[str, list[str]] = {}
+    for name in index.layers:
+        stacks.setdefault(name.rsplit(".", 1)[0], []).append(name)
+    main = stacks[index.layers[-1].rsplit(".", 1)[0]]
+    return main, [name for name in index.layers if name not in set(main)]
 
 
 @dataclass(frozen=True)
@@ -310,15 +334,16 @@ def evaluate_layout(
     """
     index = index or model_index(bg)
     layout = layout.resolved(cluster.devices)
-    layout.check_model(len(index.layers), index.experts, len(index.mtp_layers))
+    layout.check_model(len(split_layers(index, layout.encoders_first)[0]), index.experts, len(index.mtp_layers))
     if global_batch % (layout.dp * micro_batch_size):
         raise OpschedError(f"global batch {global_batch} is not a multiple of dp x micro-batch size = "
                            f"{layout.dp} x {micro_batch_size}")
     M = global_batch // (layout.dp * micro_batch_size)
     name = schedule or ("interleaved-1f1b" if layout.vpp > 1 else "1f1b")
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
-    chunks = layer_chunks(bg, layout.pp * layout.vpp, index,
-                          units=layout.chunk_units(len(index.layers), len(index.mtp_layers)))
+    chunks = layer_chunks(bg, layout.pp * layout.vpp, index, encoders_first=layout.encoders_first,
+                          units=layout.chunk_units(len(split_layers(index, layout.encoders_first)[0]),
+                                                   len(index.mtp_layers)))
     stages, sync, optimizer, ring = _chunk_stages(bg, index, chunks, layout, cluster, training)
     sg = _chunk_stage_graph(bg, chunks, stages, layout, cluster)
     if memory_first:
@@ -391,10 +416,11 @@ def layout_floor(bg: nx.DiGraph, cluster: Cluster, training: Training, layout: P
     """
     index = index or model_index(bg)
     layout = layout.resolved(cluster.devices)
-    layout.check_model(len(index.layers), index.experts, len(index.mtp_layers))
+    split = split_layers(index, layout.encoders_first)[0]
+    layout.check_model(len(split), index.experts, len(index.mtp_layers))
     M = global_batch // (layout.dp * micro_batch_size)
-    chunks = layer_chunks(bg, layout.pp * layout.vpp, index,
-                          units=layout.chunk_units(len(index.layers), len(index.mtp_layers)))
+    chunks = layer_chunks(bg, layout.pp * layout.vpp, index, encoders_first=layout.encoders_first,
+                          units=layout.chunk_units(len(split), len(index.mtp_layers)))
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
     if max(_held_param_bytes(bg, index, chunks, layout, training)) > limit:
         return None  # checked before the passes are costed: most layouts of a large model end here

@@ -50,6 +50,8 @@ class PlanRequest:
     optimizer_state: str = "auto"
     #: the MoE capacity factor the model is imported with
     capacity_factor: float = 1.0
+    #: stages may form a DAG (a model's branches side by side); False plans the model as one chain
+    branches: bool = True
 
 
 #: the part of --time-limit kept for validating the plan and writing its files
@@ -146,7 +148,7 @@ def plan_with_recompute(request: PlanRequest, bg, cluster, training, limit: floa
     runtime = None if request.runtime == "any" else request.runtime
     plan = functools.partial(plan_block_graph, bg, cluster, memory_limit=limit, time_limit=request.time_limit,
                              solver=request.solver, layouts_run_today=today, runtime=runtime,
-                             workers=request.jobs or usable_cores())
+                             workers=request.jobs or usable_cores(), branches=request.branches)
     # the planner logs its own progress (opsched.plan.search)
     try:
         try:

@@ -57,6 +57,7 @@ def plan_extra(model: str, cluster, training, result, warnings: list[str] | None
         "refused_baselines": [{"method": k, "reason": v} for k, v in result.refused_baselines.items()],
         "candidates": [c.to_dict() for c in result.candidates],
         "on_half_the_nodes": None if result.on_half_the_nodes is None else dataclasses.asdict(result.on_half_the_nodes),
+        "as_a_chain_step_time": result.chain_step_time,
         "warnings": list(warnings or []),
         "metrics": dict(result.solver_metrics),
     }

@@ -13,7 +13,10 @@
 6. on two nodes or more, with the time left, plans on the first half of
    the nodes (the same search, recursively) and offers that plan with the
    other nodes idle;
-7. returns the candidate with the best simulated step time (makespan plus
+7. when the model has parallel branches, with the time left, plans it as one
+   chain too (``branches=False``, :mod:`opsched.plan.branches`) and offers
+   that plan, so branches never make the plan slower when time does not bind;
+8. returns the candidate with the best simulated step time (makespan plus
    the once-per-step gradient all-reduce), with every candidate's figures.
 
 Step time = schedule makespan + gradient sync (data-parallel all-reduce,
@@ -34,6 +37,7 @@ import networkx as nx
 
 from opsched.baselines import baseline_orders
 from opsched.cost.cluster import Cluster, Training, memory_hint, with_devices
+from opsched.plan.branches import chain_only, has_parallel_blocks, has_parallel_towers
 from opsched.plan.contiguous import Baseline, contiguous_baselines, fewer_device_baselines
 from opsched.cost.blocks import expert_count
 from opsched.errors import MemoryTooSmall, NoRunnablePlan
@@ -112,6 +116,9 @@ class PlanResult:
     #: the most devices (the first nodes, the others idle) on which no plan was searched because the time limit
     #: was spent first: a run on that many devices alone may then find a faster plan (None: every half searched)
     fewer_nodes_unsearched: int | None = None
+    #: step time of the plan found with the stage graph a chain (``branches=False``), when the model has parallel
+    #: branches and it was searched (None: no branches, searched with ``branches=False``, or no time was left)
+    chain_step_time: float | None = None
 
 
 @dataclass(frozen=True)
@@ -219,6 +226,7 @@ def plan_block_graph(
     layouts_run_today: list[Baseline] | None = None,
     workers: int = 1,
     runtime: str | None = None,
+    branches: bool = True,
 ) -> PlanResult:
     """Plan ``bg`` on ``cluster`` (see the module docstring) within ``time_limit`` seconds of wall clock.
 
@@ -235,15 +243,24 @@ def plan_block_graph(
     it can run are scheduled and returned (:class:`RuntimeFilter`); for one that
     builds stages from whole layers (``Runtime.needs_whole_layers``) the search places whole
     numbered layers, and for one without context parallelism
-    (``Runtime.context_parallel``) every replica takes whole sequences.
+    (``Runtime.context_parallel``) every replica takes whole sequences. ``branches=False`` plans the model as
+    one chain of blocks (:func:`opsched.plan.branches.chain_only`): a sequential pipeline.
     """
     require(solver)
+    if not branches:
+        bg = chain_only(bg)
     asked = runtime_named(runtime or "any")
     if asked is not None and not asked.context_parallel:  # it splits no sequence: replicas take whole ones
         training = dataclasses.replace(training, whole_sequences=True)
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
     t_start = time.perf_counter()
-    clock = Clock(time.monotonic() + time_limit if deadline is None else deadline)
+    full = time.monotonic() + time_limit if deadline is None else deadline
+    as_chain_too = branches and has_parallel_blocks(bg)
+    # with towers, the search as a chain keeps a part of the clock: the search with branches, whose shares are parts
+    # of the clock, would otherwise leave it nothing whenever the time limit binds (and lose to --branches off,
+    # 0.74x on 2 towers at 32 devices). Experts alone keep the whole clock for the search with branches.
+    reserve = CHAIN_SHARE if as_chain_too and has_parallel_towers(bg) else 0.0
+    clock = Clock(time.monotonic() + (1 - reserve) * (full - time.monotonic()))
     all_layouts = layouts(cluster)
     # a runtime that builds its stages from whole layers gets only plans that keep them whole
     small, members = _reduced(bg, all_layouts, target_blocks, whole_layers=asked is not None and asked.needs_whole_layers)
@@ -265,8 +282,12 @@ def plan_block_graph(
     options = [_job_option(j) for j in jobs if j.schedule is not None] + [_baseline_option(b) for b in baselines]
     t_lower, (half, unsearched) = time.perf_counter(), _plan_on_half_the_nodes(
         bg, cluster, training, limit, clock, t_base - t_upper, solver=solver, keep=keep, target_blocks=target_blocks,
-        workers=workers, runtime=runtime)
+        workers=workers, runtime=runtime, branches=branches)
     options = runnable.options(options) + ([_half_option(half, cluster)] if half is not None else [])
+    t_half = time.perf_counter()
+    chain = _plan_as_chain(bg, cluster, training, limit, Clock(full), solver=solver, keep=keep,
+                           target_blocks=target_blocks, workers=workers, runtime=runtime) if as_chain_too else None
+    options += [_chain_option(chain)] if chain is not None else []
     if not options:
         smallest = min((minimum_memory_limit(j.stage_graph, training.microbatches) for j in jobs), default=math.inf)
         raise _too_small("no candidate could be scheduled within", smallest, limit, cluster)
@@ -287,13 +308,40 @@ def plan_block_graph(
         microbatch_size=best.microbatch_size or training.microbatch_size,
         recompute=best.recompute or training.recompute,
         seconds={"upper": t_upper - t_start, "baselines": t_base - t_upper, "lower": t_lower - t_base,
-                 "half the nodes": time.perf_counter() - t_lower},
+                 "half the nodes": t_half - t_lower, "as a chain": time.perf_counter() - t_half},
         refused_baselines=refused,
         idle_devices=idle,
         on_every_device=every,
         on_half_the_nodes=None if half is None else FewerNodesPlan.of(half, chosen=best.schedule is half.schedule),
         fewer_nodes_unsearched=unsearched,
+        chain_step_time=None if chain is None else chain.step_time,
     )
+
+
+def _plan_as_chain(bg: nx.DiGraph, cluster: Cluster, training: Training, limit: float, clock: Clock,
+                   **options) -> PlanResult | None:
+    """:func:`plan_block_graph` of ``bg`` as one chain (``branches=False``) in the time left, or None (less than
+    :data:`LEAST_PART` left, or nothing fits): the plan ``--branches off`` finds, when work budgets decide both."""
+    if clock.left() < LEAST_PART:
+        log.info("plan: not as a chain: the time limit was spent")
+        return None
+    log.info("plan: now as a chain (the stage graph a sequence, as --branches off), within %s",
+             seconds_text(clock.left()))
+    try:
+        found = plan_block_graph(bg, cluster, training, memory_limit=limit, deadline=clock.deadline, branches=False,
+                                 **options)
+    except (MemoryTooSmall, NoRunnablePlan) as exc:
+        log.info("plan: nothing as a chain: %s", exc)
+        return None
+    log.info("plan: as a chain: %s on %s, step time %s", found.source, found.layout, seconds_text(found.step_time))
+    return found
+
+
+def _chain_option(chain: PlanResult) -> Option:
+    """The plan as a chain as an option of the plan with branches (its source says so; the layout is left as it
+    is, for the readers of layouts); listed last, so a tie keeps the branches'."""
+    return Option(chain.step_time, f"{chain.source} as a chain", chain.layout, chain.schedule, chain.solver_metrics,
+                  chain.grad_sync, {}, chain.stage_contents, chain.microbatch_size, chain.recompute)
 
 
 def _plan_on_half_the_nodes(bg: nx.DiGraph, cluster: Cluster, training: Training, limit: float, clock: Clock,
@@ -399,6 +447,10 @@ def _too_small(what: str, smallest: float, limit: float, cluster: Cluster) -> Me
 
 #: the time limit of each layout's least-memory MIP, when nothing fits (the hint of the error)
 SMALLEST_MEMORY_SECONDS = 2.0
+
+#: the part of the time left the search as a chain keeps when the model has parallel towers (plus whatever the
+#: search with branches leaves; docs/formulation.md, "What `--time-limit` does")
+CHAIN_SHARE = 0.4
 
 #: the part of the time limit the upper MIPs share
 UPPER_SHARE = 0.4

@@ -1,0 +1,77 @@
+"""Branches on or off (``plan --branches``): the block graph as it is, or as one chain.
+
+A sequential pipeline (GPipe, 1F1B, Megatron-LM) runs a model's blocks in one
+order: each stage holds a run of consecutive blocks and waits for the stage
+before it, even when the model has parallel branches (towers, encoders) that
+could run side by side on groups of their own (GraphPipe's stage DAG).
+:func:`chain_only` gives the upper level exactly that choice: it orders every
+block after the one before it in a topological order, with an edge of no
+bytes where the model has none, so every slot holds a run of consecutive
+blocks and the stage graph is a chain (its other edges, which carry the
+model's tensors, join a stage to a later one and add no parallelism).
+
+``--branches on`` (the default) plans the graph as it is and, when it has
+parallel blocks, also plans :func:`chain_only` of it last
+(:func:`opsched.plan.search.plan_block_graph`), so the plan is never slower
+than ``--branches off`` when the time limit does not bind. With parallel
+towers (:func:`has_parallel_towers`) the chain keeps a part of the clock
+(``CHAIN_SHARE``); with an MoE layer's experts alone it gets what is left, so
+an MoE plan keeps the whole clock, as before.
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+
+from opsched.cost.blocks import expert_count
+from opsched.model.graph import Block  # noqa: F401 (the doctests build blocks)
+
+
+def block_order(bg: nx.DiGraph) -> list[int]:
+    """A topological order of the blocks, the lowest id first among the ready ones (ids are the import's order,
+    which keeps a tower's layers together)."""
+    return list(nx.lexicographical_topological_sort(bg))
+
+
+def has_parallel_blocks(bg: nx.DiGraph) -> bool:
+    """Whether two blocks have no path between them, i.e. the topological order is not unique: some two blocks
+    consecutive in :func:`block_order` have no edge (a DAG's topological order is unique iff every consecutive
+    pair in it is an edge).
+
+    >>> g = nx.DiGraph([(0, 1), (0, 2), (1, 3), (2, 3)])
+    >>> has_parallel_blocks(g), has_parallel_blocks(chain_only(g))
+    (True, False)
+    """
+    order = block_order(bg)
+    return any(not bg.has_edge(u, v) for u, v in zip(order, order[1:]))
+
+
+def has_parallel_towers(bg: nx.DiGraph) -> bool:
+    """Whether blocks outside every expert are parallel (towers, encoders), not only an MoE layer's experts: some
+    two blocks consecutive in :func:`block_order`, neither holding experts, have no edge.
+
+    >>> g = nx.DiGraph([(0, 1), (0, 2), (1, 3), (2, 3)])
+    >>> for i, name in enumerate(["router", "experts.0", "experts.1", "combine"]):
+    ...     g.nodes[i]["block"] = Block(i, name, (name,), (name,))
+    >>> has_parallel_blocks(g), has_parallel_towers(g)
+    (True, False)
+    """
+    order = block_order(bg)
+    plain = {b: expert_count(bg.nodes[b]["block"]) == 0 for b in order}
+    return any(plain[u] and plain[v] and not bg.has_edge(u, v) for u, v in zip(order, order[1:]))
+
+
+def chain_only(bg: nx.DiGraph) -> nx.DiGraph:
+    """``bg`` with an edge of 0 bytes (and no tensors) from each block to the next in :func:`block_order` where it
+    has none: the upper level can then only cut it into runs of consecutive blocks (see the module docstring).
+
+    >>> g = nx.DiGraph([(0, 1), (0, 2)], kind="BlockGraph")
+    >>> sorted(chain_only(g).edges(data="bytes"), key=str)
+    [(0, 1, None), (0, 2, None), (1, 2, 0.0)]
+    """
+    chain = bg.copy()
+    order = block_order(bg)
+    for u, v in zip(order, order[1:]):
+        if not chain.has_edge(u, v):
+            chain.add_edge(u, v, bytes=0.0, tensors=[])
+    return chain
