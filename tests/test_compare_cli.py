@@ -143,7 +143,7 @@ def test_plan_input_compares_on_the_plans_stage_graph(tmp_path, capsys):
         (["--stages", "4", "--microbatches", "4", "--w", "3"], "exceeds the full backward"),
         (["--stages", "4", "--microbatches", "4", "--methods", "nope"], "--methods: unknown method nope"),
         (["--stages", "4", "--microbatches", "4", "--memory-limit", "lots"], "--memory-limit: give a number or a method"),
-        (["--stages", "6", "--microbatches", "4", "--devices", "4"], "placement interleaved needs stages (6) divisible"),
+        (["--stages", "6", "--microbatches", "4", "--devices", "4"], "6 stages fit on 4 devices under no placement rule"),
         (["--stages", "4", "--microbatches", "4", "--placement", "diagonal"], "--placement: invalid choice: 'diagonal'"),
         (["--stages", "4", "--microbatches", "4", "--overlap-gain", "2"], "--overlap-gain: must be a finite number between 0 and 1"),
         (["--stages", "4", "--microbatches", "4", "--act", "1", "--act-w", "2"], "act_w"),

@@ -110,12 +110,15 @@ def method_names(args: argparse.Namespace) -> list[str]:
     from opsched.baselines import NAMES
 
     known = [*NAMES, "mip"]
-    if not args.methods:
+    if args.methods is None:
         return known
     names = [n.strip().lower() for n in args.methods.split(",") if n.strip()]
+    if not names:  # `--methods ''` (an unset shell variable) would otherwise run everything without a word
+        raise OpschedError(f"--methods {args.methods!r} names no method; give a comma list from {','.join(known)} "
+                           "(or leave out --methods to run them all)")
     unknown = [n for n in names if n not in known]
-    if unknown or not names:
-        raise OpschedError(f"--methods: unknown method {', '.join(unknown) or '(none)'}; choose from {','.join(known)}")
+    if unknown:
+        raise OpschedError(f"--methods: unknown method {', '.join(unknown)}; choose from {','.join(known)}")
     return list(dict.fromkeys(names))
 
 
@@ -154,6 +157,10 @@ def stage_graph_from_args(args: argparse.Namespace):
     for s in sg.stages:
         if s.act_w_bytes > s.act_bytes:
             raise OpschedError(f"stage {s.id}: --act-w {s.act_w_bytes:g} exceeds --act {s.act_bytes:g}; AW is part of A")
+    if not any(float(s.time[p]) > 0 for s in sg.stages for p in s.timed_passes()):
+        # every method's step would be 0 and the MIP has no time unit to slot it in: nothing to compare
+        raise OpschedError("--f, --b and --w are 0 on every stage: the pipeline has no work to schedule; "
+                           "give a time > 0 to at least one of them")
     return sg, args.microbatches
 
 
@@ -166,10 +173,27 @@ def given_placement(stages: int, devices: int, choice: str) -> str:
 
     >>> given_placement(8, 4, "auto"), given_placement(8, 8, "v"), given_placement(8, 4, "interleaved")
     ('v', 'chain', 'interleaved')
+
+    Stages that no rule holds are refused, naming the placement asked for (not a fallback):
+
+    >>> given_placement(8, 3, "v")
+    Traceback (most recent call last):
+    ...
+    opsched.errors.OpschedError: --placement v: 8 stages fit on 3 devices under no placement rule (v needs --stages 6 = 2 x --devices, chain --stages 3, interleaved --stages a multiple of 3); change --stages or --devices
     """
     fits = {"chain": stages == devices, "v": stages == 2 * devices, "interleaved": stages % devices == 0}
     if fits.get(choice):
         return choice
+    if not any(fits.values()):
+        needs = {"chain": f"--stages {devices}", "v": f"--stages {2 * devices} = 2 x --devices",
+                 "interleaved": f"--stages a multiple of {devices}"}
+        first = choice if choice in needs else "interleaved"
+        order = [first] + [n for n in needs if n != first]
+        asked = "" if choice == "auto" else f"--placement {choice}: "
+        raise OpschedError(
+            f"{asked}{stages} stages fit on {devices} devices under no placement rule "
+            f"({order[0]} needs {needs[order[0]]}, {', '.join(f'{n} {needs[n]}' for n in order[1:])}); "
+            "change --stages or --devices")
     return "chain" if stages == devices else "v" if stages == 2 * devices else "interleaved"
 
 
@@ -301,6 +325,9 @@ def resolve_limit(text: str | None, sg, microbatches: int, args) -> tuple[float 
         except OpschedError as exc:
             raise OpschedError(f"--memory-limit {name}: {name} cannot run on this pipeline ({exc})") from None
         return max(metrics(schedule).peak_memory_bytes), name
+    if name.startswith("-"):
+        raise OpschedError(f"--memory-limit {text}: a memory limit cannot be negative; give a number >= 0 (in the "
+                           "units of --act) or a method name")
     try:
         return non_negative_float(text), None
     except argparse.ArgumentTypeError:

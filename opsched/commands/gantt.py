@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from opsched.export.gantt import write_gantt
-    from opsched.export.plan_json import plan_step_time, read_plan
+    from opsched.export.plan_json import is_plan_file, plan_step_time, read_plan
     from opsched.fileio import check_not_input, check_output_file
     from opsched.schedule import ScheduleError, validate
 
@@ -44,6 +44,9 @@ def run(args: argparse.Namespace) -> int:
         if Path(out).suffix.lower() not in SUFFIXES:
             raise OpschedError(f"cannot tell the Gantt format of {out!r}: use a .svg, .png, .html or .json file name")
         check_not_input(out, [args.plan], "-o")
+        if is_plan_file(out):  # a trace would silently replace another plan (often a search of hours)
+            raise OpschedError(f"-o {out}: is a plan file, which the Gantt trace would replace; give another file "
+                               "name, e.g. trace.json")
         check_output_file(out, "-o", example="gantt" + Path(out).suffix)
     schedule, doc = read_plan(args.plan)
     if not args.no_validate:
