@@ -192,6 +192,29 @@ def in_process(monkeypatch):
     return timeouts
 
 
+def test_the_mip_searches_for_the_time_the_other_rows_left_and_keeps_its_row_place(capsys, monkeypatch, in_process):
+    """--time-limit is the command's: a slow row listed after mip runs first and its time is the MIP's less."""
+    calls = []
+    monkeypatch.setattr(lower, "solve", _fake_solve(calls))
+    real_run_method = compare_cmd.run_method
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(compare_cmd.time, "monotonic", lambda: clock["now"])
+
+    def slow_baselines(name, *args, **kwargs):
+        if name != "mip":
+            clock["now"] += 3.0  # each hand-written row takes 3 s of the command's 10
+        return real_run_method(name, *args, **kwargs)
+
+    monkeypatch.setattr(compare_cmd, "run_method", slow_baselines)
+    code, stdout, err = run_cli(capsys, "--stages", "4", "--microbatches", "8", "--methods", "mip,1f1b,gpipe",
+                                "--time-limit", "10", "--placement", "chain", "--quiet", "--json")
+    assert code == 0, err
+    assert [r["method"] for r in json.loads(stdout)] == ["mip", "1f1b", "gpipe"]
+    (call,) = calls
+    # 10 s less the two rows' 6 s, less the work after the search (checking 3 x 8 x 8 jobs: milliseconds)
+    assert 3.9 < call[3] < 4.0
+
+
 def test_mip_hook_adds_a_row_with_bound_and_gap(tmp_path, capsys, monkeypatch, in_process):
     calls = []
     monkeypatch.setattr(lower, "solve", _fake_solve(calls))
@@ -204,8 +227,11 @@ def test_mip_hook_adds_a_row_with_bound_and_gap(tmp_path, capsys, monkeypatch, i
     rows = {r["method"]: r for r in json.loads(stdout)}
     assert rows["mip"]["lower_bound"] == 20.0 and rows["mip"]["gap"] == 0.1 and rows["mip"]["solver"] == "highs"
     # the baselines' orders on the chain as given are the MIP's warm starts
-    assert calls == [(4, 8, None, 5.0, "highs", sorted(baseline_orders(chain_stage_graph(4), 8)), "makespan")]
-    assert in_process == [3 * 5.0 + 60]  # a hung solver is stopped after 3 x the time limit + 60 s
+    (call,) = calls
+    assert call[:3] + call[4:] == (4, 8, None, "highs", sorted(baseline_orders(chain_stage_graph(4), 8)), "makespan")
+    # the command's 5 s, less the 1f1b row run before it and what checking and writing the files after it need
+    assert 4.0 < call[3] < 5.0
+    assert in_process == [3 * call[3] + 60]  # a hung solver is stopped after 3 x the time limit + 60 s
     assert rows["mip"]["objective"] == "makespan" and rows["mip"]["status"] == "feasible"
     code, table_out, _ = run_cli(capsys, "--stages", "4", "--microbatches", "8", "--methods", "mip", "--quiet",
                                  "--placement", "chain")

@@ -29,6 +29,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import time
 from pathlib import Path
 
 from opsched.commands.args import (
@@ -50,6 +51,19 @@ log = logging.getLogger(__name__)
 
 #: the Gantt files written per method with -o
 GANTT_FILES = ("gantt.svg", "gantt.png", "gantt.html", "trace.json")
+
+# --time-limit is the whole command's wall clock, as plan's is: the rows before the MIP count, and the MIP's search
+# ends early enough for the work after it. That work grows with the jobs of the schedules (measured on 2 cores
+# shared with other work, load 4 to 4.5, issue 45; docs/BENCHMARKS.md, "Time limits under load"):
+#: seconds per job of the MIP's schedule after its search: sent back from the isolated solve, validated, measured
+#: (2.5 s for the 98,304 jobs of p=64, m=256 on the V: 2.5e-5, doubled for a busier machine)
+AFTER_SEARCH_SECONDS_PER_JOB = 5e-5
+#: seconds per job of every schedule written with -o: plan.json, the two pictures, the HTML page and the trace
+#: (18 s for the 49,152 jobs of zb-h1 at p=64, m=256: 3.7e-4, with a margin)
+FILES_SECONDS_PER_JOB = 6e-4
+#: the least part of --time-limit the MIP gets when the work before it took the whole limit (it then returns about
+#: its first start, and the command runs over by about this part)
+LEAST_MIP_SHARE = 0.05
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,8 +100,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run_.add_argument("--memory-limit", metavar="X",
                       help="per-device memory limit: a number, or a method name meaning that method's peak")
     run_.add_argument("--time-limit", type=positive_float, default="120", metavar="S",
-                      help="wall-clock limit of the MIP in seconds (default 120), shared by the placements it tries: it "
-                           "returns the best schedule "
+                      help="wall-clock limit of the command in seconds (default 120): the MIP runs after the other "
+                           "methods and searches for the time they leave, less what checking its schedule (and with -o "
+                           "writing the files) needs, shared by the placements it tries; it returns the best schedule "
                            "found by then, with status 'time limit reached'; when the limit does not bind, work "
                            "budgets decide the result, so it is deterministic")
     run_.add_argument("--objective", default="makespan", choices=[o.value for o in Objective],
@@ -212,13 +227,15 @@ def describe_placement(name: str, sg) -> str:
     return f"{PLACEMENTS[placement_of(name)]} ({p} stages)"
 
 
-def run_method(name: str, sg, microbatches: int, limit: float | None, args):
-    """(schedule, extra metrics) of one method; raises OpschedError with the reason it cannot run."""
+def run_method(name: str, sg, microbatches: int, limit: float | None, args, time_limit: float | None = None):
+    """(schedule, extra metrics) of one method; raises OpschedError with the reason it cannot run.
+
+    ``time_limit``: the MIP's seconds (default --time-limit)."""
     from opsched.baselines import run_baseline
     from opsched.schedule import validate
 
     if name == "mip":
-        schedule, extra = run_mip(sg, microbatches, limit, args)
+        schedule, extra = run_mip(sg, microbatches, limit, args, args.time_limit if time_limit is None else time_limit)
     else:
         from opsched.schedule.placement import is_chain, linearize, on_group_devices, onto_groups
 
@@ -234,8 +251,9 @@ def run_method(name: str, sg, microbatches: int, limit: float | None, args):
     return schedule, extra
 
 
-def run_mip(sg, microbatches: int, limit: float | None, args) -> tuple:
-    """(schedule, extra row fields) of the MIP over the placements ``--placement`` names, at memory ``limit``."""
+def run_mip(sg, microbatches: int, limit: float | None, args, time_limit: float) -> tuple:
+    """(schedule, extra row fields) of the MIP over the placements ``--placement`` names, at memory ``limit``,
+    within ``time_limit`` seconds."""
     from opsched import lower
     from opsched.solving import isolate
     from opsched.lower.placements import solve_placements
@@ -248,9 +266,9 @@ def run_mip(sg, microbatches: int, limit: float | None, args) -> tuple:
     # limit); this outer child, as the planner's, is the backstop: a native abort or hang anywhere costs this row
     # (SolverCrash), not the command. The hand-written orders that run on a placement start its solve.
     found = isolate.run_isolated(
-        solve_placements, tries, microbatches, memory_limit=limit, time_limit=args.time_limit, solver=args.solver,
+        solve_placements, tries, microbatches, memory_limit=limit, time_limit=time_limit, solver=args.solver,
         objective=args.objective, solve_one=lower.solve, thin_one=thin_pairs,
-        timeout=solve_timeout(args.time_limit),
+        timeout=solve_timeout(time_limit),
     )
     result = found.result
     schedule = result.schedule
@@ -371,25 +389,55 @@ def refused_row(name: str, reason: str) -> dict:
     }
 
 
-def compare(sg, microbatches: int, names: list[str], limit: float | None, args) -> tuple[list[dict], dict]:
-    """Run every method; returns the rows (in ``names`` order) and the schedules that ran."""
-    rows, schedules = [], {}
-    for name in names:
+def compare(sg, microbatches: int, names: list[str], limit: float | None, args, deadline: float | None = None,
+            after_jobs: int = 0) -> tuple[list[dict], dict]:
+    """Run every method; returns the rows (in ``names`` order) and the schedules that ran.
+
+    The MIP runs last, whatever its row's place: it takes the time the others left until ``deadline`` (a
+    :func:`time.monotonic` instant; ``None``: --time-limit from its start), less what the work after it needs
+    (:func:`mip_time_limit`; ``after_jobs`` more jobs of hand-written schedules are checked after it).
+    """
+    rows: dict[str, dict] = {}
+    schedules = {}
+    for name in sorted(names, key=lambda n: n == "mip"):
+        time_limit = None
+        if name == "mip" and deadline is not None:
+            time_limit = mip_time_limit(deadline, args.time_limit, sg, microbatches, list(schedules.values()),
+                                        after_jobs, files=bool(args.output))
         try:
-            schedule, extra = run_method(name, sg, microbatches, limit, args)
+            schedule, extra = run_method(name, sg, microbatches, limit, args, time_limit)
         except Unsupported as exc:
-            rows.append(refused_row(name, str(exc)))
+            rows[name] = refused_row(name, str(exc))
             continue
-        except OpschedError as exc:  # e.g. an order that deadlocks or breaks the memory limit
-            rows.append(refused_row(name, f"{name}: {exc}"))
-            continue
-        except SolverCrash as exc:  # a native abort, death or hang of the isolated solver costs this row
-            rows.append(refused_row(name, f"{name}: {exc}"))
+        except (OpschedError, SolverCrash) as exc:  # an order that deadlocks or breaks the memory limit; a native
+            rows[name] = refused_row(name, f"{name}: {exc}")  # abort, death or hang of the isolated solver
             continue
         schedule.memory_limit = limit
         schedules[name] = schedule
-        rows.append(row_of(name, schedule, extra))
-    return rows, schedules
+        rows[name] = row_of(name, schedule, extra)
+    return [rows[name] for name in names], {name: schedules[name] for name in names if name in schedules}
+
+
+def mip_time_limit(deadline: float, time_limit: float, sg, microbatches: int, done: list, after_jobs: int,
+                   files: bool) -> float:
+    """Seconds the MIP may search so that the command ends by ``deadline``: the time left, less the work after
+    the search (:data:`AFTER_SEARCH_SECONDS_PER_JOB` per job of its largest placement and of ``after_jobs``, and
+    with ``files`` :data:`FILES_SECONDS_PER_JOB` per job of every schedule written, ``done`` the rows' so far);
+    at least :data:`LEAST_MIP_SHARE` of ``time_limit``.
+
+    >>> from opsched.schedule import chain_stage_graph
+    >>> now = time.monotonic()
+    >>> round(mip_time_limit(now + 120, 120, chain_stage_graph(64), 256, [], 0, files=False))   # 98,304 jobs
+    115
+    >>> mip_time_limit(now - 1, 120, chain_stage_graph(64), 256, [], 0, files=False)
+    6.0
+    """
+    # the largest placement the MIP tries holds max(P, 2D) stages (the V, DualPipe's two copies), 3 jobs each
+    mip_jobs = 3 * microbatches * max(len(sg.stages), 2 * (sg.num_devices or len(sg.stages)))
+    reserve = AFTER_SEARCH_SECONDS_PER_JOB * (mip_jobs + after_jobs)
+    if files:
+        reserve += FILES_SECONDS_PER_JOB * (mip_jobs + after_jobs + sum(len(s.events) for s in done))
+    return max(LEAST_MIP_SHARE * float(time_limit), deadline - time.monotonic() - reserve)
 
 
 def schedule_files(paths: list[str], sg, microbatches: int) -> list:
@@ -564,6 +612,7 @@ def write_outputs(out_dir: Path, rows: list[dict], schedules: dict) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    deadline = time.monotonic() + args.time_limit  # the whole command's (mip_time_limit)
     sg, microbatches = stage_graph_from_args(args)
     names = method_names(args)
     if "mip" in names:
@@ -575,7 +624,8 @@ def run(args: argparse.Namespace) -> int:
         check_output_dir(out_dir, "-o")  # before any method runs
     written = schedule_files(args.schedule, sg, microbatches)  # checked before anything runs
     limit, limit_from = resolve_limit(args.memory_limit, sg, microbatches, args)
-    rows, schedules = compare(sg, microbatches, names, limit, args)
+    rows, schedules = compare(sg, microbatches, names, limit, args, deadline,
+                              after_jobs=sum(len(w.events) for w in written))
     add_schedule_file_rows(written, limit, rows, schedules)
     if out_dir is not None and schedules:
         write_outputs(out_dir, rows, schedules)
