@@ -366,6 +366,9 @@ class Prospect(NamedTuple):
     #: name; the solve's result is never worse, unless a clock cuts it before it has timed its starts
     warm_value: float | None
     warm_name: str | None
+    #: wall seconds the prospect took (set by its caller): about what a solve of the graph spends besides its search
+    #: (the same job set and bound, and a simulation of its start), so a search over graphs gives none too little time
+    seconds: float = 0.0
 
 
 def prospect(
