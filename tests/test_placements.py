@@ -319,3 +319,24 @@ def test_once_a_schedule_is_in_hand_a_placement_whose_share_its_solve_would_over
     assert skipped.placement == "second" and "solve needs besides the search (about 1" in skipped.refused
     assert found.cut
     validate(found.result.schedule)
+
+
+def test_a_placement_whose_search_finds_nothing_in_its_share_makes_no_fallback_once_one_is_in_hand(monkeypatch):
+    """Only the first solve (nothing in hand yet) may make a fallback start after its stop; a later one that found
+    nothing is reported, and the search counts as cut."""
+    from opsched.errors import NoScheduleInTime
+    from opsched.lower import placements
+
+    monkeypatch.setattr(placements, "_prospects", lambda candidates, *_: [None] * len(candidates))
+    asked = []
+
+    def nothing_after_the_first(graph, m, *, fallback, **options):
+        asked.append(fallback)
+        if not fallback:
+            raise NoScheduleInTime("no schedule: its search had found nothing by the time limit (1 s)")
+        return solve(graph, m, **options)
+
+    tries = [Candidate("first", chain_stage_graph(4, f=1, b=2, w=1)), Candidate("second", chain_stage_graph(4))]
+    found = solve_placements(tries, 8, time_limit=20, solve_one=nothing_after_the_first, **BUDGET)
+    assert asked == [True, False]
+    assert found.placement == "first" and found.tried[1].refused.startswith("no schedule") and found.cut

@@ -543,6 +543,8 @@ def _tried_text(t: dict) -> str:
         return _g(t["objective_value"])
     if t["error"].startswith("not tried"):
         return "not tried"
+    if t["error"].startswith("no schedule"):
+        return "no schedule in time"
     if t["error"].startswith("not solved"):
         return f"cannot win (bound {_g(t['lower_bound'])})"
     return "refused"

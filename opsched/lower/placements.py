@@ -71,6 +71,9 @@ NOT_STARTED = "not tried: the time limit ran out before its turn"
 #: why a placement has no result when its share of the time left is less than its solve needs besides its search
 TOO_LITTLE_TIME = ("not tried: its share of the time left, {share:.3g} s, is less than its solve needs besides the "
                    "search (about {need:.3g} s)")
+#: how the reasons of placements a clock cut begin (the search then counts as cut); "no schedule" is
+#: :class:`~opsched.errors.NoScheduleInTime`'s, a placement whose search found none in its share
+CUT_REASONS = ("not tried", "no schedule")
 #: a solve's own work besides its search (its job set and bound, its first start, re-timing and validating the
 #: result) in seconds of its prospect's: 7.2 s against 4.0 s on the V at p=64, m=256 on 2 cores at load 7
 SOLVE_OVERHEAD_FACTOR = 2.0
@@ -135,7 +138,7 @@ class PlacementSearch:
     @property
     def cut(self) -> bool:
         """Whether the time limit ran out before every placement was tried."""
-        return any(t.refused.startswith("not tried") for t in self.tried)
+        return any(t.refused.startswith(CUT_REASONS) for t in self.tried)
 
     @property
     def lower_bound_all(self) -> float:
@@ -214,8 +217,10 @@ def solve_placements(
             tried[k] = Tried(candidate.placement, refused=TOO_LITTLE_TIME.format(share=share, need=need))  # search
             return
         try:
-            result = run(candidate.stage_graph, microbatches, time_limit=share,
-                         warm_orders=candidate.warm_orders, **thin_options, **solve_options)
+            # with a schedule in hand, a search that found none in its share gives up the fallback start, whose
+            # making would run past the share (a list schedule when no warm order fits: 11 s at p=64, m=256)
+            result = run(candidate.stage_graph, microbatches, time_limit=share, warm_orders=candidate.warm_orders,
+                         fallback=best is None, **thin_options, **solve_options)
         except OpschedError as exc:  # this placement does not fit (e.g. its minimum memory is over the limit)
             if isinstance(exc, MemoryTooSmall):
                 too_small.append(exc)
