@@ -247,7 +247,9 @@ def run_method(name: str, sg, microbatches: int, limit: float | None, args, time
         schedule = onto_groups(run_baseline(name, chain, microbatches, memory_limit=limit, comm=comm),
                                groups, sg.num_devices)
         extra = {} if chain is pseudo else {"linearized": True}
-    validate(schedule)
+        # (the MIP's schedule was validated where it was made, lower.solve's last step: 2.5 s at p=64, m=256 on a
+        # busy machine, which the command's time limit would pay twice)
+        validate(schedule)
     return schedule, extra
 
 
