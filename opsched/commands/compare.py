@@ -329,8 +329,13 @@ def solve_timeout(time_limit: float) -> float:
     return 3.0 * float(time_limit) + 60.0
 
 
-def resolve_limit(text: str | None, sg, microbatches: int, args) -> tuple[float | None, str | None]:
-    """(limit, method it came from) for --memory-limit: a number, or a method's peak memory per device."""
+def resolve_limit(text: str | None, sg, microbatches: int, args,
+                  deadline: float | None = None) -> tuple[float | None, str | None]:
+    """(limit, method it came from) for --memory-limit: a number, or a method's peak memory per device.
+
+    ``--memory-limit mip`` runs the MIP for half the time left until ``deadline`` (the command's; ``None``: for
+    --time-limit), so that the MIP's row has the other half.
+    """
     from opsched.baselines import NAMES
     from opsched.schedule import metrics
 
@@ -338,8 +343,11 @@ def resolve_limit(text: str | None, sg, microbatches: int, args) -> tuple[float 
         return None, None
     name = text.strip().lower()
     if name in NAMES or name == "mip":
+        time_limit = None
+        if name == "mip" and deadline is not None:
+            time_limit = max(LEAST_MIP_SHARE * args.time_limit, (deadline - time.monotonic()) / 2)
         try:
-            schedule, _ = run_method(name, sg, microbatches, None, args)
+            schedule, _ = run_method(name, sg, microbatches, None, args, time_limit)
         except SolverCrash as exc:
             raise OpschedError(f"--memory-limit {name}: the solver was lost ({exc}); give a number instead") from None
         except OpschedError as exc:
@@ -627,7 +635,7 @@ def run(args: argparse.Namespace) -> int:
 
         check_output_dir(out_dir, "-o")  # before any method runs
     written = schedule_files(args.schedule, sg, microbatches)  # checked before anything runs
-    limit, limit_from = resolve_limit(args.memory_limit, sg, microbatches, args)
+    limit, limit_from = resolve_limit(args.memory_limit, sg, microbatches, args, deadline)
     rows, schedules = compare(sg, microbatches, names, limit, args, deadline,
                               after_jobs=sum(len(w.events) for w in written))
     add_schedule_file_rows(written, limit, rows, schedules)
