@@ -18,7 +18,7 @@ devices with a global batch (the Megatron-style layout search too).
 
 Usage::
 
-    python benchmarks/bench_time_limit.py [--burners 4] [--cases compare-120,plan-mixtral] [--json]
+    python benchmarks/bench_time_limit.py [--burners 4] [--cases compare-120,plan-mixtral] [--json] [--log-dir DIR]
 
 It loads the machine for about six minutes: run it when nothing else is timed.
 """
@@ -72,17 +72,23 @@ def start_burners(count: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
 
 
-def run_case(name: str, case: Case, out_dir: Path) -> dict:
-    """Run one case as a user would (``python -m opsched ...``) and time it from the outside."""
+def run_case(name: str, case: Case, out_dir: Path, log_dir: Path | None) -> dict:
+    """Run one case as a user would (``python -m opsched ...``) and time it from the outside; with ``log_dir``, its
+    progress lines go to ``log_dir/<case>.log``, each with the seconds since the command started."""
     argv = [a.format(out=out_dir / name) for a in case.argv]
     load = os.getloadavg()[0]
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "opsched", *argv, "-q"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "opsched", *argv], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    lines = [f"{time.monotonic() - t0:8.2f}  {line.rstrip()}" for line in proc.stderr]
+    exit_code = proc.wait()
     wall = time.monotonic() - t0
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        (log_dir / f"{name}.log").write_text("\n".join(lines) + "\n")
     return {"case": name, "command": "opsched " + " ".join(argv), "limit": case.limit, "wall": round(wall, 1),
-            "bound": bound(case.limit), "held": wall <= bound(case.limit), "exit": done.returncode,
-            "load_before": round(load, 2), "stderr_tail": done.stderr.strip().splitlines()[-1:]}
+            "bound": bound(case.limit), "held": wall <= bound(case.limit), "exit": exit_code,
+            "load_before": round(load, 2)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burners", type=int, default=4, help="CPU-burning processes beside the commands (default 4)")
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma list of {', '.join(CASES)} (default all)")
     parser.add_argument("--json", action="store_true", help="print one JSON list at the end instead of lines")
+    parser.add_argument("--log-dir", type=Path, help="write each case's progress lines (timed) to DIR/<case>.log")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.cases.split(",") if n.strip()]
     unknown = [n for n in names if n not in CASES]
@@ -101,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(5.0)  # let the load average see the burners
         with tempfile.TemporaryDirectory(prefix="bench-time-limit-") as tmp:
             for name in names:
-                row = run_case(name, CASES[name], Path(tmp))
+                row = run_case(name, CASES[name], Path(tmp), args.log_dir)
                 rows.append(row)
                 if not args.json:
                     print(f"{name:18s} limit {row['limit']:5.0f} s  wall {row['wall']:6.1f} s  bound {row['bound']:5.1f} s  "

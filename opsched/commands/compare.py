@@ -58,6 +58,9 @@ GANTT_FILES = ("gantt.svg", "gantt.png", "gantt.html", "trace.json")
 #: seconds per job of the MIP's schedule after its search: sent back from the isolated solve, validated, measured
 #: (2.5 s for the 98,304 jobs of p=64, m=256 on the V: 2.5e-5, doubled for a busier machine)
 AFTER_SEARCH_SECONDS_PER_JOB = 5e-5
+#: the work after the MIP's search in measurements of a row (row_of): sending its schedule back from the isolated
+#: solve costs about one more (1.8 s and 2.2 s at p=64, m=256, load 9); with a margin
+AFTER_SEARCH_ROWS = 3.0
 #: seconds per job of every schedule written with -o: plan.json, the two pictures, the HTML page and the trace
 #: (18 s for the 49,152 jobs of zb-h1 at p=64, m=256: 3.7e-4, with a margin)
 FILES_SECONDS_PER_JOB = 6e-4
@@ -409,11 +412,12 @@ def compare(sg, microbatches: int, names: list[str], limit: float | None, args, 
     """
     rows: dict[str, dict] = {}
     schedules = {}
+    measured = 0.0  # seconds per job of measuring a row here, now: the machine's speed, load included
     for name in sorted(names, key=lambda n: n == "mip"):
         time_limit = None
         if name == "mip" and deadline is not None:
             time_limit = mip_time_limit(deadline, args.time_limit, sg, microbatches, list(schedules.values()),
-                                        after_jobs, files=bool(args.output))
+                                        after_jobs, files=bool(args.output), measured=measured)
         try:
             schedule, extra = run_method(name, sg, microbatches, limit, args, time_limit)
         except Unsupported as exc:
@@ -424,16 +428,19 @@ def compare(sg, microbatches: int, names: list[str], limit: float | None, args, 
             continue
         schedule.memory_limit = limit
         schedules[name] = schedule
+        began = time.monotonic()
         rows[name] = row_of(name, schedule, extra)
+        measured = max(measured, (time.monotonic() - began) / max(1, len(schedule.events)))
     return [rows[name] for name in names], {name: schedules[name] for name in names if name in schedules}
 
 
 def mip_time_limit(deadline: float, time_limit: float, sg, microbatches: int, done: list, after_jobs: int,
-                   files: bool) -> float:
+                   files: bool, measured: float = 0.0) -> float:
     """Seconds the MIP may search so that the command ends by ``deadline``: the time left, less the work after
-    the search (:data:`AFTER_SEARCH_SECONDS_PER_JOB` per job of its largest placement and of ``after_jobs``, and
-    with ``files`` :data:`FILES_SECONDS_PER_JOB` per job of every schedule written, ``done`` the rows' so far);
-    at least :data:`LEAST_MIP_SHARE` of ``time_limit``.
+    the search (:data:`AFTER_SEARCH_SECONDS_PER_JOB` per job of its largest placement and of ``after_jobs``, or
+    :data:`AFTER_SEARCH_ROWS` times ``measured``, the seconds per job a row took to measure here, when that is more:
+    a busy machine; and with ``files`` :data:`FILES_SECONDS_PER_JOB` per job of every schedule written, ``done``
+    the rows' so far); at least :data:`LEAST_MIP_SHARE` of ``time_limit``.
 
     >>> from opsched.schedule import chain_stage_graph
     >>> now = time.monotonic()
@@ -444,7 +451,7 @@ def mip_time_limit(deadline: float, time_limit: float, sg, microbatches: int, do
     """
     # the largest placement the MIP tries holds max(P, 2D) stages (the V, DualPipe's two copies), 3 jobs each
     mip_jobs = 3 * microbatches * max(len(sg.stages), 2 * (sg.num_devices or len(sg.stages)))
-    reserve = AFTER_SEARCH_SECONDS_PER_JOB * (mip_jobs + after_jobs)
+    reserve = max(AFTER_SEARCH_SECONDS_PER_JOB, AFTER_SEARCH_ROWS * measured) * (mip_jobs + after_jobs)
     if files:
         reserve += FILES_SECONDS_PER_JOB * (mip_jobs + after_jobs + sum(len(s.events) for s in done))
     return max(LEAST_MIP_SHARE * float(time_limit), deadline - time.monotonic() - reserve)
