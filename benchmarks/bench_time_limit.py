@@ -111,8 +111,9 @@ def main(argv: list[str] | None = None) -> int:
                 row = run_case(name, CASES[name], Path(tmp), args.log_dir)
                 rows.append(row)
                 if not args.json:
-                    print(f"{name:18s} limit {row['limit']:5.0f} s  wall {row['wall']:6.1f} s  bound {row['bound']:5.1f} s  "
-                          f"{'held' if row['held'] else 'NOT HELD'}  exit {row['exit']}  load {row['load_before']}",
+                    held = "held" if row["held"] else "NOT HELD"
+                    print(f"{name:18s} limit {row['limit']:5.0f} s  wall {row['wall']:6.1f} s  "
+                          f"bound {row['bound']:5.1f} s  {held}  exit {row['exit']}  load {row['load_before']}",
                           flush=True)
     finally:
         for p in burners:

@@ -310,7 +310,8 @@ def test_once_a_schedule_is_in_hand_a_placement_whose_share_its_solve_would_over
 
     monkeypatch.setattr(placements, "prospect", slow_prospect)
     # two placements without warm orders: neither bound rules the other out, so both contend for the time
-    tries = [Candidate("first", chain_stage_graph(4, f=1, b=2, w=1)), Candidate("second", chain_stage_graph(4, f=0.5, b=1, w=0.5))]
+    tries = [Candidate("first", chain_stage_graph(4, f=1, b=2, w=1)),
+             Candidate("second", chain_stage_graph(4, f=0.5, b=1, w=0.5))]
     began = time.monotonic()
     found = solve_placements(tries, 8, time_limit=2.0, **BUDGET)
     assert time.monotonic() - began < 2.0 + 1.0
