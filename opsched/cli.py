@@ -155,9 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser(only=chosen)
         args = parser.parse_args(argv)
-        if args.command is None:
-            parser.print_help()
-            return 2
+        if args.command is None:  # a usage error like any other: one line on stderr, nothing on stdout
+            raise OpschedError(f"give a command: opsched COMMAND [options], COMMAND one of {', '.join(COMMANDS)} "
+                               "(opsched --help describes them)")
         with sigterm_unwinds(), progress_on_stderr(args.quiet):
             return int(_command_module(args.command).run(args) or 0)
     except OpschedError as exc:

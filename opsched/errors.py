@@ -46,6 +46,11 @@ class Deadlock(OpschedError):
     inside the planner, a candidate order is skipped)."""
 
 
+class NoScheduleInTime(OpschedError):
+    """A solve told not to make a fallback found no schedule within its time (a search over placements, which has
+    one in hand already, asks so: the fallback's own work would run past its share)."""
+
+
 class MemoryTooSmall(OpschedError):
     """The memory limit is below what any schedule needs; ``minimum`` is the least limit that works."""
 

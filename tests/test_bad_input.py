@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,6 +71,8 @@ def place(tmp_path):
     (tmp_path / "notjson.json").write_text("{not json\n")
     (tmp_path / "config.json").write_text('{"model_type": "llama", "hidden_size": 32}\n')
     (tmp_path / "huge.json").write_text(json.dumps(dict(SLOW_LINK_CLUSTER, devices=1_000_000)))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "plan.json").write_bytes(plan.read_bytes())  # another plan, which gantt must not replace
     return {"tmp": tmp_path, "model": model, "plan": plan, "bad_plan": bad_plan, "file": a_file,
             "readonly": _readonly_dir(tmp_path)}
 
@@ -90,7 +94,8 @@ CASES = {
     "plan microbatches negative": (PLAN + ["--devices", "8", "--microbatches", "-3"] + OUT, "at least 1"),
     "plan memory without unit": (PLAN + ["--devices", "8", "--memory-limit", "80"] + OUT, "did you mean 80GiB?"),
     "plan memory unreadable": (PLAN + ["--devices", "8", "--memory-limit", "lots"] + OUT, "memory size"),
-    "plan memory negative": (PLAN + ["--devices", "8", "--memory-limit", "-80GiB"] + OUT, "--memory-limit"),
+    "plan memory negative": (PLAN + ["--devices", "8", "--memory-limit", "-80GiB"] + OUT,
+                             "--memory-limit: a memory size cannot be negative, got -80GiB"),
     "plan time limit zero": (PLAN + ["--devices", "8", "--time-limit", "0"] + OUT, "--time-limit"),
     "plan jobs zero": (PLAN + ["--devices", "8", "--jobs", "0"] + OUT, "--jobs"),
     "plan jobs not a number": (PLAN + ["--devices", "8", "--jobs", "all"] + OUT, "--jobs"),
@@ -114,7 +119,7 @@ CASES = {
     "plan model is a directory": (["plan", "{tmp}/adir.svg", "--devices", "8"] + OUT, "is a directory"),
     "plan model not onnx": (["plan", "{tmp}/notonnx.onnx", "--devices", "8"] + OUT, "not"),
     "plan dim unknown name": (PLAN + ["--devices", "8", "--dim", "seqlen=8192"] + OUT,
-                              "no symbolic dimension 'seqlen'; its dimensions are batch, seq"),
+                              "no symbolic dimension 'seqlen' (did you mean seq?); its dimensions are batch, seq"),
     "plan dim without value": (PLAN + ["--devices", "8", "--dim", "seq"] + OUT, "NAME=VALUE"),
     "plan dim zero": (PLAN + ["--devices", "8", "--dim", "seq=0"] + OUT, "--dim"),
     # plan: where the files go
@@ -136,6 +141,11 @@ CASES = {
     "compare out read-only": (COMPARE + ["-o", "{readonly}/opsched-out"], "cannot write there"),
     "compare out under a file": (COMPARE + ["-o", "{file}/out"], "is a file, not a directory"),
     "compare out is a file": (COMPARE + ["-o", "{file}"], "is a file; give a directory"),
+    "compare no work": (COMPARE + ["--f", "0", "--b", "0", "--w", "0"] + OUT, "no work to schedule"),
+    "compare v that does not fit": (["compare", "--stages", "8", "--devices", "3", "--placement", "v",
+                                     "--microbatches", "8"] + OUT, "--placement v: 8 stages fit on 3 devices"),
+    "compare memory negative": (COMPARE + ["--memory-limit", "-5GiB"] + OUT, "cannot be negative"),
+    "compare methods empty": (COMPARE + ["--methods", ""] + OUT, "--methods '' names no method"),
     "compare every method refused": (COMPARE + ["--methods", "gpipe,1f1b,dualpipe", "--memory-limit", "0.5"] + OUT,
                                      "every method was refused"),
     # gantt
@@ -144,6 +154,7 @@ CASES = {
     "gantt out read-only": (["gantt", "{plan}", "-o", "{readonly}/g.svg"], "cannot write there"),
     "gantt out under a file": (["gantt", "{plan}", "-o", "{file}/g.svg"], "is a file, not a directory"),
     "gantt out is a directory": (["gantt", "{plan}", "-o", "{tmp}/adir.svg"], "is a directory"),
+    "gantt over another plan": (["gantt", "{plan}", "-o", "{tmp}/other/plan.json"], "is a plan file"),
     "gantt unknown suffix": (["gantt", "{plan}", "-o", "{tmp}/g.txt"], "cannot tell the Gantt format"),
     "gantt overlapping events": (["gantt", "{bad_plan}", "-o", "{tmp}/g.svg"], "is not a valid plan"),
     "gantt plan missing": (["gantt", "{tmp}/nope.json", "-o", "{tmp}/g.svg"], "nope.json"),
@@ -160,6 +171,8 @@ CASES = {
     "inspect model missing": (["inspect", "{tmp}/nope.onnx"], "not found"),
     "inspect model not onnx": (["inspect", "{tmp}/notonnx.onnx"], "not"),
     "inspect dim without value": (["inspect", "{model}", "--dim", "seq"], "NAME=VALUE"),
+    "inspect dim unknown name": (["inspect", "{model}", "--dim", "seqlen=8192"],
+                                 "--dim seqlen: the model has no symbolic dimension 'seqlen' (did you mean seq?)"),
     "inspect blocks zero": (["inspect", "{model}", "--blocks", "0"], "--blocks: must be at least 1"),
     "inspect capacity factor zero": (["inspect", "{model}", "--capacity-factor", "0"], "--capacity-factor"),
     # run (torch or not: each refusal comes before torch is needed, or is the missing torch itself)
@@ -186,6 +199,7 @@ CASES = {
                            "invalid choice"),
     # the command itself
     "unknown command": (["frobnicate"], "invalid choice"),
+    "no command": ([], "give a command"),
 }
 
 HAS_TORCH = torch_available()
@@ -229,3 +243,46 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, place, capsys):
 
 def test_there_are_at_least_40_cases():
     assert len(CASES) >= 40
+
+
+DIM_CASES = [case for case in CASES if " dim " in case]
+
+
+@pytest.mark.parametrize("case", DIM_CASES)
+def test_a_dim_error_names_the_flag_once(case, place, capsys):
+    argv_template, _words = CASES[case]
+    assert main([a.format(**place) for a in argv_template]) == 2
+    assert capsys.readouterr().err.count("--dim") == 1
+
+
+def test_a_missing_highs_is_one_line_with_one_hint(place):
+    """python-mip's own two lines (logging's last resort) and its second install hint stay out of the output."""
+    env = dict(os.environ, PMIP_HIGHS_LIBRARY=str(place["tmp"] / "no-libhighs.so"))
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
+    before = _snapshot(place["tmp"])
+    done = subprocess.run([sys.executable, "-m", "opsched", *COMPARE, "--methods", "mip", "--solver", "highs",
+                           "-o", str(place["tmp"] / "out")], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("opsched: error: solver highs is not available"), done.stderr
+    assert lines[0].count("pip install") == 1 and 'pip install "opsched[highs]"' in lines[0]
+    assert _snapshot(place["tmp"]) == before
+
+
+def test_inspect_says_import_warnings_on_stderr_too(tmp_path, capsys):
+    """An op the import cannot cost is in the summary (stdout) and on stderr, where a --json reader still sees it."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("FancyOp", ["r"], ["y"], name="fancy", domain="com.example")]
+    graph = helper.make_graph(nodes, "u", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid("com.example", 1)])
+    path = tmp_path / "u.onnx"
+    path.write_bytes(model.SerializeToString())
+    assert main(["inspect", str(path), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "FancyOp" in json.loads(captured.out)["warnings"][0]
+    warned = [line for line in captured.err.splitlines() if line.startswith("import: warning:")]
+    assert len(warned) == 1 and "FancyOp" in warned[0]

@@ -143,7 +143,7 @@ def test_plan_input_compares_on_the_plans_stage_graph(tmp_path, capsys):
         (["--stages", "4", "--microbatches", "4", "--w", "3"], "exceeds the full backward"),
         (["--stages", "4", "--microbatches", "4", "--methods", "nope"], "--methods: unknown method nope"),
         (["--stages", "4", "--microbatches", "4", "--memory-limit", "lots"], "--memory-limit: give a number or a method"),
-        (["--stages", "6", "--microbatches", "4", "--devices", "4"], "placement interleaved needs stages (6) divisible"),
+        (["--stages", "6", "--microbatches", "4", "--devices", "4"], "6 stages fit on 4 devices under no placement rule"),
         (["--stages", "4", "--microbatches", "4", "--placement", "diagonal"], "--placement: invalid choice: 'diagonal'"),
         (["--stages", "4", "--microbatches", "4", "--overlap-gain", "2"], "--overlap-gain: must be a finite number between 0 and 1"),
         (["--stages", "4", "--microbatches", "4", "--act", "1", "--act-w", "2"], "act_w"),
@@ -166,7 +166,7 @@ def test_bad_flags_give_one_line_and_exit_2(tmp_path, capsys, argv, message):
 
 def _fake_solve(calls: list):
     def fake_solve(sg, microbatches, memory_limit=None, time_limit=30, solver="cbc", warm_orders=None,
-                   objective="makespan"):
+                   objective="makespan", fallback=True):
         calls.append((len(sg.stages), microbatches, memory_limit, time_limit, solver, sorted(warm_orders), objective))
         schedule = run_baseline("zb-h1", sg, microbatches)
         schedule.name = "mip"
@@ -192,6 +192,29 @@ def in_process(monkeypatch):
     return timeouts
 
 
+def test_the_mip_searches_for_the_time_the_other_rows_left_and_keeps_its_row_place(capsys, monkeypatch, in_process):
+    """--time-limit is the command's: a slow row listed after mip runs first and its time is the MIP's less."""
+    calls = []
+    monkeypatch.setattr(lower, "solve", _fake_solve(calls))
+    real_run_method = compare_cmd.run_method
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(compare_cmd.time, "monotonic", lambda: clock["now"])
+
+    def slow_baselines(name, *args, **kwargs):
+        if name != "mip":
+            clock["now"] += 3.0  # each hand-written row takes 3 s of the command's 10
+        return real_run_method(name, *args, **kwargs)
+
+    monkeypatch.setattr(compare_cmd, "run_method", slow_baselines)
+    code, stdout, err = run_cli(capsys, "--stages", "4", "--microbatches", "8", "--methods", "mip,1f1b,gpipe",
+                                "--time-limit", "10", "--placement", "chain", "--quiet", "--json")
+    assert code == 0, err
+    assert [r["method"] for r in json.loads(stdout)] == ["mip", "1f1b", "gpipe"]
+    (call,) = calls
+    # 10 s less the two rows' 6 s, less the work after the search (checking 3 x 8 x 8 jobs: milliseconds)
+    assert 3.9 < call[3] < 4.0
+
+
 def test_mip_hook_adds_a_row_with_bound_and_gap(tmp_path, capsys, monkeypatch, in_process):
     calls = []
     monkeypatch.setattr(lower, "solve", _fake_solve(calls))
@@ -204,8 +227,11 @@ def test_mip_hook_adds_a_row_with_bound_and_gap(tmp_path, capsys, monkeypatch, i
     rows = {r["method"]: r for r in json.loads(stdout)}
     assert rows["mip"]["lower_bound"] == 20.0 and rows["mip"]["gap"] == 0.1 and rows["mip"]["solver"] == "highs"
     # the baselines' orders on the chain as given are the MIP's warm starts
-    assert calls == [(4, 8, None, 5.0, "highs", sorted(baseline_orders(chain_stage_graph(4), 8)), "makespan")]
-    assert in_process == [3 * 5.0 + 60]  # a hung solver is stopped after 3 x the time limit + 60 s
+    (call,) = calls
+    assert call[:3] + call[4:] == (4, 8, None, "highs", sorted(baseline_orders(chain_stage_graph(4), 8)), "makespan")
+    # the command's 5 s, less the 1f1b row run before it and what checking and writing the files after it need
+    assert 4.0 < call[3] < 5.0
+    assert in_process == [3 * call[3] + 60]  # a hung solver is stopped after 3 x the time limit + 60 s
     assert rows["mip"]["objective"] == "makespan" and rows["mip"]["status"] == "feasible"
     code, table_out, _ = run_cli(capsys, "--stages", "4", "--microbatches", "8", "--methods", "mip", "--quiet",
                                  "--placement", "chain")
@@ -359,7 +385,7 @@ def test_auto_placement_row_names_the_winner_and_every_placement_tried(capsys, m
     from opsched.schedule import Schedule, simulate
 
     def first_order_solve(sg, microbatches, memory_limit=None, time_limit=30, solver="cbc", warm_orders=None,
-                          objective="makespan", thin=True):
+                          objective="makespan", thin=True, fallback=True):
         name, order = sorted(warm_orders.items())[0]
         schedule = Schedule(sg, microbatches, simulate(sg, order, microbatches), name="mip")
         value = metrics(schedule).makespan

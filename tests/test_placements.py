@@ -293,3 +293,51 @@ def test_when_the_prospects_take_the_whole_limit_one_placement_is_still_solved(m
     assert any(t.refused == placements.NOT_STARTED for t in found.tried)
     assert found.cut
     validate(found.result.schedule)
+
+
+def test_once_a_schedule_is_in_hand_a_placement_whose_share_its_solve_would_overrun_is_not_tried(monkeypatch):
+    """On a busy machine a solve's own work besides its search (job set, bound, first start, checks) can outlast its
+    share of a short limit: once one placement has a schedule, such a placement is reported, not solved."""
+    import time
+
+    from opsched.lower import placements
+
+    real_prospect = placements.prospect
+
+    def slow_prospect(*args, **kwargs):  # as on a loaded machine: each placement's setup takes 0.5 s
+        time.sleep(0.5)
+        return real_prospect(*args, **kwargs)
+
+    monkeypatch.setattr(placements, "prospect", slow_prospect)
+    # two placements without warm orders: neither bound rules the other out, so both contend for the time
+    tries = [Candidate("first", chain_stage_graph(4, f=1, b=2, w=1)),
+             Candidate("second", chain_stage_graph(4, f=0.5, b=1, w=0.5))]
+    began = time.monotonic()
+    found = solve_placements(tries, 8, time_limit=2.0, **BUDGET)
+    assert time.monotonic() - began < 2.0 + 1.0
+    assert [t.placement for t in found.tried if t.value is not None] == ["first"]  # nothing in hand yet: solved
+    (skipped,) = [t for t in found.tried if t.value is None]
+    assert skipped.placement == "second" and "solve needs besides the search (about 1" in skipped.refused
+    assert found.cut
+    validate(found.result.schedule)
+
+
+def test_a_placement_whose_search_finds_nothing_in_its_share_makes_no_fallback_once_one_is_in_hand(monkeypatch):
+    """Only the first solve (nothing in hand yet) may make a fallback start after its stop; a later one that found
+    nothing is reported, and the search counts as cut."""
+    from opsched.errors import NoScheduleInTime
+    from opsched.lower import placements
+
+    monkeypatch.setattr(placements, "_prospects", lambda candidates, *_: [None] * len(candidates))
+    asked = []
+
+    def nothing_after_the_first(graph, m, *, fallback, **options):
+        asked.append(fallback)
+        if not fallback:
+            raise NoScheduleInTime("no schedule: its search had found nothing by the time limit (1 s)")
+        return solve(graph, m, **options)
+
+    tries = [Candidate("first", chain_stage_graph(4, f=1, b=2, w=1)), Candidate("second", chain_stage_graph(4))]
+    found = solve_placements(tries, 8, time_limit=20, solve_one=nothing_after_the_first, **BUDGET)
+    assert asked == [True, False]
+    assert found.placement == "first" and found.tried[1].refused.startswith("no schedule") and found.cut

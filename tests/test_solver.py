@@ -44,7 +44,7 @@ def test_a_missing_highs_is_the_same_one_line_error_at_both_levels(no_highs):
     with pytest.raises(OpschedError) as lower:
         solve(chain_stage_graph(2), 4, solver="highs")
     assert str(upper.value) == str(lower.value)
-    assert "pip install highsbox" in str(lower.value) and "\n" not in str(lower.value)
+    assert 'pip install "opsched[highs]"' in str(lower.value) and "\n" not in str(lower.value)
 
 
 def test_plan_with_a_missing_highs_exits_2_before_any_work(no_highs, tmp_path, capsys, monkeypatch):
@@ -55,7 +55,7 @@ def test_plan_with_a_missing_highs_exits_2_before_any_work(no_highs, tmp_path, c
     out = tmp_path / "out"
     code = main(["plan", str(MODELS / "clip_vit_l14.onnx"), "--devices", "4", "--solver", "highs", "-o", str(out)])
     err = capsys.readouterr().err
-    assert code == 2 and "pip install highsbox" in err and "Traceback" not in err
+    assert code == 2 and 'pip install "opsched[highs]"' in err and "Traceback" not in err
     assert not out.exists()
 
 

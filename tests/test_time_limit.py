@@ -20,6 +20,7 @@ import pytest
 from helpers import process_alive
 
 from opsched.baselines import baseline_orders
+from opsched.errors import NoScheduleInTime
 from opsched.solving.isolate import SolverCrash, TimedOut, run_isolated
 from opsched.lower import solve
 from opsched.lower.bounds import lower_bound
@@ -88,6 +89,13 @@ def test_with_nothing_from_the_search_the_result_is_the_first_start_that_fits():
     assert wall <= 0.01 * 1.1 + ROOM
     assert result.status is Status.TIME_LIMIT and result.warm_start == "list-zb"
     _holds(result, 16)
+
+
+def test_without_a_fallback_nothing_from_the_search_is_a_one_line_error():
+    """A caller with a schedule in hand (the placement search) asks for no fallback: nothing is made after the stop."""
+    sg, m = _big()
+    with pytest.raises(NoScheduleInTime, match="no schedule: its search had found nothing by the time limit"):
+        solve(sg, m, memory_limit=16, time_limit=0.01, fallback=False)
 
 
 def _small():

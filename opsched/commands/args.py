@@ -20,12 +20,17 @@ argparse.ArgumentTypeError: must be a finite number between 0 and 1, got 2
 Traceback (most recent call last):
 ...
 opsched.commands.args.UsageError: --stages: expected a whole number, got 'x'
+>>> parser.parse_args(["--stages", "-5x"])
+Traceback (most recent call last):
+...
+opsched.commands.args.UsageError: --stages: expected a whole number, got '-5x'
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -43,6 +48,13 @@ class Parser(argparse.ArgumentParser):
     ``--help`` and ``--version`` still print and exit as usual. Subparsers
     made by ``add_subparsers().add_parser`` are of the same class.
     """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # argparse takes "-5GiB" (a value that starts with a minus and is no bare number) for an unknown option and
+        # says "expected one argument"; no opsched option starts with "-" and a digit, so such a word is a value, and
+        # its flag's type refuses it with a line that says why
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str) -> NoReturn:
         # argparse says "argument --stages: ..."; the flag alone reads as the rest of opsched's errors do
@@ -168,9 +180,15 @@ def byte_size(text: str) -> float:
     Traceback (most recent call last):
     ...
     argparse.ArgumentTypeError: 80 without a unit is 80 bytes; did you mean 80GiB? (write a unit: GiB, GB, MiB; or all the bytes, e.g. 8e10)
+    >>> byte_size("-5GiB")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: a memory size cannot be negative, got -5GiB; write e.g. 80GiB
     """
     from opsched.cost.cluster import parse_bytes
 
+    if str(text).strip().startswith("-"):
+        raise argparse.ArgumentTypeError(f"a memory size cannot be negative, got {text}; write e.g. 80GiB")
     try:
         value = parse_bytes(text)
     except OpschedError as exc:
@@ -193,7 +211,7 @@ def dimension(text: str) -> dict[str, int]:
     from opsched.model.onnx_import import parse_dim
 
     try:
-        return parse_dim(text, source="--dim")
+        return parse_dim(text)  # argparse names the flag in front
     except OpschedError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

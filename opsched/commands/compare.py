@@ -29,6 +29,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import time
 from pathlib import Path
 
 from opsched.commands.args import (
@@ -51,6 +52,22 @@ log = logging.getLogger(__name__)
 
 #: the Gantt files written per method with -o
 GANTT_FILES = ("gantt.svg", "gantt.png", "gantt.html", "trace.json")
+
+# --time-limit is the whole command's wall clock, as plan's is: the rows before the MIP count, and the MIP's search
+# ends early enough for the work after it. That work grows with the jobs of the schedules (measured on 2 cores
+# shared with other work, load 4 to 4.5, issue 45; docs/BENCHMARKS.md, "Time limits under load"):
+#: seconds per job of the MIP's schedule after its search: sent back from the isolated solve, validated, measured
+#: (2.5 s for the 98,304 jobs of p=64, m=256 on the V: 2.5e-5, doubled for a busier machine)
+AFTER_SEARCH_SECONDS_PER_JOB = 5e-5
+#: the work after the MIP's search in measurements of a row (row_of): sending its schedule back from the isolated
+#: solve costs about one more (1.8 s and 2.2 s at p=64, m=256, load 9); with a margin
+AFTER_SEARCH_ROWS = 3.0
+#: seconds per job of every schedule written with -o: plan.json, the two pictures, the HTML page and the trace
+#: (18 s for the 49,152 jobs of zb-h1 at p=64, m=256: 3.7e-4, with a margin)
+FILES_SECONDS_PER_JOB = 6e-4
+#: the least part of --time-limit the MIP gets when the work before it took the whole limit (it then returns about
+#: its first start, and the command runs over by about this part)
+LEAST_MIP_SHARE = 0.05
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,8 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run_.add_argument("--memory-limit", metavar="X",
                       help="per-device memory limit: a number, or a method name meaning that method's peak")
     run_.add_argument("--time-limit", type=positive_float, default="120", metavar="S",
-                      help="wall-clock limit of the MIP in seconds (default 120), shared by the placements it tries: it "
-                           "returns the best schedule "
+                      help="wall-clock limit of the command in seconds (default 120): the MIP runs after the other "
+                           "methods and searches for the time they leave, less what checking its schedule (and with -o "
+                           "writing the files) needs, shared by the placements it tries; it returns the best schedule "
                            "found by then, with status 'time limit reached'; when the limit does not bind, work "
                            "budgets decide the result, so it is deterministic")
     run_.add_argument("--objective", default="makespan", choices=[o.value for o in Objective],
@@ -111,12 +129,15 @@ def method_names(args: argparse.Namespace) -> list[str]:
     from opsched.baselines import NAMES
 
     known = [*NAMES, "mip"]
-    if not args.methods:
+    if args.methods is None:
         return known
     names = [n.strip().lower() for n in args.methods.split(",") if n.strip()]
+    if not names:  # `--methods ''` (an unset shell variable) would otherwise run everything without a word
+        raise OpschedError(f"--methods {args.methods!r} names no method; give a comma list from {','.join(known)} "
+                           "(or leave out --methods to run them all)")
     unknown = [n for n in names if n not in known]
-    if unknown or not names:
-        raise OpschedError(f"--methods: unknown method {', '.join(unknown) or '(none)'}; choose from {','.join(known)}")
+    if unknown:
+        raise OpschedError(f"--methods: unknown method {', '.join(unknown)}; choose from {','.join(known)}")
     return list(dict.fromkeys(names))
 
 
@@ -155,6 +176,10 @@ def stage_graph_from_args(args: argparse.Namespace):
     for s in sg.stages:
         if s.act_w_bytes > s.act_bytes:
             raise OpschedError(f"stage {s.id}: --act-w {s.act_w_bytes:g} exceeds --act {s.act_bytes:g}; AW is part of A")
+    if not any(float(s.time[p]) > 0 for s in sg.stages for p in s.timed_passes()):
+        # every method's step would be 0 and the MIP has no time unit to slot it in: nothing to compare
+        raise OpschedError("--f, --b and --w are 0 on every stage: the pipeline has no work to schedule; "
+                           "give a time > 0 to at least one of them")
     return sg, args.microbatches
 
 
@@ -167,10 +192,27 @@ def given_placement(stages: int, devices: int, choice: str) -> str:
 
     >>> given_placement(8, 4, "auto"), given_placement(8, 8, "v"), given_placement(8, 4, "interleaved")
     ('v', 'chain', 'interleaved')
+
+    Stages that no rule holds are refused, naming the placement asked for (not a fallback):
+
+    >>> given_placement(8, 3, "v")
+    Traceback (most recent call last):
+    ...
+    opsched.errors.OpschedError: --placement v: 8 stages fit on 3 devices under no placement rule (v needs --stages 6 = 2 x --devices, chain --stages 3, interleaved --stages a multiple of 3); change --stages or --devices
     """
     fits = {"chain": stages == devices, "v": stages == 2 * devices, "interleaved": stages % devices == 0}
     if fits.get(choice):
         return choice
+    if not any(fits.values()):
+        needs = {"chain": f"--stages {devices}", "v": f"--stages {2 * devices} = 2 x --devices",
+                 "interleaved": f"--stages a multiple of {devices}"}
+        first = choice if choice in needs else "interleaved"
+        order = [first] + [n for n in needs if n != first]
+        asked = "" if choice == "auto" else f"--placement {choice}: "
+        raise OpschedError(
+            f"{asked}{stages} stages fit on {devices} devices under no placement rule "
+            f"({order[0]} needs {needs[order[0]]}, {', '.join(f'{n} {needs[n]}' for n in order[1:])}); "
+            "change --stages or --devices")
     return "chain" if stages == devices else "v" if stages == 2 * devices else "interleaved"
 
 
@@ -189,13 +231,15 @@ def describe_placement(name: str, sg) -> str:
     return f"{PLACEMENTS[placement_of(name)].rule} ({p} stages)"
 
 
-def run_method(name: str, sg, microbatches: int, limit: float | None, args):
-    """(schedule, extra metrics) of one method; raises OpschedError with the reason it cannot run."""
+def run_method(name: str, sg, microbatches: int, limit: float | None, args, time_limit: float | None = None):
+    """(schedule, extra metrics) of one method; raises OpschedError with the reason it cannot run.
+
+    ``time_limit``: the MIP's seconds (default --time-limit)."""
     from opsched.baselines import run_baseline
     from opsched.schedule import validate
 
     if name == "mip":
-        schedule, extra = run_mip(sg, microbatches, limit, args)
+        schedule, extra = run_mip(sg, microbatches, limit, args, args.time_limit if time_limit is None else time_limit)
     else:
         from opsched.schedule.placement import is_chain, linearize, on_group_devices, onto_groups
 
@@ -207,12 +251,15 @@ def run_method(name: str, sg, microbatches: int, limit: float | None, args):
         schedule = onto_groups(run_baseline(name, chain, microbatches, memory_limit=limit, comm=comm),
                                groups, sg.num_devices)
         extra = {} if chain is pseudo else {"linearized": True}
-    validate(schedule)
+        # (the MIP's schedule was validated where it was made, lower.solve's last step: 2.5 s at p=64, m=256 on a
+        # busy machine, which the command's time limit would pay twice)
+        validate(schedule)
     return schedule, extra
 
 
-def run_mip(sg, microbatches: int, limit: float | None, args) -> tuple:
-    """(schedule, extra row fields) of the MIP over the placements ``--placement`` names, at memory ``limit``."""
+def run_mip(sg, microbatches: int, limit: float | None, args, time_limit: float) -> tuple:
+    """(schedule, extra row fields) of the MIP over the placements ``--placement`` names, at memory ``limit``,
+    within ``time_limit`` seconds."""
     from opsched import lower
     from opsched.solving import isolate
     from opsched.lower.placements import solve_placements
@@ -225,9 +272,9 @@ def run_mip(sg, microbatches: int, limit: float | None, args) -> tuple:
     # limit); this outer child, as the planner's, is the backstop: a native abort or hang anywhere costs this row
     # (SolverCrash), not the command. The hand-written orders that run on a placement start its solve.
     found = isolate.run_isolated(
-        solve_placements, tries, microbatches, memory_limit=limit, time_limit=args.time_limit, solver=args.solver,
+        solve_placements, tries, microbatches, memory_limit=limit, time_limit=time_limit, solver=args.solver,
         objective=args.objective, solve_one=lower.solve, thin_one=thin_pairs,
-        timeout=solve_timeout(args.time_limit),
+        timeout=solve_timeout(time_limit),
     )
     result = found.result
     schedule = result.schedule
@@ -285,8 +332,13 @@ def solve_timeout(time_limit: float) -> float:
     return 3.0 * float(time_limit) + 60.0
 
 
-def resolve_limit(text: str | None, sg, microbatches: int, args) -> tuple[float | None, str | None]:
-    """(limit, method it came from) for --memory-limit: a number, or a method's peak memory per device."""
+def resolve_limit(text: str | None, sg, microbatches: int, args,
+                  deadline: float | None = None) -> tuple[float | None, str | None]:
+    """(limit, method it came from) for --memory-limit: a number, or a method's peak memory per device.
+
+    ``--memory-limit mip`` runs the MIP for half the time left until ``deadline`` (the command's; ``None``: for
+    --time-limit), so that the MIP's row has the other half.
+    """
     from opsched.baselines import NAMES
     from opsched.schedule import metrics
 
@@ -294,13 +346,19 @@ def resolve_limit(text: str | None, sg, microbatches: int, args) -> tuple[float 
         return None, None
     name = text.strip().lower()
     if name in NAMES or name == "mip":
+        time_limit = None
+        if name == "mip" and deadline is not None:
+            time_limit = max(LEAST_MIP_SHARE * args.time_limit, (deadline - time.monotonic()) / 2)
         try:
-            schedule, _ = run_method(name, sg, microbatches, None, args)
+            schedule, _ = run_method(name, sg, microbatches, None, args, time_limit)
         except SolverCrash as exc:
             raise OpschedError(f"--memory-limit {name}: the solver was lost ({exc}); give a number instead") from None
         except OpschedError as exc:
             raise OpschedError(f"--memory-limit {name}: {name} cannot run on this pipeline ({exc})") from None
         return max(metrics(schedule).peak_memory_bytes), name
+    if name.startswith("-"):
+        raise OpschedError(f"--memory-limit {text}: a memory limit cannot be negative; give a number >= 0 (in the "
+                           "units of --act) or a method name")
     try:
         return non_negative_float(text), None
     except argparse.ArgumentTypeError:
@@ -344,25 +402,59 @@ def refused_row(name: str, reason: str) -> dict:
     }
 
 
-def compare(sg, microbatches: int, names: list[str], limit: float | None, args) -> tuple[list[dict], dict]:
-    """Run every method; returns the rows (in ``names`` order) and the schedules that ran."""
-    rows, schedules = [], {}
-    for name in names:
+def compare(sg, microbatches: int, names: list[str], limit: float | None, args, deadline: float | None = None,
+            after_jobs: int = 0) -> tuple[list[dict], dict]:
+    """Run every method; returns the rows (in ``names`` order) and the schedules that ran.
+
+    The MIP runs last, whatever its row's place: it takes the time the others left until ``deadline`` (a
+    :func:`time.monotonic` instant; ``None``: --time-limit from its start), less what the work after it needs
+    (:func:`mip_time_limit`; ``after_jobs`` more jobs of hand-written schedules are checked after it).
+    """
+    rows: dict[str, dict] = {}
+    schedules = {}
+    measured = 0.0  # seconds per job of measuring a row here, now: the machine's speed, load included
+    for name in sorted(names, key=lambda n: n == "mip"):
+        time_limit = None
+        if name == "mip" and deadline is not None:
+            time_limit = mip_time_limit(deadline, args.time_limit, sg, microbatches, list(schedules.values()),
+                                        after_jobs, files=bool(args.output), measured=measured)
         try:
-            schedule, extra = run_method(name, sg, microbatches, limit, args)
+            schedule, extra = run_method(name, sg, microbatches, limit, args, time_limit)
         except Unsupported as exc:
-            rows.append(refused_row(name, str(exc)))
+            rows[name] = refused_row(name, str(exc))
             continue
-        except OpschedError as exc:  # e.g. an order that deadlocks or breaks the memory limit
-            rows.append(refused_row(name, f"{name}: {exc}"))
-            continue
-        except SolverCrash as exc:  # a native abort, death or hang of the isolated solver costs this row
-            rows.append(refused_row(name, f"{name}: {exc}"))
+        except (OpschedError, SolverCrash) as exc:  # an order that deadlocks or breaks the memory limit; a native
+            rows[name] = refused_row(name, f"{name}: {exc}")  # abort, death or hang of the isolated solver
             continue
         schedule.memory_limit = limit
         schedules[name] = schedule
-        rows.append(row_of(name, schedule, extra))
-    return rows, schedules
+        began = time.monotonic()
+        rows[name] = row_of(name, schedule, extra)
+        measured = max(measured, (time.monotonic() - began) / max(1, len(schedule.events)))
+    return [rows[name] for name in names], {name: schedules[name] for name in names if name in schedules}
+
+
+def mip_time_limit(deadline: float, time_limit: float, sg, microbatches: int, done: list, after_jobs: int,
+                   files: bool, measured: float = 0.0) -> float:
+    """Seconds the MIP may search so that the command ends by ``deadline``: the time left, less the work after
+    the search (:data:`AFTER_SEARCH_SECONDS_PER_JOB` per job of its largest placement and of ``after_jobs``, or
+    :data:`AFTER_SEARCH_ROWS` times ``measured``, the seconds per job a row took to measure here, when that is more:
+    a busy machine; and with ``files`` :data:`FILES_SECONDS_PER_JOB` per job of every schedule written, ``done``
+    the rows' so far); at least :data:`LEAST_MIP_SHARE` of ``time_limit``.
+
+    >>> from opsched.schedule import chain_stage_graph
+    >>> now = time.monotonic()
+    >>> round(mip_time_limit(now + 120, 120, chain_stage_graph(64), 256, [], 0, files=False))   # 98,304 jobs
+    115
+    >>> mip_time_limit(now - 1, 120, chain_stage_graph(64), 256, [], 0, files=False)
+    6.0
+    """
+    # the largest placement the MIP tries holds max(P, 2D) stages (the V, DualPipe's two copies), 3 jobs each
+    mip_jobs = 3 * microbatches * max(len(sg.stages), 2 * (sg.num_devices or len(sg.stages)))
+    reserve = max(AFTER_SEARCH_SECONDS_PER_JOB, AFTER_SEARCH_ROWS * measured) * (mip_jobs + after_jobs)
+    if files:
+        reserve += FILES_SECONDS_PER_JOB * (mip_jobs + after_jobs + sum(len(s.events) for s in done))
+    return max(LEAST_MIP_SHARE * float(time_limit), deadline - time.monotonic() - reserve)
 
 
 def schedule_files(paths: list[str], sg, microbatches: int) -> list:
@@ -468,6 +560,8 @@ def _tried_text(t: dict) -> str:
         return _g(t["objective_value"])
     if t["error"].startswith("not tried"):
         return "not tried"
+    if t["error"].startswith("no schedule"):
+        return "no schedule in time"
     if t["error"].startswith("not solved"):
         return f"cannot win (bound {_g(t['lower_bound'])})"
     return "refused"
@@ -537,6 +631,7 @@ def write_outputs(out_dir: Path, rows: list[dict], schedules: dict) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    deadline = time.monotonic() + args.time_limit  # the whole command's (mip_time_limit)
     sg, microbatches = stage_graph_from_args(args)
     names = method_names(args)
     if "mip" in names:
@@ -547,8 +642,9 @@ def run(args: argparse.Namespace) -> int:
 
         check_output_dir(out_dir, "-o")  # before any method runs
     written = schedule_files(args.schedule, sg, microbatches)  # checked before anything runs
-    limit, limit_from = resolve_limit(args.memory_limit, sg, microbatches, args)
-    rows, schedules = compare(sg, microbatches, names, limit, args)
+    limit, limit_from = resolve_limit(args.memory_limit, sg, microbatches, args, deadline)
+    rows, schedules = compare(sg, microbatches, names, limit, args, deadline,
+                              after_jobs=sum(len(w.events) for w in written))
     add_schedule_file_rows(written, limit, rows, schedules)
     if out_dir is not None and schedules:
         write_outputs(out_dir, rows, schedules)

@@ -118,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
                         optimizer_state=args.optimizer_state)
     bg = coarsen(og)
     log.info("import: %s: %d operators, %d blocks, dims %s", args.model, og.number_of_nodes(), bg.number_of_nodes(), used)
+    for sentence in og.graph.get("warnings") or []:  # what the import could not cost (unknown ops...), as plan says
+        log.warning("import: warning: %s", sentence)
     result = evaluate_layout(bg, cluster, training, layout, global_batch=args.global_batch,
                              micro_batch_size=args.micro_batch_size, tokens_per_sequence=tokens_per_sequence,
                              schedule=args.schedule, memory_limit=args.memory_limit)

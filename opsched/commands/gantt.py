@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from opsched.export.plan_json import plan_step_time, read_plan
+    from opsched.export.plan_json import is_plan_file, plan_step_time, read_plan
     from opsched.fileio import check_not_input, check_output_file
     from opsched.schedule import ScheduleError, validate
 
@@ -42,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
     for out in args.output:
         gantt_format(out)  # a suffix that names no format is refused here, before anything is read
         check_not_input(out, [args.plan], "-o")
+        if is_plan_file(out):  # a trace would silently replace another plan (often a search of hours)
+            raise OpschedError(f"-o {out}: is a plan file, which the Gantt trace would replace; give another file "
+                               "name, e.g. trace.json")
         check_output_file(out, "-o", example="gantt" + Path(out).suffix)
     schedule, doc = read_plan(args.plan)
     if not args.no_validate:

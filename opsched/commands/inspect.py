@@ -32,9 +32,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from collections import Counter
 
 from opsched.commands.args import dimension, merged_dims, non_negative_int, positive_float, positive_int
+
+log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +60,8 @@ def summarise(path: str, dims: dict[str, int] | None = None, capacity_factor: fl
     from opsched.model.graph import totals
     from opsched.model.onnx_import import import_onnx, routing_assumptions
 
-    g = import_onnx(path, dims=dims, capacity_factor=capacity_factor)
+    # a --dim the model does not have is refused (a typo would otherwise summarise the default dims)
+    g = import_onnx(path, dims=dims, capacity_factor=capacity_factor, strict_dims=True)
     bg = coarsen(g, depth=depth, target_blocks=blocks)
     t = totals(g)
     types = Counter(data["op"].op_type for _, data in g.nodes(data=True))
@@ -123,6 +127,9 @@ def format_summary(s: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     s = summarise(args.model, dims=merged_dims(args.dim), capacity_factor=args.capacity_factor, depth=args.depth, blocks=args.blocks)
+    # the summary lists them on stdout; stderr gets them too, as plan's do, so --json or a redirect cannot hide them
+    for sentence in s["warnings"]:
+        log.warning("import: warning: %s", sentence)
     if args.json:
         print(json.dumps(s, indent=2, sort_keys=False))
     else:

@@ -134,6 +134,22 @@ def write_plan(path: str | os.PathLike, schedule: Schedule, *, extra: dict | Non
     return doc
 
 
+def is_plan_file(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is an existing file holding a plan (a JSON object of schema :data:`SCHEMA`).
+
+    Commands that write other JSON (a Gantt trace) refuse to replace one: a plan is the work of a search.
+
+    >>> is_plan_file("pyproject.toml"), is_plan_file("no/such/file.json")
+    (False, False)
+    """
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(doc, dict) and doc.get("schema") == SCHEMA
+
+
 def read_plan(path: str | os.PathLike) -> tuple[Schedule, dict]:
     """Read a plan.json into a :class:`Schedule` and the raw document.
 

@@ -13,7 +13,11 @@ would get (same sub-MIP and node counts), so when no clock binds the result
 is exactly the best of the fixed placements' results, deterministically. The
 time limit is shared: each placement may use the time left divided by the
 placements left, so time one did not need passes to the next; a placement
-whose turn comes after the limit is not tried (:attr:`PlacementSearch.cut`).
+whose turn comes after the limit is not tried (:attr:`PlacementSearch.cut`),
+nor, once a schedule is in hand, one whose share is less than its solve
+needs besides the search (:data:`SOLVE_OVERHEAD_FACTOR` times its
+prospect's seconds): on a busy machine that work alone would run past the
+limit.
 With overlapped pairs, each result that is the best so far has its pairs
 thinned right away (:func:`opsched.lower.solve.thin_pairs`), within the
 share of one more placement: the thinning stops on its own budget, mostly
@@ -64,6 +68,15 @@ log = logging.getLogger(__name__)
 
 #: why a placement has no result when the time limit ran out before its turn
 NOT_STARTED = "not tried: the time limit ran out before its turn"
+#: why a placement has no result when its share of the time left is less than its solve needs besides its search
+TOO_LITTLE_TIME = ("not tried: its share of the time left, {share:.3g} s, is less than its solve needs besides the "
+                   "search (about {need:.3g} s)")
+#: how the reasons of placements a clock cut begin (the search then counts as cut); "no schedule" is
+#: :class:`~opsched.errors.NoScheduleInTime`'s, a placement whose search found none in its share
+CUT_REASONS = ("not tried", "no schedule")
+#: a solve's own work besides its search (its job set and bound, its first start, re-timing and validating the
+#: result) in seconds of its prospect's: 7.2 s against 4.0 s on the V at p=64, m=256 on 2 cores at load 7
+SOLVE_OVERHEAD_FACTOR = 2.0
 #: the share of the limit a placement gets when the clock ran out before any placement had a result (the prospects
 #: can take a whole short limit: 1.5 s at p=16, m=64 on a loaded CI machine); its solve then returns about its first
 #: start, so the search returns a schedule, over the limit by at most this share and that solve's setup
@@ -125,7 +138,7 @@ class PlacementSearch:
     @property
     def cut(self) -> bool:
         """Whether the time limit ran out before every placement was tried."""
-        return any(t.refused == NOT_STARTED for t in self.tried)
+        return any(t.refused.startswith(CUT_REASONS) for t in self.tried)
 
     @property
     def lower_bound_all(self) -> float:
@@ -199,9 +212,15 @@ def solve_placements(
             tried[k] = Tried(candidate.placement, refused=NOT_STARTED)  # counts as cut
             return
         share = left / (1 + len(waiting)) if left > 0 else LAST_RESORT_SHARE * float(time_limit)
+        need = 0.0 if hopes[k] is None else SOLVE_OVERHEAD_FACTOR * hopes[k].seconds
+        if best is not None and share < need:  # its solve would run past its share by what it needs besides the
+            tried[k] = Tried(candidate.placement, refused=TOO_LITTLE_TIME.format(share=share, need=need))  # search
+            return
         try:
-            result = run(candidate.stage_graph, microbatches, time_limit=share,
-                         warm_orders=candidate.warm_orders, **thin_options, **solve_options)
+            # with a schedule in hand, a search that found none in its share gives up the fallback start, whose
+            # making would run past the share (a list schedule when no warm order fits: 11 s at p=64, m=256)
+            result = run(candidate.stage_graph, microbatches, time_limit=share, warm_orders=candidate.warm_orders,
+                         fallback=best is None, **thin_options, **solve_options)
         except OpschedError as exc:  # this placement does not fit (e.g. its minimum memory is over the limit)
             if isinstance(exc, MemoryTooSmall):
                 too_small.append(exc)
@@ -257,11 +276,13 @@ def _prospects(candidates: list[Candidate], microbatches: int, solve_options: di
     options = {k: v for k, v in solve_options.items() if k in _PROSPECT_OPTIONS}
     out: list[Prospect | None] = []
     for c in candidates:
+        began = time.monotonic()
         try:
-            out.append(None if c.stage_graph is None else
-                       prospect(c.stage_graph, microbatches, warm_orders=c.warm_orders, **options))
+            hope = None if c.stage_graph is None else prospect(c.stage_graph, microbatches, warm_orders=c.warm_orders,
+                                                               **options)
         except MemoryTooSmall:
-            out.append(None)
+            hope = None
+        out.append(None if hope is None else hope._replace(seconds=time.monotonic() - began))
     return out
 
 

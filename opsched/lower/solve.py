@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
-from opsched.errors import Deadlock, OpschedError
+from opsched.errors import Deadlock, NoScheduleInTime, OpschedError
 from opsched.solving.isolate import SolverCrash, TimedOut, run_isolated
 from opsched.lower.bounds import lower_bound as combinatorial_bound
 from opsched.lower.bounds import own_orders_hold_every_schedule, span_lower_bound
@@ -291,6 +291,7 @@ def solve(
     objective: Objective | str = Objective.MAKESPAN,
     search_budget: int | None = SEARCH_BUDGET,
     thin: bool = True,
+    fallback: bool = True,
 ) -> LowerResult:
     """Find a short schedule of every job within the memory limit, with a proven lower bound.
 
@@ -326,6 +327,12 @@ def solve(
     device span from its first F to its last W or B); ``lower_bound`` and
     ``gap`` then refer to that objective.
 
+    ``fallback``: when the search sent no order by its stop (a clock or a
+    crash), the first start that fits is made here, after the stop (a
+    simulation per warm order, a list schedule when none fits); without it
+    :class:`opsched.errors.NoScheduleInTime` is raised instead, for a caller
+    that has a schedule in hand and would rather hold its time.
+
     ``thin``: with pairs (makespan objective), the search ends by thinning
     the best order's pairs at its makespan while time is left
     (:func:`thin_pairs`, which a search over placements runs on the winner
@@ -352,8 +359,10 @@ def solve(
     # work that ran up to the deadline was cut by it (every loop of the search checks it)
     cut = watch.done is None or watch.done >= deadline
     if watch.order is None:  # nothing came in time: a cheap order, made here
-        watch.start, watch.order = _first_start(js, budgets, allow_pairs, warm_orders)
         what = "crashed" if crash else "had found nothing by the time limit"
+        if not fallback:
+            raise NoScheduleInTime(f"no schedule: its search {what} ({time_limit:.3g} s)")
+        watch.start, watch.order = _first_start(js, budgets, allow_pairs, warm_orders)
         log.info("[lower] the search %s: the result is the first start that fits, %s", what, watch.start)
     return _result(watch, js, memory_limit, objective, solver, time_limit if cut else None, crash)
 
@@ -367,6 +376,9 @@ class Prospect(NamedTuple):
     #: name; the solve's result is never worse, unless a clock cuts it before it has timed its starts
     warm_value: float | None
     warm_name: str | None
+    #: wall seconds the prospect took (set by its caller): about what a solve of the graph spends besides its search
+    #: (the same job set and bound, and a simulation of its start), so a search over graphs gives none too little time
+    seconds: float = 0.0
 
 
 def prospect(

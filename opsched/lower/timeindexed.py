@@ -37,6 +37,7 @@ from typing import Iterable, Mapping
 
 import mip
 
+from opsched.errors import OpschedError
 from opsched.lower.jobs import PAIRED_BACKWARDS, JobSet, topological_order
 from opsched.schedule import Action, Edge, Job, Pair, Stage, StageGraph, pair_duration
 from opsched.solving.solver import Objective, Status, collector_paused, new_model
@@ -129,7 +130,10 @@ def auto_slot(sg: StageGraph, horizon: float, budget: int = 400, pairs: bool = F
     g = exact_slot(sg, pairs)
     if g is not None and horizon / g <= budget:
         return g
-    shortest = min(float(s.time[p]) for s in sg.stages for p in s.timed_passes() if float(s.time[p]) > 0)
+    shortest = min((float(s.time[p]) for s in sg.stages for p in s.timed_passes() if float(s.time[p]) > 0),
+                   default=None)
+    if shortest is None:  # commands refuse such a pipeline up front; a library caller gets a reason, not min()'s
+        raise OpschedError("every pass of the pipeline lasts 0: there is no work to schedule")
     q = max(1, int(budget * shortest / max(horizon, shortest)))
     return shortest / q
 

@@ -117,6 +117,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import graphlib
 import math
 import os
@@ -241,8 +242,16 @@ def parse_dims(text: str, source: str = "dims") -> dict[str, int]:
     return out
 
 
-def parse_dim(item: str, source: str = "--dim") -> dict[str, int]:
-    """Parse one ``NAME=VALUE`` with a positive integer value."""
+def parse_dim(item: str, source: str | None = None) -> dict[str, int]:
+    """Parse one ``NAME=VALUE`` with a positive integer value; ``source`` names where it came from in the error.
+
+    Without ``source`` the error leaves it out, for argparse, which puts the flag's name in front itself:
+
+    >>> parse_dim("seqlen")
+    Traceback (most recent call last):
+    ...
+    opsched.errors.OpschedError: bad dimension 'seqlen': write NAME=VALUE with a positive integer, e.g. seq=4096
+    """
     name, sep, value = item.partition("=")
     name = name.strip()
     try:
@@ -250,8 +259,9 @@ def parse_dim(item: str, source: str = "--dim") -> dict[str, int]:
     except ValueError:
         number = 0
     if not sep or not name or number <= 0:
+        where = f" in {source}" if source else ""
         raise OpschedError(
-            f"bad dimension {item!r} in {source}: write NAME=VALUE with a positive integer, e.g. seq=4096")
+            f"bad dimension {item!r}{where}: write NAME=VALUE with a positive integer, e.g. seq=4096")
     return {name: number}
 
 
@@ -347,13 +357,25 @@ def _resolve_dims(model: onnx.ModelProto, dims: dict[str, int] | None, warnings:
     known = {name for expr in used for name in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", expr)}
     unknown = sorted(set(dims or {}) - known - set(defaults))
     if unknown and strict:
-        listed = ", ".join(sorted(known | set(defaults))) or "none (every input shape is fixed)"
-        raise OpschedError(f"--dim {unknown[0]}: the model has no symbolic dimension '{unknown[0]}'; its dimensions "
-                           f"are {listed}")
+        raise OpschedError(unknown_dim_message(unknown[0], known | set(defaults)))
     unused = sorted(set(dims or {}) - known)
     if unused:
         warnings.append(f"dims not used by any graph input: {', '.join(unused)}")
     return resolved
+
+
+def unknown_dim_message(name: str, names: set[str]) -> str:
+    """The error for a ``--dim`` name the model does not have: its dimensions, and the closest one to the typo.
+
+    >>> unknown_dim_message("seqlen", {"batch", "seq"})
+    "--dim seqlen: the model has no symbolic dimension 'seqlen' (did you mean seq?); its dimensions are batch, seq"
+    >>> unknown_dim_message("seq", set())
+    "--dim seq: the model has no symbolic dimension 'seq'; its dimensions are none (every input shape is fixed)"
+    """
+    close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.5)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    listed = ", ".join(sorted(names)) or "none (every input shape is fixed)"
+    return f"--dim {name}: the model has no symbolic dimension {name!r}{hint}; its dimensions are {listed}"
 
 
 def _set_dims(tensor_type, dims: dict[str, int], keep_unknown: bool) -> None:

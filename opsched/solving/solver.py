@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import logging
 
 import mip
 
@@ -29,6 +30,13 @@ from opsched.model.graph import gc_paused
 
 #: solver names the command line accepts -> python-mip's backend name
 BACKENDS = {"cbc": mip.CBC, "highs": "HiGHS"}
+#: the one install hint of each backend that is an extra of opsched (pyproject.toml)
+INSTALL_HINTS = {"highs": 'pip install "opsched[highs]"'}
+
+# python-mip logs a backend library it cannot load (two lines, with its own install hint) through logging's
+# last-resort handler when nobody configured logging; new_model's error says the same in one line, so the
+# library's record goes to a handler that drops it (an application that configures logging still gets it)
+logging.getLogger("mip").addHandler(logging.NullHandler())
 SOLVERS = tuple(BACKENDS)
 
 
@@ -145,11 +153,10 @@ def new_model(solver: str, *, threads: int = 1, seed: int = 0, max_gap: float | 
         raise OpschedError(f"unknown solver {solver!r}; choose {' or '.join(SOLVERS)}")
     try:
         model = mip.Model(sense=mip.MINIMIZE, solver_name=backend)
-    except Exception as exc:  # python-mip raises plain exceptions when a backend library is missing
-        raise OpschedError(
-            f"solver {solver} is not available ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
-            "install it with: pip install highsbox (or use --solver cbc)"
-        ) from None
+    except Exception:  # python-mip raises plain exceptions (with its own hint) when a backend library is missing
+        hint = INSTALL_HINTS.get(solver, "reinstall python-mip")
+        raise OpschedError(f"solver {solver} is not available (its library did not load): {hint}, "
+                           "or use --solver cbc") from None
     model.verbose = 0
     model.threads = threads
     model.seed = seed
