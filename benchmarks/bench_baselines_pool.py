@@ -20,7 +20,7 @@ from opsched.cost.cluster import Training, preset
 from opsched.model.coarsen import coarsen
 from opsched.plan.contiguous import contiguous_baselines
 from opsched.model.onnx_import import import_onnx
-from opsched.plan.search import _reduced
+from opsched.plan.smallest_memory import _reduced
 from opsched.upper.layouts import layouts
 
 

@@ -53,7 +53,8 @@ from bench_dualpipe_grid import RATIOS, grid_case  # the grid's cases have one h
 from opsched.export.plan_json import read_plan_schedule
 from opsched.lower.bounds import lower_bound
 from opsched.lower.jobs import JobSet, activation_budgets
-from opsched.lower.timeindexed import starts_to_order, symmetric_forward_chains
+from opsched.lower.slot_solve import starts_to_order
+from opsched.lower.timeindexed import symmetric_forward_chains
 from opsched.schedule import Schedule, simulate, validate
 
 

@@ -22,6 +22,7 @@ from opsched.cost.cluster import Training, preset
 from opsched.cost.parallel_layout import ParallelLayout
 from opsched.model.coarsen import coarsen
 from opsched.model.onnx_import import import_onnx
+from opsched.plan import chunk_cost as C
 from opsched.plan import layouts as L
 
 
@@ -30,8 +31,8 @@ def chunk_terms(bg, layout: ParallelLayout, cluster, training: Training, chunk: 
     index = L.model_index(bg)
     chunks = L.layer_chunks(bg, layout.pp * layout.vpp, index,
                             units=layout.chunk_units(len(index.layers), len(index.mtp_layers)))
-    groups = L._rank_devices(layout, cluster.devices, chunk % layout.pp)
-    links = L._ChunkLinks.of(groups, layout, cluster)
+    groups = C._rank_devices(layout, cluster.devices, chunk % layout.pp)
+    links = C._ChunkLinks.of(groups, layout, cluster)
     training = dataclasses.replace(training, recompute=layout.recompute, recompute_modules=layout.recomputed_modules,
                                    sequence_parallel=layout.sp)
     passes = dict(F=0.0, I=0.0, W=0.0, f_comm=0.0)
@@ -39,13 +40,13 @@ def chunk_terms(bg, layout: ParallelLayout, cluster, training: Training, chunk: 
     share = layout.tp * layout.cp
     for b in chunks[chunk]:
         block = bg.nodes[b]["block"]
-        cost = L._block_share(block, index.tokens_in[b], index.expert_share[b], layout, groups, links, cluster,
+        cost = C._block_share(block, index.tokens_in[b], index.expert_share[b], layout, groups, links, cluster,
                               training, index.routed_copies.get(b, 1.0)).cost
         for k in passes:
             passes[k] += getattr(cost, k)
         expert = index.experts_of[b] > 0
         if expert and layout.ep > 1:
-            block = L._weights_read_once_per_ep(block, layout.ep)
+            block = C._weights_read_once_per_ep(block, layout.ep)
         zero = dict(matmul_flops=0.0, matmul_io_bytes=0.0, matmul_padded_flops=0.0, attention_flops=0.0,
                     attention_io_bytes=0.0)
         parts = {

@@ -32,7 +32,7 @@ from opsched.cli import build_parser
 from opsched.commands.compare import resolve_limit, stage_graph_from_args
 from opsched.lower.jobs import JobSet, activation_budgets
 from opsched.lower.pairing import pair_up
-from opsched.lower.solve import split_fused_backward
+from opsched.lower.starts import split_fused_backward
 from opsched.plan.placements import candidates
 from opsched.schedule import simulate
 

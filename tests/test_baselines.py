@@ -483,7 +483,8 @@ def test_the_planner_offers_the_best_baseline_on_fewer_nodes_when_more_are_slowe
     from opsched.cost.cluster import Training, cluster_from_dict, with_devices
     from opsched.plan.contiguous import contiguous_baselines
     from opsched.model.graph import Block
-    from opsched.plan.search import RuntimeFilter, idle_devices
+    from opsched.plan.runtime_filter import RuntimeFilter
+    from opsched.plan.search import idle_devices
 
     bg = nx.DiGraph(kind="BlockGraph")
     for i in range(4):

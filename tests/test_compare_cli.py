@@ -13,6 +13,7 @@ from opsched.baselines import NAMES, baseline_orders, run_baseline
 from opsched.cli import main
 from opsched.commands import compare as compare_cmd
 from opsched.errors import Unsupported
+from opsched.plan import compare as compare_run
 from opsched.export.plan_json import read_plan
 from opsched.schedule import chain_stage_graph, metrics, validate
 
@@ -196,16 +197,16 @@ def test_the_mip_searches_for_the_time_the_other_rows_left_and_keeps_its_row_pla
     """--time-limit is the command's: a slow row listed after mip runs first and its time is the MIP's less."""
     calls = []
     monkeypatch.setattr(lower, "solve", _fake_solve(calls))
-    real_run_method = compare_cmd.run_method
+    real_run_method = compare_run.run_method
     clock = {"now": 1000.0}
-    monkeypatch.setattr(compare_cmd.time, "monotonic", lambda: clock["now"])
+    monkeypatch.setattr(compare_run.time, "monotonic", lambda: clock["now"])
 
     def slow_baselines(name, *args, **kwargs):
         if name != "mip":
             clock["now"] += 3.0  # each hand-written row takes 3 s of the command's 10
         return real_run_method(name, *args, **kwargs)
 
-    monkeypatch.setattr(compare_cmd, "run_method", slow_baselines)
+    monkeypatch.setattr(compare_run, "run_method", slow_baselines)
     code, stdout, err = run_cli(capsys, "--stages", "4", "--microbatches", "8", "--methods", "mip,1f1b,gpipe",
                                 "--time-limit", "10", "--placement", "chain", "--quiet", "--json")
     assert code == 0, err
@@ -359,7 +360,7 @@ def test_a_solver_crash_costs_the_mip_row_not_the_command(capsys, monkeypatch):
 
 def test_a_hung_solver_is_stopped_after_its_timeout(capsys, monkeypatch):
     monkeypatch.setattr(lower, "solve", _hang)
-    monkeypatch.setattr(compare_cmd, "solve_timeout", lambda limit: 0.5)
+    monkeypatch.setattr(compare_run, "solve_timeout", lambda limit: 0.5)
     code, out, _ = run_cli(capsys, "--stages", "2", "--microbatches", "2", "--methods", "1f1b,mip")
     assert code == 0 and "refused: mip: the solver did not return within" in out
 

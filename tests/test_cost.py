@@ -11,14 +11,12 @@ from helpers import SLOW_LINK_CLUSTER
 from opsched.cost.cluster import Training, cluster_from_dict
 from opsched.cost.blocks import (
     Mode,
-    allreduce_time,
-    alltoall_time,
     block_cost,
     expert_count,
     modes_for,
     roofline_time,
-    transfer_time,
 )
+from opsched.cost.collectives import allreduce_time, alltoall_time, transfer_time
 from opsched.errors import OpschedError
 from opsched.model.graph import Block
 
@@ -263,7 +261,7 @@ def test_sequence_parallelism_splits_what_tensor_ranks_hold_whole():
 
 
 def test_context_ring_is_hidden_behind_enough_attention():
-    from opsched.cost.blocks import context_ring_time
+    from opsched.cost.collectives import context_ring_time
 
     attn = Block(0, "attn", ("layers.0",), (), attention_kv_bytes=4e9)
     fast = context_ring_time(attn, tp=1, cp=4, attention_time=100.0, bandwidth=1e9, latency=1e-5)
@@ -285,9 +283,9 @@ def attention_layer(kv: float, attention_flops: float = 2e12) -> Block:
        attention=st.floats(1e9, 1e14), recompute=st.sampled_from(["none", "selective", "full"]))
 def test_a_context_parallel_mode_costs_what_evaluate_costs(tp, cp, kv, attention, recompute):
     """Issue 45: the planner's cpN mode pays the K/V ring by the rule `opsched evaluate` uses for a
-    Megatron-style layout with --context-parallel-size (plan.layouts._block_share), to the same figures."""
+    Megatron-style layout with --context-parallel-size (plan.chunk_cost._block_share), to the same figures."""
     from opsched.cost.parallel_layout import ParallelLayout
-    from opsched.plan.layouts import _block_share, _ChunkLinks, _rank_devices
+    from opsched.plan.chunk_cost import _block_share, _ChunkLinks, _rank_devices
 
     training = replace(T, recompute=recompute)
     b = attention_layer(kv, attention)

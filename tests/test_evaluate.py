@@ -160,7 +160,7 @@ def test_command_prints_json_and_refuses_bad_input_before_the_import(tmp_path, c
 
 def test_layout_search_prunes_without_losing_the_best(llama):
     """Skipping layouts whose busiest rank's work alone cannot win never changes the best layout found."""
-    from opsched.plan.layouts import layout_grid, search_layouts
+    from opsched.plan.layout_search import layout_grid, search_layouts
 
     c = preset("h100-sxm", 8)
     pruned = search_layouts(llama, c, Training(), global_batch=32, tokens_per_sequence=4096)
@@ -177,7 +177,7 @@ def test_layout_search_with_tp_comm_overlap_overlaps_every_tensor_parallel_layou
     """``Training.tp_comm_overlap`` (`plan --tp-comm-overlap on`): every layout with tp > 1 is evaluated with
     Megatron's --tp-comm-overlap, each exactly as `evaluate --layout ...,tp_overlap=1` gives it, none slower than
     without, and the tp = 1 layouts unchanged."""
-    from opsched.plan.layouts import search_layouts
+    from opsched.plan.layout_search import search_layouts
 
     c = preset("h100-sxm", 8)
     kw = dict(global_batch=32, tokens_per_sequence=4096, keep=1000)
@@ -202,7 +202,8 @@ def test_the_layout_floor_is_below_every_evaluated_step_and_the_best_first_searc
     """:func:`layout_floor` (what the search ranks and prunes by, without simulating) is never above the step
     :func:`evaluate_layout` gives the layout, with any recomputation, pipelines of 1 to 32 ranks and interleaving;
     so the best-first search returns the fastest of all the layouts."""
-    from opsched.plan.layouts import _held_param_bytes, layout_floor, search_layouts
+    from opsched.plan.layout_search import search_layouts
+    from opsched.plan.layouts import _held_param_bytes, layout_floor
 
     c = preset("h100-sxm", devices)
     every = search_layouts(llama, c, Training(), global_batch=global_batch, tokens_per_sequence=4096, keep=10_000,
@@ -235,7 +236,7 @@ def test_the_layout_floor_is_below_every_evaluated_step_and_the_best_first_searc
 def test_a_layout_over_memory_is_refused_from_its_order_with_the_simulated_peak(llama):
     """``memory_first``: the peak of Megatron's schedules follows from each rank's order, so a layout over the
     limit is not timed, and that peak equals the simulated one; every layout under it is evaluated as before."""
-    from opsched.plan.layouts import layout_grid
+    from opsched.plan.layout_search import layout_grid
 
     c = preset("h100-sxm", 8)
     limit = 30 * 2**30
@@ -258,7 +259,7 @@ def test_a_layout_over_memory_is_refused_from_its_order_with_the_simulated_peak(
 def test_layout_search_keeps_only_accepted_layouts_and_still_the_fastest_of_them(llama):
     """``accept`` (a runtime that cannot run a layout, for `plan --runtime`) leaves layouts out before pruning
     against them, so the result is the fastest accepted layout, as the unpruned search ranks them."""
-    from opsched.plan.layouts import search_layouts
+    from opsched.plan.layout_search import search_layouts
 
     c = preset("h100-sxm", 8)
     every = search_layouts(llama, c, Training(), global_batch=32, tokens_per_sequence=4096, keep=1000)
@@ -273,7 +274,7 @@ def test_layout_search_at_least_matches_mixtrals_published_layout(mixtral):
     it counts a step: the whole gradient sync) finds a layout no slower than that one, and keeps the experts
     spread over devices without tensor parallelism, as Megatron does. Ranked by evaluate's step time instead, the
     search returned PP2 x DP32, slower on the planner's count: its 32 replicas sync more."""
-    from opsched.plan.layouts import search_layouts
+    from opsched.plan.layout_search import search_layouts
 
     bg = coarsen(import_onnx(MODELS / "mixtral_8x7b.onnx", dims={"batch": 1, "seq": 4096}))
     cluster = preset("h100-sxm", 64)
@@ -288,7 +289,7 @@ def test_layout_search_at_least_matches_mixtrals_published_layout(mixtral):
 def test_layout_search_on_fewer_devices_never_loses_to_the_search_on_all(llama):
     """With ``fewer_devices`` the best layout is at least as fast as the best on every device, and as the best on
     half of them: devices may idle, so adding them never makes the plan slower."""
-    from opsched.plan.layouts import search_layouts
+    from opsched.plan.layout_search import search_layouts
 
     def best(devices, global_batch, fewer):
         found = search_layouts(llama, preset("h100-sxm", devices), Training(), global_batch=global_batch,
@@ -391,7 +392,7 @@ def test_command_refuses_context_parallel_layouts_it_cannot_cost_before_the_impo
 
 def test_layout_search_keeps_the_cheapest_recomputation_that_fits(llama, monkeypatch):
     """Each layout tries none, selective, then full recomputation and keeps the first that fits."""
-    import opsched.plan.layouts as ev
+    import opsched.plan.layout_search as ev
 
     real = ev.evaluate_layout
     memory = {"none": 3.0, "selective": 2.0, "full": 1.0}  # what each setting needs, in units of the limit below
@@ -419,7 +420,7 @@ def test_a_recomputation_that_stores_no_less_than_one_that_overflowed_is_not_sim
     """Megatron's schedules run a fixed order per rank, so a setting whose stages hold no fewer activations peaks
     the same: with a fused attention (no stored scores) selective holds what none holds, so where none overflows
     the search goes straight to full, and finds what simulating selective too would."""
-    import opsched.plan.layouts as ev
+    import opsched.plan.layout_search as ev
 
     c = preset("h100-sxm", 8)
     tried = []
@@ -448,7 +449,7 @@ def test_a_recomputation_that_stores_no_less_than_one_that_overflowed_is_not_sim
 
 def test_the_layout_grid_tries_context_parallelism_on_long_sequences_only():
     """cp 2, 4, 8 from 8192 tokens, within a node with tp, dividing a pipeline rank's devices; none with ep."""
-    from opsched.plan.layouts import CP_MIN_SEQ_LEN, layout_grid
+    from opsched.plan.layout_search import CP_MIN_SEQ_LEN, layout_grid
 
     short = layout_grid(16, 8, layers=32, experts=0, seq_len=CP_MIN_SEQ_LEN - 1)
     assert short and all(l.cp == 1 for l in short)
@@ -468,7 +469,7 @@ def llama3_64k():
 
 def test_the_search_picks_context_parallelism_for_a_64k_sequence(llama3_64k):
     """Llama 3 8B, 64K tokens, global batch 4 on 8 H100s: the fastest layout that fits splits the sequence."""
-    from opsched.plan.layouts import search_layouts
+    from opsched.plan.layout_search import search_layouts
 
     best, *rest = search_layouts(llama3_64k, preset("h100-sxm", 8), Training(), global_batch=4,
                                  tokens_per_sequence=65536, keep=50)
@@ -548,7 +549,7 @@ def test_the_layout_grid_counts_the_ends_as_layers_where_no_depth_divides_the_la
     """BLOOM-176B's 70 layers on 384 devices (3 x 128): no pp dividing 70 takes the factor 3, so only the
     depths that count the embedding and the head as layers (72 units) use every device with dp a power of 2
     (a global batch of 2048 needs that); the published tp4 pp12 is one of them."""
-    from opsched.plan.layouts import layout_grid
+    from opsched.plan.layout_search import layout_grid
 
     grid = layout_grid(384, 8, layers=70, experts=0)
     assert "tp4 pp12 dp8 sp zero1 ends-as-layers" in {str(l) for l in grid}
@@ -563,9 +564,9 @@ def test_layout_search_past_its_deadline_skips_the_layouts_not_yet_tried(llama, 
     """The plan command gives the layout search a share of --time-limit: past it nothing more is evaluated."""
     import time
 
-    from opsched.plan.layouts import search_layouts
+    from opsched.plan.layout_search import search_layouts
 
-    caplog.set_level("INFO", logger="opsched.plan.layouts")
+    caplog.set_level("INFO", logger="opsched.plan.layout_search")
     kwargs = dict(global_batch=64, tokens_per_sequence=4096)
     found = search_layouts(llama, preset("h100-sxm", 16), Training(), deadline=time.monotonic() - 1, **kwargs)
     assert found == [] and "the time limit was spent" in caplog.text
@@ -593,7 +594,7 @@ def test_a_moe_layers_collectives_cost_the_same_whatever_blocks_its_experts_were
     """DeepSeek-V3's export has a block per expert (256 a layer): a layer's dispatch and combine are one all-to-all
     each, so its experts' blocks share the latency of one call; split or stacked, the layer costs the same, and
     folded over ep=8 each expert's weights are read once for 8 replicas' tokens (1/8 of the weight traffic)."""
-    from opsched.plan.layouts import _chunk_cost, _cluster_key, _weights_read_once_per_ep
+    from opsched.plan.chunk_cost import _chunk_cost, _cluster_key, _weights_read_once_per_ep
 
     cluster = preset("h100-sxm", 64)
     layout = ParallelLayout.parse("pp=1,ep=8,zero=1").resolved(64)

@@ -635,7 +635,7 @@ def test_the_planner_names_each_stages_configuration_from_the_blocks_with_weight
     import networkx as nx
 
     from opsched.model.graph import Block
-    from opsched.plan.search import _stage_contents
+    from opsched.plan.runtime_filter import _stage_contents
 
     bg = nx.DiGraph(kind="BlockGraph")
     blocks = [Block(0, "model/layers.0/attn", (), ("q",), param_count=10),

@@ -28,7 +28,9 @@ from opsched.baselines import baseline_orders
 from opsched.lower.jobs import JobSet, activation_budgets, noise, order_fits
 from opsched.lower.lazy_w import device_groups, place_w_lazily
 from opsched.lower.lns import incumbent_of
-from opsched.lower.solve import _reshape_start, _Search, solve, split_fused_backward
+from opsched.lower.search_state import _Search
+from opsched.lower.solve import solve
+from opsched.lower.starts import _reshape_start, split_fused_backward
 from opsched.lower.warmup import deepen_warmup
 from opsched.schedule import Schedule, chain_stage_graph, jobs_of, simulate, validate
 from opsched.solving.solver import Objective

@@ -13,7 +13,8 @@ from opsched.lower import minimum_memory_limit, solve
 from opsched.lower.bounds import lower_bound
 from opsched.lower.jobs import JobSet, activation_budgets, order_fits
 from opsched.lower.listsched import best_list_schedule, list_schedule
-from opsched.lower.timeindexed import full_windows, slot_problem, solve_slot_problem
+from opsched.lower.slot_solve import solve_slot_problem
+from opsched.lower.timeindexed import full_windows, slot_problem
 from opsched.schedule import Schedule, chain_stage_graph, simulate, validate
 
 
@@ -324,7 +325,7 @@ def test_default_budget_is_work_so_loaded_runs_agree_and_the_clock_only_cuts():
 
 def test_warm_order_with_fused_backward_is_used_when_splitting():
     from opsched.lower.jobs import order_peak_activation
-    from opsched.lower.solve import split_fused_backward
+    from opsched.lower.starts import split_fused_backward
 
     sg = chain_stage_graph(3, f=1, b=2, w=1, comm=0.5)
     fused = list_schedule(JobSet(sg, 4, split_backward=False), budgets=None, priority="forward")
@@ -365,7 +366,8 @@ def test_plan_twice_gives_the_same_plan(tmp_path):
 def test_mip_start_gives_every_variable_a_value_within_bounds():
     from helpers import job_order
     from opsched.lower.lns import neighbourhood, slotted_starts
-    from opsched.lower.timeindexed import build_model, complete_warm_start
+    from opsched.lower.slot_solve import complete_warm_start
+    from opsched.lower.timeindexed import build_model
 
     sg = chain_stage_graph(3, f=1, b=2, w=1, comm=1)
     js = JobSet(sg, 3)

@@ -8,13 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opsched.cost.blocks import alltoall_time, node_limited_alltoall_time
+from opsched.cost.collectives import alltoall_time, node_limited_alltoall_time
 from opsched.cost.cluster import Training, preset
 from opsched.cost.parallel_layout import ParallelLayout
 from opsched.errors import OpschedError
 from opsched.model.coarsen import coarsen
 from opsched.model.onnx_import import import_onnx
-from opsched.plan.layouts import _block_shard, _rank_devices, evaluate_layout, model_index
+from opsched.plan.chunk_cost import _block_shard, _rank_devices
+from opsched.plan.layouts import evaluate_layout, model_index
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 
@@ -115,7 +116,7 @@ def test_fp8_dispatches_in_fp8_and_combines_in_bf16(deepseek_moe):
     """DeepSeek-V3's FP8 recipe: dispatch moves FP8 tokens, combine BF16. With EP32 over 4 H800 nodes an expert's
     all-to-alls' bytes (its communication, latency aside) shrink by a quarter: one of the two halved."""
     from opsched.cost.cluster import cluster_from_dict
-    from opsched.plan.layouts import _block_share, _ChunkLinks
+    from opsched.plan.chunk_cost import _block_share, _ChunkLinks
 
     lay = ParallelLayout.parse("ep=32,zero=1").resolved(32)
     cluster = cluster_from_dict({"preset": "h800", "devices": 32, "intra_node_latency": 0, "inter_node_latency": 0})
@@ -175,7 +176,7 @@ def test_an_all_to_all_across_nodes_costs_between_its_network_share_and_all_of_i
                                                                                   nv_lat, ib_extra):
     """Each peer's share over the link that reaches it: no dearer than every byte at the network's speed, no
     cheaper than the bytes that must leave the node at the network's speed."""
-    from opsched.cost.blocks import spread_alltoall_time
+    from opsched.cost.collectives import spread_alltoall_time
 
     ranks, ib = nodes * per_node, min(ib, nv)
     spread = spread_alltoall_time(nbytes, ranks, nodes, (nv, nv_lat), (ib, nv_lat + ib_extra))

@@ -23,7 +23,7 @@ from opsched.lower.jobs import JobSet, activation_budgets, order_fits
 from opsched.lower import pairing
 from opsched.lower.lns import timed_incumbent
 from opsched.lower.pairing import critical_path, pair_up
-from opsched.lower.solve import _same_jobs, split_fused_backward
+from opsched.lower.starts import _same_jobs, split_fused_backward
 from opsched.schedule import Schedule, chain_stage_graph, jobs_of, simulate, validate
 
 TOL = 1e-9

@@ -24,8 +24,10 @@ from opsched.lower.lns import (Incumbent, SearchLog, SearchOptions, better, incu
 from opsched.lower.listsched import Variant, list_schedule
 from opsched.lower.pairing import pair_up
 from opsched.lower.parting import part_pairs
-from opsched.lower.solve import PAIR_SUBMIP_VARIABLES, split_fused_backward
-from opsched.lower.timeindexed import build_model, complete_warm_start, exact_slot, slot_problem, slotted_stage_graph
+from opsched.lower.solve import PAIR_SUBMIP_VARIABLES
+from opsched.lower.starts import split_fused_backward
+from opsched.lower.slot_solve import complete_warm_start
+from opsched.lower.timeindexed import build_model, exact_slot, slot_problem, slotted_stage_graph
 from opsched.schedule import Pair, Schedule, chain_stage_graph, simulate, validate
 from opsched.solving.solver import Status
 
@@ -128,7 +130,7 @@ def test_neighbourhood_keeps_fixed_pairs_and_offers_new_ones():
     sg = chain_stage_graph(4, f=1, b=2, w=1, devices=2, placement="v", overlap_gain=0.5)
     js = JobSet(sg, 4)
     order = baseline_orders(sg, 4)["dualpipev"]
-    from opsched.lower.solve import split_fused_backward
+    from opsched.lower.starts import split_fused_backward
 
     order = split_fused_backward(order)
     slot = 0.5
@@ -242,6 +244,7 @@ def test_no_sub_mip_is_solved_twice_and_the_search_takes_the_same_steps(monkeypa
     answer): on 2 microbatches neighbouring windows free the same jobs (2 to 4 of 8 to 10 sub-MIPs here). The search
     ends where solving every repeat again takes it, having posed as many."""
     import opsched.lower.lns as lns
+    import opsched.lower.slot_solve as slot_solve
     import opsched.lower.timeindexed as timeindexed
 
     sg = chain_stage_graph(4, f=2, b=3, w=1, overlap_gain=1.0)
@@ -252,7 +255,7 @@ def test_no_sub_mip_is_solved_twice_and_the_search_takes_the_same_steps(monkeypa
 
     def search() -> tuple[Incumbent, SearchLog, list]:
         solved, log = [], SearchLog()
-        real = timeindexed.solve_slot_problem
+        real = slot_solve.solve_slot_problem
 
         def spy(sp, **options):
             solved.append((signature(sp), tuple(sorted(options["incumbent"].items()))))

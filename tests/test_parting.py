@@ -25,7 +25,7 @@ from opsched.lower.jobs import JobSet, activation_budgets, order_fits, order_pea
 from opsched.lower.listsched import default_variants, list_schedule
 from opsched.lower.lns import incumbent_of
 from opsched.lower.parting import part_pairs
-from opsched.lower.solve import _same_jobs, split_fused_backward
+from opsched.lower.starts import _same_jobs, split_fused_backward
 from opsched.schedule import Job, Pair, Schedule, chain_stage_graph, validate
 
 solve_module = importlib.import_module("opsched.lower.solve")  # the package exports the function as solve

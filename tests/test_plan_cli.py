@@ -570,7 +570,7 @@ def test_a_plan_that_leaves_devices_idle_says_why():
 
     from opsched.cost.cluster import Training
     from opsched.plan.policy import plan_warnings
-    from opsched.plan.search import EveryDevicePlan
+    from opsched.plan.plan_records import EveryDevicePlan
 
     cluster = SimpleNamespace(devices=16)
     training = Training(4, whole_sequences=True)
@@ -621,7 +621,7 @@ def test_adding_nodes_never_makes_the_plan_slower():
     """Issue 13 item 4: the plan on 4 nodes offers the plan on its first 2 nodes, which offers the one on 1 node.
     Work budgets decide them all (the limit is far away), so the plan offered is the very plan found on those
     nodes alone, and the plan on more nodes is never slower."""
-    from opsched.plan.search import FewerNodesPlan
+    from opsched.plan.plan_records import FewerNodesPlan
 
     spec = {**SLOW_LINK_CLUSTER, "inter_node_bandwidth": 1e9}  # one device per node
     four, two = (plan_block_graph(_slow_link_chain(), cluster_from_dict({**spec, "devices": n}), Training(2),
@@ -656,6 +656,7 @@ def test_the_plan_on_half_the_nodes_is_returned_when_the_search_on_all_finds_onl
     """The search on both nodes sees only 4 groups of 1 device here (as if its layouts missed the good ones), whose
     splits send the large activations between the nodes: the plan on one node wins, the other node idle, and the
     report says so."""
+    import opsched.plan.runtime_filter as runtime_filter
     import opsched.plan.search as planner
     from opsched.plan.policy import plan_warnings
     from opsched.upper.layouts import layouts
@@ -663,8 +664,8 @@ def test_the_plan_on_half_the_nodes_is_returned_when_the_search_on_all_finds_onl
     spec = {**SLOW_LINK_CLUSTER, "devices_per_node": 2, "inter_node_bandwidth": 1e9, "devices": 4}
     monkeypatch.setattr(planner, "layouts", lambda c: [lay for lay in layouts(c)
                                                        if c.devices < 4 or str(lay).startswith("4x1")])
-    monkeypatch.setattr(planner, "fewer_device_baselines", lambda *a, **k: [])
-    monkeypatch.setattr(planner, "contiguous_baselines", lambda *a, **k: ([], None, {}))
+    monkeypatch.setattr(runtime_filter, "fewer_device_baselines", lambda *a, **k: [])
+    monkeypatch.setattr(runtime_filter, "contiguous_baselines", lambda *a, **k: ([], None, {}))
     result = plan_block_graph(_slow_link_chain(), cluster_from_dict(spec), Training(4), time_limit=300)
     assert result.on_half_the_nodes.chosen and result.layout.endswith(", on 2 of the 4 devices")
     assert result.idle_devices == (2, 3)

@@ -23,7 +23,7 @@ from test_parting import start_orders
 from opsched.baselines import baseline_orders
 from opsched.lower.jobs import JobSet, activation_budgets, order_fits
 from opsched.lower.lns import better, incumbent_of
-from opsched.lower.solve import split_fused_backward
+from opsched.lower.starts import split_fused_backward
 from opsched.lower.warmup import deepen_warmup
 from opsched.schedule import Job, Schedule, chain_stage_graph, jobs_of, simulate, validate
 from opsched.solving.solver import Objective

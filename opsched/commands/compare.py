@@ -42,32 +42,18 @@ from opsched.commands.args import (
     positive_float,
     stage_count,
 )
-from opsched.errors import OpschedError, Unsupported
+from opsched.errors import OpschedError
+from opsched.plan.compare import LEAST_MIP_SHARE, add_schedule_file_rows, compare, run_method, schedule_files
+from opsched.plan.compare_table import plan_figures, table
 from opsched.solving.isolate import SolverCrash
 from opsched.plan.placements import CHOICES as PLACEMENT_CHOICES
-from opsched.schedule.placement import PLACEMENTS
-from opsched.solving.solver import SOLVERS, Objective, Status, require
+from opsched.solving.solver import SOLVERS, Objective, require
 
 log = logging.getLogger(__name__)
 
 #: the Gantt files written per method with -o
 GANTT_FILES = ("gantt.svg", "gantt.png", "gantt.html", "trace.json")
 
-# --time-limit is the whole command's wall clock, as plan's is: the rows before the MIP count, and the MIP's search
-# ends early enough for the work after it. That work grows with the jobs of the schedules (measured on 2 cores
-# shared with other work, load 4 to 4.5, issue 45; docs/BENCHMARKS.md, "Time limits under load"):
-#: seconds per job of the MIP's schedule after its search: sent back from the isolated solve, validated, measured
-#: (2.5 s for the 98,304 jobs of p=64, m=256 on the V: 2.5e-5, doubled for a busier machine)
-AFTER_SEARCH_SECONDS_PER_JOB = 5e-5
-#: the work after the MIP's search in measurements of a row (row_of): sending its schedule back from the isolated
-#: solve costs about one more (1.8 s and 2.2 s at p=64, m=256, load 9); with a margin
-AFTER_SEARCH_ROWS = 3.0
-#: seconds per job of every schedule written with -o: plan.json, the two pictures, the HTML page and the trace
-#: (18 s for the 49,152 jobs of zb-h1 at p=64, m=256: 3.7e-4, with a margin)
-FILES_SECONDS_PER_JOB = 6e-4
-#: the least part of --time-limit the MIP gets when the work before it took the whole limit (it then returns about
-#: its first start, and the command runs over by about this part)
-LEAST_MIP_SHARE = 0.05
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -216,122 +202,6 @@ def given_placement(stages: int, devices: int, choice: str) -> str:
     return "chain" if stages == devices else "v" if stages == 2 * devices else "interleaved"
 
 
-# --------------------------------------------------------------------------- running
-
-
-def describe_placement(name: str, sg) -> str:
-    """A short text of how a schedule's stage graph sits on devices."""
-    from opsched.baselines import placement_of
-
-    p = len(sg.stages)
-    if name.endswith(".csv"):
-        return f"as written ({p} stages)"
-    if name == "mip":
-        return f"as given ({p} stages)"
-    return f"{PLACEMENTS[placement_of(name)].rule} ({p} stages)"
-
-
-def run_method(name: str, sg, microbatches: int, limit: float | None, args, time_limit: float | None = None):
-    """(schedule, extra metrics) of one method; raises OpschedError with the reason it cannot run.
-
-    ``time_limit``: the MIP's seconds (default --time-limit)."""
-    from opsched.baselines import run_baseline
-    from opsched.schedule import validate
-
-    if name == "mip":
-        schedule, extra = run_mip(sg, microbatches, limit, args, args.time_limit if time_limit is None else time_limit)
-    else:
-        from opsched.schedule.placement import is_chain, linearize, on_group_devices, onto_groups
-
-        comm = max((e.time for e in sg.edges), default=0.0)
-        # stages on device groups: each group is one pseudo-device for the baselines
-        pseudo, groups = on_group_devices(sg)
-        # a branching plan: the baselines run the chain a chain-only runtime would
-        chain = pseudo if is_chain(pseudo) else linearize(pseudo)
-        schedule = onto_groups(run_baseline(name, chain, microbatches, memory_limit=limit, comm=comm),
-                               groups, sg.num_devices)
-        extra = {} if chain is pseudo else {"linearized": True}
-        # (the MIP's schedule was validated where it was made, lower.solve's last step: 2.5 s at p=64, m=256 on a
-        # busy machine, which the command's time limit would pay twice)
-        validate(schedule)
-    return schedule, extra
-
-
-def run_mip(sg, microbatches: int, limit: float | None, args, time_limit: float) -> tuple:
-    """(schedule, extra row fields) of the MIP over the placements ``--placement`` names, at memory ``limit``,
-    within ``time_limit`` seconds."""
-    from opsched import lower
-    from opsched.solving import isolate
-    from opsched.lower.placements import solve_placements
-    from opsched.lower.solve import thin_pairs
-    from opsched.plan.placements import candidates
-
-    # with --plan the plan's own placement is tried too (first): it may branch or use device groups
-    tries = candidates(sg, microbatches, args.placement, as_given=bool(args.plan))
-    # each solve holds its share of --time-limit itself (its search runs in a watched child that it stops at the
-    # limit); this outer child, as the planner's, is the backstop: a native abort or hang anywhere costs this row
-    # (SolverCrash), not the command. The hand-written orders that run on a placement start its solve.
-    found = isolate.run_isolated(
-        solve_placements, tries, microbatches, memory_limit=limit, time_limit=time_limit, solver=args.solver,
-        objective=args.objective, solve_one=lower.solve, thin_one=thin_pairs,
-        timeout=solve_timeout(time_limit),
-    )
-    result = found.result
-    schedule = result.schedule
-    schedule.name = schedule.name or "mip"
-    extra = {
-        "placement": placement_text(found.placement, schedule.stage_graph),
-        "placement_name": found.placement,
-        "objective": str(result.objective),
-        "objective_value": result.value,
-        "lower_bound": result.lower_bound,
-        "gap": result.gap,
-        # overlapped pairs of the best order that the makespan did not need, run one job after the other
-        "pairs_parted": result.pairs_parted,
-        "lower_bound_all_placements": found.lower_bound_all,
-        "placements_tried": [tried_row(t) for t in found.tried],
-        # the winner's status, for its placement; a search the clock cut before every placement ran says so
-        "status": str(Status.TIME_LIMIT if found.cut else result.status),
-        # what stopped a search whose status is the time limit's: the limit, or a clock cap inside it
-        "cut_by": (f"the {args.time_limit:g} s limit, before every placement was tried" if found.cut
-                   else result.cut_by) or None,
-        "solver": result.solver,
-        "solve_seconds": found.seconds,
-    }
-    return schedule, extra
-
-
-def placement_text(placement: str, sg) -> str:
-    """'V, device i holds stages i and 2D-1-i (16 stages)' for a placement the MIP searched.
-
-    >>> from opsched.schedule import chain_stage_graph
-    >>> placement_text("chain", chain_stage_graph(4))
-    'chain, stage k on device k (4 stages)'
-    """
-    from opsched.plan.placements import AS_GIVEN
-
-    rule = PLACEMENTS[placement].rule if placement in PLACEMENTS else AS_GIVEN
-    return f"{rule} ({len(sg.stages)} stages)"
-
-
-def tried_row(tried) -> dict:
-    """The JSON object of one placement the MIP tried: its figures, or why it could not run."""
-    return {"placement": tried.placement, "objective_value": tried.value, "lower_bound": tried.lower_bound,
-            "status": None if tried.status is None else str(tried.status), "error": tried.refused or None}
-
-
-def solve_timeout(time_limit: float) -> float:
-    """Seconds after which an isolated MIP solve counts as hung and is stopped: 3 x its time limit + 60 s.
-
-    The solve holds its own limit (within 10 %); this is only the backstop
-    for a hang outside its watched search.
-
-    >>> solve_timeout(120)
-    420.0
-    """
-    return 3.0 * float(time_limit) + 60.0
-
-
 def resolve_limit(text: str | None, sg, microbatches: int, args,
                   deadline: float | None = None) -> tuple[float | None, str | None]:
     """(limit, method it came from) for --memory-limit: a number, or a method's peak memory per device.
@@ -367,248 +237,7 @@ def resolve_limit(text: str | None, sg, microbatches: int, args,
         ) from None
 
 
-def row_of(name: str, schedule, extra: dict) -> dict:
-    """The JSON object of one method that ran."""
-    from opsched.schedule import metrics, zb_bubble_rate
-
-    m = metrics(schedule)
-    sg = schedule.stage_graph
-    return {
-        "method": name,
-        "placement": describe_placement(name, sg),
-        "devices": sg.num_devices,
-        "stages": len(sg.stages),
-        "makespan": m.makespan,
-        "bubble_ratio": m.bubble_ratio,
-        "idle": m.idle,
-        "peak_activation_bytes": max(m.peak_activation_bytes, default=0.0),
-        "peak_activation_bytes_per_device": m.peak_activation_bytes,
-        "peak_memory_bytes": max(m.peak_memory_bytes, default=0.0),
-        "param_copies": m.param_copies,
-        "zb_bubble_rate": zb_bubble_rate(schedule),
-        "error": None,
-        **extra,
-    }
-
-
-def refused_row(name: str, reason: str) -> dict:
-    """The JSON object of a method that could not run, with the reason."""
-    return {
-        "method": name,
-        "makespan": None,
-        "bubble_ratio": None,
-        "peak_activation_bytes": None,
-        "error": reason,
-    }
-
-
-def compare(sg, microbatches: int, names: list[str], limit: float | None, args, deadline: float | None = None,
-            after_jobs: int = 0) -> tuple[list[dict], dict]:
-    """Run every method; returns the rows (in ``names`` order) and the schedules that ran.
-
-    The MIP runs last, whatever its row's place: it takes the time the others left until ``deadline`` (a
-    :func:`time.monotonic` instant; ``None``: --time-limit from its start), less what the work after it needs
-    (:func:`mip_time_limit`; ``after_jobs`` more jobs of hand-written schedules are checked after it).
-    """
-    rows: dict[str, dict] = {}
-    schedules = {}
-    measured = 0.0  # seconds per job of measuring a row here, now: the machine's speed, load included
-    for name in sorted(names, key=lambda n: n == "mip"):
-        time_limit = None
-        if name == "mip" and deadline is not None:
-            time_limit = mip_time_limit(deadline, args.time_limit, sg, microbatches, list(schedules.values()),
-                                        after_jobs, files=bool(args.output), measured=measured)
-        try:
-            schedule, extra = run_method(name, sg, microbatches, limit, args, time_limit)
-        except Unsupported as exc:
-            rows[name] = refused_row(name, str(exc))
-            continue
-        except (OpschedError, SolverCrash) as exc:  # an order that deadlocks or breaks the memory limit; a native
-            rows[name] = refused_row(name, f"{name}: {exc}")  # abort, death or hang of the isolated solver
-            continue
-        schedule.memory_limit = limit
-        schedules[name] = schedule
-        began = time.monotonic()
-        rows[name] = row_of(name, schedule, extra)
-        measured = max(measured, (time.monotonic() - began) / max(1, len(schedule.events)))
-    return [rows[name] for name in names], {name: schedules[name] for name in names if name in schedules}
-
-
-def mip_time_limit(deadline: float, time_limit: float, sg, microbatches: int, done: list, after_jobs: int,
-                   files: bool, measured: float = 0.0) -> float:
-    """Seconds the MIP may search so that the command ends by ``deadline``: the time left, less the work after
-    the search (:data:`AFTER_SEARCH_SECONDS_PER_JOB` per job of its largest placement and of ``after_jobs``, or
-    :data:`AFTER_SEARCH_ROWS` times ``measured``, the seconds per job a row took to measure here, when that is more:
-    a busy machine; and with ``files`` :data:`FILES_SECONDS_PER_JOB` per job of every schedule written, ``done``
-    the rows' so far); at least :data:`LEAST_MIP_SHARE` of ``time_limit``.
-
-    >>> from opsched.schedule import chain_stage_graph
-    >>> now = time.monotonic()
-    >>> round(mip_time_limit(now + 120, 120, chain_stage_graph(64), 256, [], 0, files=False))   # 98,304 jobs
-    115
-    >>> mip_time_limit(now - 1, 120, chain_stage_graph(64), 256, [], 0, files=False)
-    6.0
-    """
-    # the largest placement the MIP tries holds max(P, 2D) stages (the V, DualPipe's two copies), 3 jobs each
-    mip_jobs = 3 * microbatches * max(len(sg.stages), 2 * (sg.num_devices or len(sg.stages)))
-    reserve = max(AFTER_SEARCH_SECONDS_PER_JOB, AFTER_SEARCH_ROWS * measured) * (mip_jobs + after_jobs)
-    if files:
-        reserve += FILES_SECONDS_PER_JOB * (mip_jobs + after_jobs + sum(len(s.events) for s in done))
-    return max(LEAST_MIP_SHARE * float(time_limit), deadline - time.monotonic() - reserve)
-
-
-def schedule_files(paths: list[str], sg, microbatches: int) -> list:
-    """Each --schedule FILE.csv read, checked (errors name the row and cell) and timed."""
-    from opsched.export.torch_csv import schedule_from_csv
-
-    names = [Path(p).name for p in paths]
-    if len(set(names)) != len(names):
-        raise OpschedError(f"--schedule: two files share a name ({', '.join(names)}); rows are named by file name")
-    return [schedule_from_csv(p, sg, microbatches) for p in paths]
-
-
-def add_schedule_file_rows(written: list, limit: float | None, rows: list[dict], schedules: dict) -> None:
-    """Append a row per hand-written schedule (refused if over the memory limit)."""
-    from opsched.schedule import metrics, validate
-
-    for schedule in written:
-        peak = max(metrics(schedule).peak_memory_bytes, default=0.0)
-        if limit is not None and peak > limit * (1 + 1e-9):
-            rows.append(refused_row(schedule.name, f"needs {peak:g} per device, over the memory limit {limit:g}"))
-            continue
-        validate(schedule)
-        schedule.memory_limit = limit
-        schedules[schedule.name] = schedule
-        rows.append(row_of(schedule.name, schedule, {}))
-
-
 # --------------------------------------------------------------------------- output
-
-
-def _g(x: float) -> str:
-    return f"{x:.4g}"
-
-
-def idle_text(idle: list[float]) -> str:
-    """Idle time per device: one value when all agree, else the list (or min..max for many devices)."""
-    if max(idle) - min(idle) <= 1e-9 * max(1.0, max(idle)):
-        return f"{_g(idle[0])} each"
-    if len(idle) <= 8:
-        return " ".join(_g(x) for x in idle)
-    return f"{_g(min(idle))}..{_g(max(idle))}"
-
-
-def solver_note(row: dict) -> str:
-    """'; lower bound 27, gap 0%, cbc 0.1 s' for a MIP row, else ''.
-
-    With another objective than the makespan, its value comes first, and the
-    bound and gap are on it:
-
-    >>> solver_note({"objective": "zb-span", "objective_value": 30, "lower_bound": 27, "gap": 0.1})
-    '; zb-span 30, lower bound 27, gap 10.0%'
-
-    A solve that a clock stopped, or whose search crashed, says so last (its
-    schedule is the best found by then):
-
-    >>> solver_note({"lower_bound": 27, "gap": 0.1, "solver": "cbc", "solve_seconds": 120.2,
-    ...              "status": "time limit reached", "cut_by": "the 120 s limit"})
-    '; lower bound 27, gap 10.0%, cbc 120.2 s, time limit reached (the 120 s limit)'
-
-    Overlapped pairs the makespan did not need, run one job after the other:
-
-    >>> solver_note({"lower_bound": 47, "gap": 0.01, "pairs_parted": 6})
-    '; lower bound 47, gap 1.0%, 6 pairs parted (they saved no time)'
-    """
-    if row.get("lower_bound") is None:
-        return ""
-    objective = row.get("objective", "makespan")
-    value_text = "" if objective == "makespan" else f"; {objective} {_g(row['objective_value'])},"
-    gap = row.get("gap")
-    gap_text = "" if gap is None else f", gap {100 * gap:.1f}%"
-    secs = row.get("solve_seconds")
-    time_text = "" if secs is None else f", {row.get('solver', '')} {secs:.1f} s"
-    status = row.get("status")
-    status_text = f", {status}" if status in (str(Status.TIME_LIMIT), str(Status.ERROR)) else ""
-    if status == str(Status.TIME_LIMIT) and row.get("cut_by"):
-        status_text += f" ({row['cut_by']})"
-    parted = row.get("pairs_parted") or 0
-    parted_text = f", {parted} pairs parted (they saved no time)" if parted else ""
-    tried = row.get("placements_tried") or []
-    bound_text = f"lower bound {_g(row['lower_bound'])}"
-    if len(tried) > 1:  # the bound and gap hold for the winning placement; the least over all tried is separate
-        bound_text += f" on this placement ({_g(row['lower_bound_all_placements'])} over the {len(tried)} tried)"
-    return f"{search_note(tried)}{value_text or ';'} {bound_text}{gap_text}{parted_text}{time_text}{status_text}"
-
-
-def search_note(tried: list[dict]) -> str:
-    """'; best of chain 55, v 51.5, bidirectional refused' when the MIP tried several placements, else ''.
-
-    A placement whose bound proved it could not win before any search shows that bound:
-
-    >>> search_note([{"placement": "chain", "objective_value": None, "lower_bound": 58.0, "error": "not solved: ..."},
-    ...              {"placement": "v", "objective_value": 51.5, "lower_bound": 51.5, "error": None},
-    ...              {"placement": "bidirectional", "objective_value": None, "error": "too small"}])
-    '; best of chain cannot win (bound 58), v 51.5, bidirectional refused'
-    """
-    if len(tried) < 2:
-        return ""
-    return "; best of " + ", ".join(f"{t['placement']} {_tried_text(t)}" for t in tried)
-
-
-def _tried_text(t: dict) -> str:
-    if not t["error"]:
-        return _g(t["objective_value"])
-    if t["error"].startswith("not tried"):
-        return "not tried"
-    if t["error"].startswith("no schedule"):
-        return "no schedule in time"
-    if t["error"].startswith("not solved"):
-        return f"cannot win (bound {_g(t['lower_bound'])})"
-    return "refused"
-
-
-def table(rows: list[dict], header: str) -> str:
-    """The plain-text table of method x (makespan, bubble ratio, idle per device, peak activation, copies, placement)."""
-    cols = ["method", "makespan", "bubble", "idle per device", "peak act", "params", "placement"]
-    body = []
-    for r in rows:
-        if r["error"]:
-            body.append([r["method"], "refused: " + r["error"]])
-            continue
-        body.append([
-            r["method"],
-            _g(r["makespan"]),
-            f"{r['bubble_ratio']:.4f}",
-            idle_text(r["idle"]),
-            _g(r["peak_activation_bytes"]),
-            f"{r['param_copies']:g}x",
-            r["placement"] + (" (branches run one after another)" if r.get("linearized") else "") + solver_note(r),
-        ])
-    full = [b for b in body if len(b) == len(cols)]
-    widths = [max([len(c)] + [len(b[i]) for b in full]) for i, c in enumerate(cols)]
-    widths[0] = max([widths[0]] + [len(b[0]) for b in body])
-    right = {1, 2, 4, 5}
-
-    def line(cells):
-        if len(cells) == 2:
-            return f"{cells[0]:<{widths[0]}}  {cells[1]}"
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-
-    return "\n".join([header, line(cols)] + [line(b) for b in body])
-
-
-def plan_figures(row: dict) -> dict:
-    """A MIP row's solver figures for plan.json's metrics; there ``lower_bound`` and ``gap`` are on the makespan.
-
-    >>> plan_figures({"objective": "zb-span", "objective_value": 30, "lower_bound": 27, "gap": 0.1, "solver": "cbc"})
-    {'solver': 'cbc', 'objective': 'zb-span', 'objective_value': 30, 'objective_lower_bound': 27, 'objective_gap': 0.1}
-    """
-    figures = {k: row[k] for k in ("lower_bound", "gap", "solver", "solve_seconds") if k in row}
-    if row.get("objective", "makespan") != "makespan":  # the bound is on that objective, not on the makespan
-        figures = {k: v for k, v in figures.items() if k not in ("lower_bound", "gap")}
-        figures.update(objective=row["objective"], objective_value=row["objective_value"],
-                       objective_lower_bound=row["lower_bound"], objective_gap=row["gap"])
-    return figures
 
 
 def write_outputs(out_dir: Path, rows: list[dict], schedules: dict) -> None:
@@ -652,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
     else:
         source = f"plan {args.plan}" if args.plan else f"{len(sg.stages)} stages"
-        limit_text = "" if limit is None else f", memory limit {_g(limit)}" + (f" (= {limit_from}'s peak)" if limit_from else "")
+        limit_text = "" if limit is None else f", memory limit {limit:.4g}" + (f" (= {limit_from}'s peak)" if limit_from else "")
         header = f"{source} on {sg.num_devices} devices, {microbatches} microbatches{limit_text}"
         print(table(rows, header))
     if not schedules:

@@ -67,6 +67,7 @@ import logging
 
 from opsched.commands.args import (add_cluster_arguments, add_dtype_argument, add_optimizer_state_argument,
                                    byte_size, positive_int)
+from opsched.plan.evaluation_text import summary_text
 
 log = logging.getLogger(__name__)
 
@@ -130,21 +131,3 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(summary_text(args.model, cluster, result, training))
     return 0
-
-
-def summary_text(model: str, cluster, result, training) -> str:
-    from opsched.units import bytes_text, plain, plural, seconds_text
-
-    fit = "fits" if result.fits else "DOES NOT FIT"
-    lines = [
-        f"{model} on {cluster.devices} x {cluster.name}, layout {result.layout}, schedule {result.schedule_name}, "
-        f"{plural(result.microbatches, 'microbatch', 'microbatches')} per pipeline, global batch {result.global_batch}",
-        f"  step time {seconds_text(result.step_time)}, {result.tokens_per_second_per_device:,.0f} tokens/s per device, "
-        f"MFU {100 * result.mfu:.1f} %",
-        f"  peak memory {bytes_text(result.peak_memory_bytes)} per device of {bytes_text(result.memory_limit)}: {fit} "
-        f"(Adam's state in {training.optimizer_state}, {plain(training.bytes_per_param)} bytes per parameter held)",
-        "  where the time goes:",
-    ]
-    for key, seconds in result.breakdown.items():
-        lines.append(f"    {key.replace('_', ' ')}: {seconds_text(seconds)}")
-    return "\n".join(lines)

@@ -48,9 +48,8 @@ from opsched.lower.timeindexed import (
     pair_length,
     slot_problem,
     slotted_stage_graph,
-    solve_slot_problem,
-    starts_to_order,
 )
+from opsched.lower.slot_solve import solve_slot_problem, starts_to_order
 from opsched.schedule import Order, Pair, StageGraph, simulate
 from opsched.solving.solver import Objective
 

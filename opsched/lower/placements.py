@@ -178,82 +178,42 @@ def solve_placements(
     """
     if not candidates:
         raise ValueError("solve_placements needs at least one candidate placement")
-    run = solve if solve_one is None else solve_one
     thin = thin_pairs if solve_one is None and thin_one is None else thin_one
     started = time.monotonic()
-    deadline = started + float(time_limit)
-    tried: list[Tried | None] = [None] * len(candidates)  # in the candidates' order
-    too_small: list[MemoryTooSmall] = []
-    best: tuple[str, LowerResult] | None = None
     several = sum(1 for c in candidates if c.stage_graph is not None) > 1
-    # each best result is thinned when it comes, with a share of its own (a solve's own thinning would take the
-    # solve's share to the end)
-    thin_options = {"thin": False} if several and thin is not None else {}
-    thin_with = {k: v for k, v in solve_options.items() if k in ("memory_limit", "solver", "threads")}
     # (with one placement there is nothing to leave out, and it gets the whole limit exactly)
     hopes = _prospects(candidates, microbatches, solve_options) if several else [None] * len(candidates)
-    # the best schedule in hand, which its own placement's solve keeps
-    in_hand = min((_InHand(h.warm_value, f"{h.warm_name} on {c.placement}", c.placement)
-                   for c, h in zip(candidates, hopes) if h is not None and h.warm_value is not None), default=None)
+    turns = _Turns(
+        candidates, microbatches, float(time_limit), started + float(time_limit),
+        solve if solve_one is None else solve_one, thin, several,
+        # each best result is thinned when it comes, with a share of its own (a solve's own thinning would take the
+        # solve's share to the end)
+        {"thin": False} if several and thin is not None else {},
+        {k: v for k, v in solve_options.items() if k in ("memory_limit", "solver", "threads")},
+        solve_options, hopes,
+        # the best schedule in hand, which its own placement's solve keeps
+        min((_InHand(h.warm_value, f"{h.warm_name} on {c.placement}", c.placement)
+             for c, h in zip(candidates, hopes) if h is not None and h.warm_value is not None), default=None),
+        [None] * len(candidates),  # in the candidates' order
+    )
     left_out: list[int] = []  # placements not solved because they could not beat in_hand
-
-    def contenders(indices) -> list[int]:
-        """The placements of ``indices`` that can run and whose bound does not rule them out against ``in_hand``."""
-        return [j for j in indices if candidates[j].stage_graph is not None
-                and not _cannot_win(candidates[j], hopes[j], in_hand)]
-
-    def solve_in_turn(k: int, waiting: list[int]) -> None:
-        """Solve placement ``k`` with its share of the time left, shared with those ``waiting`` after it."""
-        nonlocal best, in_hand
-        candidate = candidates[k]
-        # a placement alone gets the whole limit exactly; several share what is left (the prospects took some)
-        left = deadline - time.monotonic() if several else float(time_limit)
-        if left <= 0 and best is not None:  # the clock binds: placements not started are reported, and the search
-            tried[k] = Tried(candidate.placement, refused=NOT_STARTED)  # counts as cut
-            return
-        share = left / (1 + len(waiting)) if left > 0 else LAST_RESORT_SHARE * float(time_limit)
-        need = 0.0 if hopes[k] is None else SOLVE_OVERHEAD_FACTOR * hopes[k].seconds
-        if best is not None and share < need:  # its solve would run past its share by what it needs besides the
-            tried[k] = Tried(candidate.placement, refused=TOO_LITTLE_TIME.format(share=share, need=need))  # search
-            return
-        try:
-            # with a schedule in hand, a search that found none in its share gives up the fallback start, whose
-            # making would run past the share (a list schedule when no warm order fits: 11 s at p=64, m=256)
-            result = run(candidate.stage_graph, microbatches, time_limit=share, warm_orders=candidate.warm_orders,
-                         fallback=best is None, **thin_options, **solve_options)
-        except OpschedError as exc:  # this placement does not fit (e.g. its minimum memory is over the limit)
-            if isinstance(exc, MemoryTooSmall):
-                too_small.append(exc)
-            tried[k] = Tried(candidate.placement, refused=str(exc))
-            return
-        tried[k] = Tried.of(candidate.placement, result)
-        log.info("[placement] %s: %g (bound %g, %s)", candidate.placement, result.value, result.lower_bound,
-                 result.status)
-        if in_hand is None or result.value < in_hand.value - noise(in_hand.value):
-            in_hand = _InHand(result.value, f"the search on {candidate.placement}", candidate.placement)
-        if best is None or result.value < best[1].value - noise(best[1].value):
-            if thin_options:  # the best so far, thinned now with one more placement's share of the time left
-                result = thin(candidate.stage_graph, microbatches, result, time_limit=max(
-                    0.0, deadline - time.monotonic()) / (1 + len(contenders(waiting))), **thin_with)
-            best = (candidate.placement, result)  # only the best schedule is kept (they are large at scale)
-
     for k, candidate in enumerate(candidates):
         if candidate.stage_graph is None:
-            tried[k] = Tried(candidate.placement, refused=candidate.refused)
-        elif _cannot_win(candidate, hopes[k], in_hand):
-            tried[k] = Tried(candidate.placement, lower_bound=hopes[k].lower_bound, refused=CANNOT_WIN.format(
-                bound=hopes[k].lower_bound, value=in_hand.value, what=in_hand.what))
+            turns.tried[k] = Tried(candidate.placement, refused=candidate.refused)
+        elif _cannot_win(candidate, hopes[k], turns.in_hand):
+            turns.tried[k] = Tried(candidate.placement, lower_bound=hopes[k].lower_bound, refused=CANNOT_WIN.format(
+                bound=hopes[k].lower_bound, value=turns.in_hand.value, what=turns.in_hand.what))
             left_out.append(k)
         else:
-            solve_in_turn(k, contenders(range(k + 1, len(candidates))))
+            turns.solve_in_turn(k, turns.contenders(range(k + 1, len(candidates))))
     # a placement left out was measured against a schedule its holder's solve keeps; should that solve have failed
     # or come back worse (a clock cut it before it timed its starts), one the result does not rule out is solved
     for n, k in enumerate(left_out):
-        if best is None or best[1].value > hopes[k].lower_bound + noise(hopes[k].lower_bound):
-            solve_in_turn(k, left_out[n + 1:])
-    if best is None:
-        raise _nothing_ran(tried, too_small)
-    return PlacementSearch(best[0], best[1], tuple(tried))
+        if turns.best is None or turns.best[1].value > hopes[k].lower_bound + noise(hopes[k].lower_bound):
+            turns.solve_in_turn(k, left_out[n + 1:])
+    if turns.best is None:
+        raise _nothing_ran(turns.tried, turns.too_small)
+    return PlacementSearch(turns.best[0], turns.best[1], tuple(turns.tried))
 
 
 class _InHand(NamedTuple):
@@ -263,6 +223,79 @@ class _InHand(NamedTuple):
     what: str
     placement: str
 
+
+
+@dataclass
+class _Turns:
+    """What :func:`solve_placements` knows while it solves the placements in turn: the options every solve shares,
+    each placement's prospect, the best schedule in hand and the best result kept, and what each placement gave.
+
+    Its methods are the search's steps; the state they share lives here rather than in closures over locals.
+    """
+
+    candidates: list[Candidate]
+    microbatches: int
+    time_limit: float
+    deadline: float  # time.monotonic() instant where the placements' shared time limit ends
+    run: Callable[..., LowerResult]
+    thin: Callable[..., LowerResult] | None
+    several: bool  # more than one placement can run
+    thin_options: dict  # {"thin": False} when each best result is thinned here, not by its own solve
+    thin_with: dict  # the solve options the thinning takes
+    solve_options: dict
+    hopes: list[Prospect | None]
+    in_hand: _InHand | None
+    tried: list[Tried | None]
+    too_small: list[MemoryTooSmall] = field(default_factory=list)
+    best: tuple[str, LowerResult] | None = None
+
+    def contenders(self, indices) -> list[int]:
+        """The placements of ``indices`` that can run and whose bound does not rule them out against ``in_hand``."""
+        return [j for j in indices if self.candidates[j].stage_graph is not None
+                and not _cannot_win(self.candidates[j], self.hopes[j], self.in_hand)]
+
+    def solve_in_turn(self, k: int, waiting: list[int]) -> None:
+        """Solve placement ``k`` with its share of the time left, shared with those ``waiting`` after it."""
+        candidate = self.candidates[k]
+        # a placement alone gets the whole limit exactly; several share what is left (the prospects took some)
+        left = self.deadline - time.monotonic() if self.several else self.time_limit
+        if left <= 0 and self.best is not None:
+            # the clock binds: placements not started are reported, and the search counts as cut
+            self.tried[k] = Tried(candidate.placement, refused=NOT_STARTED)
+            return
+        share = left / (1 + len(waiting)) if left > 0 else LAST_RESORT_SHARE * self.time_limit
+        need = 0.0 if self.hopes[k] is None else SOLVE_OVERHEAD_FACTOR * self.hopes[k].seconds
+        if self.best is not None and share < need:
+            # its solve would run past its share by what it needs besides the search
+            self.tried[k] = Tried(candidate.placement, refused=TOO_LITTLE_TIME.format(share=share, need=need))
+            return
+        try:
+            # with a schedule in hand, a search that found none in its share gives up the fallback start, whose
+            # making would run past the share (a list schedule when no warm order fits: 11 s at p=64, m=256)
+            result = self.run(candidate.stage_graph, self.microbatches, time_limit=share,
+                              warm_orders=candidate.warm_orders, fallback=self.best is None, **self.thin_options,
+                              **self.solve_options)
+        except OpschedError as exc:  # this placement does not fit (e.g. its minimum memory is over the limit)
+            if isinstance(exc, MemoryTooSmall):
+                self.too_small.append(exc)
+            self.tried[k] = Tried(candidate.placement, refused=str(exc))
+            return
+        self.keep(k, result, waiting)
+
+    def keep(self, k: int, result: LowerResult, waiting: list[int]) -> None:
+        """Record placement ``k``'s ``result``; when it is the best so far, thin it now (with one more placement's
+        share of the time left, before those ``waiting`` take the rest) and keep it in place of the last best."""
+        candidate = self.candidates[k]
+        self.tried[k] = Tried.of(candidate.placement, result)
+        log.info("[placement] %s: %g (bound %g, %s)", candidate.placement, result.value, result.lower_bound,
+                 result.status)
+        if self.in_hand is None or result.value < self.in_hand.value - noise(self.in_hand.value):
+            self.in_hand = _InHand(result.value, f"the search on {candidate.placement}", candidate.placement)
+        if self.best is None or result.value < self.best[1].value - noise(self.best[1].value):
+            if self.thin_options:  # the best so far, thinned now with one more placement's share of the time left
+                result = self.thin(candidate.stage_graph, self.microbatches, result, time_limit=max(
+                    0.0, self.deadline - time.monotonic()) / (1 + len(self.contenders(waiting))), **self.thin_with)
+            self.best = (candidate.placement, result)  # only the best schedule is kept (they are large at scale)
 
 def _cannot_win(candidate: Candidate, hope: Prospect | None, in_hand: _InHand | None) -> bool:
     """Whether ``candidate``'s bound proves it cannot beat the schedule ``in_hand`` of another placement."""

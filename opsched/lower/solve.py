@@ -33,16 +33,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
-from opsched.errors import Deadlock, NoScheduleInTime, OpschedError
+from opsched.errors import NoScheduleInTime, OpschedError
 from opsched.solving.isolate import SolverCrash, TimedOut, run_isolated
 from opsched.lower.bounds import lower_bound as combinatorial_bound
 from opsched.lower.bounds import own_orders_hold_every_schedule, span_lower_bound
 from opsched.lower.jobs import JobSet, activation_budgets, check_memory_limit, noise, order_fits
-from opsched.lower.lazy_w import place_w_lazily
-from opsched.lower.listsched import Variant, default_variants, list_schedule
-from opsched.lower.pairing import PAIR_UP_SIMULATIONS, pair_up
+from opsched.lower.search_state import _News, _proven, _Search, _Watch
+from opsched.lower.starts import _best_start, _first_start, _fitting, _pairs_searched, _start_pool
+from opsched.lower.listsched import Variant
+from opsched.lower.pairing import pair_up
 from opsched.lower.parting import part_pairs
-from opsched.lower.warmup import deepen_warmup
 from opsched.lower.lns import (
     Incumbent,
     SECONDS_PER_SOLVE,
@@ -54,9 +54,7 @@ from opsched.lower.lns import (
     large_neighbourhood_search,
     objective_value,
     pair_count,
-    preferred,
     slotted_starts,
-    timed_incumbent,
 )
 from opsched.lower.timeindexed import (
     HorizonTooShort,
@@ -65,10 +63,9 @@ from opsched.lower.timeindexed import (
     model_size,
     slotted_times,
     slot_problem,
-    solve_slot_problem,
-    starts_to_order,
 )
-from opsched.schedule import Job, Order, Pair, Schedule, StageGraph, jobs_of, simulate, validate
+from opsched.lower.slot_solve import solve_slot_problem, starts_to_order
+from opsched.schedule import Order, Schedule, StageGraph, jobs_of, simulate, validate
 from opsched.solving.solver import Objective, Status, objective_of, require
 
 log = logging.getLogger(__name__)
@@ -94,18 +91,9 @@ THINNING_SECONDS_PER_SOLVE = 1.0
 #: first command, 75 proven optimal with 90 pairs, spent 18 s on 50 that parted none, 6 s with this stop; with 10
 #: the D=8, M=16, 2:2:1, gain 1 case above stopped before its first window that parts a pair)
 THINNING_PATIENCE = 20
-#: what a status cut by these clock caps names (:meth:`_Search.cut`)
+#: what a status cut by these clock caps names (:meth:`opsched.lower.search_state._Search.cut`)
 SEARCH_CUT = f"a sub-MIP of the neighbourhood search stopped at its {SECONDS_PER_SOLVE:g} s cap"
 THINNING_CUT = f"a sub-MIP thinning pairs stopped at its {THINNING_SECONDS_PER_SOLVE:g} s cap"
-#: the share of the start phase's remaining time that pairing up its starts may take (the rest is the search's):
-#: on the DualPipe grid pairing up Zero Bubble's V shortens it more than the search does in that time (D=8, M=32,
-#: 2:2:1, gain 0.5: 4.7 s to 292 from 334, where half the V's share under --placement auto cut it)
-PAIR_UP_SHARE = 0.8
-#: simulations the start phase's all-at-once pair-up may run (a deterministic budget): on the DualPipe grid its
-#: batches shortened Zero Bubble's V within 3-33 simulations wherever they did; where they fail from the start
-#: (1:1.5:0.5 at gain 0.5) it goes one merge at a time, as the next pair-up does anyway, and ran out its 1,000
-#: (76 s at D=16, M=64), or took 464 at D=16, M=32, 1:1:1, gain 0.5 (5.6 s) to end above DualPipeV's order
-TOGETHER_SIMULATIONS = 64
 #: what the end of a solve costs here (re-timing and validating the final order: 0.16-0.38 s for 3,072 jobs with
 #: the cores shared three ways, about what building the job set and its bounds took), estimated as this many
 #: times that setup, which a loaded machine stretches alike; the search stops that much before the limit, but
@@ -152,146 +140,12 @@ class LowerResult:
         return self.schedule.makespan
 
 
-@dataclass(frozen=True)
-class _News:
-    """What the search process sends the solve each time it has news, and as its return value at the end.
-
-    Orders are large (49,152 jobs at p=64, m=256): ``order`` is sent only
-    with the news that it changed; the solve keeps the last one it received.
-    """
-
-    #: the progress line's text ("" for news that is not logged: a start candidate valued, a better start found)
-    what: str
-    #: objective value of the best order so far (``None`` before any start candidate fitted)
-    value: float | None
-    #: the best order, when it changed with this news
-    order: Order | None
-    #: the start candidate the best order came from
-    start: str
-    #: start candidates valued since the last news: (name, objective value)
-    tried: tuple[tuple[str, float], ...]
-    #: proven for every schedule of the graph (the whole MIP may raise it)
-    bound: float
-    slot: float | None
-    #: neighbourhood sub-MIPs solved so far
-    solves: int
-    #: what the first clock cap (a sub-MIP's, a step's share, the deadline) that cut work short was; "": none
-    clock_cut: str
-    #: the search's last news (its return value)
-    done: bool = False
-
-
-@dataclass
-class _Search:
-    """The state of one :func:`solve`'s search process: the problem, the best order, its bounds, the work done.
-
-    ``report`` sends :class:`_News` to the solve (:func:`opsched.solving.isolate.run_isolated`'s ``report``).
-    """
-
-    js: JobSet
-    budgets: dict[int, float] | None
-    objective: Objective
-    solver: str
-    threads: int
-    deadline: float  # time.monotonic() instant where the search stops itself (the solve stops it there anyway)
-    bound: float  # holds for every schedule of the graph (what is reported)
-    report: Callable[[_News], None]
-    best: Incumbent | None = None  # None while the best order is not searched (pairs the search cannot move)
-    #: the neighbourhood search may form and part overlapped pairs (see :func:`_pairs_searched`)
-    pairs: bool = False
-    #: holds for the orders this search can reach: may be above ``bound``
-    search_bound: float = -math.inf
-    clock_cut: str = ""  # see _News
-    slot: float | None = None
-    solves: int = 0
-    start: str = ""  # the start candidate the search began from
-    value: float | None = None  # objective value of the best order so far
-    order: Order | None = None  # the best order when it changed since the last news, else None
-    tried: list[tuple[str, float]] = field(default_factory=list)  # start candidates valued since the last news
-
-    def improved(self, order: Order, value: float) -> None:
-        """A new best order (sent with the next news)."""
-        self.order, self.value = order, value
-
-    def news(self, what: str = "", done: bool = False) -> _News:
-        """The news since the last one (which it clears)."""
-        out = _News(what, self.value, self.order, self.start, tuple(self.tried), self.bound, self.slot,
-                    self.solves, self.clock_cut, done)
-        self.order, self.tried = None, []
-        return out
-
-    def send(self, what: str = "") -> None:
-        self.report(self.news(what))
-
-    def cut(self, what: str, happened: bool = True) -> None:
-        """A clock cap cut some work short (when ``happened``), as ``what`` says: the result may then vary from
-        machine to machine. The status names the first."""
-        if happened and not self.clock_cut:
-            self.clock_cut = what
-
-    def proven(self) -> bool:
-        return self.best is not None and _proven(self.best.value, self.bound)
-
-    def searched_out(self) -> bool:
-        """Whether no order this search can reach beats the best: proven, or at the search's own bound."""
-        return self.proven() or (self.best is not None and _proven(self.best.value, self.search_bound))
-
-
-@dataclass
-class _Watch:
-    """The solve's view of its search process: the last order and bounds it sent, and the progress lines."""
-
-    started: float  # time.monotonic() at the start of the solve
-    bound: float
-    order: Order | None = None
-    value: float | None = None
-    start: str = ""
-    candidates: dict[str, float] = field(default_factory=dict)
-    slot: float | None = None
-    solves: int = 0
-    clock_cut: str = ""  # see _News
-    done: float | None = None  # time.monotonic() when the search's last news came
-    log: list[tuple[float, float, float]] = field(default_factory=list)
-
-    def receive(self, news: _News) -> None:
-        """Fold one piece of news in (``on_report`` of the search process), logging it when it says what happened."""
-        if news.order is not None:
-            if self.order is None and not news.what:  # the first order: say so, the start phase may take minutes
-                log.info("[lower] %7.2fs  first start %s, %.6g", time.monotonic() - self.started, news.start,
-                         news.value)
-            self.order, self.start = news.order, news.start
-        self.value = news.value
-        self.candidates.update(news.tried)
-        self.bound = max(self.bound, news.bound)  # only a bound the search proved and sent counts
-        self.slot, self.solves = news.slot, news.solves
-        self.clock_cut = self.clock_cut or news.clock_cut
-        if news.done:
-            self.done = time.monotonic()
-        if news.what and news.value is not None:
-            self.line(news.value, news.what)
-
-    def line(self, value: float, what: str) -> None:
-        elapsed = time.monotonic() - self.started
-        self.log.append((elapsed, value, self.bound))
-        log.info("[lower] %7.2fs  best %.6g  bound %.6g  %s", elapsed, value, self.bound, what)
-
 
 def solve(
-    sg: StageGraph,
-    microbatches: int,
-    *,
-    memory_limit: float | None = None,
-    split_backward: bool = True,
-    allow_pairs: bool = True,
-    slot: float | None = None,
-    time_limit: float = 30.0,
-    solver: str = "cbc",
-    threads: int = 1,
-    warm_orders: dict[str, Order] | None = None,
-    objective: Objective | str = Objective.MAKESPAN,
-    search_budget: int | None = SEARCH_BUDGET,
-    thin: bool = True,
-    fallback: bool = True,
+    sg: StageGraph, microbatches: int, *, memory_limit: float | None = None, split_backward: bool = True,
+    allow_pairs: bool = True, slot: float | None = None, time_limit: float = 30.0, solver: str = "cbc",
+    threads: int = 1, warm_orders: dict[str, Order] | None = None, objective: Objective | str = Objective.MAKESPAN,
+    search_budget: int | None = SEARCH_BUDGET, thin: bool = True, fallback: bool = True,
 ) -> LowerResult:
     """Find a short schedule of every job within the memory limit, with a proven lower bound.
 
@@ -359,13 +213,20 @@ def solve(
     # work that ran up to the deadline was cut by it (every loop of the search checks it)
     cut = watch.done is None or watch.done >= deadline
     if watch.order is None:  # nothing came in time: a cheap order, made here
-        what = "crashed" if crash else "had found nothing by the time limit"
-        if not fallback:
-            raise NoScheduleInTime(f"no schedule: its search {what} ({time_limit:.3g} s)")
-        watch.start, watch.order = _first_start(js, budgets, allow_pairs, warm_orders)
-        log.info("[lower] the search %s: the result is the first start that fits, %s", what, watch.start)
+        _fall_back(watch, js, budgets, allow_pairs, warm_orders, crash, time_limit, fallback)
     return _result(watch, js, memory_limit, objective, solver, time_limit if cut else None, crash)
 
+
+
+def _fall_back(watch: _Watch, js: JobSet, budgets, allow_pairs: bool, warm_orders: dict[str, Order] | None,
+               crash: str | None, time_limit: float, fallback: bool) -> None:
+    """Put the first start that fits in ``watch`` when the search sent no order by its stop (a clock or a crash), so
+    that a solve always returns a schedule; without ``fallback``, raise :class:`NoScheduleInTime` instead."""
+    what = "crashed" if crash else "had found nothing by the time limit"
+    if not fallback:
+        raise NoScheduleInTime(f"no schedule: its search {what} ({time_limit:.3g} s)")
+    watch.start, watch.order = _first_start(js, budgets, allow_pairs, warm_orders)
+    log.info("[lower] the search %s: the result is the first start that fits, %s", what, watch.start)
 
 class Prospect(NamedTuple):
     """What a solve of one stage graph could reach at best, and what it starts from, before any search."""
@@ -579,11 +440,6 @@ def _thin_pairs(run: _Search, slot: float) -> None:
     run.cut(THINNING_CUT, thinning.timed_out)
 
 
-def _pairs_searched(js: JobSet, allow_pairs: bool) -> bool:
-    """Whether the search may use overlapped F&B pairs: allowed, and a positive overlap gain (for either
-    objective: a device's span ends at the end of a pair whose backward is its last W or B)."""
-    return allow_pairs and js.sg.may_overlap
-
 
 def _search_bound(js: JobSet, budgets, objective: Objective, bound: float, allow_pairs: bool) -> float:
     """A bound on the orders the search reaches, where it may stop.
@@ -759,211 +615,3 @@ def _divides(slot: float, sg) -> bool:
     return all(abs(v / slot - round(v / slot)) <= 1e-7 * max(1.0, v / slot) for v in slotted_times(sg))
 
 
-def _proven(makespan: float, bound: float) -> bool:
-    return makespan <= bound + noise(bound)
-
-
-def _same_jobs(js: JobSet, order: Order) -> bool:
-    """Whether the order runs exactly the job set (pairs split), each job once per device of its stage."""
-    seen: dict[Job, int] = {}
-    for acts in order.values():
-        for a in acts:
-            for j in jobs_of(a):
-                seen[j] = seen.get(j, 0) + 1
-    if set(seen) != set(js.index):
-        return False
-    return all(seen[j] == len(js.devices[js.index[j]]) for j in seen)
-
-
-def _start_pool(js: JobSet, budgets, allow_pairs: bool, warm_orders: dict[str, Order] | None):
-    """The start candidates in the order that breaks ties, warm orders first: (name, order or list variant)."""
-    pool: list[tuple[str, Order | Variant]] = [
-        (name, split_fused_backward(order) if js.split_backward else order)
-        for name, order in (warm_orders or {}).items()
-    ]
-    return pool + [(v.name, v) for v in default_variants(js, allow_pairs, budgets)]
-
-
-def _fitting(js: JobSet, budgets, allow_pairs: bool, order: Order) -> list | None:
-    """The order's events when it runs exactly ``js``'s jobs, fits in memory and does not deadlock, else None."""
-    if not _same_jobs(js, order) or (pair_count(order) and not allow_pairs) or not order_fits(js.sg, order, budgets):
-        return None
-    try:
-        return simulate(js.sg, order, js.microbatches)
-    except Deadlock:  # a warm order may deadlock on this graph
-        return None
-
-
-def _best_start(run: _Search, allow_pairs: bool, warm_orders: dict[str, Order] | None) -> tuple[str, Order, float]:
-    """The best order among warm orders and list-scheduler variants that fit in memory; (name, order, value).
-
-    Every candidate runs and ties keep the earliest in :func:`_start_pool`'s
-    order, so the result is deterministic; each new best goes to the solve at
-    once (the first candidate that fits is there within a simulation of the
-    start). Only the deadline may skip candidates after the first that fits
-    (then ``run.clock_cut``).
-
-    With pairs searched (makespan objective), the warm orders come first and
-    the best of them, and the best of them without pairs, are paired up
-    (:func:`pair_up`) before the list-scheduler variants run; then the best
-    and best without pairs of all, if they are new. Warm orders are the
-    baselines, whose pair-ups were the best starts on the DualPipe grid, so a
-    clock that cuts the start phase cuts the variants first. The best start
-    of each phase, pairs merged or not, then has its W placed lazily and its warm-up deepened
-    (:func:`_reshape_start`).
-    """
-    js, budgets = run.js, run.budgets
-    pool = _start_pool(js, budgets, allow_pairs, warm_orders)
-    pairing_up = _pairs_searched(js, allow_pairs) and run.objective == Objective.MAKESPAN
-    best: tuple[str, Order, Incumbent] | None = None
-    best_unpaired: tuple[str, Order, Incumbent] | None = None  # what pair_up starts from
-    paired_up: set[tuple[str, bool]] = set()  # (start, together) paired up, and what that gave
-    reshaped: set[str] = set()  # starts whose W and warm-up were reshaped, and what that gave
-    for phase in ([c for c in pool if not isinstance(c[1], Variant)], [c for c in pool if isinstance(c[1], Variant)]):
-        for name, made in phase:
-            if best is not None and time.monotonic() > run.deadline:
-                run.cut("the deadline stopped the start candidates")
-                break
-            order = list_schedule(js, budgets, made) if isinstance(made, Variant) else made
-            events = _fitting(js, budgets, allow_pairs, order)
-            if events is None:
-                continue
-            inc = timed_incumbent(js, order, events, run.objective)
-            best = _offer(run, best, name, order, inc)
-            if not pair_count(order) and (best_unpaired is None or better(inc, best_unpaired[2])):
-                best_unpaired = (name, order, inc)
-        if pairing_up and best is not None:
-            best = _pair_up_starts(run, best, best_unpaired, paired_up)
-        if best is not None and best[0] not in reshaped:
-            best = _reshape_start(run, best, reshaped)
-    assert best is not None, "the list scheduler always gives an order"
-    return best[0], best[1], best[2].value
-
-
-def _reshape_start(run: _Search, best: tuple[str, Order, Incumbent], reshaped: set[str]):
-    """The best start with its W placed lazily (:func:`place_w_lazily`), its warm-up deepened
-    (:func:`deepen_warmup`) and its W placed lazily again, each kept when it times better; each start once.
-
-    A warm order's warm-up was written for the memory its method assumes: where the limit allows more, a device
-    waiting for its first backward may run one more forward. And its W were placed for the costs it assumes: with
-    I longer than W, W kept for the drain fill the gaps there. The two work together: Zero Bubble's V at
-    F:I:W = 1:1.5:0.5 gains one F from each (the DualPipe grid: 110, 108.5 with lazy W, 107.5 after deepening, at
-    D=8, M=16), the deeper warm-up only once the W wait. The best warm order is reshaped before the
-    list-scheduler variants run (a clock that cuts the start phase cuts the variants first), and the best of all
-    if it is new."""
-    name = best[0]
-    reshaped.add(name)
-    if time.monotonic() > run.deadline:
-        run.cut("the deadline came before reshaping the start")
-        return best
-    best = _lazy_w_start(run, best, reshaped)
-    if time.monotonic() > run.deadline:
-        run.cut("the deadline came before deepening the start's warm-up")
-        return best
-    name, order, inc = best
-    found = deepen_warmup(run.js, order, run.budgets, run.objective, deadline=run.deadline, start=inc)
-    run.cut("the deadline stopped deepening the start's warm-up", found.cut)
-    if not found.moves:
-        return best
-    made = f"{name}, warm-up deepened (+{found.moves} forwards)"
-    reshaped.add(made)
-    best = _offer(run, best, made, found.order, found.incumbent)
-    return _lazy_w_start(run, best, reshaped) if best[0] == made else best
-
-
-def _lazy_w_start(run: _Search, best: tuple[str, Order, Incumbent], reshaped: set[str]):
-    """``best`` or, when it times better, its order with every W placed lazily (:func:`place_w_lazily`)."""
-    name, order, _ = best
-    lazy = place_w_lazily(run.js, order, run.budgets)
-    # the lazy order has exactly the pairs of ``order``, which was admitted as a start with them
-    events = None if lazy is None else _fitting(run.js, run.budgets, allow_pairs=True, order=lazy)
-    if events is None:
-        return best
-    made = f"{name}, W placed lazily"
-    reshaped.add(made)
-    return _offer(run, best, made, lazy, timed_incumbent(run.js, lazy, events, run.objective))
-
-
-def _pair_up_starts(run: _Search, best: tuple[str, Order, Incumbent],
-                    best_unpaired: tuple[str, Order, Incumbent] | None, paired_up: set[tuple[str, bool]]):
-    """More pairs on the critical path of the best start, and of the best without pairs (few pairs, placed where
-    they shorten it; and all that could help at once, a quick pass that may end shorter), each once, within
-    :data:`PAIR_UP_SHARE` of the time left; the best start after that."""
-    deadline = time.monotonic() + PAIR_UP_SHARE * max(0.0, run.deadline - time.monotonic())
-    tries = [(best, False)]
-    if best_unpaired is not None:
-        # all at once first: within its budget it is quick (1.5 s at D=16, M=64 on the DualPipe grid, where one
-        # merge at a time would need 80 s); at the same makespan one at a time's fewer pairs are preferred when it
-        # finishes
-        tries = [(best_unpaired, True)] + tries + ([(best_unpaired, False)] if best_unpaired[0] != best[0] else [])
-    for (name, order, _), together in tries:
-        if (name, together) in paired_up:
-            continue
-        paired = pair_up(run.js, order, run.budgets, deadline=deadline, together=together,
-                         max_simulations=TOGETHER_SIMULATIONS if together else PAIR_UP_SIMULATIONS)
-        run.cut("pairing up the start stopped at its share of the time", paired.cut)
-        paired_up.add((name, together))
-        if paired.merges:
-            made = f"{name} paired up{' together' if together else ''} (+{paired.merges} pairs)"
-            paired_up.update({(made, False), (made, True)})
-            best = _offer(run, best, made, paired.order, paired.incumbent)
-    return best
-
-
-def _offer(run: _Search, best: tuple[str, Order, Incumbent] | None, name: str, order: Order, inc: Incumbent):
-    """``best`` or the start candidate ``name`` (``order``, valued as ``inc``), whichever is better; the candidate's
-    value goes to the solve, and so does the order when it is the new best."""
-    run.tried.append((name, inc.value))
-    if best is None or preferred(inc, best[2]):
-        best = (name, order, inc)
-        run.start = name
-        run.improved(order, inc.value)
-    run.send()
-    return best
-
-
-def _first_start(js: JobSet, budgets, allow_pairs: bool, warm_orders: dict[str, Order] | None) -> tuple[str, Order]:
-    """The first start candidate that fits (name, order): the solve's own fallback when its search sent nothing.
-
-    A warm order costs one simulation; without one that fits, the first
-    list-scheduler variant is made here.
-    """
-    for name, made in _start_pool(js, budgets, allow_pairs, warm_orders):
-        order = list_schedule(js, budgets, made) if isinstance(made, Variant) else made
-        if _fitting(js, budgets, allow_pairs, order) is not None:
-            return name, order
-    raise AssertionError("the list scheduler always gives an order")  # pragma: no cover
-
-
-def split_fused_backward(order: Order) -> Order:
-    """``order`` with every fused backward B replaced by its I then its W, in place of the B.
-
-    The result has the same dependencies (the I waits for what the B waited
-    for; the W follows the I on the same device) and never more memory at any
-    point (the I frees part of the activation as the B would free all of it,
-    and the W frees the rest right after). A B inside an overlapped pair
-    becomes the pair's backward I, followed by the W.
-
-    >>> from opsched.schedule import Job
-    >>> [str(j) for j in split_fused_backward({0: [Job(0, 0, "F"), Job(0, 0, "B")]})[0]]
-    ['0F0', '0I0', '0W0']
-    """
-    out: Order = {}
-    for d, actions in order.items():
-        acts = []
-        for a in actions:
-            if isinstance(a, Pair) and "B" in (a.first.pass_, a.second.pass_):
-                fused = [j for j in (a.first, a.second) if j.pass_ == "B"]
-                acts.append(Pair(_input_part(a.first), _input_part(a.second)))
-                acts += [Job(j.stage, j.microbatch, "W") for j in fused]
-            elif isinstance(a, Job) and a.pass_ == "B":
-                acts += [Job(a.stage, a.microbatch, "I"), Job(a.stage, a.microbatch, "W")]
-            else:
-                acts.append(a)
-        out[d] = acts
-    return out
-
-
-def _input_part(job: Job) -> Job:
-    """The I of a fused backward B; any other job unchanged."""
-    return Job(job.stage, job.microbatch, "I") if job.pass_ == "B" else job

@@ -18,8 +18,10 @@ from opsched.export.runtimes import layout_fields, refusal, runtime_named
 from opsched.model.coarsen import coarsen
 from opsched.model.onnx_import import import_onnx, routing_assumptions
 from opsched.plan.contiguous import Baseline, on_real_devices
-from opsched.plan.layouts import RECOMPUTE_SEARCH, search_layouts
-from opsched.plan.search import plan_block_graph, smallest_memory
+from opsched.plan.layout_search import search_layouts
+from opsched.plan.layouts import RECOMPUTE_SEARCH
+from opsched.plan.search import plan_block_graph
+from opsched.plan.smallest_memory import smallest_memory
 from opsched.schedule import metrics
 from opsched.solving.isolate import usable_cores
 from opsched.units import bytes_text, plain, plural, ranges_text, seconds_text
@@ -114,7 +116,7 @@ def plan_with_optimizer_state(request: PlanRequest, bg, cluster, training, limit
                               dims: dict, global_batch: int | None, warnings: list[str]):
     """:func:`plan_with_recompute` with the Megatron-style layouts (with a global batch), and with ``--optimizer-state
     auto`` once more with Adam's state in BF16 when nothing fits in FP32 and something does in BF16 (a sentence in
-    ``warnings`` says so); (training as planned, :class:`opsched.plan.search.PlanResult`)."""
+    ``warnings`` says so); (training as planned, :class:`opsched.plan.plan_records.PlanResult`)."""
     def layouts_today(training) -> list:  # within its share of the time left
         share = time.monotonic() + LAYOUT_SEARCH_SHARE * max(0.0, deadline - time.monotonic())
         return megatron_layouts(request, dims, cluster, training, limit, global_batch, share) if global_batch else []
@@ -141,7 +143,7 @@ def plan_with_optimizer_state(request: PlanRequest, bg, cluster, training, limit
 
 def plan_with_recompute(request: PlanRequest, bg, cluster, training, limit: float, deadline: float, today: list,
                         searched: bool):
-    """(training as planned, :class:`opsched.plan.search.PlanResult`): the planner's search, once more with full
+    """(training as planned, :class:`opsched.plan.plan_records.PlanResult`): the planner's search, once more with full
     recomputation when nothing fits without it and ``--recompute auto``; for ``--runtime R`` only plans R can run,
     and :class:`NoRunnablePlan` says why none can, and how to widen the search. ``today``: the Megatron-style
     layouts found (``searched``: whether they were looked for)."""
@@ -220,7 +222,7 @@ def check_runtime_model(runtime: str, model: str, bg) -> None:
 
 def megatron_layouts(request: PlanRequest, dims: dict[str, int], cluster, training, limit: float,
                      global_batch: int, deadline: float | None = None) -> list:
-    """The fastest Megatron-style layout that fits (:func:`opsched.plan.layouts.search_layouts`) as a baseline row;
+    """The fastest Megatron-style layout that fits (:func:`opsched.plan.layout_search.search_layouts`) as a baseline row;
     with ``--runtime R``, the fastest R can run (:func:`opsched.export.runtimes.refusal`).
 
     The model is imported again with one sequence per microbatch (Megatron's

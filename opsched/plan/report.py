@@ -114,11 +114,24 @@ def report_text(model: str, cluster, training, limit: float, result, warnings: l
         "How to read a layout: at the end of this report.",
         "",
     ]
+    lines += baselines_table(result, m, samples, solve)
+    lines += (candidates_table(result) + stages_table(result)
+              + runtimes_table(runtimes or {}, overlapped_pairs(result.schedule)))
+    lines += ["", "## How to read this report", "", "```", NOTATION.rstrip(), "", GLOSSARY.rstrip(), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def baselines_table(result, m, samples: int, solve: float | None) -> list[str]:
+    """report.md's table of the plan against every baseline, the speed-up and the refused baselines.
+
+    Apart from :func:`report_text` so that the report reads as its sections; ``m`` is the plan's metrics,
+    ``samples`` a step's and ``solve`` the lower MIP's seconds (or None).
+    """
     time_unit = column_time_unit([result.step_time] + [b.step_time for b in result.baselines])
     peak = max(m.peak_memory_bytes, default=0.0)
     size_unit = column_size_unit([peak] + [b.peak_memory_bytes for b in result.baselines])
     cell = lambda v, unit: "-" if v is None else unit.number(v)  # noqa: E731
-    lines += [
+    lines = [
         f"| method | layout | step time ({time_unit.name}) | throughput (samples/s) | bubble ratio | "
         f"peak memory ({size_unit.name}) | solve (s) |",
         "|---|---|---|---|---|---|---|",
@@ -140,10 +153,7 @@ def report_text(model: str, cluster, training, limit: float, result, warnings: l
         lines += ["", "Baselines refused on every contiguous split (groups = pipeline depth tried), or left out because "
                   "the runtime asked for (--runtime) cannot run them:", ""]
         lines += [f"- {method}: {reason}" for method, reason in result.refused_baselines.items()]
-    lines += (candidates_table(result) + stages_table(result)
-              + runtimes_table(runtimes or {}, overlapped_pairs(result.schedule)))
-    lines += ["", "## How to read this report", "", "```", NOTATION.rstrip(), "", GLOSSARY.rstrip(), "```"]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 #: what the summary and report.md say of a plan whose modes split sequences (issue 45)

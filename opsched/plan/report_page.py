@@ -1,10 +1,10 @@
 """What report.html shows of a plan: :class:`opsched.export.report_html.ReportPage` made from a
-:class:`opsched.plan.search.PlanResult`."""
+:class:`opsched.plan.plan_records.PlanResult`."""
 
 from __future__ import annotations
 
 from opsched.export.report_html import LayoutTried, MethodRow, ReportPage
-from opsched.plan.search import PlanResult
+from opsched.plan.plan_records import PlanResult
 
 
 def report_page(result: PlanResult, summary: str, title: str) -> ReportPage:

@@ -28,25 +28,26 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import re
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import networkx as nx
 
 from opsched.baselines import baseline_orders
-from opsched.cost.cluster import Cluster, Training, memory_hint, with_devices
+from opsched.cost.cluster import Cluster, Training, with_devices
 from opsched.plan.branches import chain_only, has_parallel_blocks, has_parallel_towers
-from opsched.plan.contiguous import Baseline, contiguous_baselines, fewer_device_baselines
-from opsched.cost.blocks import expert_count
+from opsched.plan.contiguous import Baseline
+from opsched.plan.plan_records import (Candidate, EveryDevicePlan, FewerNodesPlan, LowerJob, LowerOutcome, Option,
+                                       PlanResult, _half_option)
+from opsched.plan.runtime_filter import RuntimeFilter, _baseline_option, _job_blocks, _job_name
+from opsched.plan.smallest_memory import _nothing_fits, _reduced, _too_small
 from opsched.errors import MemoryTooSmall, NoRunnablePlan
-from opsched.export.runtimes import RUNTIMES, layout_fields, refusal, runtime_named
-from opsched.model.graph import Block
-from opsched.solving.isolate import Call, SolverCrash, run_isolated, run_isolated_all
+from opsched.export.runtimes import Runtime, runtime_named
+from opsched.solving.isolate import Call, SolverCrash, run_isolated_all
 from opsched.lower import minimum_memory_limit, solve
 from opsched.schedule import Order, Schedule, StageGraph, metrics, order_from_schedule, validate
-from opsched.solving.solver import Status, require
+from opsched.solving.solver import require
 from opsched.units import bytes_text, plain, plural, seconds_text
 from opsched.upper.layouts import describe_layout, layouts
 from opsched.upper.mip import (
@@ -55,153 +56,12 @@ from opsched.upper.mip import (
     UpperSolution,
     contiguous_start,
     estimate,
-    minimum_memory,
     solve_upper,
     upper_problem,
 )
-from opsched.upper.reduce import reduce_block_graph
-from opsched.upper.stages import HeldBlock, StageContents, StagePlan, build_stage_graph, stage_contents
+from opsched.upper.stages import build_stage_graph
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Candidate:
-    """One thing the search tried, with its figures (a row of ``candidates`` in plan.json)."""
-
-    source: str  # "upper" or "contiguous"
-    layout: str
-    status: str  # e.g. "scheduled", "no fit", "estimated only", "lower failed: ..."
-    estimate: float | None = None  # upper objective (s)
-    upper_status: str | None = None  # UpperSolution.status_text
-    upper_seconds: float | None = None
-    makespan: float | None = None
-    step_time: float | None = None
-    bubble_ratio: float | None = None
-    peak_memory_bytes: float | None = None
-    lower_bound: float | None = None
-    gap: float | None = None
-    solve_seconds: float | None = None
-    stages: int | None = None
-
-    def to_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
-
-
-@dataclass
-class PlanResult:
-    """The chosen plan and everything that was tried."""
-
-    schedule: Schedule
-    solver_metrics: dict  # plan.json's metrics: LowerOutcome.as_metrics(), or the baseline's solver "none"
-    source: str  # what produced the chosen schedule
-    layout: str
-    step_time: float
-    grad_sync: float
-    stage_contents: dict[int, StageContents]  # stage id -> its layers, module paths, blocks and modes
-    candidates: list[Candidate]
-    baselines: list[Baseline]
-    blocks: int  # blocks the upper MIP placed
-    microbatch_size: int  # samples per microbatch of ``schedule`` (a Megatron-style layout's: one per replica)
-    recompute: str  # activation recomputation of ``schedule`` ("none", "selective" or "full")
-    seconds: dict[str, float] = field(default_factory=dict)
-    refused_baselines: dict[str, str] = field(default_factory=dict)  # method -> why it fits no contiguous split
-    #: devices of the cluster that hold no stage of the chosen plan
-    idle_devices: tuple[int, ...] = ()
-    #: when some are idle: the fastest plan found that gives every device work, if any
-    on_every_device: EveryDevicePlan | None = None
-    #: on two nodes or more: the plan found on the first half of the nodes, the others idle (None: one node, or
-    #: nothing fits there)
-    on_half_the_nodes: FewerNodesPlan | None = None
-    #: the most devices (the first nodes, the others idle) on which no plan was searched because the time limit
-    #: was spent first: a run on that many devices alone may then find a faster plan (None: every half searched)
-    fewer_nodes_unsearched: int | None = None
-    #: step time of the plan found with the stage graph a chain (``branches=False``), when the model has parallel
-    #: branches and it was searched (None: no branches, searched with ``branches=False``, or no time was left)
-    chain_step_time: float | None = None
-
-
-@dataclass(frozen=True)
-class FewerNodesPlan:
-    """The plan :func:`plan_block_graph` found on the first half of the nodes (itself never slower than the one
-    on a quarter, and so on): the plan on every node may be it, so adding nodes never makes a plan slower."""
-
-    devices: int
-    source: str
-    layout: str
-    step_time: float
-    #: whether it is the plan returned (then every device past ``devices`` is idle)
-    chosen: bool
-
-    @classmethod
-    def of(cls, half: PlanResult, chosen: bool) -> FewerNodesPlan:
-        return cls(half.schedule.stage_graph.num_devices, half.source, re.sub(ON_FEWER, "", half.layout),
-                   half.step_time, chosen)
-
-
-@dataclass(frozen=True)
-class EveryDevicePlan:
-    """A plan the search found that gives every device work (reported when the chosen one leaves some idle)."""
-
-    source: str
-    layout: str
-    step_time: float
-
-
-@dataclass
-class LowerOutcome:
-    """What one lower solve of a candidate gave, besides its schedule."""
-
-    lower_bound: float
-    gap: float
-    solver: str
-    solve_seconds: float
-    status: Status
-    #: overlapped pairs the search made that the makespan did not need, run one job after the other
-    pairs_parted: int = 0
-
-    @property
-    def proven(self) -> bool:
-        return self.gap <= 1e-6
-
-    def as_metrics(self) -> dict:
-        """The fields plan.json's ``metrics`` carries."""
-        return {"lower_bound": self.lower_bound, "gap": self.gap, "solver": self.solver,
-                "solve_seconds": self.solve_seconds, "lower_status": self.status, "pairs_parted": self.pairs_parted}
-
-
-@dataclass
-class LowerJob:
-    """One StageGraph the lower level schedules, and the best schedule it got so far."""
-
-    candidate: Candidate
-    stage_graph: StageGraph
-    grad_sync: float  # seconds per step, added to the makespan
-    plan: StagePlan | None = None  # the upper MIP's stages (None for the best baseline's contiguous split)
-    split: Baseline | None = None  # the best baseline, whose split and schedule this job starts from
-    schedule: Schedule | None = None
-    outcome: LowerOutcome | None = None
-
-    @property
-    def start(self) -> Schedule | None:
-        """The schedule its first lower solve starts from: the best baseline's, for the contiguous split."""
-        return self.split.schedule if self.split is not None else None
-
-
-@dataclass
-class Option:
-    """A plan the search may return: a scheduled candidate or a baseline itself."""
-
-    step_time: float
-    source: str
-    layout: str
-    schedule: Schedule
-    metrics: dict
-    grad_sync: float
-    stage_blocks: dict[int, list[tuple[int, str]]]  # stage id -> (block id of the reduced graph, mode name)
-    contents: dict[int, StageContents] | None = None  # what each stage holds, when known directly
-    microbatch_size: int | None = None  # samples per microbatch, when not the planner's (Baseline.microbatch_size)
-    recompute: str | None = None  # activation recomputation, when not the planner's (Baseline.recompute)
 
 
 # --------------------------------------------------------------------------- the search
@@ -249,9 +109,7 @@ def plan_block_graph(
     require(solver)
     if not branches:
         bg = chain_only(bg)
-    asked = runtime_named(runtime or "any")
-    if asked is not None and not asked.context_parallel:  # it splits no sequence: replicas take whole ones
-        training = dataclasses.replace(training, whole_sequences=True)
+    asked, training = _for_runtime(runtime, training)
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
     t_start = time.perf_counter()
     full = time.monotonic() + time_limit if deadline is None else deadline
@@ -291,6 +149,29 @@ def plan_block_graph(
     if not options:
         smallest = min((minimum_memory_limit(j.stage_graph, training.microbatches) for j in jobs), default=math.inf)
         raise _too_small("no candidate could be scheduled within", smallest, limit, cluster)
+    seconds = {"upper": t_upper - t_start, "baselines": t_base - t_upper, "lower": t_lower - t_base,
+               "half the nodes": t_half - t_lower, "as a chain": time.perf_counter() - t_half}
+    return _plan_result(options, cluster, training, runnable, candidates + unscheduled, baselines, refused,
+                        blocks=small.number_of_nodes(), seconds=seconds, half=half, unsearched=unsearched, chain=chain)
+
+
+def _for_runtime(runtime: str | None, training: Training) -> tuple[Runtime | None, Training]:
+    """(the runtime asked for, if any; ``training`` as the search plans it for that runtime): one without context
+    parallelism splits no sequence, so its replicas take whole ones, and the search must cost them so."""
+    asked = runtime_named(runtime or "any")
+    if asked is not None and not asked.context_parallel:  # it splits no sequence: replicas take whole ones
+        training = dataclasses.replace(training, whole_sequences=True)
+    return asked, training
+
+
+def _plan_result(options: list[Option], cluster: Cluster, training: Training, runnable: RuntimeFilter,
+                 candidates: list[Candidate], baselines: list[Baseline], refused: dict[str, str], *, blocks: int,
+                 seconds: dict[str, float], half: PlanResult | None, unsearched: int | None,
+                 chain: PlanResult | None) -> PlanResult:
+    """The fastest of ``options``, validated, as :func:`plan_block_graph` returns it: with every candidate tried
+    (``candidates``: those not scheduled, after the runtime's jobs), the idle devices and the alternatives the
+    report names (the plan on every device, on half the nodes, as a chain). Kept apart so the search reads as
+    its steps."""
     best = min(options, key=lambda o: o.step_time)
     validate(best.schedule)
     idle, every = _idle_and_every_device_plan(best, options, cluster.devices)
@@ -302,13 +183,12 @@ def plan_block_graph(
         step_time=best.step_time,
         grad_sync=best.grad_sync,
         stage_contents=runnable.contents(best),
-        candidates=[j.candidate for j in runnable.all_jobs] + candidates + unscheduled,
+        candidates=[j.candidate for j in runnable.all_jobs] + candidates,
         baselines=baselines,
-        blocks=small.number_of_nodes(),
+        blocks=blocks,
         microbatch_size=best.microbatch_size or training.microbatch_size,
         recompute=best.recompute or training.recompute,
-        seconds={"upper": t_upper - t_start, "baselines": t_base - t_upper, "lower": t_lower - t_base,
-                 "half the nodes": t_half - t_lower, "as a chain": time.perf_counter() - t_half},
+        seconds=seconds,
         refused_baselines=refused,
         idle_devices=idle,
         on_every_device=every,
@@ -391,25 +271,6 @@ def _plan_on_half_the_nodes(bg: nx.DiGraph, cluster: Cluster, training: Training
     return found, found.fewer_nodes_unsearched
 
 
-#: how a layout on fewer devices than the cluster's ends
-ON_FEWER = r", on [\d,]+ of the [\d,]+ devices$"
-
-
-def _half_option(half: PlanResult, cluster: Cluster) -> Option:
-    """The plan on half the nodes as an option of the plan on all of them (its layout says how many it uses).
-
-    Listed last: on a tie the plan on every node is kept (``min`` keeps the first).
-
-    >>> re.sub(ON_FEWER, "", "8x2 contiguous, dp2, on 16 of the 32 devices")
-    '8x2 contiguous, dp2'
-    """
-    layout = FewerNodesPlan.of(half, chosen=False).layout  # the plan on half may be one on fewer nodes still
-    return Option(half.step_time, half.source,
-                  f"{layout}, on {plain(half.schedule.stage_graph.num_devices)} of the {plain(cluster.devices)} devices",
-                  half.schedule, half.solver_metrics, half.grad_sync, {}, half.stage_contents, half.microbatch_size,
-                  half.recompute)
-
-
 def _log_layouts(all_layouts: list, bg: nx.DiGraph, small: nx.DiGraph, clock: Clock) -> None:
     merged = (f"the model's {bg.number_of_nodes()} blocks merged into {small.number_of_nodes()}"
               if small.number_of_nodes() < bg.number_of_nodes() else f"the model's {bg.number_of_nodes()} blocks")
@@ -437,16 +298,6 @@ def idle_devices(sg: StageGraph, devices: int) -> tuple[int, ...]:
     """
     held = {d for stage in sg.stages for d in stage.devices}
     return tuple(d for d in range(devices) if d not in held)
-
-
-def _too_small(what: str, smallest: float, limit: float, cluster: Cluster) -> MemoryTooSmall:
-    """The error for a memory limit nothing fits in (``what`` it, e.g. "no layout fits in"), with the smallest that works."""
-    return MemoryTooSmall(f"{what} {bytes_text(limit)} per device; the smallest memory "
-                          f"that works is about {bytes_text(smallest)} ({memory_hint(smallest, cluster)})", smallest)
-
-
-#: the time limit of each layout's least-memory MIP, when nothing fits (the hint of the error)
-SMALLEST_MEMORY_SECONDS = 2.0
 
 #: the part of the time left the search as a chain keeps when the model has parallel towers (plus whatever the
 #: search with branches leaves; docs/formulation.md, "What `--time-limit` does")
@@ -589,6 +440,7 @@ Words of the progress lines and the report:
 def upper_outcome(start_estimate: float, sol: UpperSolution) -> str:
     """What one layout's placement MIP found, as a progress line says it.
 
+    >>> from opsched.solving.solver import Status
     >>> from opsched.upper.layouts import Layout
     >>> sol = UpperSolution(Layout(8, 2), {}, {"step_time": 0.7796}, Status.TIME_LIMIT, 0.0, 1.04, windowed=True)
     >>> upper_outcome(0.7796, sol)
@@ -716,13 +568,6 @@ def _keep_if_better(job: LowerJob, schedule: Schedule, outcome: LowerOutcome, cl
              m.bubble_ratio, _gap_words(outcome.gap), clock.left_text())
 
 
-def _job_name(cand: Candidate) -> str:
-    """Which candidate a lower progress line is about."""
-    if cand.source == "contiguous":
-        return f"the best baseline's split {cand.layout}"
-    return f"layout {cand.layout} as the placement MIP placed it"
-
-
 def _gap_words(gap: float) -> str:
     """A lower solve's gap as a progress line says it.
 
@@ -777,188 +622,7 @@ def _quiet(logger_name: str):
         logger.setLevel(level)
 
 
-def _job_blocks(job: LowerJob) -> dict[int, list[tuple[int, str]]]:
-    """Stage id -> (block id of the reduced graph, mode name) of a job's stages."""
-    if job.plan is not None:
-        return {sid: [(b, job.plan.modes_of_stage[sid][b]) for b in blocks] for sid, blocks in job.plan.blocks_of_stage.items()}
-    return job.split.stage_blocks
-
-
 def _job_option(job: LowerJob) -> Option:
     cand = job.candidate
     return Option(cand.step_time, cand.source, cand.layout, job.schedule, job.outcome.as_metrics(), job.grad_sync,
                   _job_blocks(job))
-
-
-def _baseline_option(b: Baseline) -> Option:
-    """A baseline itself is a plan the search may return."""
-    return Option(b.step_time, f"baseline {b.method}", b.layout, b.schedule,
-                  {"solver": "none", "solve_seconds": b.solve_seconds}, b.grad_sync, b.stage_blocks, b.contents,
-                  b.microbatch_size, b.recompute)
-
-
-@dataclass
-class RuntimeFilter:
-    """Keeps only what ``runtime`` can run (every candidate when it is None), asking the export's own checks
-    (:func:`opsched.export.runtimes.refusal`) with the plan.json fields the plan would be written with."""
-
-    runtime: str | None
-    training: Training
-    members: dict[int, list[int]]  # reduced block -> the model's blocks it stands for
-    bg: nx.DiGraph
-    all_jobs: list[LowerJob] = field(default_factory=list)  # every job, kept or refused, for the candidates table
-    reasons: list[str] = field(default_factory=list)  # why each candidate left out cannot run on the runtime
-
-    def all_baselines(self, small: nx.DiGraph, cluster: Cluster, limit: float, today: list[Baseline] | None,
-                      table: CostTable | None = None, deadline: float | None = None, workers: int = 1,
-                      ) -> tuple[list[Baseline], Baseline | None, dict[str, str]]:
-        """:func:`contiguous_baselines` on ``small``, the best of them on fewer devices
-        (:func:`fewer_device_baselines`) and the Megatron-style layouts (``today``), those the runtime can run,
-        by step time (on a tie, the one using more devices first); the best contiguous one on every device
-        (the lower level's split); method -> why refused."""
-        rows, best_split, refused = contiguous_baselines(small, cluster, self.training, limit, table, deadline, workers)
-        fewer = fewer_device_baselines(small, cluster, self.training, limit, deadline, workers)
-        today = list(today or [])
-        if self.runtime is not None:
-            rows, today = self.baselines(rows, refused), self.baselines(today, refused)
-            fewer = self.baselines(fewer, {})  # a method's reason is the one on every device
-            best_split = rows[0] if rows else None
-        # Megatron-style layouts (opsched.plan.layouts.search_layouts), offered like the hand-written baselines
-        return (sorted(rows + fewer + today, key=lambda b: (b.step_time, -b.schedule.stage_graph.num_devices,
-                                                            b.method)),
-                best_split, refused)
-
-    def contents(self, option: Option) -> dict[int, StageContents]:
-        return option.contents or _stage_contents(option.stage_blocks, self.members, self.bg)
-
-    def reason(self, option: Option) -> str | None:
-        """Why the runtime cannot run ``option`` as plan.json would have it (None: it can, or no runtime asked)."""
-        if self.runtime is None:
-            return None
-        t = self.training
-        doc = layout_fields(self.contents(option), option.microbatch_size or t.microbatch_size, t.zero,
-                            option.recompute or t.recompute, t.optimizer_state, t.tp_comm_overlap, t.attention,
-                            t.dtype)
-        return refusal(self.runtime, option.schedule, doc)
-
-    def baselines(self, rows: list[Baseline], refused: dict[str, str]) -> list[Baseline]:
-        """The rows the runtime can run; each other one's reason goes into ``refused`` (method -> reason)."""
-        kept = []
-        for b in rows:
-            why = self.reason(_baseline_option(b))
-            if why is None:
-                kept.append(b)
-            else:
-                refused[b.method] = f"{b.layout}: {why}"
-                self.reasons.append(refused[b.method])
-                log.info("baseline: %s on %s left out for --runtime %s: %s", b.method, b.layout, self.runtime, why)
-        return kept
-
-    def jobs(self, jobs: list[LowerJob], microbatches: int) -> list[LowerJob]:
-        """The upper solutions' stages the runtime can run, asked before the lower level orders them."""
-        self.all_jobs = list(jobs)
-        kept = []
-        for job in jobs:
-            unordered = Option(0.0, job.candidate.source, job.candidate.layout,
-                               Schedule(job.stage_graph, microbatches, [], name="mip"), {}, 0.0, _job_blocks(job))
-            why = self.reason(unordered) if job.plan else None
-            if why is None:
-                kept.append(job)
-            else:
-                job.candidate.status = f"not scheduled: {why}"
-                self.reasons.append(f"{job.candidate.source} {job.candidate.layout}: {why}")
-                log.info("lower: %s left out for --runtime %s: %s", _job_name(job.candidate), self.runtime, why)
-        return kept
-
-    def options(self, options: list[Option]) -> list[Option]:
-        """The finished plans the runtime can run, their orders checked too (:meth:`none_left` when none is)."""
-        if self.runtime is None:
-            return options
-        kept = []
-        for o in options:
-            why = self.reason(o)
-            if why is None:
-                kept.append(o)
-            else:
-                self.reasons.append(f"{o.source} {o.layout}: {why}")
-        if not kept:
-            self.none_left()
-        return kept
-
-    def none_left(self) -> None:
-        """Raise :class:`NoRunnablePlan` when candidates were left out for the runtime (else the caller says
-        that nothing fits)."""
-        if self.reasons:
-            raise NoRunnablePlan(f"no plan found can run on {self.runtime} (opsched export {RUNTIMES[self.runtime].export_flags}): "
-                                 f"{self.reasons[0]}", list(self.reasons))
-
-
-def _stage_contents(
-    held: dict[int, list[tuple[int, str]]], members: dict[int, list[int]], bg: nx.DiGraph
-) -> dict[int, StageContents]:
-    """Stage id -> what it holds, in the model's own blocks (each reduced block stands for its ``members``)."""
-    return {
-        sid: stage_contents([_held_block(bg.nodes[m]["block"], mode) for b, mode in blocks for m in members[b]])
-        for sid, blocks in held.items()
-    }
-
-
-def _held_block(block: Block, mode: str) -> HeldBlock:
-    """A model block in a stage, with what it holds (the stage's configuration counts only blocks with weights)."""
-    holds = "experts" if expert_count(block) > 0 else "weights" if block.param_count > 0 else "none"
-    return HeldBlock(block.name, mode, holds)
-
-
-def _reduced(bg: nx.DiGraph, all_layouts: list, target_blocks: int | None,
-             whole_layers: bool = False) -> tuple[nx.DiGraph, dict]:
-    """``bg`` reduced to the blocks the placement MIP places (default: 3 per pipeline slot of the largest layout,
-    at least 24), with the members of each reduced block; with ``whole_layers``, each numbered layer in one."""
-    return reduce_block_graph(bg, target_blocks or max(24, 3 * max(lay.slots for lay in all_layouts)),
-                              whole_layers=whole_layers)
-
-
-def smallest_memory(bg: nx.DiGraph, cluster: Cluster, training: Training, solver: str = "cbc",
-                    target_blocks: int | None = None, deadline: float | None = None) -> float:
-    """The least memory per device any layout of :func:`plan_block_graph` needs for ``bg`` with ``training``, under
-    the upper memory model: the figure :class:`MemoryTooSmall` reports, for other training settings (``opsched plan``
-    asks it with Adam's state in BF16 when nothing fits in FP32). Past ``deadline`` the layouts not yet tried are
-    left out (infinite when none was tried).
-    """
-    all_layouts = layouts(cluster)
-    small, _ = _reduced(bg, all_layouts, target_blocks)
-    table = CostTable(small, cluster, training)  # the least memory is its own MIP: no memory limit is needed
-    return _smallest_memory({str(lay): upper_problem(small, lay, cluster, training, table=table)
-                             for lay in all_layouts}, solver, deadline)[0]
-
-
-def _smallest_memory(problems: dict[str, UpperProblem], solver: str,
-                     deadline: float | None = None) -> tuple[float, int]:
-    """(the least memory per device the layouts tried need under the upper memory model, how many were tried):
-    every layout, unless ``deadline`` (a :func:`time.monotonic` instant) passes first."""
-    best, tried = math.inf, 0
-    for p in problems.values():
-        left = math.inf if deadline is None else deadline - time.monotonic()
-        if left <= 0.0:
-            break
-        tried += 1
-        try:
-            best = min(best, run_isolated(minimum_memory, p, solver=solver,
-                                          time_limit=min(SMALLEST_MEMORY_SECONDS, left), timeout=min(30.0, left + 5)))
-        except SolverCrash:
-            continue
-    return best, tried
-
-
-def _nothing_fits(problems: dict[str, UpperProblem], solver: str, clock: Clock, limit: float,
-                  cluster: Cluster) -> MemoryTooSmall:
-    """The error when no layout fits in ``limit``: with the smallest memory that works, as far as the time limit
-    lets the layouts be tried."""
-    smallest, tried = _smallest_memory(problems, solver, clock.deadline)
-    if tried == len(problems):
-        return _too_small("no layout fits in", smallest, limit, cluster)
-    if tried == 0 or smallest == math.inf:
-        return MemoryTooSmall(f"no layout fits in {bytes_text(limit)} per device (the time limit was spent before "
-                              "the least memory that works was found)", math.inf)
-    return MemoryTooSmall(f"no layout fits in {bytes_text(limit)} per device; the least memory among the "
-                          f"{tried} of {len(problems)} layouts tried before the time limit is about "
-                          f"{bytes_text(smallest)} ({memory_hint(smallest, cluster)})", smallest)

@@ -1,8 +1,8 @@
 """The upper MIP: each block to a slot (so a device group) and a parallel mode.
 
 The math, with the same symbols, is in ``docs/formulation.md (section "Upper level")``. Each
-constraint family is one function named after it; :func:`solve_upper` builds
-the model from them, and :func:`estimate` evaluates the same objective for a
+constraint family is one function named after it, in :mod:`opsched.upper.constraints`;
+:func:`solve_upper` builds the model from them, and :func:`estimate` evaluates the same objective for a
 given assignment in plain Python (used for warm starts, reports and tests).
 
 Symbols: blocks ``b``, block edges ``(u, v)`` with ``bytes_uv``, slots
@@ -42,6 +42,13 @@ from opsched.cost.blocks import BlockCost, Mode, block_cost, modes_for
 from opsched.errors import OpschedError
 from opsched.solving.solver import Status, new_model
 from opsched.units import bytes_text
+from opsched.upper.constraints import (
+    cut_edge_transfers,
+    each_block_once,
+    memory_per_device,
+    no_backward_flow,
+    step_time_estimate,
+)
 from opsched.upper.layouts import Layout
 
 #: block id -> (slot, mode)
@@ -338,115 +345,6 @@ def estimate(p: UpperProblem, assignment: Assignment) -> dict[str, float]:
         "memory": memory,
         "feasible": float(not flows_back and memory <= p.memory_limit * (1 + 1e-9)),
     }
-
-
-# --------------------------------------------------------------------------- constraint families
-
-
-def each_block_once(model: mip.Model, p: UpperProblem, x) -> None:
-    """Σ_{s,m} x[b,s,m] = 1 for every block b."""
-    for b in p.blocks:
-        model.add_constr(mip.xsum(x[b, s, m] for s, m in p.choices(b)) == 1, name=f"once_{b}")
-
-
-def no_backward_flow(model: mip.Model, p: UpperProblem, X) -> None:
-    """For each edge (u, v) and slot s: Σ_{s' ≤ s} X[v,s'] ≤ Σ_{s' ≤ s} X[u,s'].
-
-    v never sits in an earlier slot than u, so stage edges only go forward and
-    the StageGraph is a DAG. Mutually unreachable blocks are not constrained
-    against each other: they may take different slots (groups). Rows that
-    hold whatever x is (v cannot be at or before s, or u surely is) are left out.
-    """
-    for u, v in p.edges:
-        du, dv = p.allowed(u), p.allowed(v)
-        for s in range(p.slots - 1):
-            lhs = [X[v, t] for t in dv if t <= s]
-            if not lhs or du[-1] <= s:
-                continue
-            model.add_constr(mip.xsum(lhs) <= mip.xsum(X[u, t] for t in du if t <= s), name=f"flow_{u}_{v}_{s}")
-
-
-def memory_per_device(model: mip.Model, p: UpperProblem, x) -> None:
-    """For each group g: Σ_{s∈g} Σ_{b,m} x[b,s,m]·(par[b,g,m] + n(s)·act[b,g,m]) ≤ memory limit."""
-    rows: dict[int, list] = {g: [] for g in range(p.layout.groups)}
-    for (b, s, m), var in x.items():
-        g = p.group(s)
-        c = p.cost[(b, g, m)]
-        # scaled to GB so the row's coefficients stay well conditioned
-        rows[g].append(var * ((c.param_bytes + p.in_flight(s) * c.act_bytes) * 1e-9))
-    for g, terms in rows.items():
-        if terms:
-            model.add_constr(mip.xsum(terms) <= p.memory_limit * 1e-9, name=f"memory_{g}")
-
-
-def cut_edge_transfers(model: mip.Model, p: UpperProblem, X):
-    """Linearised transfers between slots a < c.
-
-    z[u,v,a,c] ≥ X[u,a] + X[v,c] - 1 (edge (u, v) crosses from slot a to c, on
-    distinct groups); y[a,c] ≥ z (slots a and c are joined by a stage edge;
-    for slots on one group y ≥ X[u,a] + X[v,c] - 1 directly, the transfer is 0);
-    τ[a,c] = lat[a,c]·y[a,c] + Σ_(u,v) bytes_uv·rate[a,c]·z[u,v,a,c].
-    Returns (y, τ) as dicts over the slot pairs some edge can join.
-    """
-    y, terms = {}, {}
-    for (u, v), nbytes in p.edges.items():
-        for a in p.allowed(u):
-            for c in p.allowed(v):
-                if c <= a:
-                    continue
-                if (a, c) not in y:
-                    y[a, c] = model.add_var(lb=0.0, ub=1.0, name=f"y_{a}_{c}")
-                    terms[a, c] = []
-                rate, lat = p.links.rate(a, c), p.links.latency(a, c)
-                if rate > 0 or lat > 0:
-                    z = model.add_var(lb=0.0, ub=1.0, name=f"z_{u}_{v}_{a}_{c}")
-                    model.add_constr(z >= X[u, a] + X[v, c] - 1)
-                    model.add_constr(y[a, c] >= z)
-                    terms[a, c].append(nbytes * rate * z)
-                else:
-                    model.add_constr(y[a, c] >= X[u, a] + X[v, c] - 1)
-    tau = {ac: p.links.latency(*ac) * y[ac] + mip.xsum(terms[ac]) for ac in y}
-    return y, tau
-
-
-def step_time_estimate(model: mip.Model, p: UpperProblem, x, y, tau, big_m: float):
-    """Objective rows: T = (M - 1)·B + C + R.
-
-    B ≥ Σ_{s∈g,b,m} work[b,g,m]·x[b,s,m] for each group (bottleneck load per
-    microbatch) and B ≥ 2τ[a,c] (a link carries activations and gradients);
-    e[s] ≥ P_s = Σ_{b,m} (F + I)[b,g(s),m]·x[b,s,m],
-    e[c] ≥ e[a] + P_c + 2τ[a,c] - big_m·(1 - y[a,c]) (fill and drain: the
-    longest path through the stage DAG, forward and input-gradient backward;
-    W passes can be deferred into bubbles, as Zero Bubble schedules do);
-    C ≥ e[s]; R ≥ Σ_{s∈g,b,m} sync[b,g,m]·x[b,s,m] (gradient all-reduce).
-    Returns the objective expression.
-    """
-    B = model.add_var(lb=0.0, name="bottleneck")
-    C = model.add_var(lb=0.0, name="critical_path")
-    R = model.add_var(lb=0.0, name="grad_sync")
-    work_terms: dict[int, list] = {s: [] for s in range(p.slots)}
-    path_terms: dict[int, list] = {s: [] for s in range(p.slots)}
-    sync_terms: dict[int, list] = {g: [] for g in range(p.layout.groups)}
-    for (b, s, m), var in x.items():
-        c = p.cost[(b, p.group(s), m)]
-        work_terms[s].append(c.work * var)
-        path_terms[s].append((c.F + c.I) * var)
-        if c.grad_sync > 0:
-            sync_terms[p.group(s)].append(c.grad_sync * var)
-    slot_work = {s: mip.xsum(t) for s, t in work_terms.items()}
-    slot_path = {s: mip.xsum(t) for s, t in path_terms.items()}
-    for g in range(p.layout.groups):
-        slots = p.layout.slots_of_group(g)
-        model.add_constr(B >= mip.xsum(slot_work[s] for s in slots), name=f"load_{g}")
-        model.add_constr(R >= mip.xsum(sync_terms[g]), name=f"sync_{g}")
-    e = {s: model.add_var(lb=0.0, name=f"finish_{s}") for s in range(p.slots)}
-    for s in range(p.slots):
-        model.add_constr(e[s] >= slot_path[s])
-        model.add_constr(C >= e[s])
-    for a, c in tau:
-        model.add_constr(B >= 2 * tau[a, c])
-        model.add_constr(e[c] >= e[a] + slot_path[c] + 2 * tau[a, c] - big_m * (1 - y[a, c]))
-    return (p.microbatches - 1) * B + C + R
 
 
 # --------------------------------------------------------------------------- solve

@@ -1,0 +1,236 @@
+"""The Megatron-style layout search: the layouts a user could run, and the fastest that fit.
+
+:func:`layout_grid` enumerates Megatron-style layouts (tp within a node, pp dividing the layers, with the ends
+counted as layers where needed, vpp, ep folded over dp, cp for long sequences), and :func:`search_layouts`
+evaluates them best first with :func:`opsched.plan.layouts.evaluate_layout`, in the order of their
+:func:`opsched.plan.layouts.layout_floor`, keeping the fastest that fit (docs/cost-model.md, "Searching layouts").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import logging
+import time
+from typing import Callable
+
+import networkx as nx
+
+from opsched.cost.cluster import Cluster, Training, with_devices
+from opsched.errors import OpschedError
+from opsched.cost.parallel_layout import ParallelLayout
+from opsched.schedule import StageGraph
+from opsched.units import plain
+from opsched.plan.layouts import RECOMPUTE_SEARCH, Evaluation, ModelIndex, evaluate_layout, layout_floor, model_index
+
+log = logging.getLogger(__name__)
+
+
+#: virtual pipeline degrees the layout search tries (each must divide the layers per pipeline rank)
+SEARCH_VPP = (1, 2, 4, 8)
+
+#: context-parallel degrees the layout search tries, and the shortest sequence it tries them on. In the cost
+#: model cp never makes a rank's work cheaper (its tokens are 1/(cp·dp) of a step's either way, and the K/V
+#: ring is at best hidden behind the attention core); it wins through memory (activations split cp ways, so
+#: less recomputation) or a global batch too small for dp replicas on every device, both the long-sequence
+#: case: on models/llama3_8b.onnx, 8 H100s, global batch 32, `opsched evaluate` predicts tp1 cp2 dp4 zero1 as
+#: fast as tp1 dp8 zero1 at seq 4096 (both fit), and 25 % faster at 8192 (tp1 dp8 needs full recomputation
+#: there). Shorter sequences are not tried, to keep the search small (docs/cost-model.md, "Searching layouts").
+SEARCH_CP = (2, 4, 8)
+CP_MIN_SEQ_LEN = 8192
+
+
+def context_degrees(per_pipeline_rank: int, tp: int, devices_per_node: int, seq_len: int) -> list[int]:
+    """The cp degrees :func:`layout_grid` tries with ``tp`` on ``per_pipeline_rank`` devices (1, and more for long sequences).
+
+    cp from :data:`SEARCH_CP` when ``seq_len`` is at least :data:`CP_MIN_SEQ_LEN`, dividing the devices of a
+    pipeline rank over tp, with the tp x cp ranks that split one sequence within a node (the ring stays on
+    NVLink) and the sequence a multiple of 2·cp (Megatron and torchtitan split it into 2·cp chunks to
+    balance causal attention).
+
+    >>> context_degrees(8, 1, 8, 65536), context_degrees(8, 2, 8, 65536), context_degrees(8, 1, 8, 4096)
+    ([1, 2, 4, 8], [1, 2, 4], [1])
+    """
+    if seq_len < CP_MIN_SEQ_LEN:
+        return [1]
+    return [1] + [c for c in SEARCH_CP if (per_pipeline_rank // tp) % c == 0 and devices_per_node % (tp * c) == 0
+                  and seq_len % (2 * c) == 0]
+
+
+def layout_grid(devices: int, devices_per_node: int, layers: int, experts: int, zero: int = 1,
+                seq_len: int = 0, tp_overlap: bool = False, attention: str = "fused") -> list[ParallelLayout]:
+    """Megatron-style layouts a user could run on ``devices``: the space :func:`search_layouts` evaluates.
+
+    tp up to a node (tensor groups stay on NVLink), pp dividing the layers,
+    vpp from :data:`SEARCH_VPP` dividing the layers per rank, ep the experts'
+    divisors that divide dp (folded over the replicas), cp from
+    :func:`context_degrees` for a sequence of ``seq_len`` tokens (with ep = 1:
+    cp with ep is not modelled), sequence parallelism whenever tp > 1, and
+    ZeRO level ``zero`` (default 1, the distributed optimizer: the same
+    gradient traffic as an all-reduce, less memory), and with ``tp_overlap``
+    Megatron's ``--tp-comm-overlap`` wherever tp > 1; every layout runs
+    ``attention`` (the user's kernel, not a choice of the search).
+
+    >>> [str(l) for l in layout_grid(4, 4, layers=2, experts=0)]
+    ['tp1 pp1 dp4 zero1', 'tp1 pp2 dp2 zero1', 'tp2 pp1 dp2 sp zero1', 'tp2 pp2 dp1 sp zero1', 'tp4 pp1 dp1 sp zero1']
+    >>> [str(l) for l in layout_grid(4, 4, layers=2, experts=0, seq_len=8192) if l.cp > 1]
+    ['tp1 pp1 cp2 dp2 zero1', 'tp1 pp1 cp4 dp1 zero1', 'tp1 pp2 cp2 dp1 zero1', 'tp2 pp1 cp2 dp1 sp zero1']
+    """
+    grid = []
+    tps = [t for t in range(1, min(devices, devices_per_node) + 1) if devices % t == 0 and devices_per_node % t == 0]
+    for tp in tps:
+        for pp, ends in pipeline_depths(layers, devices // tp):
+            units = layers + 2 * ends  # what the pp x vpp chunks split: the layers, and the ends if they count
+            vpps = [v for v in SEARCH_VPP if pp > 1 and units % (pp * v) == 0
+                    and units // (pp * v) > ends] or [1]  # counted ends leave a layer in the first and last chunk
+            for cp in context_degrees(devices // pp, tp, devices_per_node, seq_len):
+                dp = devices // (tp * pp * cp)
+                eps = [e for e in range(1, experts + 1) if experts % e == 0 and dp % e == 0] \
+                    if experts and cp == 1 else [1]  # cp with ep > 1 is not modelled
+                for vpp in vpps:
+                    for ep in eps:
+                        # sequence parallel with tensor parallel, as Megatron recommends and opsched exports plans
+                        grid.append(ParallelLayout(tp=tp, pp=pp, vpp=vpp, ep=ep, cp=cp, dp=dp, sp=tp > 1, zero=zero,
+                                                   ends_as_layers=ends, tp_overlap=tp_overlap and tp > 1,
+                                                   attention=attention))
+    return grid
+
+
+def pipeline_depths(layers: int, devices: int) -> list[tuple[int, bool]]:
+    """(pp, ends_as_layers) pairs :func:`layout_grid` tries on ``devices`` devices of one tensor-parallel rank each.
+
+    pp dividing the devices and the layers; and, where it divides the devices
+    but not the layers, pp dividing the layers + 2 with the embedding and the
+    head counted as one layer each (``ends_as_layers``: Megatron-Core's
+    ``--account-for-embedding-in-pipeline-split`` / ``--account-for-loss-in-pipeline-split``,
+    DeepSpeed's ``type:transformer|embedding``), each chunk keeping a layer.
+    BLOOM-176B's 70 layers on 384 A100s (3 x 128) need it: no pp that divides
+    70 takes the factor 3, so without it every layout leaves devices idle.
+
+    >>> pipeline_depths(70, 96)
+    [(1, False), (2, False), (3, True), (4, True), (6, True), (8, True), (12, True), (24, True)]
+    """
+    plain = [(p, False) for p in range(1, layers + 1) if layers % p == 0 and devices % p == 0]
+    ends = [(p, True) for p in range(2, (layers + 2) // 2 + 1)
+            if (layers + 2) % p == 0 and layers % p and devices % p == 0]
+    return sorted(plain + ends)
+
+
+def _costed_layouts(bg: nx.DiGraph, cluster: Cluster, training: Training, grid: list[ParallelLayout], *,
+                    global_batch: int, memory_limit: float | None, recompute: tuple[str, ...], index: ModelIndex,
+                    deadline: float | None, whole_sync: bool) -> list[tuple[float, int, int, ParallelLayout]]:
+    """A heap of (floor, grid position, 0, layout with ``recompute[0]``) for every layout of ``grid`` whose
+    replicas divide the global batch and whose parameters' state fits (:func:`layout_floor`)."""
+    heap: list[tuple[float, int, int, ParallelLayout]] = []
+    for k, layout in enumerate(grid):
+        if deadline is not None and time.monotonic() > deadline:
+            log.info("layouts: the time limit was spent: %s of %s not costed", plain(len(grid) - k), plain(len(grid)))
+            break
+        if global_batch % layout.dp == 0:
+            _push_costed(heap, bg, cluster, training, layout, k, recompute, 0, global_batch=global_batch,
+                         memory_limit=memory_limit, index=index, whole_sync=whole_sync)
+    return heap
+
+
+def _push_costed(heap: list, bg: nx.DiGraph, cluster: Cluster, training: Training, layout: ParallelLayout, k: int,
+                 recompute: tuple[str, ...], r: int, *, global_batch: int, memory_limit: float | None,
+                 index: ModelIndex, than: StageGraph | None = None, whole_sync: bool = False) -> None:
+    """Push ``layout`` (grid position ``k``) with recomputation ``recompute[r]`` and its floor, or with the first
+    later setting that could fit where that one cannot (:func:`layout_floor`, ``than`` as there); nothing when
+    none can or the model cannot take the layout."""
+    for r in range(r, len(recompute)):
+        lay = dataclasses.replace(layout, recompute=recompute[r])
+        try:
+            floor = layout_floor(bg, with_devices(cluster, layout.devices), training, lay, global_batch=global_batch,
+                                 micro_batch_size=1, memory_limit=memory_limit, index=index, than=than,
+                                 whole_sync=whole_sync)
+        except OpschedError:
+            return  # a layout the model cannot take (evaluate_layout would refuse it too)
+        if floor is not None:
+            heapq.heappush(heap, (floor, k, r, lay))
+            return
+        if than is None:
+            return  # its parameters' state overflows: so with every setting
+
+
+def device_counts(devices: int) -> list[int]:
+    """``devices`` and its halvings down to one device: the counts :func:`search_layouts` tries with ``fewer_devices``.
+
+    >>> device_counts(24)
+    [24, 12, 6, 3]
+    """
+    counts = [devices]
+    while counts[-1] % 2 == 0:
+        counts.append(counts[-1] // 2)
+    return counts
+
+
+def search_layouts(
+    bg: nx.DiGraph, cluster: Cluster, training: Training, *, global_batch: int, tokens_per_sequence: int,
+    memory_limit: float | None = None, recompute: tuple[str, ...] = RECOMPUTE_SEARCH, keep: int = 1, zero: int = 1,
+    fewer_devices: bool = False,
+    accept: Callable[[Evaluation], bool] | None = None,
+    deadline: float | None = None,
+    whole_sync: bool = False,
+) -> list[Evaluation]:
+    """The ``keep`` fastest layouts of :func:`layout_grid` that fit, evaluated at micro-batch size 1.
+
+    ``bg`` is the model imported with one sequence per microbatch. A layout is
+    tried with each ``recompute`` setting in turn and kept with the first that
+    fits; layouts whose replicas do not divide the global batch, or whose
+    parameters' state alone overflows the memory, are skipped. Best first:
+    every layout's :func:`layout_floor` is costed first (no schedule is
+    simulated), and the layouts are simulated in the order of their floors, so
+    with ``keep=1`` the search stops at the first floor not below the best step
+    so far (no layout left can win); a time limit then cuts the least
+    promising layouts. With
+    ``fewer_devices`` the layouts on the first half, quarter, ... of the
+    devices are tried too (the rest idle): a global batch too small for
+    every device, or replicas that would straddle nodes, can make those
+    faster. ``accept``: a layout that fits but is not accepted (a runtime
+    that cannot run it) is left out. Past ``deadline`` (a
+    :func:`time.monotonic` instant) the layouts not yet tried are skipped
+    (a log line says how many). With ``training.tp_comm_overlap`` every
+    layout with tp > 1 overlaps its tensor-parallel collectives. With
+    ``whole_sync`` layouts are ranked by :attr:`Evaluation.planner_step`
+    (how ``opsched plan`` counts every candidate), not by the step time, so
+    a layout with more replicas, whose larger sync the step time partly hides,
+    does not win on a count the planner does not use.
+    """
+    counted = (lambda e: e.planner_step) if whole_sync else (lambda e: e.step_time)
+    index = model_index(bg)
+    counts = device_counts(cluster.devices) if fewer_devices else [cluster.devices]
+    grid = [lay for n in counts
+            for lay in layout_grid(n, cluster.devices_per_node, len(index.layers), index.experts, zero,
+                                   seq_len=tokens_per_sequence, tp_overlap=training.tp_comm_overlap,
+                                   attention=training.attention)]
+    # best first: (floor, grid position, recompute position) in a heap; a layout's next recomputation setting
+    # joins it only when the one before does not fit, with its own (higher) floor
+    heap = _costed_layouts(bg, cluster, training, grid, global_batch=global_batch, memory_limit=memory_limit,
+                           recompute=recompute, index=index, deadline=deadline, whole_sync=whole_sync)
+    found: list[Evaluation] = []
+    while heap:
+        floor, k, r, layout = heapq.heappop(heap)
+        best = min((counted(f) for f in found), default=None) if keep == 1 else None
+        if best is not None and floor >= best:
+            break  # the floors only rise from here: no layout left beats the best
+        if deadline is not None and time.monotonic() > deadline:
+            log.info("layouts: the time limit was spent: %s that fit not simulated (the least promising)",
+                     plain(len(heap) + 1))
+            break
+        try:
+            e = evaluate_layout(bg, with_devices(cluster, layout.devices), training, layout,
+                                global_batch=global_batch, micro_batch_size=1, tokens_per_sequence=tokens_per_sequence,
+                                memory_limit=memory_limit, index=index, memory_first=True)
+        except OpschedError:
+            continue  # the schedule cannot run this layout (e.g. too few microbatches for interleaving)
+        if e.fits:
+            if accept is None or accept(e):
+                found.append(e)
+        elif r + 1 < len(recompute):  # the next setting that stores less (one that does not would peak the same)
+            _push_costed(heap, bg, cluster, training, layout, k, recompute, r + 1, global_batch=global_batch,
+                         memory_limit=memory_limit, index=index, than=e.schedule.stage_graph, whole_sync=whole_sync)
+    # on a tie (to the nanosecond: sums of the same work in another order differ in the last bits) the layout
+    # that uses more devices goes first: it leaves none idle for nothing; then the one with the fewest
+    # context-parallel ranks (a shorter K/V ring for the same step)
+    return sorted(found, key=lambda e: (round(counted(e), 9), -e.layout.devices, e.layout.cp, str(e.layout)))[:keep]

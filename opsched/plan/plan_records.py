@@ -1,0 +1,178 @@
+"""The records of the bi-level search (:mod:`opsched.plan.search`): what it tried and what it returns.
+
+A :class:`Candidate` is one row of plan.json's ``candidates``; a :class:`LowerJob` one StageGraph the lower level
+schedules, with its :class:`LowerOutcome`; an :class:`Option` a plan the search may return (a scheduled candidate,
+a baseline, the plan on half the nodes or as a chain); a :class:`PlanResult` the chosen plan with everything that
+was tried, and :class:`FewerNodesPlan` / :class:`EveryDevicePlan` the alternatives it reports.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+
+from opsched.cost.cluster import Cluster
+from opsched.plan.contiguous import Baseline
+from opsched.schedule import Schedule, StageGraph
+from opsched.solving.solver import Status
+from opsched.units import plain
+from opsched.upper.stages import StageContents, StagePlan
+
+
+@dataclass
+class Candidate:
+    """One thing the search tried, with its figures (a row of ``candidates`` in plan.json)."""
+
+    source: str  # "upper" or "contiguous"
+    layout: str
+    status: str  # e.g. "scheduled", "no fit", "estimated only", "lower failed: ..."
+    estimate: float | None = None  # upper objective (s)
+    upper_status: str | None = None  # UpperSolution.status_text
+    upper_seconds: float | None = None
+    makespan: float | None = None
+    step_time: float | None = None
+    bubble_ratio: float | None = None
+    peak_memory_bytes: float | None = None
+    lower_bound: float | None = None
+    gap: float | None = None
+    solve_seconds: float | None = None
+    stages: int | None = None
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass
+class PlanResult:
+    """The chosen plan and everything that was tried."""
+
+    schedule: Schedule
+    solver_metrics: dict  # plan.json's metrics: LowerOutcome.as_metrics(), or the baseline's solver "none"
+    source: str  # what produced the chosen schedule
+    layout: str
+    step_time: float
+    grad_sync: float
+    stage_contents: dict[int, StageContents]  # stage id -> its layers, module paths, blocks and modes
+    candidates: list[Candidate]
+    baselines: list[Baseline]
+    blocks: int  # blocks the upper MIP placed
+    microbatch_size: int  # samples per microbatch of ``schedule`` (a Megatron-style layout's: one per replica)
+    recompute: str  # activation recomputation of ``schedule`` ("none", "selective" or "full")
+    seconds: dict[str, float] = field(default_factory=dict)
+    refused_baselines: dict[str, str] = field(default_factory=dict)  # method -> why it fits no contiguous split
+    #: devices of the cluster that hold no stage of the chosen plan
+    idle_devices: tuple[int, ...] = ()
+    #: when some are idle: the fastest plan found that gives every device work, if any
+    on_every_device: EveryDevicePlan | None = None
+    #: on two nodes or more: the plan found on the first half of the nodes, the others idle (None: one node, or
+    #: nothing fits there)
+    on_half_the_nodes: FewerNodesPlan | None = None
+    #: the most devices (the first nodes, the others idle) on which no plan was searched because the time limit
+    #: was spent first: a run on that many devices alone may then find a faster plan (None: every half searched)
+    fewer_nodes_unsearched: int | None = None
+    #: step time of the plan found with the stage graph a chain (``branches=False``), when the model has parallel
+    #: branches and it was searched (None: no branches, searched with ``branches=False``, or no time was left)
+    chain_step_time: float | None = None
+
+
+@dataclass(frozen=True)
+class FewerNodesPlan:
+    """The plan :func:`plan_block_graph` found on the first half of the nodes (itself never slower than the one
+    on a quarter, and so on): the plan on every node may be it, so adding nodes never makes a plan slower."""
+
+    devices: int
+    source: str
+    layout: str
+    step_time: float
+    #: whether it is the plan returned (then every device past ``devices`` is idle)
+    chosen: bool
+
+    @classmethod
+    def of(cls, half: PlanResult, chosen: bool) -> FewerNodesPlan:
+        return cls(half.schedule.stage_graph.num_devices, half.source, re.sub(ON_FEWER, "", half.layout),
+                   half.step_time, chosen)
+
+
+@dataclass(frozen=True)
+class EveryDevicePlan:
+    """A plan the search found that gives every device work (reported when the chosen one leaves some idle)."""
+
+    source: str
+    layout: str
+    step_time: float
+
+
+@dataclass
+class LowerOutcome:
+    """What one lower solve of a candidate gave, besides its schedule."""
+
+    lower_bound: float
+    gap: float
+    solver: str
+    solve_seconds: float
+    status: Status
+    #: overlapped pairs the search made that the makespan did not need, run one job after the other
+    pairs_parted: int = 0
+
+    @property
+    def proven(self) -> bool:
+        return self.gap <= 1e-6
+
+    def as_metrics(self) -> dict:
+        """The fields plan.json's ``metrics`` carries."""
+        return {"lower_bound": self.lower_bound, "gap": self.gap, "solver": self.solver,
+                "solve_seconds": self.solve_seconds, "lower_status": self.status, "pairs_parted": self.pairs_parted}
+
+
+@dataclass
+class LowerJob:
+    """One StageGraph the lower level schedules, and the best schedule it got so far."""
+
+    candidate: Candidate
+    stage_graph: StageGraph
+    grad_sync: float  # seconds per step, added to the makespan
+    plan: StagePlan | None = None  # the upper MIP's stages (None for the best baseline's contiguous split)
+    split: Baseline | None = None  # the best baseline, whose split and schedule this job starts from
+    schedule: Schedule | None = None
+    outcome: LowerOutcome | None = None
+
+    @property
+    def start(self) -> Schedule | None:
+        """The schedule its first lower solve starts from: the best baseline's, for the contiguous split."""
+        return self.split.schedule if self.split is not None else None
+
+
+@dataclass
+class Option:
+    """A plan the search may return: a scheduled candidate or a baseline itself."""
+
+    step_time: float
+    source: str
+    layout: str
+    schedule: Schedule
+    metrics: dict
+    grad_sync: float
+    stage_blocks: dict[int, list[tuple[int, str]]]  # stage id -> (block id of the reduced graph, mode name)
+    contents: dict[int, StageContents] | None = None  # what each stage holds, when known directly
+    microbatch_size: int | None = None  # samples per microbatch, when not the planner's (Baseline.microbatch_size)
+    recompute: str | None = None  # activation recomputation, when not the planner's (Baseline.recompute)
+
+
+#: how a layout on fewer devices than the cluster's ends
+ON_FEWER = r", on [\d,]+ of the [\d,]+ devices$"
+
+
+def _half_option(half: PlanResult, cluster: Cluster) -> Option:
+    """The plan on half the nodes as an option of the plan on all of them (its layout says how many it uses).
+
+    Listed last: on a tie the plan on every node is kept (``min`` keeps the first).
+
+    >>> re.sub(ON_FEWER, "", "8x2 contiguous, dp2, on 16 of the 32 devices")
+    '8x2 contiguous, dp2'
+    """
+    layout = FewerNodesPlan.of(half, chosen=False).layout  # the plan on half may be one on fewer nodes still
+    return Option(half.step_time, half.source,
+                  f"{layout}, on {plain(half.schedule.stage_graph.num_devices)} of the {plain(cluster.devices)} devices",
+                  half.schedule, half.solver_metrics, half.grad_sync, {}, half.stage_contents, half.microbatch_size,
+                  half.recompute)
