@@ -255,7 +255,7 @@ def test_a_plan_for_a_runtime_exports_to_it(runtime, tmp_path, capsys):
     assert runtime in doc["runtimes"] and doc["runtimes"] == summary["runtimes"]
     assert set(doc["runtimes"]) | set(doc["runtimes_refused"]) == set(RUNTIMES)
     report = (out / "report.md").read_text()
-    assert "## Runtimes" in report and f"| {runtime} | yes | `opsched export plan.json {RUNTIMES[runtime]}` |" in report
+    assert "## Runtimes" in report and f"| {runtime} | yes | `opsched export plan.json {RUNTIMES[runtime].export_flags}` |" in report
     for other, why in doc["runtimes_refused"].items():
         assert f"| {other} | no | {why} |" in report
     code, stdout, err = export(tmp_path, out / "plan.json", *FLAGS[runtime](tmp_path / "files"))
