@@ -252,25 +252,28 @@ class Training:
 # kernel ceiling of benchmarks/clusters/ (1,170 of 1,979 TFLOP/s), which the H100 FP8 rows favour. They
 # are training figures, below the kernels' own ceilings (benchmarks/clusters/, with their sources).
 # ``efficiency`` (0.5) is left for FLOPs of no known kind.
+#: the H100 SXM preset, which the presets of the same silicon (h200, h800) start from
+_H100_SXM = Cluster(
+    name="h100-sxm",
+    devices=8,  # one node; preset(name, devices) sets the count
+    devices_per_node=8,
+    peak_flops={"fp8": 1979e12, "bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
+    efficiency=0.5,
+    memory_bytes=80e9,
+    memory_bandwidth=3.35e12,
+    matmul_efficiency={"bf16": 0.65, "fp16": 0.65, "fp8": 0.6},
+    attention_efficiency=0.35,
+    memory_efficiency=0.9,
+    intra_node_bandwidth=450e9,
+    intra_node_latency=5e-6,
+    inter_node_bandwidth=50e9,
+    inter_node_latency=10e-6,
+)
+
 #: the cluster presets (``--preset``), one node each: the one map the CLI's help, cluster files' ``preset`` key
 #: and :func:`preset` read
 PRESETS: dict[str, Cluster] = {c.name: c for c in (
-    Cluster(
-        name="h100-sxm",
-        devices=8,  # one node; preset(name, devices) sets the count
-        devices_per_node=8,
-        peak_flops={"fp8": 1979e12, "bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
-        efficiency=0.5,
-        memory_bytes=80e9,
-        memory_bandwidth=3.35e12,
-        matmul_efficiency={"bf16": 0.65, "fp16": 0.65, "fp8": 0.6},
-        attention_efficiency=0.35,
-        memory_efficiency=0.9,
-        intra_node_bandwidth=450e9,
-        intra_node_latency=5e-6,
-        inter_node_bandwidth=50e9,
-        inter_node_latency=10e-6,
-    ),
+    _H100_SXM,
     Cluster(
         name="a100-80g",
         devices=8,  # one node; preset(name, devices) sets the count
@@ -287,42 +290,13 @@ PRESETS: dict[str, Cluster] = {c.name: c for c in (
         inter_node_bandwidth=25e9,
         inter_node_latency=10e-6,
     ),
-    Cluster(
-        name="h200",
-        devices=8,  # one node; preset(name, devices) sets the count
-        devices_per_node=8,
-        peak_flops={"fp8": 1979e12, "bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
-        efficiency=0.5,
-        memory_bytes=141e9,
-        memory_bandwidth=4.8e12,
-        matmul_efficiency={"bf16": 0.65, "fp16": 0.65, "fp8": 0.6},
-        attention_efficiency=0.35,
-        memory_efficiency=0.9,
-        intra_node_bandwidth=450e9,
-        intra_node_latency=5e-6,
-        inter_node_bandwidth=50e9,
-        inter_node_latency=10e-6,
-    ),
+    # the H100 SXM with 141 GB of HBM3e at 4.8 TB/s (NVIDIA H200 datasheet)
+    replace(_H100_SXM, name="h200", memory_bytes=141e9, memory_bandwidth=4.8e12),
     # H800 SXM: the H100 SXM's compute and memory with NVLink cut to 400 GB/s bidirectional (200 per direction;
     # DeepSeek-V3 measures about 160 GB/s achieved, arXiv 2412.19437 §3.2.2) and one 400 Gb/s InfiniBand NIC
     # per GPU, 50 GB/s (ISCA'25 "Insights into DeepSeek-V3", arXiv 2505.09343 §2.2, Table 1: the same SXM5
     # part as the H100 with reduced NVLink). Efficiencies are the H100's: the same silicon.
-    Cluster(
-        name="h800",
-        devices=8,  # one node; preset(name, devices) sets the count
-        devices_per_node=8,
-        peak_flops={"fp8": 1979e12, "bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
-        efficiency=0.5,
-        memory_bytes=80e9,
-        memory_bandwidth=3.35e12,
-        matmul_efficiency={"bf16": 0.65, "fp16": 0.65, "fp8": 0.6},
-        attention_efficiency=0.35,
-        memory_efficiency=0.9,
-        intra_node_bandwidth=200e9,
-        intra_node_latency=5e-6,
-        inter_node_bandwidth=50e9,
-        inter_node_latency=10e-6,
-    ),
+    replace(_H100_SXM, name="h800", intra_node_bandwidth=200e9),
     # GB200 NVL72: 72 Blackwell GPUs in one NVLink domain (the "node"), the rack datasheet's dense figures per
     # GPU (NVIDIA GB200 NVL72 datasheet: FP8 720 PFLOPS and FP16/BF16 360 PFLOPS with sparsity, halved for
     # dense and divided by 72 GPUs: 5.0 and 2.5 PFLOPS; FP32 5,760 TFLOPS / 72 = 80; HBM3e 13.4 TB and
