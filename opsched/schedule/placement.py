@@ -78,9 +78,7 @@ class Placement:
             return v_device(stage, devices)
         if self.name == "interleaved":
             return interleaved_device(stage, devices)
-        if self.name == "bidirectional":
-            return stage  # copy 0 runs down the devices; copy 1 (DualPipe's) the other way
-        return stage
+        return stage  # chain; and the bidirectional placement's copy 0 (copy 1, DualPipe's, runs the other way)
 
 
 #: every placement, by name, in the order ``--placement auto`` tries them (ties keep the earliest)
@@ -152,16 +150,15 @@ def stage_placement(stages: int, devices: int, placement: str) -> list[int]:
                 f"placement chain puts one stage per device: {stages} stages on {devices} devices; "
                 "use --placement interleaved or v"
             )
-        return list(range(stages))
-    if placement == "interleaved":
+    elif placement == "interleaved":
         if stages % devices:
             raise OpschedError(f"placement interleaved needs stages ({stages}) divisible by devices ({devices})")
-        return [interleaved_device(k, devices) for k in range(stages)]
-    if placement == "v":
+    elif placement == "v":
         if stages != 2 * devices:
             raise OpschedError(f"placement v needs stages = 2 x devices, got {stages} stages on {devices} devices")
-        return [v_device(k, devices) for k in range(stages)]
-    raise OpschedError(f"unknown placement {placement!r}; choose chain, interleaved or v")
+    else:
+        raise OpschedError(f"unknown placement {placement!r}; choose chain, interleaved or v")
+    return [PLACEMENTS[placement].device_of(k, devices) for k in range(stages)]
 
 
 def v_device(stage: int, devices: int) -> int:
