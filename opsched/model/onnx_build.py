@@ -93,15 +93,32 @@ def _tensor_bytes(shapes, name) -> float:
 
 
 class _BytesOf(dict):
-    """Memoised tensor name -> bytes for one shape table."""
+    """Memoised tensor name -> bytes for one shape table; a tensor outside ``unscaled`` (one a data input reaches)
+    counts ``batch_scale`` times its shape's bytes (a static batch rescaled, see :func:`_build_graph`)."""
 
-    def __init__(self, shapes):
+    def __init__(self, shapes, batch_scale: float = 1.0, unscaled: frozenset[str] = frozenset()):
         super().__init__()
-        self.shapes = shapes
+        self.shapes, self.batch_scale, self.unscaled = shapes, batch_scale, unscaled
 
     def __missing__(self, name):
-        value = self[name] = _tensor_bytes(self.shapes, name)
+        scale = 1.0 if name in self.unscaled else self.batch_scale
+        value = self[name] = _tensor_bytes(self.shapes, name) * scale
         return value
+
+
+def constant_tensors(nodes, order, seeds: set[str]) -> frozenset[str]:
+    """``seeds`` (initializers, weights) and every tensor computed from them alone: what no data input reaches.
+
+    >>> import onnx
+    >>> nodes = [onnx.helper.make_node("Transpose", ["w"], ["wt"]), onnx.helper.make_node("MatMul", ["x", "wt"], ["y"])]
+    >>> sorted(constant_tensors(nodes, [0, 1], {"w"}))
+    ['w', 'wt']
+    """
+    const = set(seeds)
+    for i in order:
+        if all((not x) or x in const for x in nodes[i].input):
+            const.update(o for o in nodes[i].output if o)
+    return frozenset(const)
 
 
 def _exporter(model) -> str:
@@ -114,18 +131,22 @@ def _exporter(model) -> str:
 
 
 def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capacity_factor, routing, masks, keys,
-                 scopes):
+                 scopes, batch_scale: float = 1.0):
     """One OpNode per ONNX node, in topological ``order``, and one edge per tensor read from another node.
 
     ``keys`` and ``scopes`` are per node index (:func:`_node_keys`, :func:`node_scope`).
     Nodes and edges go into the graph in two bulk calls, in the order they are met (the
-    order coarsening's topological sort sees).
+    order coarsening's topological sort sees). ``batch_scale`` rescales a
+    static batch: every tensor a data input reaches, and every such
+    operator's FLOPs, count that many times their shapes' (each sample's
+    work is independent of the others', so both grow linearly with the batch).
     """
     g_onnx = model.graph
     init_names = {t.name for t in g_onnx.initializer}
     g = _new_graph(model, path, init_names, dims, weight_inputs, warnings, capacity_factor, routing, masks)
     weights = _ParamCounter(g_onnx, weight_inputs, shapes)
-    bytes_of = _BytesOf(shapes)
+    unscaled = constant_tensors(g_onnx.node, order, init_names | set(weight_inputs)) if batch_scale != 1 else frozenset()
+    bytes_of = _BytesOf(shapes, batch_scale, unscaled)
     const_tensors = set(init_names) | set(weight_inputs)
     producer: dict[str, str] = {}  # tensor -> key of the node writing it
     unknown: dict[str, int] = {}  # op type -> count of nodes op_flops cannot cost
@@ -148,6 +169,9 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
             else:
                 unknown[op_type] = unknown.get(op_type, 0) + 1
             flops = 0.0
+        # an operator a data input reaches scales with the batch (rescaled static batch; 1 otherwise)
+        scale = batch_scale if any(o not in unscaled for o in outputs) else 1.0
+        flops *= scale
         param_count, param_bytes = weights.read_by(n)
         out_bytes = sum(bytes_of[o] for o in outputs)
         in_bytes = sum(bytes_of[x] for x in inputs if x)
@@ -168,13 +192,13 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
                     tp_comm_bytes=float(out_bytes) if row_parallel else 0.0,
                     matmul_flops=float(flops) if kind["matmul"] else 0.0,
                     matmul_io_bytes=float(in_bytes + out_bytes) if kind["matmul"] else 0.0,
-                    matmul_padded_flops=_matmul_padded_flops(n, shapes, flops) if kind["matmul"] else 0.0,
+                    matmul_padded_flops=_matmul_padded_flops(n, shapes, flops / scale) * scale if kind["matmul"] else 0.0,
                     attention_flops=float(flops) if kind["attention"] else 0.0,
                     attention_io_bytes=float(in_bytes + out_bytes) if kind["attention"] else 0.0,
                     saved_bytes=float(sum(saved.values())),
                     tp_replicated_bytes=float(sum(b for t, b in saved.items() if t not in split_tensors)),
                     attention_kv_bytes=float(sum(bytes_of[x] for x in inputs[1:3] if x)) if kind["attention"] else 0.0,
-                    **(_attention_unfused_fields(n, shapes) if kind["attention"] else {}))
+                    **(_attention_unfused_fields(n, shapes, scale) if kind["attention"] else {}))
         is_const = all((not x) or x in const_tensors for x in inputs)
         nodes.append((key, {"op": op, "const": is_const}))
         unfused.see(len(nodes) - 1, inputs, outputs, is_const, bytes_of)
@@ -394,12 +418,14 @@ def _matmul_padded_flops(n, shapes, flops: float) -> float:
     return float(flops) * padded_flops(shape) / shape.flops
 
 
-def _attention_unfused_fields(n, shapes) -> dict[str, float]:
-    """An ``Attention`` op's ``attention_scores`` and ``attention_gemm_padded_flops`` (none if its shapes are unknown)."""
+def _attention_unfused_fields(n, shapes, batch_scale: float = 1.0) -> dict[str, float]:
+    """An ``Attention`` op's ``attention_scores`` and ``attention_gemm_padded_flops`` (none if its shapes are unknown),
+    ``batch_scale`` times its shapes' (a rescaled static batch)."""
     dims = _attention_dims(n, _input_shapes(n, shapes))
     if dims is None:
         return {}
-    return {"attention_scores": float(dims.scores), "attention_gemm_padded_flops": dims.gemm_padded_flops()}
+    return {"attention_scores": float(dims.scores) * batch_scale,
+            "attention_gemm_padded_flops": dims.gemm_padded_flops() * batch_scale}
 
 
 def _input_shapes(n, shapes) -> list:

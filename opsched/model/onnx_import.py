@@ -15,6 +15,13 @@ What the importer does, in order:
    A dim left without a value is an :class:`OpschedError` naming it and the
    flag ``--dim NAME=VALUE``. Symbolic expressions the exporter wrote into
    ``value_info`` (``"2*s0"``) are evaluated with those values.
+   A model exported with a **static batch** (most exports without dynamic
+   axes) has one found for it: when every data input (``opsched.data_inputs``,
+   else every graph input that is no initializer) has rank 2 or more and the
+   same fixed leading size B0, that axis is the batch ``batch`` (default B0,
+   set like a symbolic one); at batch b every tensor a data input reaches, and
+   every operator writing one, costs b / B0 times its shape's bytes and FLOPs
+   (:func:`static_batch`; a warning says so when b differs from B0).
 3. **Shape inference** (``onnx.shape_inference``, with data propagation).
 4. **MoE routing assumption**: an expert loop exported with ``NonZero`` has
    data-dependent token counts. Each ``NonZero`` output is pinned to
@@ -248,18 +255,56 @@ def _eval_dim_expr(expr: str, dims: dict[str, int]) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
+#: the name of the batch dimension: what ``--dim batch=``, ``--micro-batch-size`` and ``--global-batch`` set, and
+#: what a static batch axis is called once found (:func:`static_batch`)
+BATCH = "batch"
+
+
+def static_batch(model: onnx.ModelProto, weights: set[str] | frozenset[str] = frozenset()) -> int | None:
+    """The batch a model was exported with when it has no symbolic one: the fixed leading size its data inputs share.
+
+    Data inputs are the ``opsched.data_inputs`` metadata's, else every graph
+    input that is neither an initializer nor in ``weights``; each must have
+    rank 2 or more (a batch of sequences or images, not one sequence) and
+    all the same leading size.
+
+    >>> from onnx import TensorProto, helper
+    >>> ids = helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 16])
+    >>> img = helper.make_tensor_value_info("img", TensorProto.FLOAT, [2, 3, 32, 32])
+    >>> out = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    >>> static_batch(helper.make_model(helper.make_graph([], "g", [ids, img], [out])))
+    2
+    >>> ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 16])
+    >>> static_batch(helper.make_model(helper.make_graph([], "g", [ids], [out]))) is None
+    True
+    """
+    meta = _metadata(model)
+    init_names = {t.name for t in model.graph.initializer}
+    listed = {s.strip() for s in meta.get(DATA_INPUTS_KEY, "").split(",") if s.strip()}
+    data = [vi for vi in model.graph.input
+            if vi.name not in init_names and vi.name not in weights and (not listed or vi.name in listed)]
+    leading = set()
+    for vi in data:
+        shape = vi.type.tensor_type.shape.dim if vi.type.HasField("tensor_type") else []
+        if len(shape) < 2 or not shape[0].HasField("dim_value") or shape[0].dim_value <= 0:
+            return None
+        leading.add(shape[0].dim_value)
+    return leading.pop() if len(leading) == 1 else None
+
+
 def _resolve_dims(model: onnx.ModelProto, dims: dict[str, int] | None, warnings: list[str],
                   strict: bool = False) -> dict[str, int]:
     """Defaults from metadata, overridden by ``dims``; error on any unresolved graph-input dim.
 
-    A name in ``dims`` the model does not have is a warning, or with ``strict`` an error naming the ones it has.
+    A name in ``dims`` the model does not have is a warning, or with ``strict`` an error naming the ones it has;
+    ``batch`` on a model without one is left to :func:`_find_static_batch` (a static batch axis may name it).
     """
     meta = _metadata(model)
     resolved: dict[str, int] = {}
     defaults: dict[str, int] = {}
     if DEFAULT_DIMS_KEY in meta:
         defaults = parse_dims(meta[DEFAULT_DIMS_KEY], f"the model's {DEFAULT_DIMS_KEY} metadata")
-        resolved.update(defaults)
+    resolved.update(defaults)
     for name, value in (dims or {}).items():
         try:
             number = int(value)
@@ -295,6 +340,7 @@ def _resolve_dims(model: onnx.ModelProto, dims: dict[str, int] | None, warnings:
         raise OpschedError(f"unresolved symbolic dimension {names}: set it with {flags}")
     # names inside expressions such as "2*s0" count as used; so do the model's own default dims
     known = {name for expr in used for name in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", expr)}
+    known.add(BATCH)  # the model's own, or left to _find_static_batch
     unknown = sorted(set(dims or {}) - known - set(defaults))
     if unknown and strict:
         raise OpschedError(unknown_dim_message(unknown[0], known | set(defaults)))
@@ -602,6 +648,7 @@ def import_onnx(path, dims: dict[str, int] | None = None, capacity_factor: float
             warnings.append("could not inline the model's local functions; their calls cost bytes only")
     order = _check_structure(model.graph, path)
     resolved = _resolve_dims(model, dims, warnings, strict=strict_dims)
+    symbolic = symbolic_dim_names(model)  # before they take their values
     _substitute_dims(model, resolved)
     model = _infer(model)
     routing: dict[str, int] = {}
@@ -614,12 +661,43 @@ def import_onnx(path, dims: dict[str, int] | None = None, capacity_factor: float
     meta = _metadata(model)
     data_meta = [s.strip() for s in meta[DATA_INPUTS_KEY].split(",") if s.strip()] if DATA_INPUTS_KEY in meta else None
     weight_inputs = _weight_inputs(model, shapes, data_meta)
+    exported_batch = _find_static_batch(model, weight_inputs, symbolic, resolved, dims, warnings, strict_dims)
+    batch_scale = resolved[BATCH] / exported_batch if exported_batch else 1.0
     keys = _node_keys(model.graph.node)
     scopes = [node_scope(n) for n in model.graph.node]
     g = _build_graph(model, path, order, shapes, resolved, weight_inputs, warnings, capacity_factor, routing, masks,
-                     keys, scopes)
+                     keys, scopes, batch_scale)
+    g.graph["static_batch"] = exported_batch
     _split_stacked_experts(g, model, order, shapes, weight_inputs, capacity_factor, keys, scopes)
     return g
+
+
+def symbolic_dim_names(model: onnx.ModelProto) -> set[str]:
+    """The names in the graph inputs' symbolic dims (``"2*s0"`` names ``s0``)."""
+    exprs = {d.dim_param for vi in model.graph.input for d in vi.type.tensor_type.shape.dim if d.dim_param}
+    return {n for expr in exprs for n in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", expr)}
+
+
+def _find_static_batch(model, weight_inputs, symbolic: set[str], resolved: dict[str, int],
+                       dims: dict[str, int] | None, warnings: list[str], strict: bool) -> int | None:
+    """The model's static batch (:func:`static_batch`) when its inputs' ``symbolic`` dims have no ``batch``, with
+    ``resolved[batch]`` set (default: as exported) and a warning when rescaled; ``batch`` asked of a model with
+    neither is refused (strict) or warned about, as any unknown dim is."""
+    if BATCH in symbolic:
+        return None
+    exported = static_batch(model, weight_inputs)
+    if exported is None:
+        if BATCH in (dims or {}):
+            if strict:
+                raise OpschedError(unknown_dim_message(BATCH, symbolic | (set(resolved) - {BATCH})))
+            warnings.append(f"dims not used by any graph input: {BATCH}")
+        return None
+    resolved.setdefault(BATCH, exported)
+    if resolved[BATCH] != exported:
+        warnings.append(f"the model was exported with a static batch of {exported} (the leading axis of its data "
+                        f"inputs): its activations and their operators' FLOPs are scaled to batch {resolved[BATCH]}; "
+                        "export with a dynamic batch axis for exact shapes")
+    return exported
 
 
 def routing_assumptions(g: nx.DiGraph) -> list[str]:
