@@ -64,6 +64,10 @@ class OpNode:
     tp_replicated_bytes: float = 0.0
     #: bytes of the keys and values an attention reads: what context parallelism's ring passes around
     attention_kv_bytes: float = 0.0
+    #: of ``saved_bytes``: the queries, keys and values a fused attention keeps that multi-latent attention's
+    #: up-projections made (what recomputing them frees: Megatron-Core's ``mla_up_proj`` discards them once the
+    #: attention has run and makes them again in the backward); 0 for any other attention
+    mla_qkv_saved_bytes: float = 0.0
     #: of ``saved_bytes``: what an unfused attention keeps of its scores (softmax output, dropout mask and
     #: output), which selective recomputation does not store (a fused Attention never writes them)
     attention_scores_bytes: float = 0.0
@@ -96,6 +100,7 @@ class Block:
     attention_io_bytes: float = 0.0
     tp_replicated_bytes: float = 0.0
     attention_kv_bytes: float = 0.0
+    mla_qkv_saved_bytes: float = 0.0
     attention_scores_bytes: float = 0.0
     attention_scores: float = 0.0
     attention_gemm_padded_flops: float = 0.0
@@ -108,7 +113,7 @@ class Block:
 
 COST_FIELDS = ("flops", "param_count", "param_bytes", "output_bytes", "io_bytes", "saved_bytes", "tp_comm_bytes",
                "matmul_flops", "matmul_io_bytes", "attention_flops", "attention_io_bytes", "tp_replicated_bytes",
-               "attention_kv_bytes", "attention_scores_bytes", "attention_scores", "attention_gemm_padded_flops",
+               "attention_kv_bytes", "mla_qkv_saved_bytes", "attention_scores_bytes", "attention_scores", "attention_gemm_padded_flops",
                "matmul_padded_flops")
 
 

@@ -157,6 +157,7 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
     split_tensors: set[str] = set()  # activations each tensor-parallel rank holds a part of (see _split_over_tensor_ranks)
     kept = _KeptActivations(weights, const_tensors, bytes_of, readers)
     unfused = _UnfusedAttention(nodes, kept)
+    mla = _MlaUpProjections(g_onnx.node, keys, scopes, producer)
     edges: dict[tuple[str, str], dict] = {}  # (writer, reader) -> bytes and tensors, in the order met
     for i in order:
         n = g_onnx.node[i]
@@ -198,6 +199,7 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
                     saved_bytes=float(sum(saved.values())),
                     tp_replicated_bytes=float(sum(b for t, b in saved.items() if t not in split_tensors)),
                     attention_kv_bytes=float(sum(bytes_of[x] for x in inputs[1:3] if x)) if kind["attention"] else 0.0,
+                    mla_qkv_saved_bytes=mla.saved_bytes(inputs[:3], saved, kept.storage) if kind["attention"] else 0.0,
                     **(_attention_unfused_fields(n, shapes, scale) if kind["attention"] else {}))
         is_const = all((not x) or x in const_tensors for x in inputs)
         nodes.append((key, {"op": op, "const": is_const}))
@@ -226,6 +228,46 @@ def _new_graph(model, path, init_names, dims, weight_inputs, warnings, capacity_
     return new_op_graph(name, dims=dict(dims), warnings=warnings, exporter=_exporter(model),
                         capacity_factor=capacity_factor, data_inputs=data_inputs, source=os.path.basename(path),
                         moe_routing=routing, nonzero_masks=masks)
+
+
+#: the scopes of multi-latent attention's up-projections (DeepSeek-V2/V3: the query's, the keys' and values')
+MLA_UP_PROJECTIONS = ("q_b_proj", "kv_b_proj")
+
+
+class _MlaUpProjections:
+    """Which of an attention's inputs multi-latent attention's up-projections made (through reshapes, splits,
+    concatenations and RoPE, not through another matmul): what recomputing ``mla_up_proj`` frees."""
+
+    #: how many tensors back from an attention input the walk looks (RoPE and the head reshapes take a few)
+    REACH = 24
+
+    def __init__(self, nodes, keys, scopes, producer: dict[str, str]):
+        self.nodes, self.scopes, self.producer = nodes, scopes, producer
+        self.index = {key: i for i, key in enumerate(keys)}
+        self.found = any(p in scope for scope in scopes for p in MLA_UP_PROJECTIONS)
+
+    def saved_bytes(self, inputs: list[str], saved: dict[str, float], storage: dict[str, str]) -> float:
+        """Of ``saved`` (storage tensor -> bytes an attention is the first to keep; ``storage``: view -> the
+        tensor whose storage it shares), the bytes of its ``inputs`` an up-projection made."""
+        if not self.found:
+            return 0.0
+        made = {storage.get(x, x) for x in inputs if x and self._made_by_up_projection(x)}
+        return float(sum(saved.get(base, 0.0) for base in made))
+
+    def _made_by_up_projection(self, tensor: str) -> bool:
+        todo, seen = [tensor], set()
+        while todo and len(seen) < self.REACH:
+            t = todo.pop()
+            if t in seen or t not in self.producer:
+                continue
+            seen.add(t)
+            i = self.index[self.producer[t]]
+            if self.nodes[i].op_type in MATMUL_OPS:
+                if any(p in self.scopes[i] for p in MLA_UP_PROJECTIONS):
+                    return True
+                continue  # another projection: not this one's output
+            todo.extend(x for x in self.nodes[i].input if x)
+        return False
 
 
 def _readers(nodes) -> dict[str, list]:

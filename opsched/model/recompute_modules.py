@@ -90,14 +90,26 @@ def module_part(op) -> str | None:
 
 
 def part_costs(ops) -> tuple[PartCost, ...]:
-    """Each part's summed forward costs over ``ops`` (OpNode records), parts in first-met order."""
+    """Each part's summed forward costs over ``ops`` (OpNode records), parts in first-met order.
+
+    A part's saved bytes are what recomputing it frees. For ``mla_up_proj``
+    that is not what the up-projections keep (their inputs, the latents, are
+    what Megatron-Core's checkpoint of them keeps to run them again) but the
+    queries, keys and values they made, which the attention kept
+    (``OpNode.mla_qkv_saved_bytes``; Megatron-Core's multi-latent attention
+    discards them after the core attention and recomputes them in the
+    backward); the attention's part keeps the rest of its saved bytes.
+    """
     sums: dict[str, list[float]] = {}
     for op in ops:
         part = module_part(op)
         if part is None:
             continue
         row = sums.setdefault(part, [0.0] * 8)
+        kept = 0.0 if part == "mla_up_proj" else op.saved_bytes - op.mla_qkv_saved_bytes
         for k, value in enumerate((op.flops, op.matmul_flops, op.matmul_padded_flops, op.io_bytes, op.matmul_io_bytes,
-                                   op.attention_flops, op.attention_io_bytes, op.saved_bytes)):
+                                   op.attention_flops, op.attention_io_bytes, kept)):
             row[k] += value
+        if op.mla_qkv_saved_bytes:
+            sums.setdefault("mla_up_proj", [0.0] * 8)[7] += op.mla_qkv_saved_bytes
     return tuple(PartCost(part, *row) for part, row in sums.items())
