@@ -113,6 +113,33 @@ def test_every_registry_reaches_the_cli():
     assert [m for m in method_names(Args) if m != "mip"] == list(METHODS)
 
 
+def test_the_plan_schema_names_what_the_registries_hold():
+    """plan.json's schema lists the runtimes, passes and training modes by name: a runtime added to RUNTIMES (or a
+    mode to its tuple) must reach docs/plan.schema.json too, or the plans that name it fail their validation."""
+    import json
+
+    from opsched.cost.cluster import ATTENTION_MODES, OPTIMIZER_STATE_BYTES, RECOMPUTE_MODES
+    from opsched.schedule.actions import PASSES
+
+    schema = json.loads((REPO / "docs" / "plan.schema.json").read_text())
+    props = schema["properties"]
+    assert set(props["runtimes"]["items"]["enum"]) == set(RUNTIMES)
+    assert set(props["runtimes_refused"]["propertyNames"]["enum"]) == set(RUNTIMES)
+    assert set(props["recompute"]["enum"]) == set(RECOMPUTE_MODES)
+    assert set(props["attention"]["enum"]) == set(ATTENTION_MODES)
+    assert set(props["optimizer_state"]["enum"]) == set(OPTIMIZER_STATE_BYTES)
+    passes = [d["enum"] for d in _schema_nodes(schema) if isinstance(d, dict) and "F" in d.get("enum", ())]
+    assert passes and all(set(e) == set(PASSES) for e in passes)
+
+
+def _schema_nodes(node):
+    """Every dict and list inside a JSON schema, depth first."""
+    yield node
+    children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+    for child in children:
+        yield from _schema_nodes(child)
+
+
 def test_help_imports_neither_the_solver_nor_torch():
     code = ("import sys, contextlib, io\nfrom opsched.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n    main(['--help'])\n"

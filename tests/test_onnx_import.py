@@ -12,7 +12,8 @@ from onnx import TensorProto, helper
 from helpers import REPO, make_moe_model, moe_param_count, real_export, save
 from opsched.errors import OpschedError
 from opsched.model.graph import ops, totals
-from opsched.model.onnx_import import import_onnx, node_scope, parse_dims
+from opsched.model.onnx_dims import parse_dims
+from opsched.model.onnx_import import import_onnx, node_scope
 
 
 def _single_op_model(op, inputs, out_shape=None, opset=23, weights=(), **attrs):

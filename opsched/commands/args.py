@@ -208,7 +208,7 @@ def dimension(text: str) -> dict[str, int]:
     >>> dimension("seq=4096")
     {'seq': 4096}
     """
-    from opsched.model.onnx_import import parse_dim
+    from opsched.model.onnx_dims import parse_dim
 
     try:
         return parse_dim(text)  # argparse names the flag in front

@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from opsched.errors import OpschedError
-from opsched.model.onnx_import import DATA_INPUTS_KEY, DEFAULT_DIMS_KEY
+from opsched.model.onnx_dims import DATA_INPUTS_KEY, DEFAULT_DIMS_KEY
 from opsched.model.onnx_ops import NAME_SCOPES_KEY
 
 log = logging.getLogger(__name__)

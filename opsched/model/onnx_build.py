@@ -163,16 +163,9 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
         n = g_onnx.node[i]
         key, op_type = keys[i], n.op_type
         inputs, outputs = list(n.input), [o for o in n.output if o]
-        flops = _node_flops(n, shapes)
-        if flops is None:
-            if op_type in _COSTED_OPS:
-                uncosted.append(key)
-            else:
-                unknown[op_type] = unknown.get(op_type, 0) + 1
-            flops = 0.0
         # an operator a data input reaches scales with the batch (rescaled static batch; 1 otherwise)
         scale = batch_scale if any(o not in unscaled for o in outputs) else 1.0
-        flops *= scale
+        flops = _costed_flops(n, key, shapes, unknown, uncosted) * scale
         param_count, param_bytes = weights.read_by(n)
         out_bytes = sum(bytes_of[o] for o in outputs)
         in_bytes = sum(bytes_of[x] for x in inputs if x)
@@ -473,6 +466,19 @@ def _attention_unfused_fields(n, shapes, batch_scale: float = 1.0) -> dict[str, 
 def _input_shapes(n, shapes) -> list:
     """The static shapes of a node's inputs (None for an absent or unknown one), as the cost rules take them."""
     return [shapes.get(x, (None, 0))[0] if x else None for x in n.input]
+
+
+def _costed_flops(n, key: str, shapes, unknown: dict[str, int], uncosted: list[str]) -> float:
+    """The node's FLOPs, or 0 when they cannot be costed: its op type counted in ``unknown``, or its key listed in
+    ``uncosted`` (a costed op type whose shapes are unknown), for the import's warnings."""
+    flops = _node_flops(n, shapes)
+    if flops is None:
+        if n.op_type in _COSTED_OPS:
+            uncosted.append(key)
+        else:
+            unknown[n.op_type] = unknown.get(n.op_type, 0) + 1
+        return 0.0
+    return flops
 
 
 def _node_flops(n, shapes) -> float | None:
