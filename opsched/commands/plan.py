@@ -167,7 +167,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "SDPA, the scores never leave the chip) or unfused (Megatron-LM before FlashAttention: "
                              "Q·Kᵀ and scores·V as batched GEMMs, the scores written to memory for softmax and "
                              "dropout and kept for the backward); a kernel, not a choice the plan makes")
-    parser.add_argument("--runtime", choices=RUNTIME_CHOICES, default="any",
+    parser.add_argument("--runtime", choices=RUNTIME_CHOICES, default=ANY,
                         help="keep only plans this runtime can run, so that `opsched export` writes its files: "
                              "torch (--torch-csv), megatron (--megatron), torchtitan (--torchtitan with --torch-csv); "
                              "any (default) keeps every plan. With megatron or torchtitan, Megatron-style layouts "

@@ -14,7 +14,7 @@ from opsched.cost.blocks import Mode, expert_count
 from opsched.cost.cluster import OPTIMIZER_STATE_BYTES
 from opsched.errors import MemoryTooSmall, NoRunnablePlan, OpschedError
 from opsched.export.plan_layout import layer_stack_of, one_layer_stack
-from opsched.export.runtimes import layout_fields, refusal, runtime_named
+from opsched.export.runtimes import ANY, layout_fields, refusal, runtime_named
 from opsched.model.coarsen import coarsen
 from opsched.model.onnx_import import import_onnx, routing_assumptions
 from opsched.plan.contiguous import Baseline, on_real_devices
@@ -44,8 +44,9 @@ class PlanRequest:
     solver: str = "cbc"
     #: solves run at once, each in its own process; None: every core this process may use
     jobs: int | None = None
-    #: "any", or the runtime whose plans alone are kept (:data:`opsched.export.runtimes.RUNTIMES`)
-    runtime: str = "any"
+    #: :data:`~opsched.export.runtimes.ANY`, or the runtime whose plans alone are kept
+    #: (:data:`opsched.export.runtimes.RUNTIMES`)
+    runtime: str = ANY
     #: "auto" (none, then full recomputation if nothing fits), or one of the recompute modes
     recompute: str = "auto"
     #: "auto" (fp32, then bf16 if only that fits), "fp32" or "bf16": the bytes Adam's state takes per parameter
@@ -147,7 +148,7 @@ def plan_with_recompute(request: PlanRequest, bg, cluster, training, limit: floa
     recomputation when nothing fits without it and ``--recompute auto``; for ``--runtime R`` only plans R can run,
     and :class:`NoRunnablePlan` says why none can, and how to widen the search. ``today``: the Megatron-style
     layouts found (``searched``: whether they were looked for)."""
-    runtime = None if request.runtime == "any" else request.runtime
+    runtime = None if runtime_named(request.runtime) is None else request.runtime  # None: any runtime
     plan = functools.partial(plan_block_graph, bg, cluster, memory_limit=limit, time_limit=request.time_limit,
                              solver=request.solver, layouts_run_today=today, runtime=runtime,
                              workers=request.jobs or usable_cores(), branches=request.branches)

@@ -158,7 +158,7 @@ def plan_block_graph(
 def _for_runtime(runtime: str | None, training: Training) -> tuple[Runtime | None, Training]:
     """(the runtime asked for, if any; ``training`` as the search plans it for that runtime): one without context
     parallelism splits no sequence, so its replicas take whole ones, and the search must cost them so."""
-    asked = runtime_named(runtime or "any")
+    asked = None if runtime is None else runtime_named(runtime)
     if asked is not None and not asked.context_parallel:  # it splits no sequence: replicas take whole ones
         training = dataclasses.replace(training, whole_sequences=True)
     return asked, training
