@@ -223,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
     training, result = plan_with_optimizer_state(request, bg, cluster, training, limit, deadline, dims, global_batch,
                                                  warnings)
     log.info("validate: %s on %s", result.source, result.layout)
-    for sentence in plan_warnings(result, training, cluster):
+    for sentence in plan_warnings(result, cluster):
         warnings.append(sentence)
         log.warning("plan: %s", sentence)
     extra = plan_extra(args.model, cluster, training, result, warnings, dims=used_dims)

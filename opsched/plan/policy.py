@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 from opsched.cost.blocks import Mode, expert_count
-from opsched.cost.cluster import OPTIMIZER_STATE_BYTES
+from opsched.cost.cluster import OPTIMIZER_STATE_BYTES, Cluster
 from opsched.errors import MemoryTooSmall, NoRunnablePlan, OpschedError
 from opsched.export.plan_layout import layer_stack_of, one_layer_stack
 from opsched.export.runtimes import ANY, layout_fields, refusal, runtime_named
@@ -20,6 +20,7 @@ from opsched.model.onnx_import import import_onnx, routing_assumptions
 from opsched.plan.contiguous import Baseline, on_real_devices
 from opsched.plan.layout_search import search_layouts
 from opsched.plan.layouts import RECOMPUTE_SEARCH
+from opsched.plan.plan_records import PlanResult
 from opsched.plan.search import plan_block_graph
 from opsched.plan.smallest_memory import smallest_memory
 from opsched.schedule import metrics
@@ -283,7 +284,7 @@ def layout_row(e, bg, cluster, t0: float):
     )
 
 
-def plan_warnings(result, training, cluster) -> list[str]:
+def plan_warnings(result: PlanResult, cluster: Cluster) -> list[str]:
     """What a reader of the chosen plan must know about it: devices left idle, fewer nodes the time limit left
     unsearched."""
     out = []
