@@ -17,10 +17,10 @@ from opsched.export.plan_layout import layer_stack_of, one_layer_stack
 from opsched.export.runtimes import ANY, layout_fields, refusal, runtime_named
 from opsched.model.coarsen import coarsen
 from opsched.model.onnx_import import import_onnx, routing_assumptions
-from opsched.plan.contiguous import Baseline, on_real_devices
+from opsched.plan.contiguous import on_real_devices
 from opsched.plan.layout_search import search_layouts
 from opsched.plan.layouts import RECOMPUTE_SEARCH
-from opsched.plan.plan_records import PlanResult
+from opsched.plan.plan_records import Baseline, PlanResult
 from opsched.plan.search import plan_block_graph
 from opsched.plan.smallest_memory import smallest_memory
 from opsched.schedule import metrics
