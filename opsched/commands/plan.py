@@ -91,7 +91,7 @@ from opsched.commands.args import (
     positive_float,
     positive_int,
 )
-from opsched.cost.cluster import ATTENTION_MODES, Training, resolve_cluster
+from opsched.cost.cluster import ATTENTION_MODES, RECOMPUTE_MODES, Training, resolve_cluster
 from opsched.errors import OpschedError
 from opsched.plan.files import output_files, write_outputs
 from opsched.export.runtimes import ANY, RUNTIMES, runtime_named, runtime_overlaps_pairs, verdicts
@@ -149,7 +149,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "gradient traffic; 2 the gradients too")
     add_optimizer_state_argument(parser, auto=True)
     add_dtype_argument(parser)
-    parser.add_argument("--recompute", choices=("none", "selective", "full", "auto"), default="auto",
+    parser.add_argument("--recompute", choices=(*RECOMPUTE_MODES, "auto"), default="auto",
                         help="activation recomputation: none; selective (the attention core's scores are not kept "
                              "and its forward runs again, Megatron's selective recompute); full (each block keeps "
                              "its input and runs its forward again in the backward); auto (default): the "

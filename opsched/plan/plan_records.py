@@ -104,7 +104,7 @@ class PlanResult:
     baselines: list[Baseline]
     blocks: int  # blocks the upper MIP placed
     microbatch_size: int  # samples per microbatch of ``schedule`` (a Megatron-style layout's: one per replica)
-    recompute: str  # activation recomputation of ``schedule`` ("none", "selective" or "full")
+    recompute: str  # activation recomputation of ``schedule`` (one of cost.cluster.RECOMPUTE_MODES)
     seconds: dict[str, float] = field(default_factory=dict)
     refused_baselines: dict[str, str] = field(default_factory=dict)  # method -> why it fits no contiguous split
     #: devices of the cluster that hold no stage of the chosen plan

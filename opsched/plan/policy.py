@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 from opsched.cost.blocks import Mode, expert_count
-from opsched.cost.cluster import OPTIMIZER_STATE_BYTES, Cluster
+from opsched.cost.cluster import OPTIMIZER_STATE_BYTES, RECOMPUTE_MODES, Cluster
 from opsched.errors import MemoryTooSmall, NoRunnablePlan, OpschedError
 from opsched.export.plan_layout import layer_stack_of, one_layer_stack
 from opsched.export.runtimes import ANY, layout_fields, refusal, runtime_named
@@ -19,7 +19,6 @@ from opsched.model.coarsen import coarsen
 from opsched.model.onnx_import import import_onnx, routing_assumptions
 from opsched.plan.contiguous import on_real_devices
 from opsched.plan.layout_search import search_layouts
-from opsched.plan.layouts import RECOMPUTE_SEARCH
 from opsched.plan.plan_records import Baseline, PlanResult
 from opsched.plan.search import plan_block_graph
 from opsched.plan.smallest_memory import smallest_memory
@@ -236,7 +235,7 @@ def megatron_layouts(request: PlanRequest, dims: dict[str, int], cluster, traini
     t0 = time.perf_counter()
     og = import_onnx(request.model, dims={**dims, "batch": 1}, capacity_factor=request.capacity_factor, strict_dims=True)
     bg = coarsen(og)
-    modes = RECOMPUTE_SEARCH if request.recompute == "auto" else (training.recompute,)
+    modes = RECOMPUTE_MODES if request.recompute == "auto" else (training.recompute,)
 
     def runs(e) -> bool:  # the runtime asked for can run the layout as plan.json would hold it
         if runtime_named(request.runtime) is None:
