@@ -39,7 +39,7 @@ from opsched.cli import build_parser, main
 from opsched.commands.compare import resolve_limit, stage_graph_from_args
 from opsched.lower.bounds import idle_lower_bound
 from opsched.lower.jobs import JobSet, activation_budgets
-from opsched.plan.placements import candidates
+from opsched.plan.placements import placements_to_try
 
 RATIOS = {"1:1:1": (1.0, 1.0, 1.0), "1:1.5:0.5": (1.0, 1.5, 0.5), "2:2:1": (2.0, 2.0, 1.0)}
 GAINS = (0.0, 0.5, 1.0)
@@ -58,7 +58,7 @@ def grid_case(devices: int, microbatches: int, ratio: str, gain: float = 0.0):
     args = build_parser().parse_args(case_argv(devices, microbatches, ratio, gain, placement="v"))
     sg, _ = stage_graph_from_args(args)
     limit, _ = resolve_limit("dualpipev", sg, microbatches, args)
-    v = next(c.stage_graph for c in candidates(sg, microbatches, "v") if c.stage_graph is not None)
+    v = next(c.stage_graph for c in placements_to_try(sg, microbatches, "v") if c.stage_graph is not None)
     return v, limit
 
 
@@ -83,7 +83,7 @@ def idle_floors(argv: list[str], m: int, limit: float) -> dict[str, float]:
     args = build_parser().parse_args(argv)
     sg, _ = stage_graph_from_args(args)
     out = {}
-    for c in candidates(sg, m, "auto"):
+    for c in placements_to_try(sg, m, "auto"):
         if c.stage_graph is not None:
             budgets = activation_budgets(c.stage_graph, limit)
             out[c.placement] = sum(idle_lower_bound(JobSet(c.stage_graph, m), budgets).values())

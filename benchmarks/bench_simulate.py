@@ -33,7 +33,7 @@ from opsched.commands.compare import resolve_limit, stage_graph_from_args
 from opsched.lower.jobs import JobSet, activation_budgets
 from opsched.lower.pairing import pair_up
 from opsched.lower.starts import split_fused_backward
-from opsched.plan.placements import candidates
+from opsched.plan.placements import placements_to_try
 from opsched.schedule import simulate
 
 
@@ -42,7 +42,7 @@ def measure(devices: int, microbatches: int, repeats: int, simulations: int) -> 
     args = build_parser().parse_args(case_argv(devices, microbatches, "2:2:1", 0.5, placement="v"))
     sg, _ = stage_graph_from_args(args)
     limit, _ = resolve_limit("dualpipev", sg, microbatches, args)
-    v = next(c for c in candidates(sg, microbatches, "v") if c.stage_graph is not None)
+    v = next(c for c in placements_to_try(sg, microbatches, "v") if c.stage_graph is not None)
     row = {"devices": devices, "microbatches": microbatches}
     for name in ("zb-v", "dualpipev"):
         order = v.warm_orders[name]

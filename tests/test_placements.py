@@ -10,8 +10,8 @@ import pytest
 from opsched.cli import main
 from opsched.errors import MemoryTooSmall, OpschedError
 from opsched.lower import minimum_memory_limit, solve
-from opsched.lower.placements import Candidate, solve_placements
-from opsched.plan.placements import SEARCHED, candidates, placed
+from opsched.lower.placements import PlacementToTry, solve_placements
+from opsched.plan.placements import SEARCHED, placed, placements_to_try
 from opsched.schedule import chain_stage_graph, device_param_bytes, metrics, validate
 from opsched.solving.solver import Status
 
@@ -34,7 +34,7 @@ def random_chain(rng: random.Random):
 def test_auto_is_no_worse_than_any_fixed_placement(seed):
     rng = random.Random(seed)
     sg, m = random_chain(rng)
-    tries = candidates(sg, m)
+    tries = placements_to_try(sg, m)
     assert [c.placement for c in tries] == list(SEARCHED)
     ran = [c for c in tries if c.stage_graph is not None]
     # one memory limit for every placement: unlimited, or just above the least any placement needs
@@ -74,7 +74,7 @@ def test_bidirectional_holds_both_copies_parameters_and_they_count_toward_memory
     chain_least = minimum_memory_limit(placed(sg, 8, "chain"), 8)
     two_least = minimum_memory_limit(two, 8)
     assert two_least > chain_least
-    tries = candidates(sg, 8, "auto")
+    tries = placements_to_try(sg, 8, "auto")
     found = solve_placements([c for c in tries if c.placement in ("chain", "bidirectional")], 8,
                              memory_limit=chain_least, time_limit=30, **BUDGET)
     refused = {t.placement: t.refused for t in found.tried}
@@ -87,13 +87,13 @@ def test_bidirectional_holds_both_copies_parameters_and_they_count_toward_memory
 
 def test_a_placement_that_cannot_hold_the_chain_is_reported_not_solved():
     sg = chain_stage_graph(3)
-    tries = candidates(sg, 1)
+    tries = placements_to_try(sg, 1)
     refused = {c.placement: c.refused for c in tries if c.stage_graph is None}
     assert "at least 2, got 1" in refused["bidirectional"]
-    found = solve_placements([Candidate("x", None, refused="no")] + tries, 1, time_limit=30, **BUDGET)
+    found = solve_placements([PlacementToTry("x", None, refused="no")] + tries, 1, time_limit=30, **BUDGET)
     assert found.placement != "x" and found.tried[0].refused == "no"
     with pytest.raises(OpschedError, match="--placement: unknown placement 'diagonal'"):
-        candidates(sg, 4, "diagonal")
+        placements_to_try(sg, 4, "diagonal")
 
 
 def test_issue_example_fixed_v_is_no_worse_than_zb_v(capsys):
@@ -127,10 +127,10 @@ def test_a_plans_own_placement_is_tried_first_unless_a_placement_tried_is_the_sa
     from opsched.schedule import Edge, Stage, StageGraph
 
     chain = chain_stage_graph(4)
-    assert [c.placement for c in candidates(chain, 8, as_given=True)] == list(SEARCHED)  # chain == as given
+    assert [c.placement for c in placements_to_try(chain, 8, as_given=True)] == list(SEARCHED)  # chain == as given
     t = {"F": 1.0, "I": 1.0, "W": 1.0}
     towers = StageGraph([Stage(k, (k,), t) for k in range(3)], [Edge(0, 2, 0.5), Edge(1, 2, 0.5)], num_devices=3)
-    tries = candidates(towers, 4, as_given=True)
+    tries = placements_to_try(towers, 4, as_given=True)
     assert tries[0].placement == "as given" and tries[0].stage_graph is towers
     assert all(c.stage_graph is None and "branches" in c.refused for c in tries[1:])
 
@@ -140,12 +140,12 @@ def test_a_plan_on_device_groups_is_re_placed_group_by_group():
     (as the baselines run it), then back onto the groups; none is refused for the groups."""
     from dataclasses import replace
 
-    from opsched.plan.placements import candidates
+    from opsched.plan.placements import placements_to_try
     from opsched.schedule import StageGraph, chain_stage_graph
 
     chain = chain_stage_graph(4)
     sg = StageGraph([replace(s, devices=(2 * s.id, 2 * s.id + 1)) for s in chain.stages], chain.edges, num_devices=8)
-    found = {c.placement: c for c in candidates(sg, 8)}
+    found = {c.placement: c for c in placements_to_try(sg, 8)}
     assert not any(c.refused for c in found.values()), {k: c.refused for k, c in found.items()}
     for c in found.values():
         assert {len(s.devices) for s in c.stage_graph.stages} == {2} and c.stage_graph.num_devices == 8
@@ -164,7 +164,7 @@ def test_a_placement_that_cannot_win_gets_no_time_and_its_share_goes_to_the_othe
                                       "--b", "2", "--w", "1", "--overlap-gain", "0.5", "--memory-limit", "dualpipev"])
     sg, _ = stage_graph_from_args(args)
     limit, _ = resolve_limit("dualpipev", sg, 8, args)
-    tries = candidates(sg, 8)
+    tries = placements_to_try(sg, 8)
     shares: dict[str, float] = {}
 
     def spy(graph, m, *, time_limit, warm_orders, **options):
@@ -206,7 +206,7 @@ def test_the_placements_solves_leave_thinning_out_and_the_winner_is_thinned():
                                       "--b", "3", "--w", "1", "--overlap-gain", "1", "--memory-limit", "dualpipev"])
     sg, _ = stage_graph_from_args(args)
     limit, _ = resolve_limit("dualpipev", sg, 8, args)
-    tries = candidates(sg, 8)
+    tries = placements_to_try(sg, 8)
     thin_flags, thinned = [], []
 
     def spy(graph, m, *, thin=True, **options):
@@ -241,7 +241,7 @@ def test_each_best_result_is_thinned_as_it_comes_with_one_more_placements_share(
     from opsched.lower.lns import pair_count
     from opsched.lower.solve import thin_pairs
 
-    tries = candidates(chain_stage_graph(4, f=1, b=2, w=1, overlap_gain=1.0), 8)
+    tries = placements_to_try(chain_stage_graph(4, f=1, b=2, w=1, overlap_gain=1.0), 8)
     steps = []  # (what, placement, when, its time limit)
     thinned = []  # what each thinning returned
 
@@ -285,7 +285,7 @@ def test_when_the_prospects_take_the_whole_limit_one_placement_is_still_solved(m
 
     monkeypatch.setattr(placements, "_prospects", slow_prospects)
     sg = chain_stage_graph(4, f=1, b=2, w=1)
-    tries = candidates(sg, 8)
+    tries = placements_to_try(sg, 8)
     found = solve_placements(tries, 8, time_limit=0.5, **BUDGET)
     solved = [t for t in found.tried if t.value is not None]
     assert [t.placement for t in solved] == [tries[0].placement] and found.placement == tries[0].placement
@@ -310,8 +310,8 @@ def test_once_a_schedule_is_in_hand_a_placement_whose_share_its_solve_would_over
 
     monkeypatch.setattr(placements, "prospect", slow_prospect)
     # two placements without warm orders: neither bound rules the other out, so both contend for the time
-    tries = [Candidate("first", chain_stage_graph(4, f=1, b=2, w=1)),
-             Candidate("second", chain_stage_graph(4, f=0.5, b=1, w=0.5))]
+    tries = [PlacementToTry("first", chain_stage_graph(4, f=1, b=2, w=1)),
+             PlacementToTry("second", chain_stage_graph(4, f=0.5, b=1, w=0.5))]
     began = time.monotonic()
     found = solve_placements(tries, 8, time_limit=2.0, **BUDGET)
     assert time.monotonic() - began < 2.0 + 1.0
@@ -337,7 +337,8 @@ def test_a_placement_whose_search_finds_nothing_in_its_share_makes_no_fallback_o
             raise NoScheduleInTime("no schedule: its search had found nothing by the time limit (1 s)")
         return solve(graph, m, **options)
 
-    tries = [Candidate("first", chain_stage_graph(4, f=1, b=2, w=1)), Candidate("second", chain_stage_graph(4))]
+    tries = [PlacementToTry("first", chain_stage_graph(4, f=1, b=2, w=1)),
+             PlacementToTry("second", chain_stage_graph(4))]
     found = solve_placements(tries, 8, time_limit=20, solve_one=nothing_after_the_first, **BUDGET)
     assert asked == [True, False]
     assert found.placement == "first" and found.tried[1].refused.startswith("no schedule") and found.cut

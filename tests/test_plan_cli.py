@@ -569,23 +569,21 @@ def test_with_a_global_batch_the_fastest_megatron_layout_is_a_baseline_the_plan_
 def test_a_plan_that_leaves_devices_idle_says_why():
     from types import SimpleNamespace
 
-    from opsched.cost.cluster import Training
     from opsched.plan.policy import plan_warnings
     from opsched.plan.plan_records import EveryDevicePlan
 
     cluster = SimpleNamespace(devices=16)
-    training = Training(4, whole_sequences=True)
     busy = SimpleNamespace(idle_devices=(), on_every_device=None, step_time=1.0, stage_contents={},
                            fewer_nodes_unsearched=None)
-    assert plan_warnings(busy, training, cluster) == []
+    assert plan_warnings(busy, cluster) == []
     faster = SimpleNamespace(idle_devices=(8, 9, 10, 11, 14), step_time=1.0, stage_contents={},
                              on_every_device=EveryDevicePlan("upper", "4x4", 1.25), fewer_nodes_unsearched=None)
-    (sentence,) = plan_warnings(faster, training, cluster)
+    (sentence,) = plan_warnings(faster, cluster)
     assert sentence.startswith("devices 8-11, 14 (5 of 16) hold no stage of this plan: it is faster that way")
     assert "upper on 4x4" in sentence and "1.25 s per step, 25 % longer" in sentence
     alone = SimpleNamespace(idle_devices=(15,), step_time=1.0, stage_contents={}, on_every_device=None,
                             fewer_nodes_unsearched=None)
-    (sentence,) = plan_warnings(alone, training, cluster)
+    (sentence,) = plan_warnings(alone, cluster)
     assert sentence.startswith("device 15 (1 of 16) holds no stage") and "no plan the search found gives every device work" in sentence
 
 
@@ -643,11 +641,11 @@ def test_a_plan_says_when_the_time_limit_left_fewer_nodes_unsearched(monkeypatch
     cluster = cluster_from_dict(spec)
     searched = plan_block_graph(_slow_link_chain(), cluster, Training(2), time_limit=300)
     assert searched.fewer_nodes_unsearched is None
-    assert not any("no plan was searched" in w for w in plan_warnings(searched, Training(2), cluster))
+    assert not any("no plan was searched" in w for w in plan_warnings(searched, cluster))
     monkeypatch.setattr(planner, "LEAST_PART", 1e9)  # as if the search on every node had spent the time limit
     cut = plan_block_graph(_slow_link_chain(), cluster, Training(2), time_limit=300)
     assert cut.on_half_the_nodes is None and cut.fewer_nodes_unsearched == 2
-    said = [w for w in plan_warnings(cut, Training(2), cluster) if "no plan was searched" in w]
+    said = [w for w in plan_warnings(cut, cluster) if "no plan was searched" in w]
     assert said == ["no plan was searched on 2 devices (the first nodes, the others idle): the time limit was spent "
                     "first, so a run on 2 devices alone may find a faster plan than this one; a larger --time-limit "
                     "leaves that search time, and then adding devices never gives a slower plan"]
@@ -671,7 +669,7 @@ def test_the_plan_on_half_the_nodes_is_returned_when_the_search_on_all_finds_onl
     assert result.on_half_the_nodes.chosen and result.layout.endswith(", on 2 of the 4 devices")
     assert result.idle_devices == (2, 3)
     validate(result.schedule)
-    (said,) = plan_warnings(result, Training(4), cluster_from_dict(spec))
+    (said,) = plan_warnings(result, cluster_from_dict(spec))
     assert said.startswith("devices 2-3 (2 of 4) hold no stage of this plan")
     # plan.json carries it, as its schema says
     from opsched.plan.report import plan_extra

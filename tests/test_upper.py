@@ -147,6 +147,19 @@ def test_layout_maps():
     assert i.devices_of_group(1) == (2, 3)
 
 
+
+def test_every_parallel_degree_has_its_words_and_its_line_in_the_notation():
+    """The degrees of a mode are one list (cost.blocks.DEGREES); the notation explains each, and every mode's name
+    parses back to itself, as a configuration with +ep too."""
+    from opsched.cost.blocks import DEGREES
+    from opsched.upper.layouts import _DEGREE_WORDS, NOTATION, config_name, parse_config
+
+    assert set(_DEGREE_WORDS) == set(DEGREES)
+    assert all(f"\n  {kind}N " in NOTATION for kind in DEGREES)
+    every = Mode(**{kind: 2 for kind in DEGREES})
+    assert str(every) == ".".join(f"{kind}2" for kind in DEGREES) and Mode.parse(str(every)) == every
+    assert parse_config(config_name(every, True)) == (every, True)
+
 def test_layouts_enumerate_divisors_and_reject_partial_nodes():
     found = {(l.groups, l.virtual, l.placement) for l in layouts(preset("h100-sxm", 16))}
     assert (16, 1, "chain") in found and (1, 1, "chain") in found and (8, 2, "v") in found

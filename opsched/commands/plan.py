@@ -91,7 +91,7 @@ from opsched.commands.args import (
     positive_float,
     positive_int,
 )
-from opsched.cost.cluster import ATTENTION_MODES, Training, resolve_cluster
+from opsched.cost.cluster import ATTENTION_MODES, RECOMPUTE_MODES, Training, resolve_cluster
 from opsched.errors import OpschedError
 from opsched.plan.files import output_files, write_outputs
 from opsched.export.runtimes import ANY, RUNTIMES, runtime_named, runtime_overlaps_pairs, verdicts
@@ -149,7 +149,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "gradient traffic; 2 the gradients too")
     add_optimizer_state_argument(parser, auto=True)
     add_dtype_argument(parser)
-    parser.add_argument("--recompute", choices=("none", "selective", "full", "auto"), default="auto",
+    parser.add_argument("--recompute", choices=(*RECOMPUTE_MODES, "auto"), default="auto",
                         help="activation recomputation: none; selective (the attention core's scores are not kept "
                              "and its forward runs again, Megatron's selective recompute); full (each block keeps "
                              "its input and runs its forward again in the backward); auto (default): the "
@@ -167,7 +167,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "SDPA, the scores never leave the chip) or unfused (Megatron-LM before FlashAttention: "
                              "Q·Kᵀ and scores·V as batched GEMMs, the scores written to memory for softmax and "
                              "dropout and kept for the backward); a kernel, not a choice the plan makes")
-    parser.add_argument("--runtime", choices=RUNTIME_CHOICES, default="any",
+    parser.add_argument("--runtime", choices=RUNTIME_CHOICES, default=ANY,
                         help="keep only plans this runtime can run, so that `opsched export` writes its files: "
                              "torch (--torch-csv), megatron (--megatron), torchtitan (--torchtitan with --torch-csv); "
                              "any (default) keeps every plan. With megatron or torchtitan, Megatron-style layouts "
@@ -223,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
     training, result = plan_with_optimizer_state(request, bg, cluster, training, limit, deadline, dims, global_batch,
                                                  warnings)
     log.info("validate: %s on %s", result.source, result.layout)
-    for sentence in plan_warnings(result, training, cluster):
+    for sentence in plan_warnings(result, cluster):
         warnings.append(sentence)
         log.warning("plan: %s", sentence)
     extra = plan_extra(args.model, cluster, training, result, warnings, dims=used_dims)

@@ -51,6 +51,12 @@ from opsched.model.recompute_modules import parts_of
 from opsched.cost.overlap import COMM, COMPUTE, PassStreams, StreamOp, compact
 
 
+#: a mode's degrees, in the order its name writes them (Megatron's rank order: tp innermost, then cp, then dp; ep
+#: last): the one list :meth:`Mode.parse`, :meth:`Mode.__str__` and the layout notation's words
+#: (:func:`opsched.upper.layouts.mode_words`) read
+DEGREES = ("tp", "cp", "dp", "ep")
+
+
 @dataclass(frozen=True, order=True)
 class Mode:
     """How a block uses the ``tp × cp × dp × ep`` devices of its group.
@@ -79,9 +85,16 @@ class Mode:
     def size(self) -> int:
         return self.tp * self.cp * self.dp * self.ep
 
+    def degrees(self) -> tuple[tuple[str, int], ...]:
+        """(kind, degree) of each degree above 1, in :data:`DEGREES` order.
+
+        >>> Mode(dp=4, tp=2).degrees(), Mode().degrees()
+        ((('tp', 2), ('dp', 4)), ())
+        """
+        return tuple((kind, getattr(self, kind)) for kind in DEGREES if getattr(self, kind) > 1)
+
     def __str__(self) -> str:
-        degrees = (("tp", self.tp), ("cp", self.cp), ("dp", self.dp), ("ep", self.ep))
-        return ".".join(f"{k}{v}" for k, v in degrees if v > 1) or "single"
+        return ".".join(f"{k}{v}" for k, v in self.degrees()) or "single"
 
     @classmethod
     def parse(cls, text: str) -> "Mode":
@@ -106,7 +119,7 @@ class Mode:
 
 
 #: one degree of a mode's name: ``tp2``, ``cp2``, ``dp4``, ``ep8`` (a degree of 1 is left out of names)
-_MODE_PART = re.compile(r"^(tp|cp|dp|ep)([2-9]|[1-9]\d+)$")
+_MODE_PART = re.compile(rf"^({'|'.join(DEGREES)})([2-9]|[1-9]\d+)$")
 
 
 @dataclass(frozen=True)

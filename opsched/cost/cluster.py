@@ -132,7 +132,10 @@ class Cluster:
         return self.inter_node_bandwidth, self.inter_node_latency
 
 
-#: activation recomputation settings (docs/cost-model.md, "Recomputation")
+#: activation recomputation settings (docs/cost-model.md, "Recomputation"), cheapest first: the one list of them
+#: (``--recompute``'s choices, ``Training``'s check, layouts' ``recompute=``); the layout search tries them in this
+#: order and a layout keeps the first that fits (selective runs the attention core's forward again, full the whole
+#: forward)
 RECOMPUTE_MODES = ("none", "selective", "full")
 
 #: how attention runs (docs/cost-model.md, "Unfused attention"): "fused", one kernel whose scores never leave the

@@ -20,8 +20,6 @@ from opsched.cost.pipeline_split import chunk_units, compact_pipeline_layout, ex
 from opsched.errors import OpschedError
 from opsched.model.recompute_modules import RECOMPUTE_MODULES
 
-RECOMPUTE = RECOMPUTE_MODES
-
 #: keys whose value is a list that may hold commas (Megatron writes both so): what follows up to the next KEY=
 LIST_KEYS = ("pipeline_layout=", "recompute_modules=")
 
@@ -133,7 +131,7 @@ class ParallelLayout:
                 raise OpschedError(f"layout item {item!r} is not KEY=VALUE with KEY one of {', '.join(sorted(known))}")
             if key in values:
                 raise OpschedError(f"layout sets {key} twice")
-            choices = {"recompute": RECOMPUTE, "attention": ATTENTION_MODES}.get(key)
+            choices = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_MODES}.get(key)
             if choices:
                 if value not in choices:
                     raise OpschedError(f"layout {key}={value!r}: choose one of {', '.join(choices)}")

@@ -55,11 +55,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Collection, Mapping
 
-from opsched.cost.cluster import ATTENTION_MODES, DTYPE_BYTES, OPTIMIZER_STATE_BYTES
+from opsched.cost.cluster import ATTENTION_MODES, DTYPE_BYTES, OPTIMIZER_STATE_BYTES, RECOMPUTE_MODES
 from opsched.cost.blocks import Mode
 from opsched.errors import OpschedError
 from opsched.export.framework import Framework
-from opsched.cost.parallel_layout import RECOMPUTE, ParallelLayout
+from opsched.cost.parallel_layout import ParallelLayout
 from opsched.export.torch_csv import check_expressible
 from opsched.model.coarsen import UNSCOPED
 from opsched.schedule import Schedule, StageGraph
@@ -258,8 +258,8 @@ def _training(doc: dict, refuse) -> tuple[int, str]:
     recompute = doc.get("recompute", "none")
     if isinstance(zero, bool) or zero not in (0, 1, 2, 3):
         raise refuse(f"field zero is {zero!r}; 0, 1, 2 or 3")
-    if recompute not in RECOMPUTE:
-        raise refuse(f"field recompute is {recompute!r}; one of {', '.join(RECOMPUTE)}")
+    if recompute not in RECOMPUTE_MODES:
+        raise refuse(f"field recompute is {recompute!r}; one of {', '.join(RECOMPUTE_MODES)}")
     return zero, recompute
 
 

@@ -4,7 +4,7 @@ A placement is a way the same chain of work sits on the devices (the chain,
 the V, interleaved chunks, DualPipe's two copies); the caller builds each
 one's StageGraph and warm orders (the lower level knows no hand-written
 schedule: ``opsched compare`` uses
-:func:`opsched.plan.placements.candidates`) and :func:`solve_placements` runs
+:func:`opsched.plan.placements.placements_to_try`) and :func:`solve_placements` runs
 :func:`opsched.lower.solve` on each, in the order given, at the same memory
 limit. The schedule with the lowest objective wins (ties keep the earliest).
 
@@ -45,7 +45,7 @@ placements tried, the bound that holds for the search as a whole (not for
 placements it did not try).
 
 >>> from opsched.schedule import chain_stage_graph
->>> chain = Candidate("chain", chain_stage_graph(2, f=1, b=2, w=1))
+>>> chain = PlacementToTry("chain", chain_stage_graph(2, f=1, b=2, w=1))
 >>> found = solve_placements([chain], 4, time_limit=5)
 >>> found.placement, found.result.makespan, found.lower_bound_all
 ('chain', 13.0, 13.0)
@@ -88,7 +88,7 @@ _PROSPECT_OPTIONS = ("memory_limit", "split_backward", "allow_pairs", "objective
 
 
 @dataclass(frozen=True)
-class Candidate:
+class PlacementToTry:
     """One placement to try: its name, the stage graph placed that way, and warm orders on exactly that graph.
 
     ``refused`` (with no stage graph) records a placement that cannot hold
@@ -147,7 +147,7 @@ class PlacementSearch:
 
 
 def solve_placements(
-    candidates: list[Candidate],
+    candidates: list[PlacementToTry],
     microbatches: int,
     *,
     time_limit: float = 30.0,
@@ -233,7 +233,7 @@ class _Turns:
     Its methods are the search's steps; the state they share lives here rather than in closures over locals.
     """
 
-    candidates: list[Candidate]
+    candidates: list[PlacementToTry]
     microbatches: int
     time_limit: float
     deadline: float  # time.monotonic() instant where the placements' shared time limit ends
@@ -297,13 +297,13 @@ class _Turns:
                     0.0, self.deadline - time.monotonic()) / (1 + len(self.contenders(waiting))), **self.thin_with)
             self.best = (candidate.placement, result)  # only the best schedule is kept (they are large at scale)
 
-def _cannot_win(candidate: Candidate, hope: Prospect | None, in_hand: _InHand | None) -> bool:
+def _cannot_win(candidate: PlacementToTry, hope: Prospect | None, in_hand: _InHand | None) -> bool:
     """Whether ``candidate``'s bound proves it cannot beat the schedule ``in_hand`` of another placement."""
     return (hope is not None and in_hand is not None and in_hand.placement != candidate.placement
             and hope.lower_bound >= in_hand.value - noise(in_hand.value))
 
 
-def _prospects(candidates: list[Candidate], microbatches: int, solve_options: dict) -> list[Prospect | None]:
+def _prospects(candidates: list[PlacementToTry], microbatches: int, solve_options: dict) -> list[Prospect | None]:
     """Each candidate's :class:`~opsched.lower.solve.Prospect` (``None``: refused, or its memory is too small, which
     its solve reports)."""
     options = {k: v for k, v in solve_options.items() if k in _PROSPECT_OPTIONS}

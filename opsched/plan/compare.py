@@ -80,10 +80,10 @@ def run_mip(sg, microbatches: int, limit: float | None, args, time_limit: float)
     from opsched.solving import isolate
     from opsched.lower.placements import solve_placements
     from opsched.lower.solve import thin_pairs
-    from opsched.plan.placements import candidates
+    from opsched.plan.placements import placements_to_try
 
     # with --plan the plan's own placement is tried too (first): it may branch or use device groups
-    tries = candidates(sg, microbatches, args.placement, as_given=bool(args.plan))
+    tries = placements_to_try(sg, microbatches, args.placement, as_given=bool(args.plan))
     # each solve holds its share of --time-limit itself (its search runs in a watched child that it stops at the
     # limit); this outer child, as the planner's, is the backstop: a native abort or hang anywhere costs this row
     # (SolverCrash), not the command. The hand-written orders that run on a placement start its solve.

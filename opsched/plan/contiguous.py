@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import networkx as nx
 
@@ -21,50 +21,14 @@ from opsched.schedule.placement import onto_groups
 from opsched.cost.cluster import Cluster, Training, with_devices
 from opsched.cost.blocks import stage_streams
 from opsched.errors import OverMemory, Unsupported
+from opsched.plan.plan_records import Baseline
 from opsched.solving.isolate import Call, SolverCrash, run_isolated_all
 from opsched.schedule import Edge, Schedule, Stage, StageGraph, metrics
 from opsched.upper.layouts import Layout, layouts
 from opsched.units import bytes_text, plain, seconds_text
 from opsched.upper.mip import CostTable, UpperProblem, contiguous_start, uniform_start, upper_problem
-from opsched.upper.stages import StageContents
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Baseline:
-    """A hand-written schedule on the best contiguous split (a row of ``baselines`` in plan.json)."""
-
-    method: str
-    layout: str
-    schedule: Schedule  # on real devices (each pseudo-device of the split is a device group)
-    makespan: float
-    step_time: float
-    bubble_ratio: float
-    peak_memory_bytes: float
-    grad_sync: float
-    solve_seconds: float
-    #: stage id -> (block id, mode name) of the blocks it holds (empty when the method regrouped the split)
-    stage_blocks: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
-    #: what each stage holds, when it comes from another import of the model (a Megatron-style layout)
-    contents: dict[int, StageContents] | None = None
-    #: samples per microbatch of ``schedule`` when not the planner's (a Megatron-style layout: one per replica)
-    microbatch_size: int | None = None
-    #: activation recomputation of ``schedule`` when not the planner's (a Megatron-style layout tries both)
-    recompute: str | None = None
-
-    def to_dict(self, samples_per_step: int) -> dict:
-        return {
-            "method": self.method,
-            "layout": self.layout,
-            "makespan": self.makespan,
-            "step_time": self.step_time,
-            "throughput": samples_per_step / self.step_time if self.step_time > 0 else 0.0,
-            "bubble_ratio": self.bubble_ratio,
-            "peak_memory_bytes": self.peak_memory_bytes,
-            "solve_seconds": self.solve_seconds,
-        }
-
 
 
 def method_stage_count(method: str, groups: int) -> int:

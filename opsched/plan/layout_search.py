@@ -16,12 +16,12 @@ from typing import Callable
 
 import networkx as nx
 
-from opsched.cost.cluster import Cluster, Training, with_devices
+from opsched.cost.cluster import RECOMPUTE_MODES, Cluster, Training, with_devices
 from opsched.errors import OpschedError
 from opsched.cost.parallel_layout import ParallelLayout
 from opsched.schedule import StageGraph
 from opsched.units import plain
-from opsched.plan.layouts import RECOMPUTE_SEARCH, Evaluation, ModelIndex, evaluate_layout, layout_floor, model_index
+from opsched.plan.layouts import Evaluation, ModelIndex, evaluate_layout, layout_floor, model_index
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ def device_counts(devices: int) -> list[int]:
 
 def search_layouts(
     bg: nx.DiGraph, cluster: Cluster, training: Training, *, global_batch: int, tokens_per_sequence: int,
-    memory_limit: float | None = None, recompute: tuple[str, ...] = RECOMPUTE_SEARCH, keep: int = 1, zero: int = 1,
+    memory_limit: float | None = None, recompute: tuple[str, ...] = RECOMPUTE_MODES, keep: int = 1, zero: int = 1,
     fewer_devices: bool = False,
     accept: Callable[[Evaluation], bool] | None = None,
     deadline: float | None = None,

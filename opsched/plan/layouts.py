@@ -50,10 +50,6 @@ from opsched.upper.stages import LAYER_COMPONENT, layer_path
 
 log = logging.getLogger(__name__)
 
-#: recomputation settings the layout search tries, in turn, cheapest first: a layout keeps the first that fits
-#: (selective recomputation costs the attention core's forward again, full the whole forward)
-RECOMPUTE_SEARCH = ("none", "selective", "full")
-
 
 
 

@@ -18,7 +18,7 @@ placement is that placement's warm start. The lower level then solves each
 one at the same memory (:func:`opsched.lower.placements.solve_placements`).
 
 >>> from opsched.schedule import chain_stage_graph
->>> found = candidates(chain_stage_graph(4), 8)
+>>> found = placements_to_try(chain_stage_graph(4), 8)
 >>> [(c.placement, len(c.stage_graph.stages)) for c in found]
 [('chain', 4), ('v', 8), ('interleaved', 8), ('bidirectional', 8)]
 >>> sorted(found[1].warm_orders)
@@ -30,7 +30,7 @@ from __future__ import annotations
 from opsched.baselines import METHODS, baseline_orders, dualpipe, placement_of
 from opsched.schedule.placement import PLACEMENTS, dual_graph, graph_onto_groups, on_group_devices
 from opsched.errors import OpschedError, Unsupported
-from opsched.lower.placements import Candidate
+from opsched.lower.placements import PlacementToTry
 from opsched.schedule import StageGraph
 
 #: the placements ``auto`` tries, in order: every placement there is
@@ -66,8 +66,8 @@ def placed(sg: StageGraph, microbatches: int, placement: str, comm: float | None
     return RULE_OF[placement].place(sg, microbatches, comm)
 
 
-def candidates(sg: StageGraph, microbatches: int, choice: str = "auto", *, as_given: bool = False,
-               comm: float | None = None) -> list[Candidate]:
+def placements_to_try(sg: StageGraph, microbatches: int, choice: str = "auto", *, as_given: bool = False,
+                      comm: float | None = None) -> list[PlacementToTry]:
     """The placements to solve for ``choice`` (``auto`` or one of :data:`SEARCHED`), each with its warm orders.
 
     ``as_given``: also try ``sg`` exactly as it is placed, first (a plan's
@@ -87,9 +87,9 @@ def candidates(sg: StageGraph, microbatches: int, choice: str = "auto", *, as_gi
             if pseudo is not sg:
                 graph = graph_onto_groups(graph, groups, sg.num_devices)
         except Unsupported as exc:
-            out.append(Candidate(name, None, refused=str(exc)))
+            out.append(PlacementToTry(name, None, refused=str(exc)))
             continue
-        out.append(Candidate(name, graph, baseline_orders(graph, microbatches)))
+        out.append(PlacementToTry(name, graph, baseline_orders(graph, microbatches)))
     if as_given and all(c.stage_graph != sg for c in out):
-        out.insert(0, Candidate(AS_GIVEN, sg, baseline_orders(sg, microbatches)))
+        out.insert(0, PlacementToTry(AS_GIVEN, sg, baseline_orders(sg, microbatches)))
     return out

@@ -1,9 +1,11 @@
 """The records of the bi-level search (:mod:`opsched.plan.search`): what it tried and what it returns.
 
 A :class:`Candidate` is one row of plan.json's ``candidates``; a :class:`LowerJob` one StageGraph the lower level
-schedules, with its :class:`LowerOutcome`; an :class:`Option` a plan the search may return (a scheduled candidate,
-a baseline, the plan on half the nodes or as a chain); a :class:`PlanResult` the chosen plan with everything that
-was tried, and :class:`FewerNodesPlan` / :class:`EveryDevicePlan` the alternatives it reports.
+schedules, with its :class:`LowerOutcome`; a :class:`Baseline` one row of plan.json's ``baselines``; an
+:class:`Option` a plan the search may return (a scheduled candidate, a baseline, the plan on half the nodes or as a
+chain); a :class:`PlanResult` the chosen plan with everything that was tried, and :class:`FewerNodesPlan` /
+:class:`EveryDevicePlan` the alternatives it reports. A baseline and an option are both a :class:`ScheduledPlan`:
+a schedule with what plan.json and a runtime's check need to write it. docs/architecture.md has the table.
 """
 
 from __future__ import annotations
@@ -11,13 +13,57 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-
 from opsched.cost.cluster import Cluster
-from opsched.plan.contiguous import Baseline
 from opsched.schedule import Schedule, StageGraph
 from opsched.solving.solver import Status
 from opsched.units import plain
 from opsched.upper.stages import StageContents, StagePlan
+
+
+@dataclass
+class ScheduledPlan:
+    """A schedule on a layout, with its step time and what plan.json (and so a runtime's check) needs to write it:
+    what a :class:`Baseline` row and an :class:`Option` of the search share. The fields after ``grad_sync`` are
+    keyword-only; ``None`` in the last three means "as the planner's" (its blocks' contents, its training
+    settings)."""
+
+    layout: str
+    schedule: Schedule  # on real devices (each pseudo-device of a contiguous split is a device group)
+    step_time: float
+    grad_sync: float  # seconds per step, added to the makespan
+    #: stage id -> (block id of the reduced graph, mode name) of the blocks it holds (empty when a method regrouped
+    #: the split, or when ``contents`` says it)
+    stage_blocks: dict[int, list[tuple[int, str]]] = field(default_factory=dict, kw_only=True)
+    #: what each stage holds, when known directly (a Megatron-style layout: from another import of the model)
+    contents: dict[int, StageContents] | None = field(default=None, kw_only=True)
+    #: samples per microbatch of ``schedule`` when not the planner's (a Megatron-style layout: one per replica)
+    microbatch_size: int | None = field(default=None, kw_only=True)
+    #: activation recomputation of ``schedule`` when not the planner's (a Megatron-style layout tries both)
+    recompute: str | None = field(default=None, kw_only=True)
+
+
+@dataclass
+class Baseline(ScheduledPlan):
+    """A hand-written schedule on the best contiguous split, or a Megatron-style layout (a row of ``baselines`` in
+    plan.json)."""
+
+    method: str
+    makespan: float
+    bubble_ratio: float
+    peak_memory_bytes: float
+    solve_seconds: float
+
+    def to_dict(self, samples_per_step: int) -> dict:
+        return {
+            "method": self.method,
+            "layout": self.layout,
+            "makespan": self.makespan,
+            "step_time": self.step_time,
+            "throughput": samples_per_step / self.step_time if self.step_time > 0 else 0.0,
+            "bubble_ratio": self.bubble_ratio,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "solve_seconds": self.solve_seconds,
+        }
 
 
 @dataclass
@@ -58,7 +104,7 @@ class PlanResult:
     baselines: list[Baseline]
     blocks: int  # blocks the upper MIP placed
     microbatch_size: int  # samples per microbatch of ``schedule`` (a Megatron-style layout's: one per replica)
-    recompute: str  # activation recomputation of ``schedule`` ("none", "selective" or "full")
+    recompute: str  # activation recomputation of ``schedule`` (one of cost.cluster.RECOMPUTE_MODES)
     seconds: dict[str, float] = field(default_factory=dict)
     refused_baselines: dict[str, str] = field(default_factory=dict)  # method -> why it fits no contiguous split
     #: devices of the cluster that hold no stage of the chosen plan
@@ -144,19 +190,12 @@ class LowerJob:
 
 
 @dataclass
-class Option:
-    """A plan the search may return: a scheduled candidate or a baseline itself."""
+class Option(ScheduledPlan):
+    """A plan the search may return: a scheduled candidate, a baseline itself, the plan on half the nodes or as a
+    chain."""
 
-    step_time: float
-    source: str
-    layout: str
-    schedule: Schedule
-    metrics: dict
-    grad_sync: float
-    stage_blocks: dict[int, list[tuple[int, str]]]  # stage id -> (block id of the reduced graph, mode name)
-    contents: dict[int, StageContents] | None = None  # what each stage holds, when known directly
-    microbatch_size: int | None = None  # samples per microbatch, when not the planner's (Baseline.microbatch_size)
-    recompute: str | None = None  # activation recomputation, when not the planner's (Baseline.recompute)
+    source: str  # what produced it, as PlanResult.source says it
+    metrics: dict  # plan.json's metrics: LowerOutcome.as_metrics(), or a baseline's solver "none"
 
 
 #: how a layout on fewer devices than the cluster's ends
@@ -172,7 +211,8 @@ def _half_option(half: PlanResult, cluster: Cluster) -> Option:
     '8x2 contiguous, dp2'
     """
     layout = FewerNodesPlan.of(half, chosen=False).layout  # the plan on half may be one on fewer nodes still
-    return Option(half.step_time, half.source,
-                  f"{layout}, on {plain(half.schedule.stage_graph.num_devices)} of the {plain(cluster.devices)} devices",
-                  half.schedule, half.solver_metrics, half.grad_sync, {}, half.stage_contents, half.microbatch_size,
-                  half.recompute)
+    return Option(
+        layout=f"{layout}, on {plain(half.schedule.stage_graph.num_devices)} of the {plain(cluster.devices)} devices",
+        schedule=half.schedule, step_time=half.step_time, grad_sync=half.grad_sync, source=half.source,
+        metrics=half.solver_metrics, contents=half.stage_contents, microbatch_size=half.microbatch_size,
+        recompute=half.recompute)

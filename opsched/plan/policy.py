@@ -11,15 +11,15 @@ import time
 from dataclasses import dataclass
 
 from opsched.cost.blocks import Mode, expert_count
-from opsched.cost.cluster import OPTIMIZER_STATE_BYTES
+from opsched.cost.cluster import OPTIMIZER_STATE_BYTES, RECOMPUTE_MODES, Cluster
 from opsched.errors import MemoryTooSmall, NoRunnablePlan, OpschedError
 from opsched.export.plan_layout import layer_stack_of, one_layer_stack
-from opsched.export.runtimes import layout_fields, refusal, runtime_named
+from opsched.export.runtimes import ANY, layout_fields, refusal, runtime_named
 from opsched.model.coarsen import coarsen
 from opsched.model.onnx_import import import_onnx, routing_assumptions
-from opsched.plan.contiguous import Baseline, on_real_devices
+from opsched.plan.contiguous import on_real_devices
 from opsched.plan.layout_search import search_layouts
-from opsched.plan.layouts import RECOMPUTE_SEARCH
+from opsched.plan.plan_records import Baseline, PlanResult
 from opsched.plan.search import plan_block_graph
 from opsched.plan.smallest_memory import smallest_memory
 from opsched.schedule import metrics
@@ -44,8 +44,9 @@ class PlanRequest:
     solver: str = "cbc"
     #: solves run at once, each in its own process; None: every core this process may use
     jobs: int | None = None
-    #: "any", or the runtime whose plans alone are kept (:data:`opsched.export.runtimes.RUNTIMES`)
-    runtime: str = "any"
+    #: :data:`~opsched.export.runtimes.ANY`, or the runtime whose plans alone are kept
+    #: (:data:`opsched.export.runtimes.RUNTIMES`)
+    runtime: str = ANY
     #: "auto" (none, then full recomputation if nothing fits), or one of the recompute modes
     recompute: str = "auto"
     #: "auto" (fp32, then bf16 if only that fits), "fp32" or "bf16": the bytes Adam's state takes per parameter
@@ -147,7 +148,7 @@ def plan_with_recompute(request: PlanRequest, bg, cluster, training, limit: floa
     recomputation when nothing fits without it and ``--recompute auto``; for ``--runtime R`` only plans R can run,
     and :class:`NoRunnablePlan` says why none can, and how to widen the search. ``today``: the Megatron-style
     layouts found (``searched``: whether they were looked for)."""
-    runtime = None if request.runtime == "any" else request.runtime
+    runtime = None if runtime_named(request.runtime) is None else request.runtime  # None: any runtime
     plan = functools.partial(plan_block_graph, bg, cluster, memory_limit=limit, time_limit=request.time_limit,
                              solver=request.solver, layouts_run_today=today, runtime=runtime,
                              workers=request.jobs or usable_cores(), branches=request.branches)
@@ -234,7 +235,7 @@ def megatron_layouts(request: PlanRequest, dims: dict[str, int], cluster, traini
     t0 = time.perf_counter()
     og = import_onnx(request.model, dims={**dims, "batch": 1}, capacity_factor=request.capacity_factor, strict_dims=True)
     bg = coarsen(og)
-    modes = RECOMPUTE_SEARCH if request.recompute == "auto" else (training.recompute,)
+    modes = RECOMPUTE_MODES if request.recompute == "auto" else (training.recompute,)
 
     def runs(e) -> bool:  # the runtime asked for can run the layout as plan.json would hold it
         if runtime_named(request.runtime) is None:
@@ -282,7 +283,7 @@ def layout_row(e, bg, cluster, t0: float):
     )
 
 
-def plan_warnings(result, training, cluster) -> list[str]:
+def plan_warnings(result: PlanResult, cluster: Cluster) -> list[str]:
     """What a reader of the chosen plan must know about it: devices left idle, fewer nodes the time limit left
     unsearched."""
     out = []

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from opsched.cost.cluster import Cluster, Training
-from opsched.plan.contiguous import Baseline, contiguous_baselines, fewer_device_baselines
+from opsched.plan.contiguous import contiguous_baselines, fewer_device_baselines
 from opsched.cost.blocks import expert_count
 from opsched.errors import NoRunnablePlan
 from opsched.export.runtimes import RUNTIMES, layout_fields, refusal
@@ -22,7 +22,7 @@ from opsched.model.graph import Block
 from opsched.schedule import Schedule
 from opsched.upper.mip import CostTable
 from opsched.upper.stages import HeldBlock, StageContents, stage_contents
-from opsched.plan.plan_records import Candidate, LowerJob, Option
+from opsched.plan.plan_records import Baseline, Candidate, LowerJob, Option, ScheduledPlan
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +43,10 @@ def _job_blocks(job: LowerJob) -> dict[int, list[tuple[int, str]]]:
 
 def _baseline_option(b: Baseline) -> Option:
     """A baseline itself is a plan the search may return."""
-    return Option(b.step_time, f"baseline {b.method}", b.layout, b.schedule,
-                  {"solver": "none", "solve_seconds": b.solve_seconds}, b.grad_sync, b.stage_blocks, b.contents,
-                  b.microbatch_size, b.recompute)
+    return Option(layout=b.layout, schedule=b.schedule, step_time=b.step_time, grad_sync=b.grad_sync,
+                  source=f"baseline {b.method}", metrics={"solver": "none", "solve_seconds": b.solve_seconds},
+                  stage_blocks=b.stage_blocks, contents=b.contents, microbatch_size=b.microbatch_size,
+                  recompute=b.recompute)
 
 
 @dataclass
@@ -79,24 +80,24 @@ class RuntimeFilter:
                                                             b.method)),
                 best_split, refused)
 
-    def contents(self, option: Option) -> dict[int, StageContents]:
-        return option.contents or _stage_contents(option.stage_blocks, self.members, self.bg)
+    def contents(self, plan: ScheduledPlan) -> dict[int, StageContents]:
+        return plan.contents or _stage_contents(plan.stage_blocks, self.members, self.bg)
 
-    def reason(self, option: Option) -> str | None:
-        """Why the runtime cannot run ``option`` as plan.json would have it (None: it can, or no runtime asked)."""
+    def reason(self, plan: ScheduledPlan) -> str | None:
+        """Why the runtime cannot run ``plan`` as plan.json would have it (None: it can, or no runtime asked)."""
         if self.runtime is None:
             return None
         t = self.training
-        doc = layout_fields(self.contents(option), option.microbatch_size or t.microbatch_size, t.zero,
-                            option.recompute or t.recompute, t.optimizer_state, t.tp_comm_overlap, t.attention,
+        doc = layout_fields(self.contents(plan), plan.microbatch_size or t.microbatch_size, t.zero,
+                            plan.recompute or t.recompute, t.optimizer_state, t.tp_comm_overlap, t.attention,
                             t.dtype)
-        return refusal(self.runtime, option.schedule, doc)
+        return refusal(self.runtime, plan.schedule, doc)
 
     def baselines(self, rows: list[Baseline], refused: dict[str, str]) -> list[Baseline]:
         """The rows the runtime can run; each other one's reason goes into ``refused`` (method -> reason)."""
         kept = []
         for b in rows:
-            why = self.reason(_baseline_option(b))
+            why = self.reason(b)
             if why is None:
                 kept.append(b)
             else:
@@ -110,8 +111,8 @@ class RuntimeFilter:
         self.all_jobs = list(jobs)
         kept = []
         for job in jobs:
-            unordered = Option(0.0, job.candidate.source, job.candidate.layout,
-                               Schedule(job.stage_graph, microbatches, [], name="mip"), {}, 0.0, _job_blocks(job))
+            unordered = ScheduledPlan(job.candidate.layout, Schedule(job.stage_graph, microbatches, [], name="mip"),
+                                      0.0, 0.0, stage_blocks=_job_blocks(job))
             why = self.reason(unordered) if job.plan else None
             if why is None:
                 kept.append(job)

@@ -37,9 +37,8 @@ import networkx as nx
 from opsched.baselines import baseline_orders
 from opsched.cost.cluster import Cluster, Training, with_devices
 from opsched.plan.branches import chain_only, has_parallel_blocks, has_parallel_towers
-from opsched.plan.contiguous import Baseline
-from opsched.plan.plan_records import (Candidate, EveryDevicePlan, FewerNodesPlan, LowerJob, LowerOutcome, Option,
-                                       PlanResult, _half_option)
+from opsched.plan.plan_records import (Baseline, Candidate, EveryDevicePlan, FewerNodesPlan, LowerJob, LowerOutcome,
+                                       Option, PlanResult, _half_option)
 from opsched.plan.runtime_filter import RuntimeFilter, _baseline_option, _job_blocks, _job_name
 from opsched.plan.smallest_memory import _nothing_fits, _reduced, _too_small
 from opsched.errors import MemoryTooSmall, NoRunnablePlan
@@ -158,7 +157,7 @@ def plan_block_graph(
 def _for_runtime(runtime: str | None, training: Training) -> tuple[Runtime | None, Training]:
     """(the runtime asked for, if any; ``training`` as the search plans it for that runtime): one without context
     parallelism splits no sequence, so its replicas take whole ones, and the search must cost them so."""
-    asked = runtime_named(runtime or "any")
+    asked = None if runtime is None else runtime_named(runtime)
     if asked is not None and not asked.context_parallel:  # it splits no sequence: replicas take whole ones
         training = dataclasses.replace(training, whole_sequences=True)
     return asked, training
@@ -220,8 +219,9 @@ def _plan_as_chain(bg: nx.DiGraph, cluster: Cluster, training: Training, limit: 
 def _chain_option(chain: PlanResult) -> Option:
     """The plan as a chain as an option of the plan with branches (its source says so; the layout is left as it
     is, for the readers of layouts); listed last, so a tie keeps the branches'."""
-    return Option(chain.step_time, f"{chain.source} as a chain", chain.layout, chain.schedule, chain.solver_metrics,
-                  chain.grad_sync, {}, chain.stage_contents, chain.microbatch_size, chain.recompute)
+    return Option(layout=chain.layout, schedule=chain.schedule, step_time=chain.step_time, grad_sync=chain.grad_sync,
+                  source=f"{chain.source} as a chain", metrics=chain.solver_metrics, contents=chain.stage_contents,
+                  microbatch_size=chain.microbatch_size, recompute=chain.recompute)
 
 
 def _plan_on_half_the_nodes(bg: nx.DiGraph, cluster: Cluster, training: Training, limit: float, clock: Clock,
@@ -624,5 +624,5 @@ def _quiet(logger_name: str):
 
 def _job_option(job: LowerJob) -> Option:
     cand = job.candidate
-    return Option(cand.step_time, cand.source, cand.layout, job.schedule, job.outcome.as_metrics(), job.grad_sync,
-                  _job_blocks(job))
+    return Option(layout=cand.layout, schedule=job.schedule, step_time=cand.step_time, grad_sync=job.grad_sync,
+                  source=cand.source, metrics=job.outcome.as_metrics(), stage_blocks=_job_blocks(job))

@@ -136,8 +136,12 @@ Parallel modes of a block inside its group of K devices (joined by "." when comb
 """
 
 _LAYOUT = re.compile(r"^(\d+)x(\d+)(?: (v|interleaved) v=(\d+))?(?: contiguous, (.+))?$")
+#: each of :data:`opsched.cost.blocks.DEGREES` in words (tests/test_upper.py checks that every degree has its words
+#: and its line in :data:`NOTATION`)
 _DEGREE_WORDS = {"dp": "{n} data-parallel replicas", "tp": "tensor parallel over {n}", "ep": "expert parallel over {n}",
                  "cp": "context parallel over {n}"}
+#: how a configuration's name says its expert blocks are expert-parallel over the whole group (``dp4+ep``)
+EXPERTS_PARALLEL = "+ep"
 
 
 def parse_config(text: str) -> tuple[Mode, bool]:
@@ -150,9 +154,20 @@ def parse_config(text: str) -> tuple[Mode, bool]:
     (Mode(tp=1, dp=4, ep=1, cp=2), False)
     """
     base, plus, ep = text.partition("+")
-    if plus and ep != "ep":
-        raise OpschedError(f"{text!r} is not a configuration: only +ep may follow the mode (e.g. dp4+ep)")
+    if plus and plus + ep != EXPERTS_PARALLEL:
+        raise OpschedError(f"{text!r} is not a configuration: only {EXPERTS_PARALLEL} may follow the mode "
+                           f"(e.g. dp4{EXPERTS_PARALLEL})")
     return Mode.parse(base), bool(plus)
+
+
+def config_name(mode: Mode, experts_parallel: bool) -> str:
+    """The configuration :func:`parse_config` reads back: ``mode``'s name, with ``+ep`` when the expert blocks are
+    expert-parallel over the whole group instead.
+
+    >>> config_name(Mode(tp=2, dp=2), True), config_name(Mode(dp=4), False)
+    ('tp2.dp2+ep', 'dp4')
+    """
+    return f"{mode}{EXPERTS_PARALLEL if experts_parallel else ''}"
 
 
 def mode_words(mode: str) -> str:
@@ -171,8 +186,7 @@ def mode_words(mode: str) -> str:
         base, experts = parse_config(mode)
     except OpschedError:
         return mode  # a name this notation does not cover reads as itself
-    degrees = [(kind, n) for kind, n in (("tp", base.tp), ("cp", base.cp), ("dp", base.dp), ("ep", base.ep)) if n > 1]
-    words = " x ".join(_DEGREE_WORDS[kind].format(n=n) for kind, n in degrees) or "one device"
+    words = " x ".join(_DEGREE_WORDS[kind].format(n=n) for kind, n in base.degrees()) or "one device"
     return words + (", experts expert-parallel" if experts else "")
 
 

@@ -49,7 +49,7 @@ from opsched.upper.constraints import (
     no_backward_flow,
     step_time_estimate,
 )
-from opsched.upper.layouts import Layout
+from opsched.upper.layouts import Layout, config_name
 
 #: block id -> (slot, mode)
 Assignment = dict[int, tuple[int, Mode]]
@@ -416,7 +416,7 @@ def uniform_families(p: UpperProblem) -> list[tuple[str, dict[int, Mode]]]:
                     modes[b] = wanted
                 else:
                     modes[b] = p.modes[b][0]  # blocks without weights: data-parallel only
-            families.append((f"{wanted}" + ("+ep" if with_ep else ""), modes))
+            families.append((config_name(wanted, with_ep), modes))
     return families
 
 

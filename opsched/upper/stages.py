@@ -18,6 +18,7 @@ from typing import NamedTuple, Sequence
 from opsched.cost.blocks import Mode, stage_streams
 from opsched.errors import OpschedError
 from opsched.schedule import Edge, Stage, StageGraph
+from opsched.upper.layouts import config_name
 from opsched.upper.mip import Assignment, UpperProblem
 
 
@@ -188,7 +189,7 @@ def stage_config(blocks: Sequence[HeldBlock]) -> str | None:
         return str(base)
     experts = expert.pop()
     if experts.ep > 1 and experts.size == base.size:
-        return f"{base}+ep"
+        return config_name(base, experts_parallel=True)
     return None
 
 
