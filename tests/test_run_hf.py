@@ -461,11 +461,6 @@ FAMILIES = {
 }
 
 
-#: DeepSeek-V3's router runs in float32 whatever the model's dtype (its gate casts its weight and input), so
-#: its gradients are float32's, and the run compares them at float32's tolerance
-RUN_DTYPE = {"deepseek_v3": "float32"}
-
-
 def _parameters(config: dict) -> int:
     """How many parameter tensors transformers builds for ``config`` (the run checks each one's gradient)."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
@@ -489,16 +484,15 @@ def test_every_family_plans_for_torch_and_runs_as_planned(tmp_path, capsys, fami
     params = _parameters(FAMILIES[family])
     for devices in (2, 3):
         out = tmp_path / f"plan{devices}"
-        # 4 microbatches: with 3, 5 or 6 the float64 run differs from one process by ~1e-7 relative in the
-        # gradients (losses equal) on any config, a limit of the run's check, not of the split
-        assert main(["plan", str(onnx_path), "--devices", str(devices), "--runtime", "torch", "--microbatches", "4",
+        # 3 microbatches, not a power of two: transformers' float32 rounding inside the float64 model is checked
+        # against a reference that accumulates the microbatches' gradients as the pipeline does (issue 45)
+        assert main(["plan", str(onnx_path), "--devices", str(devices), "--runtime", "torch", "--microbatches", "3",
                      "--time-limit", "20", "-o", str(out), "-q"]) == 0
         doc = json.loads((out / "plan.json").read_text())
         assert "torch" in doc["runtimes"]
         capsys.readouterr()
-        code = main(["run", str(out / "plan.json"), "--hf-config", str(config), "--steps", "2",
-                     "--dtype", RUN_DTYPE.get(family, "float64")])
+        code = main(["run", str(out / "plan.json"), "--hf-config", str(config), "--steps", "2"])  # float64
         text = capsys.readouterr().out
         assert code == 0 and f"losses and {params} parameter gradients match" in text, (devices, text)
         rel = float(re.search(r"max relative grad diff ([0-9.e+-]+)", text).group(1))
-        assert rel <= 1e-5
+        assert rel <= 1e-12, (devices, text)  # float64 throughout: summation order's rounding only
