@@ -56,7 +56,8 @@ import torch
 from torch import nn
 
 from opsched.errors import OpschedError
-from opsched.torchrun.hf_parts import DEFAULT_RUN_SEQ, RUNTIME, HfStages, LayerSlice, build_hf_config, shallow_copy
+from opsched.torchrun.hf_parts import (DEFAULT_RUN_SEQ, RUNTIME, HfStages, LayerSlice, backward_as_the_pipeline,
+                                       build_hf_config, shallow_copy)
 
 #: the towers in the order a stage runs them: (name, CLIPModel attribute)
 TOWERS = (("vision", "vision_model"), ("text", "text_model"))
@@ -160,15 +161,13 @@ class ClipSpec:
 
     def reference_step(self, modules, x, y, microbatches: int):
         """transformers' ``CLIPModel`` with ``return_loss=True`` on each microbatch: the losses, and every
-        stage's gradients of their mean (what the pipeline's gradient accumulation computes)."""
+        stage's gradients of their mean, accumulated as the pipeline accumulates them
+        (:func:`~opsched.torchrun.hf_parts.backward_as_the_pipeline`)."""
         full = modules.full_model
-        full.zero_grad(set_to_none=True)
         pixels, ids = x
-        losses = []
-        for px, tokens in zip(pixels.chunk(microbatches), ids.chunk(microbatches)):
-            loss = full(input_ids=tokens, pixel_values=px, return_loss=True).loss
-            (loss / microbatches).backward()
-            losses.append(float(loss.detach()))
+        pairs = zip(pixels.chunk(microbatches), ids.chunk(microbatches))
+        losses = backward_as_the_pipeline(full, (full(input_ids=tokens, pixel_values=px, return_loss=True).loss
+                                                 for px, tokens in pairs), microbatches)
         grads = {f"{k}.{n}": p.grad.detach().clone() for k, m in enumerate(modules) for n, p in m.named_parameters()}
         return losses, grads
 

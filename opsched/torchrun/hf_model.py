@@ -15,7 +15,10 @@ parameters, so its forward is transformers' own code (the causal mask, the
 rotary embedding, the layers) run on fewer layers: the first stage's base
 model from token ids, the middle ones from hidden states (``inputs_embeds``),
 the last one the full ``...ForCausalLM`` head on top. The single-process
-reference runs the unsplit model on the whole batch; the loss is the
+reference runs the unsplit model on each microbatch and accumulates the
+gradients as the pipeline does (not the whole batch's loss: transformers
+rounds to float32 inside a float64 model, see
+:func:`~opsched.torchrun.hf_parts.backward_as_the_pipeline`); the loss is the
 cross-entropy on shifted tokens that transformers' ``labels=`` loss computes
 (an MoE router's auxiliary loss is left out of both). Dropout and router
 noise are off (eval mode; gradients still flow), so both runs compute the same function.
@@ -37,8 +40,8 @@ from torch import nn
 from opsched.errors import OpschedError
 from opsched.export.plan_layout import layer_split
 from opsched.torchrun.hf_clip import ClipSpec, clip_spec_for_plan
-from opsched.torchrun.hf_parts import (DEFAULT_RUN_SEQ, RUNTIME, HfStages, LayerSlice, build_hf_config,
-                                       shallow_copy)
+from opsched.torchrun.hf_parts import (DEFAULT_RUN_SEQ, RUNTIME, HfStages, LayerSlice, backward_as_the_pipeline,
+                                       build_hf_config, shallow_copy)
 
 
 @dataclass(frozen=True)
@@ -110,19 +113,19 @@ class HfModelSpec:
         return nn.functional.cross_entropy(logits[:, :-1].reshape(-1, vocab), target[:, 1:].reshape(-1))
 
     def reference_step(self, modules: HfStages, x, y, microbatches: int):
-        """The unsplit model on the whole batch: per-microbatch losses, every stage's gradients.
+        """The unsplit model on each microbatch: the losses, and every stage's gradients of their mean, computed
+        as the pipeline computes them (:func:`~opsched.torchrun.hf_parts.backward_as_the_pipeline`: each
+        microbatch's loss differentiated alone, the sum divided by M; not the whole batch's loss, which
+        transformers' float32 rounding inside the model makes differ by ~1e-7 when M is not a power of two).
 
         The loss is :meth:`loss_fn`, the definition of transformers' own
         ``labels=`` loss, computed in the model's dtype (transformers' upcasts
         the logits to float32, which would cap a float64 check at float32's precision).
         """
         full = modules.full_model
-        full.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            losses = [float(self.loss_fn(full(input_ids=xm).logits, ym))
-                      for xm, ym in zip(x.chunk(microbatches), y.chunk(microbatches))]
-        # equal-sized microbatches: the whole batch's mean is the mean of their means
-        self.loss_fn(full(input_ids=x).logits, y).backward()
+        losses = backward_as_the_pipeline(full, (self.loss_fn(full(input_ids=xm).logits, ym)
+                                                 for xm, ym in zip(x.chunk(microbatches), y.chunk(microbatches))),
+                                          microbatches)
         grads = {f"{k}.{n}": p.grad.detach().clone() for k, m in enumerate(modules) for n, p in m.named_parameters()}
         return losses, grads
 

@@ -8,7 +8,9 @@ parameters, layers kept under their own numbers (:mod:`opsched.torchrun.hf_model
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 
+import torch
 from torch import nn
 
 from opsched.export.framework import Framework
@@ -50,6 +52,31 @@ def shallow_copy(module: nn.Module) -> nn.Module:
     twin = copy.copy(module)
     twin._modules = dict(module._modules)
     return twin
+
+
+def backward_as_the_pipeline(model: nn.Module, microbatch_losses: Iterable[torch.Tensor],
+                             microbatches: int) -> list[float]:
+    """Each microbatch's own loss differentiated alone, its gradients summed, then divided by the microbatch
+    count once: the arithmetic of the pipeline run (whose last stage backpropagates each microbatch's loss
+    unscaled, :meth:`opsched.torchrun.launch._Runner._finish_gradients` divides after the step); the losses.
+
+    Not the gradient of the whole batch's loss, nor of ``loss / microbatches``, though both are equal in exact
+    arithmetic: transformers' models round to float32 inside a float64 model (RMSNorm computes in float32, MoE
+    routers take their softmax in float32, DeepSeek-V3's gate its whole matmul), and the backward rounds the
+    gradient there too, at a scale (1 / the tokens the loss averages) that differs between the whole batch and a
+    microbatch. Scaling by M commutes with that rounding only when M is a power of two: at M = 3, 5 or 6 the
+    whole-batch reference differed from the pipeline by ~1e-7 relative. ``microbatch_losses`` may be a generator
+    (one microbatch's forward at a time, each backward before the next forward).
+    """
+    model.zero_grad(set_to_none=True)
+    losses = []
+    for loss in microbatch_losses:
+        loss.backward()
+        losses.append(float(loss.detach()))
+    for p in model.parameters():  # each parameter once, a tied one too
+        if p.grad is not None:
+            p.grad.div_(microbatches)
+    return losses
 
 
 def build_hf_config(data: dict, path: str = "(config)"):
