@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from opsched.errors import Unsupported
-from opsched.schedule import PAIRED_BACKWARDS, Job, PassKind
+from opsched.schedule import INPUT_GRADIENT_PASSES, Job, PassKind
 
 
 def check_microbatches(method: str, microbatches: int, minimum: int, *, even: bool = False, why: str = "") -> None:
@@ -27,7 +27,7 @@ class Counters:
 
     def take(self, stage: int, kind: PassKind) -> int:
         """The next microbatch id of ``stage`` for ``kind`` (F, I/B share one counter, W)."""
-        key = (stage, PassKind.I if kind in PAIRED_BACKWARDS else kind)
+        key = (stage, PassKind.I if kind in INPUT_GRADIENT_PASSES else kind)
         k = self.next.get(key, 0)
         self.next[key] = k + 1
         ids = self.ids.get(stage)

@@ -23,7 +23,7 @@ in opsched goes through, baselines and MIP plans alike.
 [(0, 'F', 0.0, 1.0), (1, 'F', 1.0, 2.0), (1, 'B', 2.0, 4.0), (0, 'B', 4.0, 6.0)]
 """
 
-from opsched.schedule.actions import Action, Event, Job, Order, PAIRED_BACKWARDS, PASSES, Pair, PassKind, Schedule, _PASS_RANK, _order_from_schedule, _tie_break_key, cached_on, jobs_of, order_from_schedule, pair_duration  # noqa: F401
+from opsched.schedule.actions import INPUT_GRADIENT_PASSES, Action, Event, Job, Order, PAIRED_BACKWARDS, PASSES, Pair, PassKind, Schedule, _PASS_RANK, _order_from_schedule, _tie_break_key, cached_on, jobs_of, order_from_schedule, pair_duration  # noqa: F401
 from opsched.schedule.graph import Edge, Stage, StageGraph, _check_stage, _topological_order  # noqa: F401
 from opsched.schedule.simulate import _action_devices, _backward_of, _check_job, _checked_actions, _numbered, _ready_time, _resumed, backward_kinds, dependencies, forward_and_backward, simulate  # noqa: F401
 from opsched.schedule.validate import ScheduleError, _check_complete, _check_dependencies, _check_events, _check_exclusive, _check_memory, _check_pairs, _device_intervals, _devices_text, _g, _memory_changes, _name, _raise, _tolerance, device_param_bytes, validate  # noqa: F401

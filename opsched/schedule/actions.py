@@ -48,6 +48,8 @@ PASSES = tuple(PassKind)
 _PASS_RANK = {p: k for k, p in enumerate(PASSES)}  # PASSES.index, as a lookup (the simulator sorts every event)
 #: the backward passes an F may pair with (a W has no communication to hide and DualPipe never pairs it)
 PAIRED_BACKWARDS = (PassKind.I, PassKind.B)
+#: the pass that computes a stage's input gradient and sends it on, one per stage and microbatch: I split, B fused
+INPUT_GRADIENT_PASSES = (PassKind.I, PassKind.B)
 _F = PassKind.F  # a global's lookup: a member's costs 14 times as much on Python 3.11, and pair_duration is hot
 
 

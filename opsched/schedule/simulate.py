@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Sequence
 from opsched.errors import Deadlock, OpschedError
-from opsched.schedule.actions import (Event, Job, PAIRED_BACKWARDS, PASSES, Pair, PassKind, _PASS_RANK, jobs_of,
+from opsched.schedule.actions import (INPUT_GRADIENT_PASSES, Event, Job, PASSES, Pair, PassKind, _PASS_RANK, jobs_of,
                                       pair_duration)
 from opsched.schedule.placement import chain_stage_graph  # noqa: F401 (names the doctests use)
 from typing import TYPE_CHECKING
@@ -267,7 +267,7 @@ def dependencies(
     kind = (lambda sid: backward) if isinstance(backward, str) else (lambda sid: backward.get((sid, m), _I))
     if p == _F:
         return [(Job(e.src, m, _F), e.time) for e in sg.preds(s) if sg.stage(e.src).runs(m)]
-    if p in PAIRED_BACKWARDS:
+    if p in INPUT_GRADIENT_PASSES:
         deps = [(Job(s, m, _F), 0.0)]
         deps += [(Job(e.dst, m, kind(e.dst)), e.time) for e in sg.succs(s) if sg.stage(e.dst).runs(m)]
         return deps
@@ -281,7 +281,7 @@ def backward_kinds(actions: Iterable[Action]) -> dict[tuple[int, int], PassKind]
     kinds: dict[tuple[int, int], PassKind] = {}
     for a in actions:
         for job in jobs_of(a):
-            if job.pass_ in PAIRED_BACKWARDS:
+            if job.pass_ in INPUT_GRADIENT_PASSES:
                 kinds[(job.stage, job.microbatch)] = job.pass_
     return kinds
 
@@ -311,7 +311,7 @@ def _backward_of(actions: list[Action]) -> Mapping[tuple[int, int], PassKind] | 
     :func:`dependencies` takes it), else :func:`backward_kinds`."""
     letters = {a.pass_ for a in actions if not isinstance(a, Pair)}
     letters.update(job.pass_ for a in actions if isinstance(a, Pair) for job in (a.first, a.second))
-    letters &= set(PAIRED_BACKWARDS)
+    letters &= set(INPUT_GRADIENT_PASSES)
     return backward_kinds(actions) if len(letters) > 1 else PassKind(letters.pop()) if letters else _I
 
 

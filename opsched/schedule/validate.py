@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 from opsched.errors import OpschedError
-from opsched.schedule.actions import Event, PAIRED_BACKWARDS, PASSES, Pair, PassKind, Schedule, pair_duration
+from opsched.schedule.actions import INPUT_GRADIENT_PASSES, Event, PASSES, Pair, PassKind, Schedule, pair_duration
 from opsched.schedule.placement import chain_stage_graph  # noqa: F401 (names the doctests use)
 from opsched.schedule.simulate import dependencies, forward_and_backward
 from typing import TYPE_CHECKING
@@ -198,7 +198,7 @@ def _check_exclusive(sg: StageGraph, events: list[Event], eps: float) -> list[st
 
 def _check_dependencies(sg: StageGraph, events: list[Event], eps: float) -> list[str]:
     by_job = {e.job: e for e in events}
-    kinds = {(e.stage, e.microbatch): e.pass_ for e in events if e.pass_ in PAIRED_BACKWARDS}
+    kinds = {(e.stage, e.microbatch): e.pass_ for e in events if e.pass_ in INPUT_GRADIENT_PASSES}
     problems = []
     for e in sorted(events, key=lambda e: (e.start, e.stage, e.microbatch, PASSES.index(e.pass_))):
         for dep, delay in dependencies(sg, e.job, kinds):
