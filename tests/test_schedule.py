@@ -8,7 +8,9 @@ from opsched.schedule import (
     Edge,
     Event,
     Job,
+    PASSES,
     Pair,
+    PassKind,
     Schedule,
     Stage,
     StageGraph,
@@ -276,3 +278,28 @@ def test_a_job_sent_to_another_process_is_found_there_by_its_hash():
                              env={**os.environ, "PYTHONHASHSEED": seed}).stdout
         assert out.decode().split() == ["found", "pair"]
     assert Job(3, 1, "W") == pickle.loads(pickle.dumps(Job(3, 1, "W"))) and "_hash" not in repr(Job(3, 1, "W"))
+
+
+def test_a_pass_kind_is_its_letter_wherever_the_letter_was_used():
+    """PassKind members equal and hash as their letters, so jobs, events and files made with plain strings (plan.json
+    or a CSV read back, a caller's order) are the same keys; str, f-strings, JSON and the CSV notation write the
+    letter alone, on every Python from 3.10 (StrEnum's and mixed-in enums' str and format differ between them)."""
+    import json
+    import pickle
+
+    assert PassKind("F") is PassKind.F and [str(p) for p in PASSES] == ["F", "I", "W", "B"]
+    assert all(p == p.value and hash(p) == hash(p.value) and isinstance(p, str) for p in PassKind)
+    assert Job(0, 0, "F") == Job(0, 0, PassKind.F) and hash(Job(2, 1, "B")) == hash(Job(2, 1, PassKind.B))
+    assert {Job(0, 0, PassKind.W): 1}[Job(0, 0, "W")] == 1 and {"I": 2}[PassKind.I] == 2
+    assert (str(PassKind.F), f"{PassKind.F}", f"{PassKind.F:>2}", "%s" % PassKind.F) == ("F", "F", " F", "F")
+    assert str(Job(3, 7, PassKind.I)) == "3I7" and str(Pair(Job(0, 2, PassKind.F), Job(1, 0, PassKind.B))) == (
+        "(0F2;1B0)OVERLAP_F_B")
+    event = Event(0, 1, PassKind.W, 0.0, 1.0)
+    assert json.dumps([event.pass_, {PassKind.B: 1}]) == '["W", {"B": 1}]'
+    assert json.dumps({"pass": PassKind.F}, indent=1) == '{\n "pass": "F"\n}'  # the pure-Python encoder too
+    assert pickle.loads(pickle.dumps(PassKind.I)) is PassKind.I
+    # a schedule of plain letters and one of members are the same schedule
+    sg = chain_stage_graph(3)
+    plain = {d: [Job(j.stage, j.microbatch, str(j.pass_)) for j in acts] for d, acts in one_f_one_b(3, 4).items()}
+    members = {d: [Job(j.stage, j.microbatch, PassKind(j.pass_)) for j in acts] for d, acts in plain.items()}
+    assert simulate(sg, plain, 4) == simulate(sg, members, 4)

@@ -21,7 +21,7 @@ from opsched.export.torch_csv import (
     write_torch_csv,
 )
 from opsched.lower import solve
-from opsched.schedule import Edge, Job, Pair, Schedule, Stage, StageGraph, chain_stage_graph, simulate
+from opsched.schedule import Edge, Job, Pair, PassKind, Schedule, Stage, StageGraph, chain_stage_graph, simulate
 
 J = Job
 
@@ -59,6 +59,18 @@ def test_hand_built_order_round_trips(tmp_path):
     order = one_f_one_b(3, 5)
     write_torch_csv(tmp_path / "s.csv", sg=sg, order=order, microbatches=5, check_with_torch=False)
     assert read_torch_csv(tmp_path / "s.csv", sg, 5) == order
+
+
+def test_a_read_csv_holds_pass_kinds_and_writes_back_the_same_text(tmp_path):
+    """Jobs read from a CSV carry PassKind members (equal to the plain letters of the order written), and the
+    order read, written again, gives the same file: the members write as their letters."""
+    sg = chain_stage_graph(3)
+    write_torch_csv(tmp_path / "s.csv", sg=sg, order=base.zb_h1.order(sg, 6), microbatches=6, check_with_torch=False)
+    back = read_torch_csv(tmp_path / "s.csv", sg, 6)
+    assert {type(job.pass_) for acts in back.values() for job in acts} == {PassKind}
+    write_torch_csv(tmp_path / "again.csv", sg=sg, order=back, microbatches=6, check_with_torch=False)
+    assert (tmp_path / "again.csv").read_text() == (tmp_path / "s.csv").read_text()
+    assert "PassKind" not in (tmp_path / "s.csv").read_text()
 
 
 def test_schedule_events_give_the_device_order():

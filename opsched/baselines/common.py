@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from opsched.errors import Unsupported
-from opsched.schedule import Job
+from opsched.schedule import INPUT_GRADIENT_PASSES, Job, PassKind
 
 
 def check_microbatches(method: str, microbatches: int, minimum: int, *, even: bool = False, why: str = "") -> None:
@@ -23,15 +23,15 @@ class Counters:
 
     def __init__(self, ids: dict[int, tuple[int, ...]] | None = None):
         self.ids = ids or {}
-        self.next: dict[tuple[int, str], int] = {}
+        self.next: dict[tuple[int, PassKind], int] = {}
 
-    def take(self, stage: int, kind: str) -> int:
+    def take(self, stage: int, kind: PassKind) -> int:
         """The next microbatch id of ``stage`` for ``kind`` (F, I/B share one counter, W)."""
-        key = (stage, "I" if kind in ("I", "B") else kind)
+        key = (stage, PassKind.I if kind in INPUT_GRADIENT_PASSES else kind)
         k = self.next.get(key, 0)
         self.next[key] = k + 1
         ids = self.ids.get(stage)
         return k if ids is None else ids[k]
 
-    def job(self, stage: int, kind: str) -> Job:
+    def job(self, stage: int, kind: PassKind) -> Job:
         return Job(stage, self.take(stage, kind), kind)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from opsched.schedule import placement
 from opsched.baselines.common import Counters, check_microbatches
 from opsched.baselines import zb_v
-from opsched.schedule import Action, Job, Order, Pair, StageGraph, v_stages
+from opsched.schedule import Action, Job, Order, Pair, PassKind, StageGraph, v_stages
 
 # ZB-V's placement: 2D stages in a V
 PLACEMENT = zb_v.PLACEMENT
@@ -46,12 +46,12 @@ def eight_phases(chunk0: int, chunk1: int, h: int, n: int, per_chunk: int, count
     weights: list[Job] = []
 
     def forward(stage):
-        return count.job(stage, "F")
+        return count.job(stage, PassKind.F)
 
     def backward(stage, split=False):
-        job = count.job(stage, "I" if split else "B")
+        job = count.job(stage, PassKind.I if split else PassKind.B)
         if split:
-            weights.append(Job(job.stage, job.microbatch, "W"))
+            weights.append(Job(job.stage, job.microbatch, PassKind.W))
         return job
 
     def weight():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from opsched.schedule import placement
 from opsched.baselines.common import check_microbatches
-from opsched.schedule import Job, Order, StageGraph
+from opsched.schedule import Job, Order, PassKind, StageGraph
 
 PLACEMENT = "chain"
 #: the schedule class torch.distributed.pipelining runs this order as (get_schedule_class), None if none
@@ -30,6 +30,6 @@ def order(sg: StageGraph, microbatches: int) -> Order:
     placement.expect_placement(sg, d, devices_of, "gpipe", "stage k on device k")
     check_microbatches("gpipe", microbatches, 1)
     return {
-        s: [Job(s, m, "F") for m in range(microbatches)] + [Job(s, m, "B") for m in range(microbatches)]
+        s: [Job(s, m, PassKind.F) for m in range(microbatches)] + [Job(s, m, PassKind.B) for m in range(microbatches)]
         for s in range(d)
     }

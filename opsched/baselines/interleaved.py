@@ -28,7 +28,7 @@ from __future__ import annotations
 from opsched.schedule import placement
 from opsched.baselines.common import Counters, check_microbatches
 from opsched.errors import Unsupported
-from opsched.schedule import Job, Order, StageGraph
+from opsched.schedule import Job, Order, PassKind, StageGraph
 
 PLACEMENT = "interleaved"
 #: the schedule class torch.distributed.pipelining runs this order as (get_schedule_class), None if none
@@ -72,11 +72,12 @@ def device_actions(
     factor = 1 if zero_bubble else 2
     total = chunks * microbatches
     warmup = min((chunks - 1) * per_round + factor * (devices - 1 - rank), total)
-    backward = "I" if zero_bubble else "B"
+    backward = PassKind.I if zero_bubble else PassKind.B
+    F, W = PassKind.F, PassKind.W  # once per device: a member lookup per job would cost a fifth of the order on 3.11
     count = Counters()
 
     def forward(j: int) -> Job:
-        return count.job(((j // per_round) % chunks) * devices + rank, "F")
+        return count.job(((j // per_round) % chunks) * devices + rank, F)
 
     def backward_job(j: int) -> Job:
         return count.job((chunks - 1 - (j // per_round) % chunks) * devices + rank, backward)
@@ -89,7 +90,7 @@ def device_actions(
         b = backward_job(j)
         acts.append(b)
         if zero_bubble:
-            pending_w.append(Job(b.stage, b.microbatch, "W"))
+            pending_w.append(Job(b.stage, b.microbatch, W))
             if j >= rank:  # device r keeps r W's back to fill its drain bubbles
                 acts.append(pending_w.pop(0))
     return acts + pending_w

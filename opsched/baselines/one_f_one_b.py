@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from opsched.schedule import placement
 from opsched.baselines.common import check_microbatches
-from opsched.schedule import Job, Order, StageGraph
+from opsched.schedule import Job, Order, PassKind, StageGraph
 
 PLACEMENT = "chain"
 #: the schedule class torch.distributed.pipelining runs this order as (get_schedule_class), None if none
@@ -26,12 +26,12 @@ devices_of = placement.chain_devices
 place = placement.place_chain
 
 
-def stage_actions(stage: int, stages: int, microbatches: int, backward: str = "B") -> list[Job]:
-    """The 1F1B action list of one stage (``backward`` "B", or "I" to leave W out)."""
+def stage_actions(stage: int, stages: int, microbatches: int, backward: PassKind = PassKind.B) -> list[Job]:
+    """The 1F1B action list of one stage (``backward`` B, or I to leave W out)."""
     warmup = min(stages - stage - 1, microbatches)
-    acts = [Job(stage, m, "F") for m in range(warmup)]
+    acts = [Job(stage, m, PassKind.F) for m in range(warmup)]
     for k in range(microbatches - warmup):
-        acts += [Job(stage, warmup + k, "F"), Job(stage, k, backward)]
+        acts += [Job(stage, warmup + k, PassKind.F), Job(stage, k, backward)]
     acts += [Job(stage, m, backward) for m in range(microbatches - warmup, microbatches)]
     return acts
 

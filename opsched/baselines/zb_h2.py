@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from opsched.schedule import placement
 from opsched.baselines.common import check_microbatches
-from opsched.schedule import Job, Order, StageGraph
+from opsched.schedule import Job, Order, PassKind, StageGraph
 
 PLACEMENT = "chain"
 #: the schedule class torch.distributed.pipelining runs this order as (get_schedule_class), None if none
@@ -46,37 +46,38 @@ def in_flight_limit(stage: int, stages: int) -> int:
 
 def unit_time_orders(stages: int, microbatches: int) -> dict[int, list[Job]]:
     """The ZB-H2 action list of every stage (see the module docstring)."""
-    done: dict[tuple[int, int, str], int] = {}  # (stage, microbatch, pass) -> end step
+    done: dict[tuple[int, int, PassKind], int] = {}  # (stage, microbatch, pass) -> end step
     next_f = [0] * stages
     next_i = [0] * stages
     pending_w: list[list[int]] = [[] for _ in range(stages)]
     acts: dict[int, list[Job]] = {s: [] for s in range(stages)}
     remaining = 3 * stages * microbatches
     t = 0
+    F, I, W = PassKind.F, PassKind.I, PassKind.W  # once: the loop tests them often, and a member lookup is slow on 3.11
     while remaining:
-        step: list[tuple[int, int, str]] = []
+        step: list[tuple[int, int, PassKind]] = []
         for s in range(stages):
             i, f = next_i[s], next_f[s]
 
             def ended(key):  # finished by the start of step t
                 return key in done and done[key] <= t
 
-            i_ready = i < f and ended((s, i, "F")) and (s == stages - 1 or ended((s + 1, i, "I")))
+            i_ready = i < f and ended((s, i, F)) and (s == stages - 1 or ended((s + 1, i, I)))
             f_ready = (
                 f < microbatches
-                and (s == 0 or ended((s - 1, f, "F")))
+                and (s == 0 or ended((s - 1, f, F)))
                 and f - i < in_flight_limit(s, stages)
                 and f - (i - len(pending_w[s])) < 2 * stages
             )
             if i_ready:
-                step.append((s, i, "I"))
+                step.append((s, i, I))
                 next_i[s] += 1
                 pending_w[s].append(i)
             elif f_ready:
-                step.append((s, f, "F"))
+                step.append((s, f, F))
                 next_f[s] += 1
             elif pending_w[s]:
-                step.append((s, pending_w[s].pop(0), "W"))
+                step.append((s, pending_w[s].pop(0), W))
         for key in step:
             done[key] = t + 1
             acts[key[0]].append(Job(*key))

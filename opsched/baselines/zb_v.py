@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from opsched.schedule import placement
 from opsched.baselines.common import Counters, check_microbatches
-from opsched.schedule import Job, Order, StageGraph, v_device, v_stages
+from opsched.schedule import Job, Order, PassKind, StageGraph, v_device, v_stages
 
 PLACEMENT = "v"
 #: the schedule class torch.distributed.pipelining runs this order as (get_schedule_class), None if none
@@ -61,11 +61,11 @@ def device_actions(rank: int, devices: int, microbatches: int) -> list[Job]:
 
     def f(stage):
         fwd[stage] += 1
-        acts.append(c.job(stage, "F"))
+        acts.append(c.job(stage, PassKind.F))
 
     def i_then_w(stage):
-        acts.append(c.job(stage, "I"))
-        acts.append(c.job(stage, "W"))
+        acts.append(c.job(stage, PassKind.I))
+        acts.append(c.job(stage, PassKind.W))
 
     for _ in range(2 * (devices - rank) - 1):
         f(down)
@@ -82,14 +82,14 @@ def device_actions(rank: int, devices: int, microbatches: int) -> list[Job]:
         f(up)
         i_then_w(up)
     for _ in range(rank):
-        acts.append(c.job(down, "I"))
-        acts.append(c.job(up, "I"))
+        acts.append(c.job(down, PassKind.I))
+        acts.append(c.job(up, PassKind.I))
     for _ in range(devices - rank):
-        acts.append(c.job(down, "I"))
-        acts.append(c.job(down, "W"))
+        acts.append(c.job(down, PassKind.I))
+        acts.append(c.job(down, PassKind.W))
     for stage in (up, down):
-        while c.next.get((stage, "W"), 0) < padded:
-            acts.append(c.job(stage, "W"))
+        while c.next.get((stage, PassKind.W), 0) < padded:
+            acts.append(c.job(stage, PassKind.W))
     return [a for a in acts if a.microbatch < microbatches]
 
 

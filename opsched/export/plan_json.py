@@ -33,7 +33,7 @@ from typing import Any
 from opsched.errors import OpschedError
 from opsched.fileio import write_text
 from opsched.cost.overlap import STREAM_NAMES, PassStreams, StreamOp
-from opsched.schedule import PASSES, Edge, Event, Metrics, Schedule, Stage, StageGraph
+from opsched.schedule import PASSES, Edge, Event, Metrics, PassKind, Schedule, Stage, StageGraph
 from opsched.schedule import metrics as schedule_metrics
 from opsched.schedule import validate as validate_schedule
 
@@ -182,7 +182,7 @@ def read_plan_schedule(path: str | os.PathLike) -> Schedule:
     >>> path = os.path.join(tempfile.mkdtemp(), "plan.json")
     >>> _ = write_plan(path, Schedule(sg, 1, simulate(sg, {0: [Job(0, 0, "F"), Job(0, 0, "B")]}, 1)))
     >>> read_plan_schedule(path).events[-1]
-    Event(stage=0, microbatch=0, pass_='B', start=1.0, end=3.0, pair=None)
+    Event(stage=0, microbatch=0, pass_=<PassKind.B: 'B'>, start=1.0, end=3.0, pair=None)
     """
     schedule, _doc = read_plan(path)
     return schedule
@@ -310,7 +310,7 @@ def _event_from(raw: Any, k: int) -> Event:
     return Event(
         _int(raw, "stage", f"{where}.stage"),
         _int(raw, "microbatch", f"{where}.microbatch"),
-        pass_,
+        PassKind(pass_),
         _num(raw, "start", f"{where}.start"),
         _num(raw, "end", f"{where}.end"),
         None if pair is None else _int(raw, "pair", f"{where}.pair"),

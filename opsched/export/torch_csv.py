@@ -43,8 +43,10 @@ from opsched.schedule import (
     Job,
     Order,
     Pair,
+    PassKind,
     Schedule,
     StageGraph,
+    backward_kinds,
     dependencies,
     jobs_of,
     order_from_schedule,
@@ -172,16 +174,16 @@ def _check_complete(sg: StageGraph, rows: Sequence[Sequence[Action]], microbatch
         for m in range(microbatches):
             if not s.runs(m):
                 continue
-            missing = [p for p in ("F",) if Job(s.id, m, p) not in seen]
-            has_b = Job(s.id, m, "B") in seen
-            has_i, has_w = Job(s.id, m, "I") in seen, Job(s.id, m, "W") in seen
+            missing = [p for p in (PassKind.F,) if Job(s.id, m, p) not in seen]
+            has_b = Job(s.id, m, PassKind.B) in seen
+            has_i, has_w = Job(s.id, m, PassKind.I) in seen, Job(s.id, m, PassKind.W) in seen
             if has_b and (has_i or has_w):
                 raise OpschedError(
                     f"stage {s.id} microbatch {m} has both a full backward {s.id}B{m} and a split one "
                     f"({s.id}I{m}/{s.id}W{m}); keep either B or I and W"
                 )
             if not has_b:
-                missing += [p for p, has in (("I", has_i), ("W", has_w)) if not has]
+                missing += [p for p, has in ((PassKind.I, has_i), (PassKind.W, has_w)) if not has]
                 if not has_i and not has_w:
                     missing = missing[:-2] + ["B (or I and W)"]
             if missing:
@@ -192,23 +194,13 @@ def _check_complete(sg: StageGraph, rows: Sequence[Sequence[Action]], microbatch
                 )
 
 
-def _backward_kinds(rows: Sequence[Sequence[Action]]) -> dict[tuple[int, int], str]:
-    kinds: dict[tuple[int, int], str] = {}
-    for row in rows:
-        for a in row:
-            for job in jobs_of(a):
-                if job.pass_ in ("I", "B"):
-                    kinds[(job.stage, job.microbatch)] = job.pass_
-    return kinds
-
-
 def _blocked_heads(sg: StageGraph, rows: Sequence[Sequence[Action]]) -> dict[int, tuple[int, list[Job]]] | None:
     """Run the rows in order without times, as torch's runtime does.
 
     Returns None when every row runs to its end, else, for each row that is
     stuck, the index of its blocked action and the dependencies it waits for.
     """
-    backward = _backward_kinds(rows)
+    backward = backward_kinds(a for row in rows for a in row)
     done: set[Job] = set()
     heads = [0] * len(rows)
     while True:
@@ -317,7 +309,7 @@ def in_loss_order(rows: list[list[Action]], last_stage: int) -> list[list[Action
     [['0F1', '0F0'], ['1F0', '1F1']]
     """
     forwards = [job.microbatch for row in rows for a in row for job in jobs_of(a)
-                if job.stage == last_stage and job.pass_ == "F"]
+                if job.stage == last_stage and job.pass_ == PassKind.F]
     number = {m: k for k, m in enumerate(forwards)}
     if all(m == k for m, k in number.items()):
         return rows
@@ -449,16 +441,20 @@ def check_with_torch_loader(path: str | os.PathLike, num_stages: int, microbatch
 def parse_cell(text: str) -> Action | str | None:
     """Parse one CSV cell: a Job, a Pair, ``"comm"`` for a comm/bookkeeping action, None if empty.
 
-    Raises ``ValueError`` with a short reason on anything else.
+    A job's pass is a :class:`~opsched.schedule.PassKind` member. Raises ``ValueError`` with a short reason on
+    anything else.
 
-    >>> parse_cell("1F3"), parse_cell("(0F7;3B2)OVERLAP_F_B"), parse_cell("1SEND_F3"), parse_cell(" ")
-    (Job(stage=1, microbatch=3, pass_='F'), Pair(first=Job(stage=0, microbatch=7, pass_='F'), second=Job(stage=3, microbatch=2, pass_='B')), 'comm', None)
+    >>> parse_cell("1F3"), parse_cell("1SEND_F3"), parse_cell(" ")
+    (Job(stage=1, microbatch=3, pass_=<PassKind.F: 'F'>), 'comm', None)
+    >>> pair = parse_cell("(0F7;3B2)OVERLAP_F_B")
+    >>> pair == Pair(Job(0, 7, PassKind.F), Job(3, 2, PassKind.B)), pair.second.pass_ is PassKind.B, str(pair)
+    (True, True, '(0F7;3B2)OVERLAP_F_B')
     """
     text = text.strip()
     if not text:
         return None
     if m := _JOB_RE.match(text):
-        return Job(int(m.group(1)), int(m.group(3)), m.group(2))
+        return Job(int(m.group(1)), int(m.group(3)), PassKind(m.group(2)))
     if _COMM_RE.match(text):
         return "comm"
     if m := _PAIR_RE.match(text):
@@ -467,7 +463,7 @@ def parse_cell(text: str) -> Action | str | None:
             j = _JOB_RE.match(part)
             if not j:
                 raise ValueError(f"'{part}' inside the pair is not a compute action")
-            halves.append(Job(int(j.group(1)), int(j.group(3)), j.group(2)))
+            halves.append(Job(int(j.group(1)), int(j.group(3)), PassKind(j.group(2))))
         return Pair(halves[0], halves[1])
     raise ValueError("is not an action")
 

@@ -57,17 +57,22 @@ import math
 from typing import Mapping
 
 from opsched.lower.jobs import JobSet
-from opsched.schedule import Job, StageGraph
+from opsched.schedule import INPUT_GRADIENT_PASSES, Job, PassKind, StageGraph
+
+# globals where tested per job: a member lookup costs 14 globals' on Python 3.11
+_F, _I, _W, _B = PassKind.F, PassKind.I, PassKind.W, PassKind.B
+_LAST_PASSES = (PassKind.W, PassKind.B)  # the pass ending a stage's work on a microbatch, split or fused
 
 
 def relaxed_stage_graph(sg: StageGraph) -> StageGraph:
     """``sg`` with each stage's backward as ``I' = min(I, B)`` and ``W' = min(I + W, B) - I'`` (no measured B)."""
     stages = []
     for st in sg.stages:
-        i, fused = st.duration("I"), st.duration("B")
+        i, fused = st.duration(PassKind.I), st.duration(PassKind.B)
         first = min(i, fused)
-        rest = max(0.0, min(i + st.duration("W"), fused) - first)
-        stages.append(dataclasses.replace(st, time={"F": st.duration("F"), "I": first, "W": rest}))
+        rest = max(0.0, min(i + st.duration(PassKind.W), fused) - first)
+        stages.append(dataclasses.replace(st, time={PassKind.F: st.duration(PassKind.F), PassKind.I: first,
+                                                    PassKind.W: rest}))
     return StageGraph(stages, list(sg.edges), num_devices=sg.num_devices, overlap_gain=sg.overlap_gain)
 
 
@@ -91,7 +96,7 @@ def own_orders_hold_every_schedule(js: JobSet) -> bool:
 
 
 def _short_fused_backward(sg: StageGraph) -> bool:
-    return any(st.duration("B") < st.duration("I") + st.duration("W") for st in sg.stages)
+    return any(st.duration(PassKind.B) < st.duration(PassKind.I) + st.duration(PassKind.W) for st in sg.stages)
 
 
 def pair_shares(js: JobSet, ks: list[int], pairs: bool = True) -> list[list[float]]:
@@ -112,15 +117,15 @@ def pair_shares(js: JobSet, ks: list[int], pairs: bool = True) -> list[list[floa
 def _backward_length(js: JobSet, k: int) -> float | None:
     """I + W of the job's (stage, microbatch) for an I, B for a B, None for an F or a W."""
     job = js.jobs[k]
-    if job.pass_ == "B":
+    if job.pass_ == _B:
         return js.duration[k]
-    if job.pass_ == "I":
-        w = js.index.get(Job(job.stage, job.microbatch, "W"))
+    if job.pass_ == _I:
+        w = js.index.get(Job(job.stage, job.microbatch, _W))
         return js.duration[k] + (js.duration[w] if w is not None else 0.0)
     return None
 
 
-def _saving(pass_: str, duration: float, whole: float | None, theta: float) -> float:
+def _saving(pass_: PassKind, duration: float, whole: float | None, theta: float) -> float:
     """The share of a pair's saving (over the gain) a job takes at threshold ``theta``.
 
     An F takes ``min(f, theta)``. A backward run fused (B of length ``c``) or
@@ -128,9 +133,9 @@ def _saving(pass_: str, duration: float, whole: float | None, theta: float) -> f
     first: then an F with either half, or with the whole B, saves no more
     than its two shares (``min(f, x) <= min(f, theta) + max(0, x - theta)``).
     """
-    if pass_ == "F":
+    if pass_ == _F:
         return min(duration, theta)
-    if pass_ == "W":
+    if pass_ == _W:
         return max(0.0, duration - theta)
     return min(duration, max(0.0, whole - theta))
 
@@ -227,8 +232,8 @@ def _warmup_window(js: JobSet, device: int) -> tuple[float, float, list[int]] | 
     """(``h``, the earliest head of a backward on ``device``; the earliest head of a forward on it; its forwards
     with a head before ``h``, the only jobs it can run before ``h``), or None without a forward or a backward."""
     ks = js.on_device[device]
-    forward = [k for k in ks if js.jobs[k].pass_ == "F"]
-    backward = [k for k in ks if js.jobs[k].pass_ in ("I", "B")]
+    forward = [k for k in ks if js.jobs[k].pass_ == _F]
+    backward = [k for k in ks if js.jobs[k].pass_ in INPUT_GRADIENT_PASSES]
     if not forward or not backward:
         return None
     h = min(js.head[k] for k in backward)
@@ -283,7 +288,7 @@ def warmup_idle(js: JobSet, device: int, budget: float | None) -> tuple[float, f
     """
     window = _warmup_window(js, device)
     if window is None:
-        forward = [js.head[k] for k in js.on_device[device] if js.jobs[k].pass_ == "F"]
+        forward = [js.head[k] for k in js.on_device[device] if js.jobs[k].pass_ == _F]
         return min(forward, default=0.0), None
     h, start, early = window
     if budget is None:
@@ -326,11 +331,11 @@ def _longest_busy(js: JobSet, ks: list[int]) -> float:
     busy = 0.0
     for k in ks:
         job = js.jobs[k]
-        if job.pass_ == "F":
+        if job.pass_ == _F:
             busy += js.duration[k]
-        elif job.pass_ in ("I", "B"):  # the whole backward of that stage and microbatch, in its longer form
+        elif job.pass_ in INPUT_GRADIENT_PASSES:  # the whole backward of that stage and microbatch, in its longer form
             stage = js.sg.stage(job.stage)
-            busy += max(stage.duration("I") + stage.duration("W"), stage.duration("B"))
+            busy += max(stage.duration(_I) + stage.duration(_W), stage.duration(_B))
     return busy
 
 
@@ -386,14 +391,14 @@ def _relative_paths(js: JobSet, mine: set[int]) -> tuple[list[float], list[float
     n = len(js)
     head = [-math.inf] * n
     for k in js.topo:
-        if k in mine and js.jobs[k].pass_ == "F":
+        if k in mine and js.jobs[k].pass_ == _F:
             head[k] = 0.0
         for i, delay in js.preds[k]:
             if head[i] > -math.inf:
                 head[k] = max(head[k], head[i] + js.duration[i] + delay)
     tail = [-math.inf] * n
     for k in reversed(js.topo):
-        if k in mine and js.jobs[k].pass_ in ("W", "B"):
+        if k in mine and js.jobs[k].pass_ in _LAST_PASSES:
             tail[k] = 0.0
         for s, delay in js.succs[k]:
             if tail[s] > -math.inf:

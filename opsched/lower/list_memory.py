@@ -7,6 +7,10 @@ import math
 from typing import Mapping
 
 from opsched.lower.jobs import JobSet, noise
+from opsched.schedule import PassKind
+
+# globals where tested per job: a member lookup costs 14 globals' on Python 3.11
+_F = PassKind.F
 
 
 class DeviceMemory:
@@ -51,7 +55,7 @@ class DeviceMemory:
         count: dict[int, int] = {}
         for k, job in enumerate(js.jobs):
             count[job.microbatch] = count.get(job.microbatch, 0) + 1
-            if job.pass_ == "F":
+            if job.pass_ == _F:
                 per = need.setdefault(job.microbatch, {})
                 for d in js.devices[k]:
                     per[d] = per.get(d, 0.0) + js.mem[k]

@@ -29,7 +29,10 @@ from typing import Mapping
 
 from opsched.lower.jobs import EPS, JobSet, noise, order_fits
 from opsched.lower.list_memory import DeviceMemory
-from opsched.schedule import Action, Job, Order, Pair, pair_duration, simulate
+from opsched.schedule import INPUT_GRADIENT_PASSES, Action, Job, Order, Pair, PassKind, pair_duration, simulate
+
+# globals where tested per job: a member lookup costs 14 globals' on Python 3.11
+_F, _W = PassKind.F, PassKind.W
 
 #: priority rule name -> sort key of a candidate job (smaller runs first)
 PRIORITIES = ("zb", "forward", "critical")
@@ -97,13 +100,18 @@ class Variant:
         return "-".join(parts)
 
 
+#: the passes' ranks under the "zb" rule (backward first, W last) and the "forward" rule (forward first, W last)
+_BACKWARD_FIRST = {PassKind.F: 1, PassKind.I: 0, PassKind.B: 0, PassKind.W: 2}
+_FORWARD_FIRST = {PassKind.F: 0, PassKind.I: 1, PassKind.B: 1, PassKind.W: 2}
+
+
 def _priority_key(js: JobSet, k: int, rule: str) -> tuple:
     job = js.jobs[k]
-    rank = {"F": 1, "I": 0, "B": 0, "W": 2}[job.pass_]
+    rank = _BACKWARD_FIRST[job.pass_]
     if rule == "zb":  # backward first, then forward, W last
         return (rank, job.microbatch, -js.tail[k], k)
     if rule == "forward":  # forward first (GPipe-like warm-up), then backward
-        return ({"F": 0, "I": 1, "B": 1, "W": 2}[job.pass_], job.microbatch, -js.tail[k], k)
+        return (_FORWARD_FIRST[job.pass_], job.microbatch, -js.tail[k], k)
     if rule == "critical":  # longest remaining path first
         return (-(js.tail[k] + js.duration[k]), rank, job.microbatch, k)
     raise ValueError(f"unknown priority rule {rule!r}")
@@ -144,7 +152,7 @@ class _ListScheduler:
         self.free = {d: 0.0 for d in js.on_device}
         self.memory = DeviceMemory(js, budgets)
         self.order: Order = {d: [] for d in js.on_device}
-        self.forward = [job.pass_ == "F" for job in js.jobs]
+        self.forward = [job.pass_ == _F for job in js.jobs]
         #: candidate forwards of microbatches not yet started: a microbatch's start changes their checks
         self.fresh: set[int] = set()
         self.started_mb: set[int] = set()
@@ -164,12 +172,12 @@ class _ListScheduler:
         # forwards of a stage run in microbatch order: only the next one is a candidate
         self.next_forward: dict[int, list[int]] = {}
         for k, job in enumerate(js.jobs):
-            if job.pass_ == "F":
+            if job.pass_ == _F:
                 self.next_forward.setdefault(job.stage, []).append(k)
         for ks in self.next_forward.values():
             ks.sort(key=lambda k: js.jobs[k].microbatch, reverse=True)  # pop() gives the smallest
         for k in range(n):
-            if self.missing[k] == 0 and js.jobs[k].pass_ != "F":
+            if self.missing[k] == 0 and js.jobs[k].pass_ != _F:
                 self.add(k)
         for ks in self.next_forward.values():
             if ks and self.missing[ks[-1]] == 0:
@@ -181,14 +189,14 @@ class _ListScheduler:
         self.ready_at: dict[int, float] = {}
         last_mb = {st.id: max(st.microbatches) if st.microbatches else js.microbatches - 1 for st in sg.stages}
         self.last_backward = {k for k, job in enumerate(js.jobs)
-                              if job.pass_ in ("I", "B") and job.microbatch == last_mb[job.stage]}
+                              if job.pass_ in INPUT_GRADIENT_PASSES and job.microbatch == last_mb[job.stage]}
         #: per device, forwards and all jobs but W not yet dispatched (when a lazy variant's W may run)
         self.forwards_left = {d: 0 for d in js.on_device}
         self.others_left = {d: 0 for d in js.on_device}
         for k, job in enumerate(js.jobs):
             for d in js.devices[k]:
-                self.forwards_left[d] += job.pass_ == "F"
-                self.others_left[d] += job.pass_ != "W"
+                self.forwards_left[d] += job.pass_ == _F
+                self.others_left[d] += job.pass_ != _W
         #: per component, the backwards an alternating variant holds back (they run when nothing else can, as do
         #: a lazy variant's W)
         self.held: list[list[int]] = [[] for _ in range(count)]
@@ -198,10 +206,10 @@ class _ListScheduler:
             variant.lazy_w, set())
         self.stage_forwards_left = {st.id: 0 for st in sg.stages}
         for job in js.jobs:
-            self.stage_forwards_left[job.stage] += job.pass_ == "F"
+            self.stage_forwards_left[job.stage] += job.pass_ == _F
 
     def add(self, k: int) -> None:
-        if self.lazy and self.js.jobs[k].pass_ == "W":
+        if self.lazy and self.js.jobs[k].pass_ == _W:
             self.pending_w[self.comp[k]].add(k)
             self.stale.add(self.comp[k])
             return
@@ -291,7 +299,7 @@ class _ListScheduler:
         earliest: dict[int, float] = {}
         ws = []
         for o, start in starts.items():
-            if js.jobs[o].pass_ == "W":
+            if js.jobs[o].pass_ == _W:
                 ws.append(o)
             elif patient or o in last_backward:
                 for d in devices[o]:
@@ -333,7 +341,7 @@ class _ListScheduler:
     def _alternate(self, starts: dict[int, float], blocked: set[int]) -> list[int]:
         """Move out of ``starts`` each backward whose stage is to start a forward first (:attr:`Variant.alternate`)."""
         js, held = self.js, []
-        for k in [k for k in starts if js.jobs[k].pass_ in ("I", "B")]:
+        for k in [k for k in starts if js.jobs[k].pass_ in INPUT_GRADIENT_PASSES]:
             stage = js.jobs[k].stage
             cap = self._stage_cap(stage)
             if (cap is not None and self.between[stage] < cap and self.stage_forwards_left[stage] > 0
@@ -388,23 +396,23 @@ class _ListScheduler:
         if self.v.pairs and js.sg.may_overlap:
             partner = _pair_partner(js, k, now, self.keys)
             if partner is not None:
-                f, b = (k, partner) if js.jobs[k].pass_ == "F" else (partner, k)
+                f, b = (k, partner) if js.jobs[k].pass_ == _F else (partner, k)
                 action = Pair(js.jobs[f], js.jobs[b])
                 dur = pair_duration(js.sg, action)
         members = [k] if partner is None else [k, partner]
-        placed = self._fill_gaps(k, t) if self.v.lazy_w is not None and js.jobs[k].pass_ != "W" else 0
+        placed = self._fill_gaps(k, t) if self.v.lazy_w is not None and js.jobs[k].pass_ != _W else 0
         for j in members:
-            self.stage_forwards_left[js.jobs[j].stage] -= js.jobs[j].pass_ == "F"
+            self.stage_forwards_left[js.jobs[j].stage] -= js.jobs[j].pass_ == _F
             for d in js.devices[j]:
-                self.forwards_left[d] -= js.jobs[j].pass_ == "F"
-                self.others_left[d] -= js.jobs[j].pass_ != "W"
+                self.forwards_left[d] -= js.jobs[j].pass_ == _F
+                self.others_left[d] -= js.jobs[j].pass_ != _W
             self.pending[self.comp[j]].discard(j)
             self.pending_w[self.comp[j]].discard(j)
             self.fresh.discard(j)
-            if js.jobs[j].pass_ == "F":
+            if js.jobs[j].pass_ == _F:
                 self.started_mb.add(js.jobs[j].microbatch)
                 self.between[js.jobs[j].stage] += 1
-            elif js.jobs[j].pass_ in ("I", "B"):
+            elif js.jobs[j].pass_ in INPUT_GRADIENT_PASSES:
                 self.between[js.jobs[j].stage] -= 1
         # its devices' times, memory and stage caps changed: its component is recomputed
         self.stale.add(self.comp[k])
@@ -436,14 +444,14 @@ class _ListScheduler:
         for s, _ in js.succs[k]:
             missing[s] -= 1
         job = js.jobs[k]
-        if job.pass_ == "F":
+        if job.pass_ == _F:
             ks = self.next_forward[job.stage]
             if ks and missing[ks[-1]] == 0:
                 self.add(ks.pop())
         for s, _ in js.succs[k]:
-            if missing[s] == 0 and js.jobs[s].pass_ != "F":
+            if missing[s] == 0 and js.jobs[s].pass_ != _F:
                 self.add(s)
-            elif missing[s] == 0 and js.jobs[s].pass_ == "F":
+            elif missing[s] == 0 and js.jobs[s].pass_ == _F:
                 ks = self.next_forward[js.jobs[s].stage]
                 if ks and ks[-1] == s:
                     self.add(ks.pop())
@@ -544,7 +552,7 @@ def timed_warmup(js: JobSet, extra: int = 0) -> tuple[tuple[int, int], ...]:
     for stage in js.sg.stages:
         mbs = stage.microbatches or range(js.microbatches)
         first = min(mbs)
-        forward, backward = js.index[Job(stage.id, first, "F")], js.index[Job(stage.id, first, js.backward)]
+        forward, backward = js.index[Job(stage.id, first, _F)], js.index[Job(stage.id, first, js.backward)]
         wait = js.head[backward] - js.head[forward]
         caps.append((stage.id, max(1, int(wait / max(js.duration[forward], 1e-12) + EPS) + extra)))
     return tuple(caps)
@@ -580,7 +588,7 @@ def memory_warmup(js: JobSet, budgets: Mapping[int, float] | None, starts: bool 
         if budgets is not None and stage.act_bytes > 0:
             fits = min([fits] + [max(1, int(budgets[d] / stage.act_bytes + EPS)) for d in stage.devices])
         first = min(stage.microbatches or range(js.microbatches))
-        forward, backward = js.index[Job(sid, first, "F")], js.index[Job(sid, first, js.backward)]
+        forward, backward = js.index[Job(sid, first, _F)], js.index[Job(sid, first, js.backward)]
         arrival = max(first_backward_end.get(i, js.head[i] + js.duration[i]) + delay for i, delay in js.preds[backward])
         step = js.duration[forward]
         end, count = js.head[forward] + step, 1

@@ -49,7 +49,7 @@ from typing import Iterable, Mapping, NamedTuple
 from opsched.lower.jobs import JobSet, noise, order_fits
 from opsched.lower.lns import Incumbent, better, timed_incumbent
 from opsched.errors import Deadlock
-from opsched.schedule import Event, Job, Order, Pair, jobs_of, pair_duration, simulate
+from opsched.schedule import Event, Job, Order, Pair, PassKind, jobs_of, pair_duration, simulate
 
 #: simulations one :func:`pair_up` may run (a deterministic budget); on the DualPipe grid's V it needs about one per
 #: merge: from Zero Bubble's V at 2:2:1, gain 0.5, 64 at D=8, M=16 (0.3 s in all on one core), 320 at D=8, M=32
@@ -285,7 +285,7 @@ def _merges(js: JobSet, order: Order, timing: _Timing):
                 if not (a in critical or b in critical) or not js.may_pair(js.index[a], js.index[b]):
                     continue
                 seen.add((a, b))
-                pair = Pair(a, b) if a.pass_ == "F" else Pair(b, a)
+                pair = Pair(a, b) if a.pass_ == PassKind.F else Pair(b, a)
                 ready = max([start[a]] + [end[js.jobs[k]] + delay for k, delay in js.preds[js.index[b]]])
                 if ready + pair_duration(js.sg, pair) >= end[b] - noise(end[b]):
                     continue

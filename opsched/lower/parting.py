@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from opsched.lower.jobs import JobSet, noise
-from opsched.schedule import Event, Job, Order, jobs_of, simulate
+from opsched.schedule import Event, Job, Order, PassKind, jobs_of, simulate
 
 #: a node of the order's graph: the jobs of one action (two for an overlapped pair, first as in the pair)
 Node = tuple[Job, ...]
@@ -151,7 +151,7 @@ def _duration(js: JobSet, job: Job) -> float:
 def _parting(js: JobSet, pair: Node, start: float, device_end: float, latest_end) -> tuple[Job, Job] | None:
     """The sequence (backward first, else F first) that runs ``pair``'s two jobs one after the other from
     ``start`` and still ends each by its latest end, or None when neither does."""
-    forward, backward = pair if pair[0].pass_ == "F" else pair[::-1]
+    forward, backward = pair if pair[0].pass_ == PassKind.F else pair[::-1]
     tol = noise(device_end)
     for first, second in ((backward, forward), (forward, backward)):
         first_end = start + _duration(js, first)

@@ -13,7 +13,7 @@ import mip
 
 from opsched.lower.jobs import JobSet
 from opsched.lower.timeindexed import SlotProblem, alone_slots, build_model
-from opsched.schedule import Action, Pair
+from opsched.schedule import Action, Pair, PassKind
 from opsched.solving.solver import Objective, Status, collector_paused
 
 # --------------------------------------------------------------------------- warm start
@@ -63,8 +63,8 @@ def complete_warm_start(
     values["C"] = float(max([at[j] + lengths.get(j, sp.length(j)) for j in js.sinks()] + [0]))
     spans = [0.0]
     for d, ks in js.on_device.items():
-        firsts = [at[k] for k in ks if js.jobs[k].pass_ == "F"]
-        lasts = [at[k] + lengths.get(k, sp.length(k)) for k in ks if js.jobs[k].pass_ in ("W", "B")]
+        firsts = [at[k] for k in ks if js.jobs[k].pass_ == PassKind.F]
+        lasts = [at[k] + lengths.get(k, sp.length(k)) for k in ks if js.jobs[k].pass_ in (PassKind.W, PassKind.B)]
         if firsts and lasts:
             values[f"A_{d}"], values[f"E_{d}"] = float(min(firsts)), float(max(lasts))
             spans.append(max(lasts) - min(firsts))

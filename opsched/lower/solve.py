@@ -65,7 +65,7 @@ from opsched.lower.timeindexed import (
     slot_problem,
 )
 from opsched.lower.slot_solve import solve_slot_problem, starts_to_order
-from opsched.schedule import Order, Schedule, StageGraph, jobs_of, simulate, validate
+from opsched.schedule import Order, PassKind, Schedule, StageGraph, jobs_of, simulate, validate
 from opsched.solving.solver import Objective, Status, objective_of, require
 
 log = logging.getLogger(__name__)
@@ -377,7 +377,7 @@ def thin_pairs(sg: StageGraph, microbatches: int, result: LowerResult, *, memory
     if result.objective != Objective.MAKESPAN or not pair_count(result.order) or time_limit <= 0:
         return result
     t0 = time.monotonic()
-    split = not any(job.pass_ == "B" for acts in result.order.values() for a in acts for job in jobs_of(a))
+    split = not any(job.pass_ == PassKind.B for acts in result.order.values() for a in acts for job in jobs_of(a))
     js = JobSet(sg, microbatches, split)
     budgets = activation_budgets(sg, memory_limit)
     stop, deadline = _stop_and_deadline(t0, time_limit, time.monotonic() - t0, pairs=True)

@@ -16,7 +16,7 @@ from opsched.lower.lns import Incumbent, better, pair_count, preferred, timed_in
 from opsched.lower.pairing import PAIR_UP_SIMULATIONS, pair_up
 from opsched.lower.search_state import _Search
 from opsched.lower.warmup import deepen_warmup
-from opsched.schedule import Job, Order, Pair, jobs_of, simulate
+from opsched.schedule import Job, Order, Pair, PassKind, jobs_of, simulate
 from opsched.solving.solver import Objective
 
 #: the share of the start phase's remaining time that pairing up its starts may take (the rest is the search's):
@@ -218,19 +218,19 @@ def split_fused_backward(order: Order) -> Order:
     becomes the pair's backward I, followed by the W.
 
     >>> from opsched.schedule import Job
-    >>> [str(j) for j in split_fused_backward({0: [Job(0, 0, "F"), Job(0, 0, "B")]})[0]]
+    >>> [str(j) for j in split_fused_backward({0: [Job(0, 0, PassKind.F), Job(0, 0, PassKind.B)]})[0]]
     ['0F0', '0I0', '0W0']
     """
     out: Order = {}
     for d, actions in order.items():
         acts = []
         for a in actions:
-            if isinstance(a, Pair) and "B" in (a.first.pass_, a.second.pass_):
-                fused = [j for j in (a.first, a.second) if j.pass_ == "B"]
+            if isinstance(a, Pair) and PassKind.B in (a.first.pass_, a.second.pass_):
+                fused = [j for j in (a.first, a.second) if j.pass_ == PassKind.B]
                 acts.append(Pair(_input_part(a.first), _input_part(a.second)))
-                acts += [Job(j.stage, j.microbatch, "W") for j in fused]
-            elif isinstance(a, Job) and a.pass_ == "B":
-                acts += [Job(a.stage, a.microbatch, "I"), Job(a.stage, a.microbatch, "W")]
+                acts += [Job(j.stage, j.microbatch, PassKind.W) for j in fused]
+            elif isinstance(a, Job) and a.pass_ == PassKind.B:
+                acts += [Job(a.stage, a.microbatch, PassKind.I), Job(a.stage, a.microbatch, PassKind.W)]
             else:
                 acts.append(a)
         out[d] = acts
@@ -239,4 +239,4 @@ def split_fused_backward(order: Order) -> Order:
 
 def _input_part(job: Job) -> Job:
     """The I of a fused backward B; any other job unchanged."""
-    return Job(job.stage, job.microbatch, "I") if job.pass_ == "B" else job
+    return Job(job.stage, job.microbatch, PassKind.I) if job.pass_ == PassKind.B else job

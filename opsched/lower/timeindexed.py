@@ -39,7 +39,7 @@ import mip
 
 from opsched.errors import OpschedError
 from opsched.lower.jobs import PAIRED_BACKWARDS, JobSet, topological_order
-from opsched.schedule import Edge, Job, Pair, Stage, StageGraph, pair_duration
+from opsched.schedule import Edge, Job, Pair, PassKind, Stage, StageGraph, pair_duration
 from opsched.solving.solver import Objective, new_model
 
 
@@ -293,7 +293,7 @@ def symmetric_forward_chains(js: JobSet) -> list[list[int]]:
         if not sg.stage(s0).runs(m):
             continue
         key = tuple(s.id for s in sg.stages if s.runs(m))
-        classes.setdefault(key, []).append(js.index[Job(s0, m, "F")])
+        classes.setdefault(key, []).append(js.index[Job(s0, m, PassKind.F)])
     return [ks for ks in classes.values() if len(ks) > 1]
 
 
@@ -366,7 +366,7 @@ def add_pair_options(sp: SlotProblem, ssg: StageGraph, starts: Mapping[int, int]
     groups: dict[frozenset, tuple[list[int], list[int]]] = {}
     for k in sp.free:
         forwards, backwards = groups.setdefault(frozenset(js.devices[k]), ([], []))
-        if js.jobs[k].pass_ == "F":
+        if js.jobs[k].pass_ == PassKind.F:
             forwards.append(k)
         elif js.jobs[k].pass_ in PAIRED_BACKWARDS:
             backwards.append(k)
@@ -549,8 +549,8 @@ def device_span_definition(model: mip.Model, sp: SlotProblem, z: dict) -> mip.Va
         return sp.fixed[j] + sp.length(j) if j in sp.fixed else end_expr(sp, z, j)
 
     for d, ks in sorted(js.on_device.items()):
-        forwards = [k for k in ks if js.jobs[k].pass_ == "F"]
-        lasts = [k for k in ks if js.jobs[k].pass_ in ("W", "B")]
+        forwards = [k for k in ks if js.jobs[k].pass_ == PassKind.F]
+        lasts = [k for k in ks if js.jobs[k].pass_ in (PassKind.W, PassKind.B)]
         if not forwards or not lasts:
             continue
         A = model.add_var(name=f"A_{d}", lb=0.0)

@@ -42,7 +42,7 @@ from typing import Mapping
 from opsched.lower.jobs import JobSet, order_fits
 from opsched.lower.lns import Incumbent, better, timed_incumbent
 from opsched.errors import Deadlock
-from opsched.schedule import Job, Order, jobs_of, simulate
+from opsched.schedule import Job, Order, PassKind, jobs_of, simulate
 from opsched.solving.solver import Objective
 
 #: simulations one deepening may spend (each tries one move; the grid's V needs 7-20)
@@ -99,11 +99,11 @@ def deepen_warmup(js: JobSet, order: Order, budgets: Mapping[int, float] | None,
 
 def _deeper(js: JobSet, acts: list) -> list | None:
     """``acts`` with the first single-device forward after the first backward moved to just before it, or None."""
-    first_backward = next((k for k, a in enumerate(acts) if any(j.pass_ != "F" for j in jobs_of(a))), None)
+    first_backward = next((k for k, a in enumerate(acts) if any(j.pass_ != PassKind.F for j in jobs_of(a))), None)
     if first_backward is None:
         return None
     for k in range(first_backward + 1, len(acts)):
         a = acts[k]
-        if isinstance(a, Job) and a.pass_ == "F" and len(js.sg.stage(a.stage).devices) == 1:
+        if isinstance(a, Job) and a.pass_ == PassKind.F and len(js.sg.stage(a.stage).devices) == 1:
             return acts[:first_backward] + [a] + acts[first_backward:k] + acts[k + 1:]
     return None

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json  # noqa: F401 (the doctests use it)
 import math
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Callable, NamedTuple, Union
 from opsched.errors import OpschedError
 from opsched.cost.overlap import pair_length
@@ -12,14 +14,43 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from opsched.schedule.graph import StageGraph
 
-PASSES = ("F", "I", "W", "B")
+
+
+class PassKind(str, Enum):
+    """The pass a job runs: a forward, or Zero Bubble's backward split into I and W, or both fused as B.
+
+    A ``str`` enum, as torch.distributed.pipelining's ``_ComputationType``: a member is equal to its letter and
+    hashes as it does, so a plain ``"F"`` (a plan.json or CSV read back, a caller's own job) is the same key, and
+    ``str``, f-strings and JSON write the bare letter (torch's ``0F1`` notation, plan.json, the CSV). Written out
+    here rather than taken from ``enum.StrEnum``, which Python 3.10 lacks, and because ``format`` of a mixed-in
+    enum changed between 3.11 and 3.12.
+
+    >>> PassKind("F") is PassKind.F, PassKind.B == "B", hash(PassKind.W) == hash("W")
+    (True, True, True)
+    >>> str(PassKind.I), f"{PassKind.I}", f"{PassKind.I:>3}", json.dumps([PassKind.W, {PassKind.B: 1}])
+    ('I', 'I', '  I', '["W", {"B": 1}]')
+    """
+
+    F = "F"  #: forward: the stage's activations for a microbatch
+    I = "I"  #: input gradient only: the gradient sent to the stage before (Zero Bubble's first backward half)
+    W = "W"  #: weight gradient only: needs no other stage, so it may wait to fill a bubble (Zero Bubble's second)
+    B = "B"  #: fused backward: input and weight gradient in one pass (I + W)
+
+    def __str__(self) -> str:
+        return self._value_
+
+    def __format__(self, spec: str) -> str:
+        return format(self._value_, spec)
+
+
+#: every pass, in the order events of the same start sort (the simulator's tie rank)
+PASSES = tuple(PassKind)
 _PASS_RANK = {p: k for k, p in enumerate(PASSES)}  # PASSES.index, as a lookup (the simulator sorts every event)
 #: the backward passes an F may pair with (a W has no communication to hide and DualPipe never pairs it)
-PAIRED_BACKWARDS = ("I", "B")
-
-
-
-
+PAIRED_BACKWARDS = (PassKind.I, PassKind.B)
+#: the pass that computes a stage's input gradient and sends it on, one per stage and microbatch: I split, B fused
+INPUT_GRADIENT_PASSES = (PassKind.I, PassKind.B)
+_F = PassKind.F  # a global's lookup: a member's costs 14 times as much on Python 3.11, and pair_duration is hot
 
 
 class Job(NamedTuple):
@@ -33,7 +64,7 @@ class Job(NamedTuple):
 
     stage: int
     microbatch: int
-    pass_: str
+    pass_: PassKind  # a plain letter is the same job (equal, same hash): what a caller or a file gives
 
     def __str__(self) -> str:  # torch's action notation
         return f"{self.stage}{self.pass_}{self.microbatch}"
@@ -58,9 +89,9 @@ Order = dict[int, list[Action]]
 def jobs_of(action: Action) -> tuple[Job, ...]:
     """The jobs an action runs: both halves of a pair (first, second), else the job itself.
 
-    >>> jobs_of(Job(0, 1, "F"))
-    (Job(stage=0, microbatch=1, pass_='F'),)
-    >>> [str(j) for j in jobs_of(Pair(Job(0, 2, "F"), Job(3, 0, "B")))]
+    >>> jobs_of(Job(0, 1, PassKind.F))
+    (Job(stage=0, microbatch=1, pass_=<PassKind.F: 'F'>),)
+    >>> [str(j) for j in jobs_of(Pair(Job(0, 2, PassKind.F), Job(3, 0, PassKind.B)))]
     ['0F2', '3B0']
     """
     return (action.first, action.second) if isinstance(action, Pair) else (action,)
@@ -79,7 +110,7 @@ def pair_duration(sg: StageGraph, pair: Pair) -> float:
     schedule's (:func:`opsched.cost.overlap.greedy_pair_length`), which depends on
     the order, and a pair must last the same for every caller.
     """
-    if pair.second.pass_ == "F" and pair.first.pass_ != "F":
+    if pair.second.pass_ == _F and pair.first.pass_ != _F:
         pair = Pair(pair.second, pair.first)
     first, second = sg.stage(pair.first.stage), sg.stage(pair.second.stage)
     key = (first.id, pair.first.pass_, second.id, pair.second.pass_)
@@ -107,7 +138,7 @@ class Event(NamedTuple):
 
     stage: int
     microbatch: int
-    pass_: str
+    pass_: PassKind
     start: float
     end: float
     pair: int | None = None
@@ -141,8 +172,12 @@ class Schedule:
 def _tie_break_key(sg: StageGraph, job: Job) -> tuple:
     """A tie-break between events that start and end together (zero durations) that respects dependencies."""
     topo = sg.topological_order().index(job.stage)
-    phase = {"F": (0, topo), "I": (1, -topo), "B": (1, -topo), "W": (2, topo)}[job.pass_]
-    return phase + (job.microbatch,)
+    phase, direction = _TIE_PHASE[job.pass_]
+    return (phase, direction * topo, job.microbatch)
+
+
+#: a pass's place among jobs that tie, and the way its stages go: forwards in topological order, backwards reversed
+_TIE_PHASE = {PassKind.F: (0, 1), PassKind.I: (1, -1), PassKind.B: (1, -1), PassKind.W: (2, 1)}
 
 
 def order_from_schedule(schedule: Schedule) -> Order:
@@ -172,7 +207,7 @@ def _order_from_schedule(schedule: Schedule) -> Order:
             halves = by_pair[e.pair]
             if len(halves) != 2:
                 raise OpschedError(f"pair id {e.pair} has {len(halves)} events; a pair joins exactly two jobs")
-            a, b = sorted((h.job for h in halves), key=lambda j: (j.pass_ != "F", j.stage, j.microbatch))
+            a, b = sorted((h.job for h in halves), key=lambda j: (j.pass_ != _F, j.stage, j.microbatch))
             action: Action = Pair(a, b)
             key = (e.start, e.end) + _tie_break_key(sg, a)
             devices = sg.stage(a.stage).devices

