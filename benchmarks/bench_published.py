@@ -336,8 +336,10 @@ def measure(run: Run, folder: str) -> dict:
             "fits": doc["fits"], "command": shlex.join(run.command()[:-2]), "source": run.source, "note": run.note}
 
 
-def plan_row(run: Run, time_limit: float) -> dict:
-    """``opsched plan`` on the row's setting against the published layout, both as the planner counts a step."""
+def plan_row(run: Run, time_limit: float, keep: str | None = None) -> dict:
+    """``opsched plan`` on the row's setting against the published layout, both as the planner counts a step.
+
+    ``keep``: a folder to write the plan's output into (report.md, logs), kept; else a temporary one."""
     import tempfile
 
     planned = run  # plan --dtype plans in the row's own precision
@@ -347,10 +349,10 @@ def plan_row(run: Run, time_limit: float) -> dict:
             _, doc = predicted(planned, model_path=path)
         except NotEvaluated as refused:
             return {"run": run.name, "skipped": str(refused)}
-        return _plan_against(run, planned, doc, path, time_limit)
+        return _plan_against(run, planned, doc, path, time_limit, keep)
 
 
-def _plan_against(run: Run, planned: Run, doc: dict, path: str | None, time_limit: float) -> dict:
+def _plan_against(run: Run, planned: Run, doc: dict, path: str | None, time_limit: float, keep: str | None = None) -> dict:
     """Run ``opsched plan`` on ``run``'s setting; ``doc`` is evaluate's JSON of its published layout."""
     import tempfile
     import time
@@ -362,7 +364,8 @@ def _plan_against(run: Run, planned: Run, doc: dict, path: str | None, time_limi
     overlap = ["--tp-comm-overlap", "on"] if "tp_overlap=1" in run.layout else []
     # the plan runs the published run's attention kernel: a kernel is the user's, not the plan's to choose
     overlap += ["--attention", "unfused"] if "attention=unfused" in run.layout else []
-    with tempfile.TemporaryDirectory() as out:
+    with tempfile.TemporaryDirectory() as scratch:
+        out = str(Path(keep) / f"row{RUNS.index(run)}") if keep else scratch
         command = ["opsched", "plan", path or f"models/{run.model}", "--devices", str(run.devices), "--preset", run.preset,
                    "--global-batch", str(run.global_batch), *micro, *overlap, "--dtype", run.dtype, "--seq-len", str(run.seq_len), "--time-limit",
                    str(time_limit), "-o", out, "--json", "-q"]
@@ -383,13 +386,14 @@ def main() -> int:
     parser.add_argument("--plan", action="store_true", help="plan each row and compare with its published layout")
     parser.add_argument("--rows", type=int, nargs="*", help="row indices (default: all)")
     parser.add_argument("--time-limit", type=float, default=60.0)
+    parser.add_argument("--keep-plans", metavar="DIR", help="with --plan: keep each plan's output (report.md, logs) in DIR/rowN")
     args = parser.parse_args()
     runs = [RUNS[i] for i in args.rows] if args.rows else RUNS
     if args.plan:
         print("| run | published layout's step (s) | plan's step (s) | plan / published layout | chosen | wall (s) | command |")
         print("|---|---|---|---|---|---|---|")
         for r in runs:
-            row = plan_row(r, args.time_limit)
+            row = plan_row(r, args.time_limit, args.keep_plans)
             if "skipped" in row:
                 print(f"| {row['run']} | – | – | – | skipped: {row['skipped']} | – | – |", flush=True)
                 continue

@@ -173,6 +173,18 @@ def test_layout_search_prunes_without_losing_the_best(llama):
     assert "tp1 pp4 vpp8 dp2 zero1" in grid and "tp8 pp1 dp1 sp zero1" in grid
 
 
+def test_the_layout_grid_tries_every_virtual_pipeline_degree_that_divides_not_only_powers_of_two():
+    """Megatron takes any vpp dividing the layers per rank: Mixtral-8x22B's published TP2 PP8 VPP7 EP8 on 128
+    devices (56 layers, one a chunk; benchmarks/bench_published.py row 40) is in the grid, and no vpp that does
+    not divide the layers per rank is."""
+    from opsched.plan.layout_search import layout_grid
+
+    grid = layout_grid(128, 8, layers=56, experts=8)
+    assert "tp2 pp8 vpp7 ep8 dp8 sp zero1" in {str(lay) for lay in grid}
+    assert all(56 % (lay.pp * lay.vpp) == 0 for lay in grid)
+    assert {lay.vpp for lay in grid if lay.pp == 2} == {1, 2, 4, 7}
+
+
 def test_layout_search_with_tp_comm_overlap_overlaps_every_tensor_parallel_layout_and_is_never_slower(llama):
     """``Training.tp_comm_overlap`` (`plan --tp-comm-overlap on`): every layout with tp > 1 is evaluated with
     Megatron's --tp-comm-overlap, each exactly as `evaluate --layout ...,tp_overlap=1` gives it, none slower than

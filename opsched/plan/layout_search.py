@@ -26,8 +26,10 @@ from opsched.plan.layouts import Evaluation, ModelIndex, evaluate_layout, layout
 log = logging.getLogger(__name__)
 
 
-#: virtual pipeline degrees the layout search tries (each must divide the layers per pipeline rank)
-SEARCH_VPP = (1, 2, 4, 8)
+#: virtual pipeline degrees the layout search tries (each must divide the layers per pipeline rank): every degree
+#: up to 8, not only powers of 2, since Megatron takes any that divides; Mixtral-8x22B's published PP8 VPP7 (56
+#: layers, one a chunk) is the fastest layout that fits there and was missed with (1, 2, 4, 8)
+SEARCH_VPP = tuple(range(1, 9))
 
 #: context-parallel degrees the layout search tries, and the shortest sequence it tries them on. In the cost
 #: model cp never makes a rank's work cheaper (its tokens are 1/(cp·dp) of a step's either way, and the K/V
