@@ -40,7 +40,7 @@ def test_two_towers_run_on_different_groups_and_overlap_in_time():
     sg = result.schedule.stage_graph
     assert result.source == "upper"
     tower = {}
-    for sid, held in result.stage_contents.items():
+    for sid, held in result.contents.items():
         for n in held.blocks:
             tower.setdefault(n.split(" ")[0], sid)
     a, b = tower["a1"], tower["b1"]
@@ -573,15 +573,15 @@ def test_a_plan_that_leaves_devices_idle_says_why():
     from opsched.plan.plan_records import EveryDevicePlan
 
     cluster = SimpleNamespace(devices=16)
-    busy = SimpleNamespace(idle_devices=(), on_every_device=None, step_time=1.0, stage_contents={},
+    busy = SimpleNamespace(idle_devices=(), on_every_device=None, step_time=1.0, contents={},
                            fewer_nodes_unsearched=None)
     assert plan_warnings(busy, cluster) == []
-    faster = SimpleNamespace(idle_devices=(8, 9, 10, 11, 14), step_time=1.0, stage_contents={},
+    faster = SimpleNamespace(idle_devices=(8, 9, 10, 11, 14), step_time=1.0, contents={},
                              on_every_device=EveryDevicePlan("upper", "4x4", 1.25), fewer_nodes_unsearched=None)
     (sentence,) = plan_warnings(faster, cluster)
     assert sentence.startswith("devices 8-11, 14 (5 of 16) hold no stage of this plan: it is faster that way")
     assert "upper on 4x4" in sentence and "1.25 s per step, 25 % longer" in sentence
-    alone = SimpleNamespace(idle_devices=(15,), step_time=1.0, stage_contents={}, on_every_device=None,
+    alone = SimpleNamespace(idle_devices=(15,), step_time=1.0, contents={}, on_every_device=None,
                             fewer_nodes_unsearched=None)
     (sentence,) = plan_warnings(alone, cluster)
     assert sentence.startswith("device 15 (1 of 16) holds no stage") and "no plan the search found gives every device work" in sentence

@@ -89,39 +89,6 @@ class Candidate:
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
-@dataclass
-class PlanResult:
-    """The chosen plan and everything that was tried."""
-
-    schedule: Schedule
-    solver_metrics: dict  # plan.json's metrics: LowerOutcome.as_metrics(), or the baseline's solver "none"
-    source: str  # what produced the chosen schedule
-    layout: str
-    step_time: float
-    grad_sync: float
-    stage_contents: dict[int, StageContents]  # stage id -> its layers, module paths, blocks and modes
-    candidates: list[Candidate]
-    baselines: list[Baseline]
-    blocks: int  # blocks the upper MIP placed
-    microbatch_size: int  # samples per microbatch of ``schedule`` (a Megatron-style layout's: one per replica)
-    recompute: str  # activation recomputation of ``schedule`` (one of cost.cluster.RECOMPUTE_MODES)
-    seconds: dict[str, float] = field(default_factory=dict)
-    refused_baselines: dict[str, str] = field(default_factory=dict)  # method -> why it fits no contiguous split
-    #: devices of the cluster that hold no stage of the chosen plan
-    idle_devices: tuple[int, ...] = ()
-    #: when some are idle: the fastest plan found that gives every device work, if any
-    on_every_device: EveryDevicePlan | None = None
-    #: on two nodes or more: the plan found on the first half of the nodes, the others idle (None: one node, or
-    #: nothing fits there)
-    on_half_the_nodes: FewerNodesPlan | None = None
-    #: the most devices (the first nodes, the others idle) on which no plan was searched because the time limit
-    #: was spent first: a run on that many devices alone may then find a faster plan (None: every half searched)
-    fewer_nodes_unsearched: int | None = None
-    #: step time of the plan found with the stage graph a chain (``branches=False``), when the model has parallel
-    #: branches and it was searched (None: no branches, searched with ``branches=False``, or no time was left)
-    chain_step_time: float | None = None
-
-
 @dataclass(frozen=True)
 class FewerNodesPlan:
     """The plan :func:`plan_block_graph` found on the first half of the nodes (itself never slower than the one
@@ -198,6 +165,38 @@ class Option(ScheduledPlan):
     metrics: dict  # plan.json's metrics: LowerOutcome.as_metrics(), or a baseline's solver "none"
 
 
+@dataclass
+class PlanResult(Option):
+    """The chosen plan (an :class:`Option`, its ``contents``, ``microbatch_size`` and ``recompute`` always resolved,
+    never ``None``) with everything that was tried: one record for the plan level, as :class:`Baseline` is a
+    baseline's and :class:`LowerOutcome` a lower solve's."""
+
+    candidates: list[Candidate]
+    baselines: list[Baseline]
+    blocks: int  # blocks the upper MIP placed
+    seconds: dict[str, float] = field(default_factory=dict)
+    refused_baselines: dict[str, str] = field(default_factory=dict)  # method -> why it fits no contiguous split
+    #: devices of the cluster that hold no stage of the chosen plan
+    idle_devices: tuple[int, ...] = ()
+    #: when some are idle: the fastest plan found that gives every device work, if any
+    on_every_device: EveryDevicePlan | None = None
+    #: on two nodes or more: the plan found on the first half of the nodes, the others idle (None: one node, or
+    #: nothing fits there)
+    on_half_the_nodes: FewerNodesPlan | None = None
+    #: the most devices (the first nodes, the others idle) on which no plan was searched because the time limit
+    #: was spent first: a run on that many devices alone may then find a faster plan (None: every half searched)
+    fewer_nodes_unsearched: int | None = None
+    #: step time of the plan found with the stage graph a chain (``branches=False``), when the model has parallel
+    #: branches and it was searched (None: no branches, searched with ``branches=False``, or no time was left)
+    chain_step_time: float | None = None
+
+    def as_option(self, **changes) -> Option:
+        """This plan as an option of another search (the plan on half the nodes, as a chain): its schedule and
+        settings, ``changes`` (e.g. ``source``, ``layout``) applied."""
+        fields = {f: getattr(self, f) for f in Option.__dataclass_fields__}
+        return Option(**{**fields, **changes})
+
+
 #: how a layout on fewer devices than the cluster's ends
 ON_FEWER = r", on [\d,]+ of the [\d,]+ devices$"
 
@@ -211,8 +210,5 @@ def _half_option(half: PlanResult, cluster: Cluster) -> Option:
     '8x2 contiguous, dp2'
     """
     layout = FewerNodesPlan.of(half, chosen=False).layout  # the plan on half may be one on fewer nodes still
-    return Option(
-        layout=f"{layout}, on {plain(half.schedule.stage_graph.num_devices)} of the {plain(cluster.devices)} devices",
-        schedule=half.schedule, step_time=half.step_time, grad_sync=half.grad_sync, source=half.source,
-        metrics=half.solver_metrics, contents=half.stage_contents, microbatch_size=half.microbatch_size,
-        recompute=half.recompute)
+    return half.as_option(
+        layout=f"{layout}, on {plain(half.schedule.stage_graph.num_devices)} of the {plain(cluster.devices)} devices")

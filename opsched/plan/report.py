@@ -50,16 +50,16 @@ def plan_extra(model: str, cluster, training, result, warnings: list[str] | None
         "step_time": result.step_time,
         "grad_sync_seconds": result.grad_sync,
         "throughput": samples / result.step_time if result.step_time > 0 else 0.0,
-        **layout_fields(result.stage_contents, result.microbatch_size, training.zero, result.recompute,
+        **layout_fields(result.contents, result.microbatch_size, training.zero, result.recompute,
                         training.optimizer_state, training.tp_comm_overlap, training.attention, training.dtype),
-        "stage_blocks": {str(k): c.blocks for k, c in result.stage_contents.items()},
+        "stage_blocks": {str(k): c.blocks for k, c in result.contents.items()},
         "baselines": [b.to_dict(samples) for b in result.baselines],
         "refused_baselines": [{"method": k, "reason": v} for k, v in result.refused_baselines.items()],
         "candidates": [c.to_dict() for c in result.candidates],
         "on_half_the_nodes": None if result.on_half_the_nodes is None else dataclasses.asdict(result.on_half_the_nodes),
         "as_a_chain_step_time": result.chain_step_time,
         "warnings": list(warnings or []),
-        "metrics": dict(result.solver_metrics),
+        "metrics": dict(result.metrics),
     }
 
 
@@ -72,7 +72,7 @@ def report_text(model: str, cluster, training, limit: float, result, warnings: l
     """
     samples = training.microbatches * training.microbatch_size
     m = metrics(result.schedule)
-    solve = result.solver_metrics.get("solve_seconds")
+    solve = result.metrics.get("solve_seconds")
     stages = len(result.schedule.stage_graph.stages)
     lines = [
         f"# opsched plan: {Path(model).name}",
@@ -163,7 +163,7 @@ CONTEXT_WORDS = ("sequences split over context-parallel ranks, their K/V ring co
 
 def context_modes(result) -> list[str]:
     """The chosen plan's modes that split sequences over context-parallel ranks (``cpN``), in order."""
-    modes = {m for contents in result.stage_contents.values() for m in contents.modes}
+    modes = {m for contents in result.contents.values() for m in contents.modes}
     return sorted(m for m in modes if Mode.parse(m).cp > 1)
 
 
@@ -255,7 +255,7 @@ def stages_table(result) -> list[str]:
              "parallel modes |", "|---|---|---|---|---|---|---|"]
     for s in stages:
         t = s.time
-        held = result.stage_contents.get(s.id)
+        held = result.contents.get(s.id)
         copy = f" (copy of stage {s.copy_of})" if s.copy_of is not None else ""
         layers = (held.layers if held else "-") + copy
         modes = held.modes_text if held else "-"
@@ -268,7 +268,7 @@ def stages_table(result) -> list[str]:
               "runtime that overlaps them as DualPipe's does; overlap gain: the share of the shorter pass it hides, "
               "(F + B - pair) / min(F, B). With --runtime R a pair costs its two passes (torch runs OVERLAP_F_B "
               "as F then B): gain 0."]
-    if not result.stage_contents:
+    if not result.contents:
         lines += ["", "(this schedule regroups the model's split into its own stages, so which blocks each holds is not tracked)"]
     else:
         lines += ["", "Every block of each stage, with its mode, is in plan.json (`stage_contents`)."]
@@ -288,9 +288,9 @@ def summary_text(model: str, cluster, training, result, samples: int, out: Path,
         f"  bubbles     {m.bubble_ratio:.3f}   peak memory {bytes_text(max(m.peak_memory_bytes, default=0.0))} per device",
         *(f"  {name:<11} {line}" for name, line in shape_lines(result.schedule)),
     ]
-    gap = result.solver_metrics.get("gap")
+    gap = result.metrics.get("gap")
     if gap is not None:
-        lines.append(f"  lower MIP   bound {seconds_text(result.solver_metrics.get('lower_bound', 0))} on the makespan, "
+        lines.append(f"  lower MIP   bound {seconds_text(result.metrics.get('lower_bound', 0))} on the makespan, "
                      f"gap {gap:.3f}")
     if result.baselines:
         best = result.baselines[0]
@@ -332,8 +332,8 @@ def summary_dict(model: str, cluster, training, result, out: Path, names: list[s
         "throughput": samples / result.step_time if result.step_time > 0 else 0.0,
         "bubble_ratio": m.bubble_ratio,
         "peak_memory_bytes": max(m.peak_memory_bytes, default=0.0),
-        "lower_bound": result.solver_metrics.get("lower_bound"),
-        "gap": result.solver_metrics.get("gap"),
+        "lower_bound": result.metrics.get("lower_bound"),
+        "gap": result.metrics.get("gap"),
         "best_baseline": None if best is None else {
             "method": best.method,
             "layout": best.layout,

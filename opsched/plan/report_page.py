@@ -14,6 +14,6 @@ def report_page(result: PlanResult, summary: str, title: str) -> ReportPage:
                *(MethodRow(b.method, b.layout, b.step_time) for b in result.baselines))
     layouts = tuple(LayoutTried(c.source, c.layout, c.status, c.estimate, c.makespan, c.step_time, c.bubble_ratio,
                                 c.lower_bound, c.gap) for c in result.candidates)
-    notes = {sid: f"{held.layers} ({held.modes_text})" for sid, held in result.stage_contents.items()}
+    notes = {sid: f"{held.layers} ({held.modes_text})" for sid, held in result.contents.items()}
     return ReportPage(title=title, summary=summary, schedule=result.schedule, step_time=result.step_time,
                       methods=methods, refused=tuple(result.refused_baselines.items()), layouts=layouts, notes=notes)

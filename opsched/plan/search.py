@@ -176,12 +176,12 @@ def _plan_result(options: list[Option], cluster: Cluster, training: Training, ru
     idle, every = _idle_and_every_device_plan(best, options, cluster.devices)
     return PlanResult(
         schedule=best.schedule,
-        solver_metrics=best.metrics,
+        metrics=best.metrics,
         source=best.source,
         layout=best.layout,
         step_time=best.step_time,
         grad_sync=best.grad_sync,
-        stage_contents=runnable.contents(best),
+        contents=runnable.contents(best),
         candidates=[j.candidate for j in runnable.all_jobs] + candidates,
         baselines=baselines,
         blocks=blocks,
@@ -219,9 +219,7 @@ def _plan_as_chain(bg: nx.DiGraph, cluster: Cluster, training: Training, limit: 
 def _chain_option(chain: PlanResult) -> Option:
     """The plan as a chain as an option of the plan with branches (its source says so; the layout is left as it
     is, for the readers of layouts); listed last, so a tie keeps the branches'."""
-    return Option(layout=chain.layout, schedule=chain.schedule, step_time=chain.step_time, grad_sync=chain.grad_sync,
-                  source=f"{chain.source} as a chain", metrics=chain.solver_metrics, contents=chain.stage_contents,
-                  microbatch_size=chain.microbatch_size, recompute=chain.recompute)
+    return chain.as_option(source=f"{chain.source} as a chain")
 
 
 def _plan_on_half_the_nodes(bg: nx.DiGraph, cluster: Cluster, training: Training, limit: float, clock: Clock,
