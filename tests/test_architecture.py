@@ -105,6 +105,12 @@ def test_every_registry_reaches_the_cli():
     assert all(suffix in gantt_help for fmt in GANTT_FORMATS for suffix in fmt.suffixes)
     preset = _choices("plan", "--preset")
     assert all(name in (preset.choices or ()) or name in preset.help for name in PRESETS), preset.help
+    from opsched.cost.cluster import ZERO_LEVELS
+
+    zero = _choices("plan", "--zero")
+    assert tuple(zero.choices) == tuple(ZERO_LEVELS) and all(what in " ".join(zero.help.split())
+                                                             for what in ZERO_LEVELS.values())
+    assert all(runtime.export_flags in _choices("plan", "--runtime").help for runtime in RUNTIMES.values())
     from opsched.commands.compare import method_names
 
     class Args:
@@ -118,7 +124,7 @@ def test_the_plan_schema_names_what_the_registries_hold():
     mode to its tuple) must reach docs/plan.schema.json too, or the plans that name it fail their validation."""
     import json
 
-    from opsched.cost.cluster import ATTENTION_MODES, OPTIMIZER_STATE_BYTES, RECOMPUTE_MODES
+    from opsched.cost.cluster import ATTENTION_MODES, OPTIMIZER_STATE_BYTES, RECOMPUTE_MODES, ZERO_LEVELS
     from opsched.schedule.actions import PASSES
 
     schema = json.loads((REPO / "docs" / "plan.schema.json").read_text())
@@ -128,6 +134,7 @@ def test_the_plan_schema_names_what_the_registries_hold():
     assert set(props["recompute"]["enum"]) == set(RECOMPUTE_MODES)
     assert set(props["attention"]["enum"]) == set(ATTENTION_MODES)
     assert set(props["optimizer_state"]["enum"]) == set(OPTIMIZER_STATE_BYTES)
+    assert set(props["zero"]["enum"]) == set(ZERO_LEVELS)
     passes = [d["enum"] for d in _schema_nodes(schema) if isinstance(d, dict) and "F" in d.get("enum", ())]
     assert passes and all(set(e) == set(PASSES) for e in passes)
 

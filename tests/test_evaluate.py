@@ -40,7 +40,7 @@ def run(bg, devices, layout, global_batch=64, **kw):
     ("tp=2,tp=4", "twice"),
     ("recompute=some", "choose one of none, selective, full"),
     ("attention=flash", "choose one of fused, unfused"),
-    ("zero=4", "0, 1, 2 or 3"),
+    ("zero=4", "one of 0, 1, 2, 3"),
     ("tp=x", "whole number"),
 ])
 def test_malformed_layouts_are_refused(text, message):

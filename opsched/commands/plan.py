@@ -91,10 +91,10 @@ from opsched.commands.args import (
     positive_float,
     positive_int,
 )
-from opsched.cost.cluster import ATTENTION_MODES, RECOMPUTE_MODES, Training, resolve_cluster
+from opsched.cost.cluster import ATTENTION_MODES, RECOMPUTE_MODES, ZERO_LEVELS, Training, resolve_cluster
 from opsched.errors import OpschedError
 from opsched.plan.files import output_files, write_outputs
-from opsched.export.runtimes import ANY, RUNTIMES, runtime_named, runtime_overlaps_pairs, verdicts
+from opsched.export.runtimes import ANY, RUNTIMES, runtime_help, runtime_named, runtime_overlaps_pairs, verdicts
 from opsched.fileio import check_output_dir
 from opsched.plan.policy import (EXPORT_SHARE, PlanRequest, imported, plan_warnings, plan_with_optimizer_state,
                                  whole_layer_batch)
@@ -143,10 +143,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="solves to run at once, each in its own process (default: every core this process "
                              "may use). Each solve keeps its own work budget, so the plan is the same for any N "
                              "unless the time limit cuts solves short; more jobs then leave fewer cut")
-    parser.add_argument("--zero", type=int, choices=(0, 1, 2), default=1,
-                        help="ZeRO level over data-parallel replicas: 0 every replica holds its optimizer states; "
-                             "1 (default) they are sharded, as Megatron's distributed optimizer does, for the same "
-                             "gradient traffic; 2 the gradients too")
+    parser.add_argument("--zero", type=int, choices=tuple(ZERO_LEVELS), default=1,
+                        help="ZeRO level over data-parallel replicas: " + "; ".join(
+                            f"{level}{' (default)' if level == 1 else ''} {what}" for level, what in ZERO_LEVELS.items()))
     add_optimizer_state_argument(parser, auto=True)
     add_dtype_argument(parser)
     parser.add_argument("--recompute", choices=(*RECOMPUTE_MODES, "auto"), default="auto",
@@ -167,14 +166,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "SDPA, the scores never leave the chip) or unfused (Megatron-LM before FlashAttention: "
                              "Q·Kᵀ and scores·V as batched GEMMs, the scores written to memory for softmax and "
                              "dropout and kept for the backward); a kernel, not a choice the plan makes")
-    parser.add_argument("--runtime", choices=RUNTIME_CHOICES, default=ANY,
-                        help="keep only plans this runtime can run, so that `opsched export` writes its files: "
-                             "torch (--torch-csv), megatron (--megatron), torchtitan (--torchtitan with --torch-csv); "
-                             "any (default) keeps every plan. With megatron or torchtitan, Megatron-style layouts "
-                             "(whole layers, one configuration) join the search even without --global-batch. "
-                             "Only with any does an overlapped F&B pair hide one pass's communication under the "
-                             "other's compute (a runtime that overlaps them, as DualPipe's does): torch runs "
-                             "OVERLAP_F_B as F then B, so with a runtime named a pair costs its two passes")
+    parser.add_argument("--runtime", choices=RUNTIME_CHOICES, default=ANY, help=runtime_help())
     parser.add_argument("--branches", choices=("on", "off"), default="on",
                         help="on (default): stages may form a DAG, a model's parallel branches (towers, encoders) on "
                              "groups of their own, and the model is planned as one chain too in the time left, so "

@@ -43,7 +43,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from opsched.cost.cluster import DTYPE_BYTES, Cluster, Training, attention_dtype
+from opsched.cost.cluster import DTYPE_BYTES, ZERO_LEVELS, Cluster, Training, attention_dtype
 from opsched.cost.collectives import RingExchange, allreduce_time, context_ring_time, spread_alltoall_time
 from opsched.errors import OpschedError
 from opsched.model.graph import Block
@@ -425,8 +425,8 @@ def held_param_bytes(params: float, replicas: int, training: Training, zero: int
     >>> held_param_bytes(1e9, 8, t, zero=3) / 1e9
     2.0
     """
-    if zero not in (0, 1, 2, 3):
-        raise OpschedError(f"ZeRO level must be 0, 1, 2 or 3, got {zero}")
+    if zero not in ZERO_LEVELS:
+        raise OpschedError(f"ZeRO level must be one of {', '.join(map(str, ZERO_LEVELS))}, got {zero}")
     shard = max(1, replicas)
     optimizer = training.optimizer_bytes / (shard if zero >= 1 else 1)
     grad = training.grad_bytes / (shard if zero >= 2 else 1)

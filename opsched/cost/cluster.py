@@ -143,6 +143,18 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 ATTENTION_MODES = ("fused", "unfused")
 
 
+#: ZeRO levels over data-parallel replicas, what each shards (``cost.blocks.held_param_bytes`` costs them): the
+#: one list ``--zero``'s choices and help, the layout key ``zero=`` and :class:`Training` read
+ZERO_LEVELS: dict[int, str] = {
+    0: "every data-parallel replica holds the whole optimizer state",
+    1: "the optimizer states are sharded over the data-parallel replicas (Megatron's distributed optimizer), "
+       "for the same gradient traffic",
+    2: "the optimizer states and the gradients are sharded",
+    3: "the optimizer states, gradients and weights are sharded, the weights gathered before each forward and "
+       "backward (FSDP's full shard)",
+}
+
+
 @dataclass(frozen=True)
 class Training:
     """What one training step looks like.
@@ -201,8 +213,8 @@ class Training:
             raise OpschedError(f"recompute must be one of {', '.join(RECOMPUTE_MODES)}, got {self.recompute!r}")
         if self.attention not in ATTENTION_MODES:
             raise OpschedError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {self.attention!r}")
-        if self.zero not in (0, 1, 2, 3):
-            raise OpschedError(f"ZeRO level must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.zero not in ZERO_LEVELS:
+            raise OpschedError(f"ZeRO level must be one of {', '.join(map(str, ZERO_LEVELS))}, got {self.zero!r}")
         if not isinstance(self.microbatches, int) or self.microbatches < 1:
             raise OpschedError(f"microbatches must be a positive integer, got {self.microbatches!r}; pass --microbatches M with M >= 1")
         if not isinstance(self.microbatch_size, int) or self.microbatch_size < 1:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from opsched.cost.cluster import ATTENTION_MODES, RECOMPUTE_MODES
+from opsched.cost.cluster import ATTENTION_MODES, RECOMPUTE_MODES, ZERO_LEVELS
 from opsched.cost.pipeline_split import chunk_units, compact_pipeline_layout, expand_pipeline_layout
 from opsched.errors import OpschedError
 from opsched.model.recompute_modules import RECOMPUTE_MODULES
@@ -146,8 +146,8 @@ class ParallelLayout:
                     raise OpschedError(f"layout {key}={value}: 0 or 1")
                 values[key] = bool(number)
             elif key == "zero":
-                if number not in (0, 1, 2, 3):
-                    raise OpschedError(f"layout zero={value}: 0, 1, 2 or 3")
+                if number not in ZERO_LEVELS:
+                    raise OpschedError(f"layout zero={value}: one of {', '.join(map(str, ZERO_LEVELS))}")
                 values[key] = number
             else:
                 least = 0 if key in ("dp", "etp", "max_nodes") else 1  # 0: derived (dp), tp (etp), no limit

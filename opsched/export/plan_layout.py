@@ -55,7 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Collection, Mapping
 
-from opsched.cost.cluster import ATTENTION_MODES, DTYPE_BYTES, OPTIMIZER_STATE_BYTES, RECOMPUTE_MODES
+from opsched.cost.cluster import ATTENTION_MODES, DTYPE_BYTES, OPTIMIZER_STATE_BYTES, RECOMPUTE_MODES, ZERO_LEVELS
 from opsched.cost.blocks import Mode
 from opsched.errors import OpschedError
 from opsched.export.framework import Framework
@@ -256,8 +256,8 @@ def _training(doc: dict, refuse) -> tuple[int, str]:
     """(ZeRO level, recomputation) the plan was costed with; a plan from before they were recorded had neither."""
     zero = doc.get("zero", 0)
     recompute = doc.get("recompute", "none")
-    if isinstance(zero, bool) or zero not in (0, 1, 2, 3):
-        raise refuse(f"field zero is {zero!r}; 0, 1, 2 or 3")
+    if isinstance(zero, bool) or zero not in ZERO_LEVELS:
+        raise refuse(f"field zero is {zero!r}; one of {', '.join(map(str, ZERO_LEVELS))}")
     if recompute not in RECOMPUTE_MODES:
         raise refuse(f"field recompute is {recompute!r}; one of {', '.join(RECOMPUTE_MODES)}")
     return zero, recompute

@@ -121,6 +121,20 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
 ANY = "any"
 
 
+def runtime_help() -> str:
+    """``opsched plan --runtime``'s help, from :data:`RUNTIMES`: each runtime with the export options that write
+    its files, and which of them run an overlapped F&B pair overlapped."""
+    named = ", ".join(f"{r.name} ({r.export_flags})" for r in RUNTIMES.values())
+    paired = [r.name for r in RUNTIMES.values() if r.overlaps_pairs]
+    pairs = (f"with {ANY} or {', '.join(paired)}" if paired else f"only with {ANY}")
+    return (f"keep only plans this runtime can run, so that `opsched export` writes its files: {named}; "
+            f"{ANY} (default) keeps every plan. With a runtime of one configuration (Megatron-style layouts: "
+            f"{', '.join(r.name for r in RUNTIMES.values() if r.one_configuration)}) those layouts (whole layers, "
+            f"one configuration) join the search even without --global-batch. Only {pairs} does an overlapped F&B "
+            "pair hide one pass's communication under the other's compute (as DualPipe's runtime does); the others "
+            "run a pair's passes one after the other, so with them a pair costs its two passes")
+
+
 def runtime_named(name: str) -> Runtime | None:
     """The runtime ``opsched plan --runtime NAME`` asks for; None for ``any``.
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from opsched.cost.cluster import ZERO_LEVELS
 from opsched.cost.blocks import Mode
 from opsched.export.runtimes import RUNTIMES, layout_fields
 from opsched.schedule import Job, Pair, metrics, pair_duration
@@ -16,11 +17,6 @@ from opsched.schedule.shape import pair_savings, shape_fields, shape_lines
 from opsched.upper.layouts import NOTATION
 
 #: how report.md says what each --zero level shards over data-parallel replicas
-ZERO_WORDS = {0: "held whole by every data-parallel replica (ZeRO 0)",
-              1: "sharded over data-parallel replicas (ZeRO-1, Megatron's distributed optimizer)",
-              2: "sharded over data-parallel replicas, gradients too (ZeRO-2)"}
-
-
 def runtimes_fields(runtimes: dict[str, str | None]) -> dict:
     """plan.json's ``runtimes`` (those that can run the plan) and ``runtimes_refused`` (runtime -> why not).
 
@@ -81,7 +77,7 @@ def report_text(model: str, cluster, training, limit: float, result, warnings: l
         f"- memory limit: {bytes_text(limit)} per device (parameters + gradients + optimizer state + activations)",
         f"- microbatches: {result.schedule.microbatches} of {plural(result.microbatch_size, 'sample')} each; "
         f"dtype {training.dtype}",
-        f"- optimizer states: {ZERO_WORDS[training.zero]}, in {training.optimizer_state} "
+        f"- ZeRO {training.zero}: {ZERO_LEVELS[training.zero]}; optimizer states in {training.optimizer_state} "
         f"({plain(training.bytes_per_param)} bytes per parameter with weight and gradient); "
         f"activation recomputation: {result.recompute}",
         "- tensor-parallel collectives: " + ("run under their GEMMs (Megatron's --tp-comm-overlap; torch and "
