@@ -35,8 +35,21 @@ def test_the_encoder_stack_joins_the_first_chunk_whole():
     assert split[0] == ["vit/patch_embed", "vit/layers.0", "vit/layers.1", "vit/layers.2", "vit/layers.3",
                         "vit/projector", "lm/embed", "lm/layers.0", "lm/layers.1"]
     assert split[1] == ["lm/layers.2", "lm/layers.3", "lm_head"]
-    # without it the eight layers of both stacks split evenly: the encoder alone in the first chunk
-    assert chunk_names(g, layer_chunks(g, 2))[0][-1] == "vit/layers.3"
+    # without it the eight layers of both stacks split evenly: the encoder alone in the first chunk, with what
+    # follows its layers before the language model's (its projector, the embedding the image tokens join)
+    assert chunk_names(g, layer_chunks(g, 2))[0][-3:] == ["vit/layers.3", "vit/projector", "lm/embed"]
+
+
+@pytest.mark.parametrize("encoders_first", [False, True])
+def test_every_chunk_feeds_only_later_ones(encoders_first):
+    """A chunk holds no block that a later chunk's block feeds, however the stacks split (a pipeline stage cannot
+    wait for a later one): before, an encoder's projector went to the last chunk, after the layers it feeds."""
+    g = two_stack_graph()
+    for chunks in ((2, 4) if encoders_first else (2, 4, 8)):
+        chunk_of = {b: c for c, blocks in enumerate(layer_chunks(g, chunks, encoders_first=encoders_first))
+                    for b in blocks}
+        assert set(chunk_of) == set(g.nodes)
+        assert all(chunk_of[a] <= chunk_of[b] for a, b in g.edges), chunks
 
 
 def test_encoders_first_is_parsed_counted_and_priced():

@@ -230,16 +230,24 @@ def layer_chunks(bg: nx.DiGraph, chunks: int, index: ModelIndex | None = None,
     chunk_of_layer.update((name, embedding) for name in encoders)
     mtp_chunk = owners("m")[0] if index.mtp_layers else loss
     out: list[list[int]] = [[] for _ in range(chunks)]
+    chunk_of: dict[int, int] = {}
+    # the last block of the stack that is split (the language model's last layer): what follows it is the head's
+    last = max((i for i, b in enumerate(index.order) if index.layer_of[b] in set(layers)), default=-1)
     started = False
-    for b in index.order:
+    for i, b in enumerate(index.order):
         path = index.layer_of[b]
         if path is not None:
             started = started or path not in encoders
-            out[chunk_of_layer[path]].append(b)
+            chunk_of[b] = chunk_of_layer[path]
         elif is_mtp_path(layer_path(bg.nodes[b]["block"].name)):
-            out[mtp_chunk].append(b)
+            chunk_of[b] = mtp_chunk
+        elif not started or i > last:
+            chunk_of[b] = loss if started else embedding
         else:
-            out[loss if started else embedding].append(b)
+            # between stacks of layers (an encoder's final norm and projection, before the language model's
+            # layers): with the layers it follows, so every chunk only feeds later ones, as the model's data flows
+            chunk_of[b] = max((chunk_of[a] for a in bg.predecessors(b) if a in chunk_of), default=embedding)
+        out[chunk_of[b]].append(b)
     return out
 
 
