@@ -96,8 +96,8 @@ from opsched.errors import OpschedError
 from opsched.plan.files import output_files, write_outputs
 from opsched.export.runtimes import ANY, RUNTIMES, runtime_help, runtime_named, runtime_overlaps_pairs, verdicts
 from opsched.fileio import check_output_dir
-from opsched.plan.policy import (EXPORT_SHARE, PlanRequest, imported, plan_warnings, plan_with_optimizer_state,
-                                 whole_layer_batch)
+from opsched.plan.policy import (EXPORT_SHARE, PlanRequest, imported, microbatch_hint, plan_warnings,
+                                 plan_with_optimizer_state, whole_layer_batch)
 from opsched.plan.report import plan_extra, report_text, runtimes_fields, summary_dict, summary_text
 from opsched.plan.search import GLOSSARY
 from opsched.solving.solver import SOLVERS, require
@@ -215,7 +215,9 @@ def run(args: argparse.Namespace) -> int:
     training, result = plan_with_optimizer_state(request, bg, cluster, training, limit, deadline, dims, global_batch,
                                                  warnings)
     log.info("validate: %s on %s", result.source, result.layout)
-    for sentence in plan_warnings(result, cluster):
+    hint = microbatch_hint(result, training, args.global_batch if not (args.microbatches or args.micro_batch_size)
+                           else None)
+    for sentence in plan_warnings(result, cluster) + ([hint] if hint else []):
         warnings.append(sentence)
         log.warning("plan: %s", sentence)
     extra = plan_extra(args.model, cluster, training, result, warnings, dims=used_dims)

@@ -66,6 +66,10 @@ class Baseline(ScheduledPlan):
         }
 
 
+#: the status of a :class:`Candidate` for which the upper level found no placement within the memory limit
+NO_FIT = "no fit"
+
+
 @dataclass
 class Candidate:
     """One thing the search tried, with its figures (a row of ``candidates`` in plan.json)."""

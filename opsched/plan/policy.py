@@ -19,7 +19,7 @@ from opsched.model.coarsen import coarsen
 from opsched.model.onnx_import import import_onnx, routing_assumptions
 from opsched.plan.contiguous import on_real_devices
 from opsched.plan.layout_search import search_layouts
-from opsched.plan.plan_records import Baseline, PlanResult
+from opsched.plan.plan_records import NO_FIT, Baseline, PlanResult
 from opsched.plan.search import plan_block_graph
 from opsched.plan.smallest_memory import smallest_memory
 from opsched.schedule import metrics
@@ -281,6 +281,31 @@ def layout_row(e, bg, cluster, t0: float):
         peak_memory_bytes=e.peak_memory_bytes, grad_sync=e.grad_sync, solve_seconds=time.perf_counter() - t0,
         contents=contents, microbatch_size=lay.dp, recompute=lay.recompute,  # one sequence per replica
     )
+
+
+def microbatch_hint(result: PlanResult, training, global_batch: int | None) -> str | None:
+    """A sentence when ``--global-batch`` was split into the default 16 microbatches (``global_batch`` given only
+    then) and microbatches that large fit some of the planner's layouts nowhere: more, smaller microbatches let
+    deeper pipelines fit and shorten their bubbles (the two-encoder Optimus model at 512 GPUs: 1.16x Megatron-LM's
+    layout with 16 microbatches of 96 sequences, 1.29x with 96 of 16; docs/BENCHMARKS.md).
+
+    >>> from types import SimpleNamespace as NS
+    >>> tried = [NS(source="upper", status="no fit"), NS(source="upper", status="scheduled")]
+    >>> microbatch_hint(NS(candidates=tried), NS(microbatches=16, microbatch_size=96), 1536)[:64]
+    'the global batch is split into the default 16 microbatches of 96'
+    >>> microbatch_hint(NS(candidates=tried), NS(microbatches=16, microbatch_size=96), None) is None
+    True
+    """
+    upper = [c for c in result.candidates if c.source == "upper"]
+    unfit = [c for c in upper if c.status == NO_FIT]
+    size = training.microbatch_size
+    if global_batch is None or size < 4 or not unfit:
+        return None
+    smaller = max(b for b in range(1, size // 4 + 1) if global_batch % b == 0)
+    return (f"the global batch is split into the default {training.microbatches} microbatches of {size} sequences, "
+            f"and {len(unfit)} of the {len(upper)} layouts tried fit no placement in memory with microbatches that "
+            f"large: --micro-batch-size {smaller} ({plain(global_batch // smaller)} microbatches) lets deeper "
+            "pipelines fit and shortens their bubbles, for more search time")
 
 
 def plan_warnings(result: PlanResult, cluster: Cluster) -> list[str]:

@@ -38,7 +38,7 @@ from opsched.baselines import baseline_orders
 from opsched.cost.cluster import Cluster, Training, with_devices
 from opsched.plan.branches import chain_only, has_parallel_blocks, has_parallel_towers
 from opsched.plan.plan_records import (Baseline, Candidate, EveryDevicePlan, FewerNodesPlan, LowerJob, LowerOutcome,
-                                       Option, PlanResult, _half_option)
+                                       NO_FIT, Option, PlanResult, _half_option)
 from opsched.plan.runtime_filter import RuntimeFilter, _baseline_option, _job_blocks, _job_name
 from opsched.plan.smallest_memory import _nothing_fits, _reduced, _too_small
 from opsched.errors import MemoryTooSmall, NoRunnablePlan
@@ -398,7 +398,7 @@ def _solve_layouts(problems: dict[str, UpperProblem], clock: Clock, solver: str,
         elif isinstance(found, SolverCrash):
             candidates.append(Candidate("upper", name, f"upper failed: {found}"))
         elif found is None:
-            candidates.append(Candidate("upper", name, "no fit"))
+            candidates.append(Candidate("upper", name, NO_FIT))
         else:
             solutions.append(found[1])
     return solutions, candidates
