@@ -65,9 +65,14 @@ def even_width(text: str) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", metavar="PLAN.json", help="a plan written by opsched")
-    parser.add_argument("--hf-config", metavar="CONFIG.json",
+    model = parser.add_mutually_exclusive_group()
+    model.add_argument("--hf-config", metavar="CONFIG.json",
                         help="run this Hugging Face model (the config the plan's ONNX was exported from with "
                              "`opsched onnx --hf-config`; random weights) instead of the synthetic stand-in")
+    model.add_argument("--mmt-config", metavar="CONFIG.json",
+                        help="run a tiny GraphPipe multi-modal transformer (the plan made from models/build.py's "
+                             "branchy_transformer with these sizes: {\"branches\", \"layers\", \"dim\", \"heads\", "
+                             "\"ff\", \"seq\"}) on opsched's point-to-point executor")
     parser.add_argument("--steps", type=positive_int, default=2, help="training steps to run and check (default 2)")
     parser.add_argument("--microbatch-size", type=positive_int, default=2, help="samples per microbatch (default 2)")
     parser.add_argument("--dim", type=even_width, default=16,
@@ -108,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
     except ScheduleError as exc:
         raise OpschedError(f"{args.plan} is not a valid plan: {exc} (`opsched gantt --no-validate` draws it)") from None
     sg = schedule.stage_graph
+    if args.mmt_config or branches(sg):
+        return _run_dag(args, schedule, doc)
     torch_csv.check_expressible(sg, schedule.microbatches)
     ranks = torch_csv.torch_ranks(sg)
     if len(ranks) > MAX_RANKS:
@@ -133,10 +140,62 @@ def run(args: argparse.Namespace) -> int:
     return _run_and_check(args, schedule, spec, what)
 
 
+def branches(sg) -> bool:
+    """Whether a stage feeds several stages or several feed one: a DAG, which torch's pipelining cannot run.
+
+    >>> from opsched.schedule import chain_stage_graph
+    >>> branches(chain_stage_graph(3))
+    False
+    """
+    return any(len(sg.succs(s.id)) > 1 or len(sg.preds(s.id)) > 1 for s in sg.stages)
+
+
+def _run_dag(args: argparse.Namespace, schedule, doc: dict) -> int:
+    """A plan whose stages branch (or any plan of the MMT) on opsched's own point-to-point executor."""
+    from opsched.export import torch_csv
+    from opsched.torchrun.dag_runtime import DagJob, check_dag, dag_rows, run_dag_job
+
+    sg = schedule.stage_graph
+    check_dag(sg)
+    rows = dag_rows(schedule)
+    if len(rows) > MAX_RANKS:
+        raise OpschedError(f"the plan has {len(rows)} device groups; `opsched run` starts one process per group on "
+                           f"this machine and allows at most {MAX_RANKS}")
+    if args.hf_config:
+        from opsched.torchrun.dag_models import clip_dag_spec
+        from opsched.torchrun.hf_clip import ClipSpec
+        from opsched.torchrun.hf_model import hf_spec_for_plan
+
+        spec = hf_spec_for_plan(args.hf_config, doc, len(sg.stages), args.dtype)
+        if not isinstance(spec, ClipSpec):
+            raise OpschedError(f"the plan's stage graph branches, but --hf-config {args.hf_config} is a causal "
+                               "language model, one stack of layers: plan it as a chain (`opsched plan --branches off`)")
+        spec = clip_dag_spec(spec, doc, sg)
+    elif args.mmt_config:
+        from opsched.torchrun.mmt import mmt_spec_for_plan
+
+        spec = mmt_spec_for_plan(args.mmt_config, doc, sg, args.dtype)
+    else:
+        from opsched.torchrun.dag_models import GraphMlpSpec
+
+        spec = GraphMlpSpec(tuple((e.src, e.dst) for e in sg.edges), len(sg.stages), dim=args.dim, dtype=args.dtype)
+    edges = tuple((e.src, e.dst) for e in sg.edges)
+    job = DagJob(spec, torch_csv.stage_ranks(sg), rows, edges, schedule.microbatches,
+                 microbatch_size=args.microbatch_size, steps=args.steps)
+    what = f"{spec.model_name}, {spec.split_text()}"
+    log.info("running %s on opsched's point-to-point executor: %d ranks (gloo, 1 thread each), %d stages of %s, "
+             "%d microbatches, %d step(s)", args.plan, job.world_size, len(sg.stages), what, schedule.microbatches,
+             args.steps)
+    results = run_dag_job(job, timeout=args.timeout)
+    print(f"ran on opsched's point-to-point executor (the stage graph is a DAG, which torch.distributed.pipelining, "
+          f"Megatron-LM and torchtitan cannot run: they pass activations from stage k to stage k+1 only)")
+    return _verdict(args, sg, job, results, what)
+
+
 def _run_and_check(args: argparse.Namespace, schedule, spec, what: str) -> int:
     """Export the schedule, run it on one process per rank, compare with one process, print the verdict."""
     from opsched.export import torch_csv
-    from opsched.torchrun.launch import RunJob, compare_with_reference, compute_medians, run_job, step_seconds
+    from opsched.torchrun.launch import RunJob, run_job
 
     sg = schedule.stage_graph
     with tempfile.TemporaryDirectory(prefix="opsched-run-") as tmp:
@@ -147,6 +206,13 @@ def _run_and_check(args: argparse.Namespace, schedule, spec, what: str) -> int:
         log.info("running %s: %d ranks (gloo, 1 thread each), %d stages of %s, %d microbatches, %d step(s)",
                  args.plan, job.world_size, len(sg.stages), what, schedule.microbatches, args.steps)
         results = run_job(job, timeout=args.timeout)
+    return _verdict(args, sg, job, results, what)
+
+
+def _verdict(args: argparse.Namespace, sg, job, results, what: str) -> int:
+    """Compare the run with one process and print what ran, the step times and the verdict; the exit code."""
+    from opsched.torchrun.launch import compare_with_reference, compute_medians, step_seconds
+
     report = compare_with_reference(job, results, **TOLERANCES[args.dtype])
     print(f"ran {what}")
     last = next(r for r in results if len(sg.stages) - 1 in r.stages)
