@@ -108,6 +108,22 @@ CLIP = dict(model_type="clip", projection_dim=16,
 MMT = dict(model_type="mmt", branches=3, layers=2, dim=16, heads=2, ff=32, seq=8)
 
 
+def test_torch_mmt_is_the_onnx_mmt():
+    """The runnable MMT has the parameters of models/build.py's, module path by module path."""
+    from opsched.torchrun.mmt import MmtSpec
+    from tests.test_models import load_build, metadata, weights
+
+    build = load_build()
+    sizes = {k: MMT[k] for k in ("layers", "dim", "heads", "ff", "seq")}
+    model = build.branchy_transformer("mmt_tiny", MMT["branches"], "tiny", sizes)
+    onnx_params = weights(model)
+    spec = MmtSpec(**{k: MMT[k] for k in ("branches", *sizes)}, entries=(), exits=(), ranges=((),), routes=())
+    torch_params = dict(spec.build_full_model().named_parameters())
+    assert sum(p.numel() for p in torch_params.values()) == int(metadata(model)["opsched.param_count"]) == 14224
+    # the same names; a linear's weight is [in, out] in the ONNX, [out, in] in torch
+    assert {n: list(p.shape)[::-1] for n, p in torch_params.items()} == onnx_params
+
+
 def branches_of(doc: dict) -> bool:
     """Whether a plan's stage graph is not a chain."""
     succs: dict[int, int] = {}
@@ -156,5 +172,6 @@ def test_mmt_dag_plan_runs(tmp_path, capsys):
     config = tmp_path / "mmt.json"
     config.write_text(json.dumps(MMT))
     text = plan_and_run(tmp_path, capsys, onnx_path, "--mmt-config", config, 3)
-    # 3 branches x (2 layers x 12 + final norm 2) + the fusion's 2
-    assert "80 parameter gradients match" in text, text
+    # 3 branches x (2 layers x 16 (2 norms, q, k, v, out, fc1, fc2: weight and bias each) + the final norm's 2)
+    # + the fusion's weight and bias
+    assert "104 parameter gradients match" in text, text
