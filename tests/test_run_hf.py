@@ -266,19 +266,24 @@ def test_unrunnable_plan_or_config_is_refused_before_any_process(tmp_path, capsy
     refused(capsys, ["run", str(plan), "--hf-config", str(write_config(tmp_path, **config))], *words)
 
 
-def test_branching_plan_is_refused(tmp_path, capsys):
-    """A stage feeding two stages (CLIP's towers, as `opsched plan` may choose): torch's runtime runs a chain."""
+def test_branching_plan_of_a_language_model_is_refused(tmp_path, capsys):
+    """A stage graph that branches goes to opsched's own executor, which runs CLIP's towers, not a causal LM's
+    one stack of layers (`opsched run` says to plan it as a chain)."""
     from opsched.schedule import Edge, Job, Stage, StageGraph, simulate
 
-    sg = StageGraph([Stage(i, (i,), {"F": 1.0, "I": 1.0, "W": 1.0}) for i in range(3)],
-                    [Edge(0, 1), Edge(0, 2)], num_devices=3)
-    order = {s: [Job(s, m, p) for p in ("F", "B") for m in range(2)] for s in range(3)}
+    sg = StageGraph([Stage(i, (i,), {"F": 1.0, "I": 1.0, "W": 1.0}) for i in range(4)],
+                    [Edge(0, 1), Edge(0, 2), Edge(1, 3), Edge(2, 3)], num_devices=4)
+    order = {s: [Job(s, m, p) for p in ("F", "B") for m in range(2)] for s in range(4)}
     schedule = Schedule(sg, 2, simulate(sg, order, 2))
     validate(schedule)
     plan = tmp_path / "plan.json"
     write_plan(plan, schedule)
-    refused(capsys, ["run", str(plan), "--hf-config", str(write_config(tmp_path))], "branches", "chain",
-            "opsched plan --runtime torch")
+    doc = json.loads(plan.read_text())
+    doc.update(stage_contents=contents(["model", f"{STACK}.0"], [f"{STACK}.1"], [f"{STACK}.2"],
+                                       [f"{STACK}.3", "model"]), dims={"seq": 8})
+    plan.write_text(json.dumps(doc))
+    refused(capsys, ["run", str(plan), "--hf-config", str(write_config(tmp_path))], "branches",
+            "causal language model", "--branches off")
 
 
 def test_clip_plan_split_is_read_per_tower(tmp_path):

@@ -1,9 +1,16 @@
-"""Execute a plan on CPU processes with torch.distributed.pipelining and check it.
+"""Execute a plan on CPU processes and check its gradients against one process.
 
-The plan is exported to a compute-only CSV (as `opsched export` does) and one
-process per pipeline rank (gloo backend, one thread each) loads it into
-torch's ``_PipelineScheduleRuntime`` and runs a few training steps of a model
-split into the plan's stages:
+A plan whose stage graph is a chain is exported to a compute-only CSV (as
+`opsched export` does) and one process per pipeline rank (gloo backend, one
+thread each) loads it into torch.distributed.pipelining's
+``_PipelineScheduleRuntime``. A plan whose stage graph branches (a DAG:
+CLIP's towers on different device groups joined by the loss stage,
+GraphPipe's multi-modal transformer), which torch's pipelining, Megatron-LM
+and torchtitan cannot run (they pass activations from stage k to stage k+1
+only), runs on opsched's own point-to-point executor: one gloo process per
+device group running its stages' passes in the plan's order, activations
+and gradients sent along the stage graph's edges (docs/torch.md). Either
+way a few training steps of a model split into the plan's stages run:
 
   --hf-config CONFIG.json  the Hugging Face model the plan was made from (the
                            config given to `opsched onnx --hf-config`), random
@@ -13,21 +20,31 @@ split into the plan's stages:
                            LM (Llama, Mixtral; a tied embedding's gradient is
                            summed over its stages): cross-entropy on the next
                            token of random token ids. CLIP: each tower's layers
-                           as planned, the contrastive loss of each microbatch
-  without it               a synthetic stand-in for timing studies: a tiny MoE
+                           as planned, the contrastive loss of each microbatch;
+                           on a branching plan each tower embeds on the first
+                           stage holding its modules and pools on the last
+  --mmt-config CONFIG.json a tiny GraphPipe multi-modal transformer, the sizes
+                           models/build.py's branchy_transformer built the
+                           plan's ONNX with ({"branches": 3, "layers": 2,
+                           "dim": 16, "heads": 2, "ff": 32, "seq": 8}); always
+                           on opsched's executor
+  without either           a synthetic stand-in for timing studies: a tiny MoE
                            transformer, 1 to 4 blocks per stage in proportion
-                           to its planned forward time
+                           to its planned forward time (a chain); an MLP per
+                           stage wired as the stage graph (a DAG)
 
 The losses and every parameter gradient are compared with a single-process
 run of the same model and data; the exit code is 0 when they match, 1 when
-they do not. A plan the run cannot split (branching: plan with `--runtime
-torch`; a layer split between stages; a config with other layers; SigLIP) is
-refused before any process starts.
+they do not. A plan the run cannot split (a layer split between stages; a
+config with other layers; a tower whose parts sit on stages no edge joins;
+SigLIP) is refused before any process starts.
 
 Needs torch (``pip install "opsched[torch]"``; with --hf-config also transformers, the ``hf`` extra).
 
 examples:
   opsched run out/plan.json --hf-config tiny-llama.json --steps 2
+  opsched run out/clip/plan.json --hf-config tiny-clip.json
+  opsched run out/mmt/plan.json --mmt-config tiny-mmt.json
   opsched run out/plan.json --steps 2
 """
 
@@ -103,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
     from opsched.export.plan_json import read_plan
     from opsched.fileio import check_not_input, check_output_file
     from opsched.schedule import ScheduleError, validate
+    from opsched.schedule.placement import is_chain
 
     if args.torch_csv:
         check_not_input(args.torch_csv, [args.plan], "--torch-csv")
@@ -113,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     except ScheduleError as exc:
         raise OpschedError(f"{args.plan} is not a valid plan: {exc} (`opsched gantt --no-validate` draws it)") from None
     sg = schedule.stage_graph
-    if args.mmt_config or branches(sg):
+    if args.mmt_config or not is_chain(sg):  # torch's pipelining runs a chain; opsched's executor any DAG
         return _run_dag(args, schedule, doc)
     torch_csv.check_expressible(sg, schedule.microbatches)
     ranks = torch_csv.torch_ranks(sg)
@@ -140,16 +158,6 @@ def run(args: argparse.Namespace) -> int:
     return _run_and_check(args, schedule, spec, what)
 
 
-def branches(sg) -> bool:
-    """Whether a stage feeds several stages or several feed one: a DAG, which torch's pipelining cannot run.
-
-    >>> from opsched.schedule import chain_stage_graph
-    >>> branches(chain_stage_graph(3))
-    False
-    """
-    return any(len(sg.succs(s.id)) > 1 or len(sg.preds(s.id)) > 1 for s in sg.stages)
-
-
 def _run_dag(args: argparse.Namespace, schedule, doc: dict) -> int:
     """A plan whose stages branch (or any plan of the MMT) on opsched's own point-to-point executor."""
     from opsched.export import torch_csv
@@ -161,6 +169,10 @@ def _run_dag(args: argparse.Namespace, schedule, doc: dict) -> int:
     if len(rows) > MAX_RANKS:
         raise OpschedError(f"the plan has {len(rows)} device groups; `opsched run` starts one process per group on "
                            f"this machine and allows at most {MAX_RANKS}")
+    wide = [g for g in torch_csv.torch_ranks(sg) if len(g) > 1]
+    if wide:
+        print(f"note: each device group runs as one process (groups {wide} of the plan); their tensor/context/"
+              "data/expert parallel modes are not executed, the schedule is")
     if args.hf_config:
         from opsched.torchrun.dag_models import clip_dag_spec
         from opsched.torchrun.hf_clip import ClipSpec

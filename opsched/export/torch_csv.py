@@ -119,7 +119,8 @@ def check_expressible(sg: StageGraph, microbatches: int, runtime: Framework = TO
             raise OpschedError(
                 f"the StageGraph branches ({which}); {name} only runs a chain of "
                 "stages 0 -> 1 -> ... -> N-1, so this plan cannot be exported "
-                "(plan a chain: `opsched plan --runtime torch`)"
+                "(plan a chain: `opsched plan --runtime torch`; `opsched run` runs a branching plan on its own "
+                "point-to-point executor)"
             )
         want_succs = [s.id + 1] if s.id < n - 1 else []
         if succs != want_succs:
