@@ -1,16 +1,11 @@
 """Execute a plan on CPU processes and check its gradients against one process.
 
-A plan whose stage graph is a chain is exported to a compute-only CSV (as
-`opsched export` does) and one process per pipeline rank (gloo backend, one
-thread each) loads it into torch.distributed.pipelining's
-``_PipelineScheduleRuntime``. A plan whose stage graph branches (a DAG:
-CLIP's towers on different device groups joined by the loss stage,
-GraphPipe's multi-modal transformer), which torch's pipelining, Megatron-LM
-and torchtitan cannot run (they pass activations from stage k to stage k+1
-only), runs on opsched's own point-to-point executor: one gloo process per
-device group running its stages' passes in the plan's order, activations
-and gradients sent along the stage graph's edges (docs/torch.md). Either
-way a few training steps of a model split into the plan's stages run:
+A chain of stages is exported to a compute-only CSV (as `opsched export` does),
+which one process per pipeline rank (gloo, one thread each) loads into torch's
+``_PipelineScheduleRuntime``. A stage graph that branches (CLIP's towers on
+different device groups; GraphPipe's MMT), which torch's pipelining cannot run,
+runs on opsched's own point-to-point executor (docs/torch.md). Either way a
+few training steps of a model split into the plan's stages run:
 
   --hf-config CONFIG.json  the Hugging Face model the plan was made from (the
                            config given to `opsched onnx --hf-config`), random
@@ -20,30 +15,21 @@ way a few training steps of a model split into the plan's stages run:
                            LM (Llama, Mixtral; a tied embedding's gradient is
                            summed over its stages): cross-entropy on the next
                            token of random token ids. CLIP: each tower's layers
-                           as planned, the contrastive loss of each microbatch;
-                           on a branching plan each tower embeds on the first
-                           stage holding its modules and pools on the last
-  --mmt-config CONFIG.json a tiny GraphPipe multi-modal transformer, the sizes
-                           models/build.py's branchy_transformer built the
-                           plan's ONNX with ({"branches": 3, "layers": 2,
-                           "dim": 16, "heads": 2, "ff": 32, "seq": 8}); always
-                           on opsched's executor
+                           as planned, the contrastive loss of each microbatch
+  --mmt-config CONFIG.json a tiny GraphPipe multi-modal transformer (the sizes
+                           build.py's branchy_transformer took), on the executor
   without either           a synthetic stand-in for timing studies: a tiny MoE
                            transformer, 1 to 4 blocks per stage in proportion
-                           to its planned forward time (a chain); an MLP per
-                           stage wired as the stage graph (a DAG)
+                           to its planned forward time; an MLP per stage (a DAG)
 
-The losses and every parameter gradient are compared with a single-process
-run of the same model and data; the exit code is 0 when they match, 1 when
-they do not. A plan the run cannot split (a layer split between stages; a
-config with other layers; a tower whose parts sit on stages no edge joins;
-SigLIP) is refused before any process starts.
+Losses and gradients are compared with one process (exit 0: they match, 1: not).
+A plan the run cannot split (a layer split between stages; other layers than the
+config's; a tower's parts on stages no edge joins; SigLIP) is refused first.
 
 Needs torch (``pip install "opsched[torch]"``; with --hf-config also transformers, the ``hf`` extra).
 
 examples:
   opsched run out/plan.json --hf-config tiny-llama.json --steps 2
-  opsched run out/clip/plan.json --hf-config tiny-clip.json
   opsched run out/mmt/plan.json --mmt-config tiny-mmt.json
   opsched run out/plan.json --steps 2
 """
@@ -86,10 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--hf-config", metavar="CONFIG.json",
                         help="run this Hugging Face model (the config the plan's ONNX was exported from with "
                              "`opsched onnx --hf-config`; random weights) instead of the synthetic stand-in")
-    model.add_argument("--mmt-config", metavar="CONFIG.json",
-                        help="run a tiny GraphPipe multi-modal transformer (the plan made from models/build.py's "
-                             "branchy_transformer with these sizes: {\"branches\", \"layers\", \"dim\", \"heads\", "
-                             "\"ff\", \"seq\"}) on opsched's point-to-point executor")
+    model.add_argument("--mmt-config", metavar="CONFIG.json", help="run a tiny GraphPipe MMT of these sizes "
+                       "(branches, layers, dim, heads, ff, seq: build.py's branchy_transformer) on opsched's executor")
     parser.add_argument("--steps", type=positive_int, default=2, help="training steps to run and check (default 2)")
     parser.add_argument("--microbatch-size", type=positive_int, default=2, help="samples per microbatch (default 2)")
     parser.add_argument("--dim", type=even_width, default=16,
@@ -144,10 +128,7 @@ def run(args: argparse.Namespace) -> int:
         from opsched.torchrun.hf_model import hf_spec_for_plan
 
         spec = hf_spec_for_plan(args.hf_config, doc, len(sg.stages), args.dtype)
-        wide = [g for g in ranks if len(g) > 1]
-        if wide:
-            print(f"note: each device group runs as one process (groups {wide} of the plan); their tensor/context/"
-                  "data/expert parallel modes are not executed, the pipeline schedule is")
+        _note_wide_groups([g for g in ranks if len(g) > 1])
         what = f"{spec.model_name}, {spec.split_text()}, seq {spec.seq}"
     else:
         from opsched.torchrun.model import ModelSpec
@@ -158,49 +139,28 @@ def run(args: argparse.Namespace) -> int:
     return _run_and_check(args, schedule, spec, what)
 
 
-def _run_dag(args: argparse.Namespace, schedule, doc: dict) -> int:
-    """A plan whose stages branch (or any plan of the MMT) on opsched's own point-to-point executor."""
-    from opsched.export import torch_csv
-    from opsched.torchrun.dag_runtime import DagJob, check_dag, dag_rows, run_dag_job
-
-    sg = schedule.stage_graph
-    check_dag(sg)
-    rows = dag_rows(schedule)
-    if len(rows) > MAX_RANKS:
-        raise OpschedError(f"the plan has {len(rows)} device groups; `opsched run` starts one process per group on "
-                           f"this machine and allows at most {MAX_RANKS}")
-    wide = [g for g in torch_csv.torch_ranks(sg) if len(g) > 1]
+def _note_wide_groups(wide: list) -> None:
     if wide:
         print(f"note: each device group runs as one process (groups {wide} of the plan); their tensor/context/"
-              "data/expert parallel modes are not executed, the schedule is")
-    if args.hf_config:
-        from opsched.torchrun.dag_models import clip_dag_spec
-        from opsched.torchrun.hf_clip import ClipSpec
-        from opsched.torchrun.hf_model import hf_spec_for_plan
+              "data/expert parallel modes are not executed, the pipeline schedule is")
 
-        spec = hf_spec_for_plan(args.hf_config, doc, len(sg.stages), args.dtype)
-        if not isinstance(spec, ClipSpec):
-            raise OpschedError(f"the plan's stage graph branches, but --hf-config {args.hf_config} is a causal "
-                               "language model, one stack of layers: plan it as a chain (`opsched plan --branches off`)")
-        spec = clip_dag_spec(spec, doc, sg)
-    elif args.mmt_config:
-        from opsched.torchrun.mmt import mmt_spec_for_plan
 
-        spec = mmt_spec_for_plan(args.mmt_config, doc, sg, args.dtype)
-    else:
-        from opsched.torchrun.dag_models import GraphMlpSpec
-
-        spec = GraphMlpSpec(tuple((e.src, e.dst) for e in sg.edges), len(sg.stages), dim=args.dim, dtype=args.dtype)
-    edges = tuple((e.src, e.dst) for e in sg.edges)
-    job = DagJob(spec, torch_csv.stage_ranks(sg), rows, edges, schedule.microbatches,
-                 microbatch_size=args.microbatch_size, steps=args.steps)
+def _run_dag(args: argparse.Namespace, schedule, doc: dict) -> int:
+    """A plan whose stages branch (or any plan of the MMT) on opsched's own point-to-point executor."""
+    from opsched.export.torch_csv import torch_ranks
+    from opsched.torchrun.dag_models import dag_spec_for_plan
+    from opsched.torchrun.dag_runtime import check_dag, dag_job, run_dag_job
+    sg = schedule.stage_graph
+    check_dag(sg)
+    spec = dag_spec_for_plan(doc, sg, args.hf_config, args.mmt_config, args.dim, args.dtype)
+    job = dag_job(schedule, spec, args.microbatch_size, args.steps, MAX_RANKS)
+    _note_wide_groups([g for g in torch_ranks(sg) if len(g) > 1])
     what = f"{spec.model_name}, {spec.split_text()}"
-    log.info("running %s on opsched's point-to-point executor: %d ranks (gloo, 1 thread each), %d stages of %s, "
-             "%d microbatches, %d step(s)", args.plan, job.world_size, len(sg.stages), what, schedule.microbatches,
-             args.steps)
+    log.info("running %s on opsched's point-to-point executor: %d ranks (gloo), %d stages of %s", args.plan,
+             job.world_size, len(sg.stages), what)
     results = run_dag_job(job, timeout=args.timeout)
-    print(f"ran on opsched's point-to-point executor (the stage graph is a DAG, which torch.distributed.pipelining, "
-          f"Megatron-LM and torchtitan cannot run: they pass activations from stage k to stage k+1 only)")
+    print("ran on opsched's point-to-point executor (the stage graph is a DAG, which torch.distributed.pipelining, "
+          "Megatron-LM and torchtitan cannot run: they pass activations from stage k to stage k+1 only)")
     return _verdict(args, sg, job, results, what)
 
 

@@ -41,8 +41,8 @@ import torch
 from torch import nn
 
 from opsched.errors import OpschedError
-from opsched.torchrun.hf_clip import TOWERS, ClipSpec, ClipStage, _end_of_text
-from opsched.torchrun.hf_parts import RUNTIME, HfStages, LayerSlice, backward_as_the_pipeline, shallow_copy
+from opsched.torchrun.hf_clip import TOWERS, ClipSpec, ClipStage
+from opsched.torchrun.hf_parts import RUNTIME, HfStages, backward_as_the_pipeline
 
 
 @dataclass(frozen=True)
@@ -192,6 +192,25 @@ def clip_dag_spec(spec: ClipSpec, doc: dict, sg) -> ClipDagSpec:
                        entries=tuple((t, s.entry) for t, s in splits.items()),
                        exits=tuple((t, s.exit) for t, s in splits.items()),
                        routes=edge_routes(splits, len(sg.stages) - 1))
+
+
+def dag_spec_for_plan(doc: dict, sg, hf_config: str | None, mmt_config: str | None, dim: int = 16,
+                      dtype: str = "float64"):
+    """The DAG spec ``opsched run`` runs a plan with: CLIP (``hf_config``), the MMT (``mmt_config``) or, with
+    neither, :class:`GraphMlpSpec` of width ``dim``."""
+    if hf_config:
+        from opsched.torchrun.hf_model import hf_spec_for_plan
+
+        spec = hf_spec_for_plan(hf_config, doc, len(sg.stages), dtype)
+        if not isinstance(spec, ClipSpec):
+            raise OpschedError(f"the plan's stage graph branches, but --hf-config {hf_config} is a causal language "
+                               "model, one stack of layers: plan it as a chain (`opsched plan --branches off`)")
+        return clip_dag_spec(spec, doc, sg)
+    if mmt_config:
+        from opsched.torchrun.mmt import mmt_spec_for_plan
+
+        return mmt_spec_for_plan(mmt_config, doc, sg, dtype)
+    return GraphMlpSpec(tuple((e.src, e.dst) for e in sg.edges), len(sg.stages), dim=dim, dtype=dtype)
 
 
 # --------------------------------------------------------------------------- a stand-in for any stage graph

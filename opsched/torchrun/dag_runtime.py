@@ -33,7 +33,7 @@ Raw inputs (pixel values, token ids, a modality's features) are read by the
 stage that needs them from the step's batch: data carries no gradient.
 
 >>> _tag(microbatch=1, edge=2, tensor=0, backward=True, edges=3, width=2)
-22
+21
 """
 
 from __future__ import annotations
@@ -94,6 +94,19 @@ def dag_rows(schedule) -> tuple[Row, ...]:
     rows = checked_rank_rows(schedule.stage_graph, order_from_schedule(schedule), schedule.microbatches,
                              "the plan's order", chain=False)
     return tuple(tuple((j.stage, j.microbatch, str(j.pass_)) for a in row for j in jobs_of(a)) for row in rows)
+
+
+def dag_job(schedule, spec, microbatch_size: int = 2, steps: int = 2, max_ranks: int = 8) -> DagJob:
+    """The :class:`DagJob` of a plan's schedule and a DAG spec, after the order's checks (:func:`dag_rows`)."""
+    from opsched.export.torch_csv import stage_ranks
+
+    sg = schedule.stage_graph
+    rows = dag_rows(schedule)
+    if len(rows) > max_ranks:
+        raise OpschedError(f"the plan has {len(rows)} device groups; `opsched run` starts one process per group on "
+                           f"this machine and allows at most {max_ranks}")
+    return DagJob(spec, stage_ranks(sg), rows, tuple((e.src, e.dst) for e in sg.edges), schedule.microbatches,
+                  microbatch_size=microbatch_size, steps=steps)
 
 
 def check_dag(sg) -> None:

@@ -21,7 +21,7 @@ against a random target. Weights are random from a fixed seed.
 >>> spec = MmtSpec(branches=2, layers=1, dim=8, heads=2, ff=16, seq=4, entries=(0, 1), exits=(0, 1),
 ...                ranges=(((0, 1), (1, 1), (1, 1)), ((0, 0), (0, 1), (1, 1))), routes=((0, 2, ("branch0",)),))
 >>> spec.num_stages, sum(p.numel() for p in spec.build_full_model().parameters())
-(3, 1316)
+(3, 1368)
 """
 
 from __future__ import annotations
