@@ -85,7 +85,18 @@ def test_dag_plan_runs_with_the_stand_in(tmp_path, capsys):
     assert "opsched's point-to-point executor" in text and "8 parameter gradients match" in text, text
 
 
-def test_dag_plan_with_two_sinks_is_refused(tmp_path, capsys):
+def test_report_says_who_runs_a_branching_plan():
+    """report.md's Runtimes section: the production runtimes take a chain; `opsched run` runs a DAG."""
+    from opsched.plan.report import runtimes_table
+
+    why = {"torch": "the StageGraph branches", "megatron": "branches", "torchtitan": "branches"}
+    text = "\n".join(runtimes_table(why, branches=True))
+    assert "Megatron-LM and torchtitan cannot run it" in text and "a chain of stages (a V at most)" in text
+    assert "`opsched run plan.json` runs it" in text and "not a production runtime" in text
+    assert "opsched run" not in "\n".join(runtimes_table(why))
+
+
+def test_dag_plan_with_two_sinks_or_a_torch_csv_is_refused(tmp_path, capsys):
     stages = [Stage(i, (i,), {"F": 1.0, "I": 1.0, "W": 1.0}) for i in range(3)]
     sg = StageGraph(stages, [Edge(0, 1), Edge(0, 2)], num_devices=3)
     order = {s: [Job(s, m, p) for p in ("F", "B") for m in range(2)] for s in range(3)}
@@ -95,6 +106,9 @@ def test_dag_plan_with_two_sinks_is_refused(tmp_path, capsys):
     assert main(["run", str(plan)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "stages [1, 2] feed no other stage" in err, err
+    write_plan(plan, diamond_schedule(2))  # a DAG runs on opsched's executor: there is no torch CSV to keep
+    assert main(["run", str(plan), "--torch-csv", str(tmp_path / "keep.csv")]) == 2
+    assert "no torch CSV" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- the user's path (slow)
@@ -138,6 +152,8 @@ def plan_and_run(tmp_path: Path, capsys, onnx_path: Path, flag: str, config: Pat
                  "-o", str(out), "-q"]) == 0
     doc = json.loads((out / "plan.json").read_text())
     assert branches_of(doc), [(e["src"], e["dst"]) for e in doc["edges"]]
+    report = (out / "report.md").read_text()
+    assert "torchtitan cannot run it" in report and "`opsched run plan.json` runs it" in report
     capsys.readouterr()
     assert main(["run", str(out / "plan.json"), flag, str(config), "--steps", "2"]) == 0
     text = capsys.readouterr().out

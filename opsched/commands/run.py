@@ -120,10 +120,8 @@ def run(args: argparse.Namespace) -> int:
     torch_csv.check_expressible(sg, schedule.microbatches)
     ranks = torch_csv.torch_ranks(sg)
     if len(ranks) > MAX_RANKS:
-        raise OpschedError(
-            f"the plan has {len(ranks)} pipeline ranks; `opsched run` starts one process per rank on this "
-            f"machine and allows at most {MAX_RANKS}"
-        )
+        raise OpschedError(f"the plan has {len(ranks)} pipeline ranks; `opsched run` starts one process per rank on "
+                           f"this machine and allows at most {MAX_RANKS}")
     if args.hf_config:
         from opsched.torchrun.hf_model import hf_spec_for_plan
 
@@ -151,6 +149,8 @@ def _run_dag(args: argparse.Namespace, schedule, doc: dict) -> int:
     from opsched.torchrun.dag_models import dag_spec_for_plan
     from opsched.torchrun.dag_runtime import check_dag, dag_job, run_dag_job
     sg = schedule.stage_graph
+    if args.torch_csv:
+        raise OpschedError("--torch-csv: this plan runs on opsched's own executor, not torch's: it has no torch CSV")
     check_dag(sg)
     spec = dag_spec_for_plan(doc, sg, args.hf_config, args.mmt_config, args.dim, args.dtype)
     job = dag_job(schedule, spec, args.microbatch_size, args.steps, MAX_RANKS)
