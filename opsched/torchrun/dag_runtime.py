@@ -196,7 +196,7 @@ class _DagRunner:
 
     def step(self, step: int, dist) -> None:
         """Run training step ``step``: this rank's passes in order, then SGD on its stages."""
-        job, torch = self.job, self.torch
+        job = self.job
         x, y = self.spec.batch(job.microbatches * job.microbatch_size, step)
         xs = list(zip(*(t.chunk(job.microbatches) for t in x))) if isinstance(x, tuple) else list(
             x.chunk(job.microbatches))
@@ -230,8 +230,7 @@ class _DagRunner:
         if job.record_grads:
             self.result.grads.append({f"{s}.{name}": (p.grad.detach().clone() if p.grad is not None else None)
                                       for s in self.mine for name, p in self.modules[s].named_parameters()})
-        with torch.no_grad():
-            sgd_update(local, job.lr)
+        sgd_update(local, job.lr)
 
     def _forward(self, s: int, m: int, data, target, state: dict, losses: dict) -> None:
         received = {}
