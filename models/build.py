@@ -1074,9 +1074,11 @@ def build_qwen3_30b_a3b() -> onnx.ModelProto:
 MMT_LAYER_SIZES = {"layers": 8, "dim": 1024, "heads": 16, "ff": 4096, "seq": 256}
 
 
-def branchy_transformer(name: str, branches: int, doc: str) -> onnx.ModelProto:
-    """``branches`` equal transformer towers (GraphPipe's MMT sizes) on their own inputs, concatenated, one linear."""
-    layers, dim, heads, ff, seq = (MMT_LAYER_SIZES[k] for k in ("layers", "dim", "heads", "ff", "seq"))
+def branchy_transformer(name: str, branches: int, doc: str, sizes: dict | None = None) -> onnx.ModelProto:
+    """``branches`` equal transformer towers (GraphPipe's MMT sizes, or ``sizes``: a tiny MMT that
+    ``opsched run --mmt-config`` runs) on their own inputs, concatenated, one linear."""
+    sizes = {**MMT_LAYER_SIZES, **(sizes or {})}
+    layers, dim, heads, ff, seq = (sizes[k] for k in ("layers", "dim", "heads", "ff", "seq"))
     b = GraphBuilder(name, dtype=F16)  # V100s have no bfloat16: GraphPipe's runs are fp16 mixed precision
     outs = []
     for k in range(branches):

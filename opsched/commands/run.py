@@ -1,9 +1,11 @@
-"""Execute a plan on CPU processes with torch.distributed.pipelining and check it.
+"""Execute a plan on CPU processes and check its gradients against one process.
 
-The plan is exported to a compute-only CSV (as `opsched export` does) and one
-process per pipeline rank (gloo backend, one thread each) loads it into
-torch's ``_PipelineScheduleRuntime`` and runs a few training steps of a model
-split into the plan's stages:
+A chain of stages is exported to a compute-only CSV (as `opsched export` does),
+which one process per pipeline rank (gloo, one thread each) loads into torch's
+``_PipelineScheduleRuntime``. A stage graph that branches (CLIP's towers on
+different device groups; GraphPipe's MMT), which torch's pipelining cannot run,
+runs on opsched's own point-to-point executor (docs/torch.md). Either way a
+few training steps of a model split into the plan's stages run:
 
   --hf-config CONFIG.json  the Hugging Face model the plan was made from (the
                            config given to `opsched onnx --hf-config`), random
@@ -14,20 +16,21 @@ split into the plan's stages:
                            summed over its stages): cross-entropy on the next
                            token of random token ids. CLIP: each tower's layers
                            as planned, the contrastive loss of each microbatch
-  without it               a synthetic stand-in for timing studies: a tiny MoE
+  --mmt-config CONFIG.json a tiny GraphPipe multi-modal transformer (the sizes
+                           build.py's branchy_transformer took), on the executor
+  without either           a synthetic stand-in for timing studies: a tiny MoE
                            transformer, 1 to 4 blocks per stage in proportion
-                           to its planned forward time
+                           to its planned forward time; an MLP per stage (a DAG)
 
-The losses and every parameter gradient are compared with a single-process
-run of the same model and data; the exit code is 0 when they match, 1 when
-they do not. A plan the run cannot split (branching: plan with `--runtime
-torch`; a layer split between stages; a config with other layers; SigLIP) is
-refused before any process starts.
+Losses and gradients are compared with one process (exit 0: they match, 1: not).
+A plan the run cannot split (a layer split between stages; other layers than the
+config's; a tower's parts on stages no edge joins; SigLIP) is refused first.
 
 Needs torch (``pip install "opsched[torch]"``; with --hf-config also transformers, the ``hf`` extra).
 
 examples:
   opsched run out/plan.json --hf-config tiny-llama.json --steps 2
+  opsched run out/mmt/plan.json --mmt-config tiny-mmt.json
   opsched run out/plan.json --steps 2
 """
 
@@ -65,9 +68,12 @@ def even_width(text: str) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", metavar="PLAN.json", help="a plan written by opsched")
-    parser.add_argument("--hf-config", metavar="CONFIG.json",
+    model = parser.add_mutually_exclusive_group()
+    model.add_argument("--hf-config", metavar="CONFIG.json",
                         help="run this Hugging Face model (the config the plan's ONNX was exported from with "
                              "`opsched onnx --hf-config`; random weights) instead of the synthetic stand-in")
+    model.add_argument("--mmt-config", metavar="CONFIG.json", help="run a tiny GraphPipe MMT of these sizes "
+                       "(branches, layers, dim, heads, ff, seq: build.py's branchy_transformer) on opsched's executor")
     parser.add_argument("--steps", type=positive_int, default=2, help="training steps to run and check (default 2)")
     parser.add_argument("--microbatch-size", type=positive_int, default=2, help="samples per microbatch (default 2)")
     parser.add_argument("--dim", type=even_width, default=16,
@@ -98,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
     from opsched.export.plan_json import read_plan
     from opsched.fileio import check_not_input, check_output_file
     from opsched.schedule import ScheduleError, validate
+    from opsched.schedule.placement import is_chain
 
     if args.torch_csv:
         check_not_input(args.torch_csv, [args.plan], "--torch-csv")
@@ -108,21 +115,18 @@ def run(args: argparse.Namespace) -> int:
     except ScheduleError as exc:
         raise OpschedError(f"{args.plan} is not a valid plan: {exc} (`opsched gantt --no-validate` draws it)") from None
     sg = schedule.stage_graph
+    if args.mmt_config or not is_chain(sg):  # torch's pipelining runs a chain; opsched's executor any DAG
+        return _run_dag(args, schedule, doc)
     torch_csv.check_expressible(sg, schedule.microbatches)
     ranks = torch_csv.torch_ranks(sg)
     if len(ranks) > MAX_RANKS:
-        raise OpschedError(
-            f"the plan has {len(ranks)} pipeline ranks; `opsched run` starts one process per rank on this "
-            f"machine and allows at most {MAX_RANKS}"
-        )
+        raise OpschedError(f"the plan has {len(ranks)} pipeline ranks; `opsched run` starts one process per rank on "
+                           f"this machine and allows at most {MAX_RANKS}")
     if args.hf_config:
         from opsched.torchrun.hf_model import hf_spec_for_plan
 
         spec = hf_spec_for_plan(args.hf_config, doc, len(sg.stages), args.dtype)
-        wide = [g for g in ranks if len(g) > 1]
-        if wide:
-            print(f"note: each device group runs as one process (groups {wide} of the plan); their tensor/context/"
-                  "data/expert parallel modes are not executed, the pipeline schedule is")
+        _note_wide_groups([g for g in ranks if len(g) > 1])
         what = f"{spec.model_name}, {spec.split_text()}, seq {spec.seq}"
     else:
         from opsched.torchrun.model import ModelSpec
@@ -133,10 +137,37 @@ def run(args: argparse.Namespace) -> int:
     return _run_and_check(args, schedule, spec, what)
 
 
+def _note_wide_groups(wide: list) -> None:
+    if wide:
+        print(f"note: each device group runs as one process (groups {wide} of the plan); their tensor/context/"
+              "data/expert parallel modes are not executed, the pipeline schedule is")
+
+
+def _run_dag(args: argparse.Namespace, schedule, doc: dict) -> int:
+    """A plan whose stages branch (or any plan of the MMT) on opsched's own point-to-point executor."""
+    from opsched.export.torch_csv import torch_ranks
+    from opsched.torchrun.dag_models import dag_spec_for_plan
+    from opsched.torchrun.dag_runtime import check_dag, dag_job, run_dag_job
+    sg = schedule.stage_graph
+    if args.torch_csv:
+        raise OpschedError("--torch-csv: this plan runs on opsched's own executor, not torch's: it has no torch CSV")
+    check_dag(sg)
+    spec = dag_spec_for_plan(doc, sg, args.hf_config, args.mmt_config, args.dim, args.dtype)
+    job = dag_job(schedule, spec, args.microbatch_size, args.steps, MAX_RANKS)
+    _note_wide_groups([g for g in torch_ranks(sg) if len(g) > 1])
+    what = f"{spec.model_name}, {spec.split_text()}"
+    log.info("running %s on opsched's point-to-point executor: %d ranks (gloo), %d stages of %s", args.plan,
+             job.world_size, len(sg.stages), what)
+    results = run_dag_job(job, timeout=args.timeout)
+    print("ran on opsched's point-to-point executor (the stage graph is a DAG, which torch.distributed.pipelining, "
+          "Megatron-LM and torchtitan cannot run: they pass activations from stage k to stage k+1 only)")
+    return _verdict(args, sg, job, results, what)
+
+
 def _run_and_check(args: argparse.Namespace, schedule, spec, what: str) -> int:
     """Export the schedule, run it on one process per rank, compare with one process, print the verdict."""
     from opsched.export import torch_csv
-    from opsched.torchrun.launch import RunJob, compare_with_reference, compute_medians, run_job, step_seconds
+    from opsched.torchrun.launch import RunJob, run_job
 
     sg = schedule.stage_graph
     with tempfile.TemporaryDirectory(prefix="opsched-run-") as tmp:
@@ -147,6 +178,13 @@ def _run_and_check(args: argparse.Namespace, schedule, spec, what: str) -> int:
         log.info("running %s: %d ranks (gloo, 1 thread each), %d stages of %s, %d microbatches, %d step(s)",
                  args.plan, job.world_size, len(sg.stages), what, schedule.microbatches, args.steps)
         results = run_job(job, timeout=args.timeout)
+    return _verdict(args, sg, job, results, what)
+
+
+def _verdict(args: argparse.Namespace, sg, job, results, what: str) -> int:
+    """Compare the run with one process and print what ran, the step times and the verdict; the exit code."""
+    from opsched.torchrun.launch import compare_with_reference, compute_medians, step_seconds
+
     report = compare_with_reference(job, results, **TOLERANCES[args.dtype])
     print(f"ran {what}")
     last = next(r for r in results if len(sg.stages) - 1 in r.stages)

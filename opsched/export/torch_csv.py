@@ -119,7 +119,8 @@ def check_expressible(sg: StageGraph, microbatches: int, runtime: Framework = TO
             raise OpschedError(
                 f"the StageGraph branches ({which}); {name} only runs a chain of "
                 "stages 0 -> 1 -> ... -> N-1, so this plan cannot be exported "
-                "(plan a chain: `opsched plan --runtime torch`)"
+                "(plan a chain: `opsched plan --runtime torch`; `opsched run` runs a branching plan on its own "
+                "point-to-point executor)"
             )
         want_succs = [s.id + 1] if s.id < n - 1 else []
         if succs != want_succs:
@@ -264,9 +265,13 @@ def _check_placed(sg: StageGraph, order: Order, name: str) -> None:
                     raise OpschedError(f"{name}: action {a} is listed on device {d}, which does not host its stage")
 
 
-def checked_rank_rows(sg: StageGraph, order: Order, microbatches: int, name: str = "the order") -> list[list[Action]]:
-    """Rank rows of ``order`` after every check: expressible, complete, placed, deadlock-free."""
-    check_expressible(sg, microbatches)
+def checked_rank_rows(sg: StageGraph, order: Order, microbatches: int, name: str = "the order",
+                      chain: bool = True) -> list[list[Action]]:
+    """Rank rows of ``order`` after every check: expressible (with ``chain``: a chain of stages, as torch's runtime
+    needs; without, any stage graph whose device groups are equal or disjoint, as opsched's own DAG executor
+    :mod:`opsched.torchrun.dag_runtime` runs), complete, placed, deadlock-free."""
+    if chain:
+        check_expressible(sg, microbatches)
     ranks = stage_ranks(sg)
     _check_placed(sg, order, name)
     rows = _rank_rows(sg, order)

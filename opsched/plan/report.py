@@ -9,6 +9,7 @@ from pathlib import Path
 from opsched.cost.cluster import ZERO_LEVELS
 from opsched.cost.blocks import Mode
 from opsched.export.runtimes import RUNTIMES, layout_fields
+from opsched.schedule.placement import is_chain
 from opsched.schedule import Job, Pair, metrics, pair_duration
 from opsched.units import bytes_text, column_size_unit, column_time_unit, plain, plural, seconds_text
 from opsched.upper.layouts import describe_layout
@@ -112,7 +113,8 @@ def report_text(model: str, cluster, training, limit: float, result, warnings: l
     ]
     lines += baselines_table(result, m, samples, solve)
     lines += (candidates_table(result) + stages_table(result)
-              + runtimes_table(runtimes or {}, overlapped_pairs(result.schedule)))
+              + runtimes_table(runtimes or {}, overlapped_pairs(result.schedule),
+                                 not is_chain(result.schedule.stage_graph)))
     lines += ["", "## How to read this report", "", "```", NOTATION.rstrip(), "", GLOSSARY.rstrip(), "```"]
     return "\n".join(lines) + "\n"
 
@@ -182,8 +184,17 @@ def overlapped_pairs(schedule) -> int:
     return pair_savings(schedule)[1]
 
 
-def runtimes_table(runtimes: dict[str, str | None], overlapped: int = 0) -> list[str]:
-    """The report's Runtimes section: each runtime, the export that writes its files, or why it cannot run the plan."""
+#: report.md's word on who runs a branching plan (issue 44): the production runtimes cannot, `opsched run` can
+DAG_RUNTIMES = ("The stage graph branches (a DAG). torch.distributed.pipelining's schedules, Megatron-LM and "
+                "torchtitan cannot run it: each takes a chain of stages (a V at most), passing activations from "
+                "stage k to stage k+1 only. `opsched run plan.json` runs it, on CPU processes with its own "
+                "point-to-point executor (gloo send/recv along the stage graph's edges), to check its gradients "
+                "against one process; that is a check, not a production runtime.")
+
+
+def runtimes_table(runtimes: dict[str, str | None], overlapped: int = 0, branches: bool = False) -> list[str]:
+    """The report's Runtimes section: each runtime, the export that writes its files, or why it cannot run the plan;
+    for a branching plan, who can run it (:data:`DAG_RUNTIMES`)."""
     if not runtimes:
         return []
     lines = ["", "## Runtimes", "",
@@ -198,6 +209,8 @@ def runtimes_table(runtimes: dict[str, str | None], overlapped: int = 0) -> list
                   "a runtime that overlaps them (DualPipe's) runs the plan as planned; torch's runtime (and "
                   "torchtitan's) runs each `OVERLAP_F_B` as F then B, which takes longer. `opsched plan "
                   "--runtime torch` plans without counting on the overlap."]
+    if branches:
+        lines += ["", DAG_RUNTIMES]
     return lines
 
 

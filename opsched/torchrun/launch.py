@@ -271,9 +271,6 @@ def run_jobs_interleaved(jobs: list[RunJob], timeout: float = 600.0) -> list[lis
 
     The jobs must agree on the number of ranks, steps and warm-up steps.
     """
-    import torch
-    import torch.multiprocessing as mp
-
     if not jobs:
         return []
     for job in jobs:
@@ -281,8 +278,20 @@ def run_jobs_interleaved(jobs: list[RunJob], timeout: float = 600.0) -> list[lis
         if (job.world_size, job.steps, job.warmup) != (jobs[0].world_size, jobs[0].steps, jobs[0].warmup):
             raise OpschedError("interleaved jobs must share the number of ranks, steps and warm-up steps")
     world = jobs[0].world_size
+    per_rank = run_processes(_worker, (jobs,), world, timeout)
+    return [[RankResult(**per_rank[r][k]) for r in range(world)] for k in range(len(jobs))]
+
+
+def run_processes(worker, args: tuple, world: int, timeout: float) -> list:
+    """Start ``worker(rank, *args, workdir)`` on ``world`` spawned processes; each saves its result as
+    ``workdir/rank{rank}.pt`` (``torch.save``); return them in rank order. Raises :class:`OpschedError` when a
+    rank fails or the run exceeds ``timeout`` seconds (every process is then stopped). Also the launcher of
+    :mod:`opsched.torchrun.dag_runtime`."""
+    import torch
+    import torch.multiprocessing as mp
+
     with tempfile.TemporaryDirectory(prefix="opsched-torchrun-") as workdir:
-        ctx = mp.start_processes(_worker, args=(jobs, workdir), nprocs=world, join=False, start_method="spawn")
+        ctx = mp.start_processes(worker, args=(*args, workdir), nprocs=world, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout
         try:
             while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
@@ -301,8 +310,7 @@ def run_jobs_interleaved(jobs: list[RunJob], timeout: float = 600.0) -> list[lis
                 if p.is_alive():
                     p.kill()
                     p.join()
-        per_rank = [torch.load(Path(workdir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
-    return [[RankResult(**per_rank[r][k]) for r in range(world)] for k in range(len(jobs))]
+        return [torch.load(Path(workdir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
 def _check_job(job: RunJob) -> None:
