@@ -73,6 +73,7 @@ class _ChunkCost:
     grad_sync: float = 0.0
     optimizer: float = 0.0
     context_ring: float = 0.0  # exposed K/V ring time per microbatch, in F and I (part of them)
+    comm: float = 0.0  # communication in F and I per microbatch (part of them): what an overlapped pair may hide
     streams: PassStreams | None = None  # the passes' compute and communication operations
 
 
@@ -128,6 +129,7 @@ def _chunk_cost(bg: nx.DiGraph, index: ModelIndex, members: list[int], layout: P
         out.grad_sync += share.grad_sync
         out.optimizer += share.optimizer
         out.context_ring += share.context_ring
+        out.comm += share.cost.f_comm + share.cost.i_comm
     gather = 0.0
     if layout.zero >= 3:
         # FSDP gathers the weights before use in F and again in I; an all-gather is half a ring all-reduce

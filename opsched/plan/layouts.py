@@ -359,13 +359,14 @@ def _busiest_rank_work(stages: list[Stage], optimizer: list[float], pp: int, mic
 
 def layout_floor(bg: nx.DiGraph, cluster: Cluster, training: Training, layout: ParallelLayout, *, global_batch: int,
                  micro_batch_size: int, memory_limit: float | None = None, index: ModelIndex | None = None,
-                 than: StageGraph | None = None, whole_sync: bool = False) -> float | None:
+                 than: StageGraph | None = None, whole_sync: bool = False, schedule: str | None = None) -> float | None:
     """A lower bound on :func:`evaluate_layout`'s step time for ``layout`` (its busiest rank's work, costed
     without simulating a schedule; with ``whole_sync`` on its :attr:`Evaluation.planner_step`, which has no
     optimizer step), or None when its parameters' state alone overflows the memory limit (no
     recomputation makes it fit), or when ``than`` (the stages of the same layout under another recomputation,
     whose schedule overflowed) held no more activations in any stage: Megatron's schedules run a fixed order
-    per rank, so the peak would be the same.
+    per rank, so the peak would be the same. ``schedule``: as :func:`evaluate_layout` takes it; DualPipe holds
+    two copies of the chunks (their parameters twice) and needs an even count of at least 2 x pp microbatches.
 
     Cheap next to :func:`evaluate_layout` (no schedule is simulated), so
     :func:`search_layouts` ranks every layout by it first.
@@ -375,15 +376,30 @@ def layout_floor(bg: nx.DiGraph, cluster: Cluster, training: Training, layout: P
     split = split_layers(index, layout.encoders_first)[0]
     layout.check_model(len(split), index.experts, len(index.mtp_layers))
     M = global_batch // (layout.dp * micro_batch_size)
+    copies = copies_of_chunks(schedule or "")
+    if copies > 1 and (layout.pp % 2 or layout.vpp > 1 or M % 2 or M < 2 * layout.pp):
+        raise OpschedError(f"{schedule} needs an even pp, vpp 1 and an even count of at least 2 x pp microbatches")
     chunks = layer_chunks(bg, layout.pp * layout.vpp, index, encoders_first=layout.encoders_first,
                           units=layout.chunk_units(len(split), len(index.mtp_layers)))
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
-    if max(_held_param_bytes(bg, index, chunks, layout, training)) > limit:
+    if max(_per_rank_of_copies(_held_param_bytes(bg, index, chunks, layout, training), schedule or "")) > limit:
         return None  # checked before the passes are costed: most layouts of a large model end here
-    stages, _, optimizer, _ = _chunk_stages(bg, index, chunks, layout, cluster, training, streams=False)
+    stages, _, optimizer, _ = _chunk_stages(bg, index, chunks, layout, cluster, training, streams=False,
+                                            comm=(comm := []))
     if than is not None and all(s.act_bytes >= t.act_bytes and s.act_w_bytes >= t.act_w_bytes
                                 for s, t in zip(stages, than.stages)):
         return None
+    optimizer = _per_rank_of_copies(optimizer, schedule or "")
+    if copies > 1:
+        # rank r runs chunk r for half the microbatches and chunk pp-1-r for the other half; an overlapped F&B
+        # pair may hide communication under compute, so its compute and its communication each bound it
+        def rank_work(r: int) -> float:
+            mine = (r, layout.pp - 1 - r)
+            total = M / 2 * sum(stages[c].duration(p) for c in mine for p in "FIW")
+            hidden = M / 2 * sum(comm[c] for c in mine)
+            return max(total - hidden, hidden)
+
+        return max(map(rank_work, range(layout.pp))) + (0.0 if whole_sync else max(optimizer))
     return _busiest_rank_work(stages, optimizer, layout.pp, M, with_optimizer=not whole_sync)
 
 
@@ -425,10 +441,11 @@ def _breakdown(busy: list[float], context: list[float] | None, makespan: float, 
 
 def _chunk_stages(
     bg: nx.DiGraph, index: ModelIndex, chunks: list[list[int]], layout: ParallelLayout, cluster: Cluster,
-    training: Training, streams: bool = True,
+    training: Training, streams: bool = True, comm: list[float] | None = None,
 ) -> tuple[list[Stage], list[float], list[float], list[float]]:
     """One stage per chunk on its pipeline rank, with each rank's gradient sync, optimizer step and exposed K/V ring;
-    without ``streams`` the stages carry no stream operations (a floor needs only the passes' times)."""
+    without ``streams`` the stages carry no stream operations (a floor needs only the passes' times). ``comm``:
+    a list that receives each chunk's communication in F and I per microbatch."""
     stages, sync, optimizer, ring = [], [0.0] * layout.pp, [0.0] * layout.pp, [0.0] * layout.pp
     cluster_key = _cluster_key(cluster)  # the same for every chunk
     for c, members in enumerate(chunks):
@@ -441,6 +458,8 @@ def _chunk_stages(
         sync[rank] += cost.grad_sync
         optimizer[rank] += cost.optimizer
         ring[rank] += cost.context_ring
+        if comm is not None:
+            comm.append(cost.comm)
     return stages, sync, optimizer, ring
 
 
