@@ -234,7 +234,9 @@ def test_the_layout_floor_is_below_every_evaluated_step_and_the_best_first_searc
                 assert floor <= step * (1 + 1e-12), (str(lay), whole_sync, floor, step)
         # the floor's memory check counts each rank's parameter state as the costed stages hold it
         chunks = layer_chunks(llama, e.layout.pp * e.layout.vpp, model_index(llama), e.layout.ends_as_layers)
-        held = _held_param_bytes(llama, model_index(llama), chunks, e.layout.resolved(devices), Training())
+        from opsched.plan.chunk_cost import chunk_classes
+        classes = [chunk_classes(model_index(llama), members) for members in chunks]
+        held = _held_param_bytes(llama, model_index(llama), classes, e.layout.resolved(devices), Training())
         sg = e.schedule.stage_graph
         assert held == pytest.approx([sum(s.param_bytes for s in sg.stages if s.devices == (r,))
                                       for r in range(e.layout.pp)])
