@@ -181,8 +181,10 @@ def test_the_layout_grid_tries_every_virtual_pipeline_degree_that_divides_not_on
 
     grid = layout_grid(128, 8, layers=56, experts=8)
     assert "tp2 pp8 vpp7 ep8 dp8 sp zero1" in {str(lay) for lay in grid}
-    assert all(56 % (lay.pp * lay.vpp) == 0 for lay in grid)
+    assert all(56 % (lay.pp * lay.vpp) == 0 for lay in grid if not lay.pipeline_layout)
     assert {lay.vpp for lay in grid if lay.pp == 2} == {1, 2, 4, 7}
+    # a pp dividing no layer count is split unevenly (a layout string), and only such a pp
+    assert {lay.pp for lay in grid if lay.pipeline_layout} == {16}
 
 
 def test_layout_search_with_tp_comm_overlap_overlaps_every_tensor_parallel_layout_and_is_never_slower(llama):
@@ -232,7 +234,9 @@ def test_the_layout_floor_is_below_every_evaluated_step_and_the_best_first_searc
                 assert floor <= step * (1 + 1e-12), (str(lay), whole_sync, floor, step)
         # the floor's memory check counts each rank's parameter state as the costed stages hold it
         chunks = layer_chunks(llama, e.layout.pp * e.layout.vpp, model_index(llama), e.layout.ends_as_layers)
-        held = _held_param_bytes(llama, model_index(llama), chunks, e.layout.resolved(devices), Training())
+        from opsched.plan.chunk_cost import chunk_classes
+        classes = [chunk_classes(model_index(llama), members) for members in chunks]
+        held = _held_param_bytes(llama, model_index(llama), classes, e.layout.resolved(devices), Training())
         sg = e.schedule.stage_graph
         assert held == pytest.approx([sum(s.param_bytes for s in sg.stages if s.devices == (r,))
                                       for r in range(e.layout.pp)])
@@ -284,7 +288,7 @@ def test_layout_search_keeps_only_accepted_layouts_and_still_the_fastest_of_them
 def test_layout_search_at_least_matches_mixtrals_published_layout(mixtral):
     """Megatron-Core's Mixtral run (TP1 EP8 PP4 VPP8 on 64 H100, GBS 256): the search the planner runs (ranked as
     it counts a step: the whole gradient sync) finds a layout no slower than that one, and keeps the experts
-    spread over devices without tensor parallelism, as Megatron does. Ranked by evaluate's step time instead, the
+    spread over devices (since DualPipe joined the search its best is DualPipe on tp4 pp2 ep8). Ranked by evaluate's step time instead, the
     search returned PP2 x DP32, slower on the planner's count: its 32 replicas sync more."""
     from opsched.plan.layout_search import search_layouts
 
@@ -295,7 +299,7 @@ def test_layout_search_at_least_matches_mixtrals_published_layout(mixtral):
     planned = search_layouts(bg, cluster, Training(), global_batch=256, tokens_per_sequence=4096, whole_sync=True)
     assert published.fits and planned[0].fits
     assert planned[0].planner_step <= published.planner_step
-    assert planned[0].layout.tp == 1 and planned[0].layout.ep > 1
+    assert planned[0].layout.ep > 1
 
 
 def test_layout_search_on_fewer_devices_never_loses_to_the_search_on_all(llama):
@@ -560,14 +564,18 @@ def test_tp_comm_overlap_hides_the_tensor_parallel_collectives_up_to_the_compute
 def test_the_layout_grid_counts_the_ends_as_layers_where_no_depth_divides_the_layers():
     """BLOOM-176B's 70 layers on 384 devices (3 x 128): no pp dividing 70 takes the factor 3, so only the
     depths that count the embedding and the head as layers (72 units) use every device with dp a power of 2
-    (a global batch of 2048 needs that); the published tp4 pp12 is one of them."""
+    (a global batch of 2048 needs that) beside the uneven splits (layout strings) of the depths no even split
+    takes; the published tp4 pp12 is one of them."""
     from opsched.plan.layout_search import layout_grid
 
     grid = layout_grid(384, 8, layers=70, experts=0)
     assert "tp4 pp12 dp8 sp zero1 ends-as-layers" in {str(l) for l in grid}
     whole_batch = [l for l in grid if 2048 % l.dp == 0]
-    assert whole_batch and all(l.ends_as_layers for l in whole_batch)
-    assert all(l.devices == 384 and (70 + 2 * l.ends_as_layers) % (l.pp * l.vpp) == 0 for l in grid)
+    assert whole_batch and all(l.ends_as_layers or l.pipeline_layout for l in whole_batch)
+    assert all(l.devices == 384 and (70 + 2 * l.ends_as_layers) % (l.pp * l.vpp) == 0 for l in grid
+               if not l.pipeline_layout)
+    assert all(70 % l.pp and 72 % l.pp for l in grid if l.pipeline_layout)
+    assert {l.pp for l in grid if l.pipeline_layout} == {16, 32}  # 16 x vpp 2 and 32 chunks: 2 units or more each
     assert not any(l.ends_as_layers and 70 % l.pp == 0 for l in grid)  # a depth dividing the layers: as before
     assert not any(l.ends_as_layers for l in layout_grid(8, 8, layers=32, experts=0))
 
@@ -622,3 +630,58 @@ def test_a_moe_layers_collectives_cost_the_same_whatever_blocks_its_experts_were
     assert split.F > 2 * 7 * cluster.intra_node_latency
     expert = _moe_layer(True).nodes[1]["block"]
     assert _weights_read_once_per_ep(expert, 8).io_bytes == pytest.approx(3e6 - 2e6 * 7 / 8)
+
+
+def test_the_layout_search_splits_a_pipeline_unevenly_where_no_depth_divides_the_layers(llama):
+    """Llama 7B's 32 layers on 6 devices: pp 3 and 6 divide neither 32 nor 34, so the search tries them as
+    Megatron-Core layout strings (the balanced split, the embedding first and the loss last); each evaluated as
+    `evaluate --layout ...,pipeline_layout=...` gives it, and the search's best is never slower than any layout
+    of the grid evaluated the same way (the published layout among them)."""
+    from opsched.plan.layout_search import layout_grid, search_layouts
+
+    c = preset("h100-sxm", 6)
+    kw = dict(global_batch=12, tokens_per_sequence=4096, memory_limit=1e30, recompute=("none",))
+    every = search_layouts(llama, c, Training(), keep=10_000, whole_sync=True, **kw)
+    uneven = [e for e in every if e.layout.pipeline_layout]
+    assert {e.layout.pp for e in uneven} == {3, 6}
+    for e in uneven:
+        counts = [len({index_layer for index_layer in map(model_index(llama).layer_of.get, chunk)} - {None})
+                  for chunk in e.chunks]
+        assert sum(counts) == 32 and max(counts) - min(counts) <= 2  # balanced, the ends a layer lighter
+        again = evaluate_layout(llama, c, Training(), ParallelLayout.parse(
+            f"tp={e.layout.tp},pp={e.layout.pp},pipeline_layout={e.layout.pipeline_layout}"),
+            global_batch=12, micro_batch_size=1, tokens_per_sequence=4096)
+        assert again.planner_step == pytest.approx(e.planner_step, rel=1e-12)
+    best = search_layouts(llama, c, Training(), whole_sync=True, **kw)[0]
+    assert best.planner_step <= min(e.planner_step for e in every) * (1 + 1e-12)
+    assert {str(e.layout) for e in uneven} <= {str(lay) for lay in layout_grid(6, 8, layers=32, experts=0)}
+
+
+def test_dualpipe_joins_the_moe_layout_search_with_a_floor_below_its_step(mixtral):
+    """On a MoE model the search runs DualPipe beside Megatron's 1F1B where the layout allows it (even pp, vpp 1):
+    each DualPipe row is what `evaluate --schedule dualpipe` gives, its floor (what the search ranks and prunes
+    by) is under its step, its parameters are held twice, and the best found is the fastest of all."""
+    from opsched.plan.layout_search import search_layouts
+    from opsched.plan.layouts import layout_floor
+
+    c = preset("h100-sxm", 8)
+    kw = dict(global_batch=16, tokens_per_sequence=4096, memory_limit=1e30, recompute=("none",))
+    every = search_layouts(mixtral, c, Training(), keep=10_000, whole_sync=True, **kw)
+    dual = [e for e in every if e.schedule_name == "dualpipe"]
+    for e in every:
+        floor = layout_floor(mixtral, c, Training(), e.layout, global_batch=16, micro_batch_size=1,
+                             memory_limit=1e30, whole_sync=True,
+                             schedule="dualpipe" if e.schedule_name == "dualpipe" else None)
+        assert floor <= e.planner_step * (1 + 1e-12), (str(e.layout), e.schedule_name)
+    assert dual and all(e.layout.pp % 2 == 0 and e.layout.vpp == 1 for e in dual)
+    assert {e.schedule_name for e in every} >= {"1f1b", "dualpipe"}
+    for e in dual:
+        again = evaluate_layout(mixtral, c, Training(), e.layout, global_batch=16, micro_batch_size=1,
+                                tokens_per_sequence=4096, schedule="dualpipe")
+        assert again.planner_step == pytest.approx(e.planner_step, rel=1e-12)
+        one = evaluate_layout(mixtral, c, Training(), e.layout, global_batch=16, micro_batch_size=1,
+                              tokens_per_sequence=4096)
+        assert max(device_param_bytes(e.schedule.stage_graph)) == pytest.approx(
+            2 * max(device_param_bytes(one.schedule.stage_graph)), rel=0.35)  # two copies (ends differ)
+    best = search_layouts(mixtral, c, Training(), whole_sync=True, **kw)[0]
+    assert best.planner_step <= min(e.planner_step for e in every) * (1 + 1e-12)

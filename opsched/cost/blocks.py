@@ -567,7 +567,7 @@ def _block_cost(block: Block, mode: Mode, devices: tuple[int, ...], cluster: Clu
         replicas = devices[:: mode.tp]
         bw, lat = cluster.link(replicas, replicas)
         sync = allreduce_time(block.param_count / mode.tp * training.grad_bytes, mode.dp, bw, lat)
-    act = stored_activation_bytes(block, mode, training.sequence_parallel)
+    act = stored_activation_bytes(block, mode, training.sequence_parallel) - fp8_cached_saving(block, share, training)
     # the weight gradient needs the inputs of the weight matmuls: about half the saved tensors
     act_w = act / 2 if has_weights else 0.0
     # an unfused attention keeps its scores for the backward too (a fused one recomputes them inside its kernel)
@@ -617,8 +617,24 @@ def recomputed_parts(block: Block, parts: frozenset[str], share: int, cluster: C
                         matmul_io_bytes=p.matmul_io_bytes, attention_flops=p.attention_flops,
                         attention_io_bytes=p.attention_io_bytes)
             again += compute_time(sub, share, cluster, training.dtype, training.attention)
-            saved += p.saved_bytes / share
+            # what the part kept, as it kept it: its linear layers' inputs in FP8 under --dtype fp8
+            saved += (p.saved_bytes - (p.fp8_input_saving if training.dtype == "fp8" else 0.0)) / share
     return again, saved
+
+
+def fp8_cached_saving(block: Block, share: int, training: Training) -> float:
+    """Bytes one of ``share`` devices does not store of ``block``'s saved activations when its linear layers run in
+    FP8 (``training.dtype`` fp8): their inputs are kept cast to FP8, one byte an element
+    (:attr:`opsched.model.graph.OpNode.fp8_input_saving`; Transformer Engine's ``Linear`` keeps the quantized input
+    for its weight-gradient GEMM, NVIDIA/TransformerEngine ``transformer_engine/pytorch/module/linear.py``;
+    DeepSeek-V3 caches the inputs of its FP8 linear layers in FP8, arXiv 2412.19437 §3.3). 0 in any other dtype.
+
+    >>> from opsched.cost.cluster import Training
+    >>> b = Block(0, "mlp", (), (), saved_bytes=40.0, fp8_input_saving=16.0)
+    >>> fp8_cached_saving(b, 2, Training(dtype="fp8")), fp8_cached_saving(b, 2, Training())
+    (8.0, 0.0)
+    """
+    return block.fp8_input_saving / share if training.dtype == "fp8" else 0.0
 
 
 def stored_activation_bytes(block: Block, mode: Mode, sequence_parallel: bool = True) -> float:

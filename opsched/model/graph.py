@@ -77,6 +77,10 @@ class OpNode:
     #: exported as its MatMul / Softmax chain, whose ops carry that traffic already
     attention_scores: float = 0.0
     attention_gemm_padded_flops: float = 0.0
+    #: of ``saved_bytes``: what keeping the activation inputs of weight matmuls (linear layers) in FP8, one byte
+    #: an element, frees: an FP8 GEMM keeps its input cast to FP8 for the weight gradient (Transformer Engine's
+    #: Linear; DeepSeek-V3 caches these activations in FP8, arXiv 2412.19437 §3.3), read with ``--dtype fp8``
+    fp8_input_saving: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,7 @@ class Block:
     attention_scores: float = 0.0
     attention_gemm_padded_flops: float = 0.0
     matmul_padded_flops: float = 0.0
+    fp8_input_saving: float = 0.0  # OpNode.fp8_input_saving, summed
     op_types: dict[str, int] = field(default_factory=dict, compare=False)
     #: the forward costs of its operators by the part of Megatron's recompute modules they belong to
     #: (:func:`opsched.model.recompute_modules.part_costs`; empty for a hand-made Block)
@@ -114,7 +119,7 @@ class Block:
 COST_FIELDS = ("flops", "param_count", "param_bytes", "output_bytes", "io_bytes", "saved_bytes", "tp_comm_bytes",
                "matmul_flops", "matmul_io_bytes", "attention_flops", "attention_io_bytes", "tp_replicated_bytes",
                "attention_kv_bytes", "mla_qkv_saved_bytes", "attention_scores_bytes", "attention_scores", "attention_gemm_padded_flops",
-               "matmul_padded_flops")
+               "matmul_padded_flops", "fp8_input_saving")
 
 
 def common_scope(scopes) -> tuple[str, ...]:

@@ -55,6 +55,7 @@ class PartCost(NamedTuple):
     attention_flops: float
     attention_io_bytes: float
     saved_bytes: float
+    fp8_input_saving: float = 0.0  # of saved_bytes: what keeping weight matmuls' inputs in FP8 frees
 
 
 def parts_of(modules) -> frozenset[str]:
@@ -105,11 +106,12 @@ def part_costs(ops) -> tuple[PartCost, ...]:
         part = module_part(op)
         if part is None:
             continue
-        row = sums.setdefault(part, [0.0] * 8)
+        row = sums.setdefault(part, [0.0] * 9)
         kept = 0.0 if part == "mla_up_proj" else op.saved_bytes - op.mla_qkv_saved_bytes
+        fp8 = 0.0 if part == "mla_up_proj" else op.fp8_input_saving
         for k, value in enumerate((op.flops, op.matmul_flops, op.matmul_padded_flops, op.io_bytes, op.matmul_io_bytes,
-                                   op.attention_flops, op.attention_io_bytes, kept)):
+                                   op.attention_flops, op.attention_io_bytes, kept, fp8)):
             row[k] += value
         if op.mla_qkv_saved_bytes:
-            sums.setdefault("mla_up_proj", [0.0] * 8)[7] += op.mla_qkv_saved_bytes
+            sums.setdefault("mla_up_proj", [0.0] * 9)[7] += op.mla_qkv_saved_bytes
     return tuple(PartCost(part, *row) for part, row in sums.items())

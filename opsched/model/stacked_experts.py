@@ -288,6 +288,7 @@ def _folded_cost(read: OpNode, matmul: OpNode, gathered: float) -> OpNode:
     # keeps the stacked weight instead, a parameter
     summed["saved_bytes"] = read.saved_bytes + max(0.0, matmul.saved_bytes - gathered)
     summed["tp_replicated_bytes"] = min(summed["tp_replicated_bytes"], summed["saved_bytes"])
+    summed["fp8_input_saving"] = min(summed["fp8_input_saving"], summed["saved_bytes"])
     summed["io_bytes"] = matmul.io_bytes - gathered + weight_read
     summed["matmul_io_bytes"] = max(0.0, matmul.matmul_io_bytes - gathered) + weight_read * bool(matmul.matmul_io_bytes)
     return OpNode(matmul.name, matmul.op_type, matmul.scope, **summed)

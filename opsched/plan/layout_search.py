@@ -1,7 +1,8 @@
 """The Megatron-style layout search: the layouts a user could run, and the fastest that fit.
 
 :func:`layout_grid` enumerates Megatron-style layouts (tp within a node, pp dividing the layers, with the ends
-counted as layers where needed, vpp, ep folded over dp, cp for long sequences), and :func:`search_layouts`
+counted as layers where needed, or split unevenly by a layout string, vpp, ep folded over dp or tp x dp, cp for
+long sequences), :func:`layout_schedules` their schedules (DualPipe on a MoE model), and :func:`search_layouts`
 evaluates them best first with :func:`opsched.plan.layouts.evaluate_layout`, in the order of their
 :func:`opsched.plan.layouts.layout_floor`, keeping the fastest that fit (docs/cost-model.md, "Searching layouts").
 """
@@ -19,6 +20,7 @@ import networkx as nx
 from opsched.cost.cluster import RECOMPUTE_MODES, Cluster, Training, with_devices
 from opsched.errors import OpschedError
 from opsched.cost.parallel_layout import ParallelLayout
+from opsched.cost.pipeline_split import balanced_layout, compact_pipeline_layout
 from opsched.schedule import StageGraph
 from opsched.units import plain
 from opsched.plan.layouts import Evaluation, ModelIndex, evaluate_layout, layout_floor, model_index
@@ -60,42 +62,99 @@ def context_degrees(per_pipeline_rank: int, tp: int, devices_per_node: int, seq_
 
 
 def layout_grid(devices: int, devices_per_node: int, layers: int, experts: int, zero: int = 1,
-                seq_len: int = 0, tp_overlap: bool = False, attention: str = "fused") -> list[ParallelLayout]:
+                seq_len: int = 0, tp_overlap: bool = False, attention: str = "fused",
+                mtp_layers: int = 0, uneven: bool = True) -> list[ParallelLayout]:
     """Megatron-style layouts a user could run on ``devices``: the space :func:`search_layouts` evaluates.
 
-    tp up to a node (tensor groups stay on NVLink), pp dividing the layers,
-    vpp from :data:`SEARCH_VPP` dividing the layers per rank, ep the experts'
-    divisors that divide dp (folded over the replicas), cp from
-    :func:`context_degrees` for a sequence of ``seq_len`` tokens (with ep = 1:
-    cp with ep is not modelled), sequence parallelism whenever tp > 1, and
-    ZeRO level ``zero`` (default 1, the distributed optimizer: the same
-    gradient traffic as an all-reduce, less memory), and with ``tp_overlap``
-    Megatron's ``--tp-comm-overlap`` wherever tp > 1; every layout runs
-    ``attention`` (the user's kernel, not a choice of the search).
+    tp up to a node (tensor groups stay on NVLink), pp dividing the layers
+    (and, where none divides them, with ``uneven`` the uneven splits of
+    :func:`uneven_splits` as Megatron-Core's ``pipeline_layout`` strings over
+    ``layers`` decoder and ``mtp_layers`` MTP layers), vpp from :data:`SEARCH_VPP` dividing the layers
+    per rank, ep the experts' divisors that divide dp (folded over the
+    replicas) and, with tp > 1, those dividing tp x dp with etp 1 (Megatron-Core's
+    parallel folding), cp from :func:`context_degrees` for a sequence of
+    ``seq_len`` tokens (with ep = 1: cp with ep is not modelled), sequence
+    parallelism whenever tp > 1, and ZeRO level ``zero`` (default 1, the
+    distributed optimizer: the same gradient traffic as an all-reduce, less
+    memory), and with ``tp_overlap`` Megatron's ``--tp-comm-overlap`` wherever
+    tp > 1; every layout runs ``attention`` (the user's kernel, not a choice
+    of the search).
 
     >>> [str(l) for l in layout_grid(4, 4, layers=2, experts=0)]
     ['tp1 pp1 dp4 zero1', 'tp1 pp2 dp2 zero1', 'tp2 pp1 dp2 sp zero1', 'tp2 pp2 dp1 sp zero1', 'tp4 pp1 dp1 sp zero1']
     >>> [str(l) for l in layout_grid(4, 4, layers=2, experts=0, seq_len=8192) if l.cp > 1]
     ['tp1 pp1 cp2 dp2 zero1', 'tp1 pp1 cp4 dp1 zero1', 'tp1 pp2 cp2 dp1 zero1', 'tp2 pp1 cp2 dp1 sp zero1']
+    >>> [str(l) for l in layout_grid(4, 4, layers=5, experts=0) if l.pipeline_layout][:2]
+    ['tp1 pp2 dp2 zero1 pipeline_layout=Et*3|ttL', 'tp2 pp2 dp1 sp zero1 pipeline_layout=Et*3|ttL']
     """
     grid = []
     tps = [t for t in range(1, min(devices, devices_per_node) + 1) if devices % t == 0 and devices_per_node % t == 0]
     for tp in tps:
+        splits = []  # (pp, vpps, ends_as_layers, pipeline_layout per vpp)
         for pp, ends in pipeline_depths(layers, devices // tp):
             units = layers + 2 * ends  # what the pp x vpp chunks split: the layers, and the ends if they count
             vpps = [v for v in SEARCH_VPP if pp > 1 and units % (pp * v) == 0
                     and units // (pp * v) > ends] or [1]  # counted ends leave a layer in the first and last chunk
+            splits += [(pp, vpp, ends, "") for vpp in vpps]
+        if uneven:
+            splits += [(pp, vpp, False, text) for pp, vpp, text in uneven_splits(layers, mtp_layers, devices // tp)]
+        for pp, vpp, ends, text in splits:
             for cp in context_degrees(devices // pp, tp, devices_per_node, seq_len):
                 dp = devices // (tp * pp * cp)
-                eps = [e for e in range(1, experts + 1) if experts % e == 0 and dp % e == 0] \
-                    if experts and cp == 1 else [1]  # cp with ep > 1 is not modelled
-                for vpp in vpps:
-                    for ep in eps:
-                        # sequence parallel with tensor parallel, as Megatron recommends and opsched exports plans
-                        grid.append(ParallelLayout(tp=tp, pp=pp, vpp=vpp, ep=ep, cp=cp, dp=dp, sp=tp > 1, zero=zero,
-                                                   ends_as_layers=ends, tp_overlap=tp_overlap and tp > 1,
-                                                   attention=attention))
+                for ep, etp in expert_degrees(experts, tp, dp) if cp == 1 else [(1, 0)]:  # cp with ep: not modelled
+                    # sequence parallel with tensor parallel, as Megatron recommends and opsched exports plans
+                    grid.append(ParallelLayout(tp=tp, pp=pp, vpp=vpp, ep=ep, etp=etp, cp=cp, dp=dp, sp=tp > 1,
+                                               zero=zero, ends_as_layers=ends, tp_overlap=tp_overlap and tp > 1,
+                                               attention=attention, pipeline_layout=text))
     return grid
+
+
+def expert_degrees(experts: int, tp: int, dp: int) -> list[tuple[int, int]]:
+    """(ep, etp) pairs :func:`layout_grid` tries: ep dividing the experts and dp with the experts' tensor
+    parallelism that of the layer (etp 0: tp), and, with tp > 1, ep dividing tp x dp with etp 1 (Megatron-Core's
+    parallel folding: Megatron-Bridge runs DeepSeek-V3 at TP2 EP64 ETP1). ``[(1, 0)]`` for a dense model.
+
+    >>> expert_degrees(8, 2, 2)
+    [(1, 0), (2, 0), (1, 1), (2, 1), (4, 1)]
+    >>> expert_degrees(0, 2, 2)
+    [(1, 0)]
+    """
+    if not experts:
+        return [(1, 0)]
+    folded = [(e, 0) for e in range(1, experts + 1) if experts % e == 0 and dp % e == 0]
+    if tp > 1:
+        folded += [(e, 1) for e in range(1, experts + 1) if experts % e == 0 and (tp * dp) % e == 0]
+    return folded
+
+
+#: the fewest units (embedding, layer, MTP layer or loss) an uneven split's chunk holds on average: Megatron-Bridge's
+#: DeepSeek-V3 layout ``Et|(tt|)*30mL`` has 2; more chunks only add transfers and keeps the grid small
+UNEVEN_MIN_UNITS = 2
+
+
+def uneven_splits(layers: int, mtp_layers: int, devices: int) -> list[tuple[int, int, str]]:
+    """(pp, vpp, pipeline_layout) for the pp dividing ``devices`` that split ``layers`` neither evenly nor with the
+    ends counted as layers (:func:`pipeline_depths`): each pp x vpp chunks of the balanced layout string
+    (:func:`opsched.cost.pipeline_split.balanced_layout`: the embedding in the first chunk, the MTP layers and the
+    loss in the last, the first and last chunks the lightest), with at least :data:`UNEVEN_MIN_UNITS` units a
+    chunk on average. 61 layers + 1 MTP layer on 16 ranks: DeepSeek-V3's PP16 and Megatron-Bridge's PP8 VP4.
+
+    >>> [(pp, vpp, t) for pp, vpp, t in uneven_splits(61, 1, 16) if (pp, vpp) in ((16, 1), (8, 4))]
+    [(8, 4, 'Et|(tt|)*30mL'), (16, 1, 'Et*3|(t*4|)*14ttmL')]
+    """
+    even = {pp for pp, _ in pipeline_depths(layers, devices)}
+    units = layers + mtp_layers + 2
+    out = []
+    for pp in range(2, devices + 1):
+        if devices % pp or pp in even:
+            continue
+        for vpp in SEARCH_VPP:
+            if pp * vpp * UNEVEN_MIN_UNITS > units:
+                break
+            chunks = balanced_layout(layers, mtp_layers, pp * vpp)
+            if chunks and all(chunks):
+                out.append((pp, vpp, compact_pipeline_layout(chunks)))
+    return out
 
 
 def pipeline_depths(layers: int, devices: int) -> list[tuple[int, bool]]:
@@ -118,34 +177,35 @@ def pipeline_depths(layers: int, devices: int) -> list[tuple[int, bool]]:
     return sorted(plain + ends)
 
 
-def _costed_layouts(bg: nx.DiGraph, cluster: Cluster, training: Training, grid: list[ParallelLayout], *,
+def _costed_layouts(bg: nx.DiGraph, cluster: Cluster, training: Training, grid: list[Candidate], *,
                     global_batch: int, memory_limit: float | None, recompute: tuple[str, ...], index: ModelIndex,
                     deadline: float | None, whole_sync: bool) -> list[tuple[float, int, int, ParallelLayout]]:
     """A heap of (floor, grid position, 0, layout with ``recompute[0]``) for every layout of ``grid`` whose
     replicas divide the global batch and whose parameters' state fits (:func:`layout_floor`)."""
     heap: list[tuple[float, int, int, ParallelLayout]] = []
-    for k, layout in enumerate(grid):
+    for k, (layout, schedule) in enumerate(grid):
         if deadline is not None and time.monotonic() > deadline:
             log.info("layouts: the time limit was spent: %s of %s not costed", plain(len(grid) - k), plain(len(grid)))
             break
         if global_batch % layout.dp == 0:
             _push_costed(heap, bg, cluster, training, layout, k, recompute, 0, global_batch=global_batch,
-                         memory_limit=memory_limit, index=index, whole_sync=whole_sync)
+                         memory_limit=memory_limit, index=index, whole_sync=whole_sync, schedule=schedule)
     return heap
 
 
 def _push_costed(heap: list, bg: nx.DiGraph, cluster: Cluster, training: Training, layout: ParallelLayout, k: int,
                  recompute: tuple[str, ...], r: int, *, global_batch: int, memory_limit: float | None,
-                 index: ModelIndex, than: StageGraph | None = None, whole_sync: bool = False) -> None:
+                 index: ModelIndex, than: StageGraph | None = None, whole_sync: bool = False,
+                 schedule: str | None = None) -> None:
     """Push ``layout`` (grid position ``k``) with recomputation ``recompute[r]`` and its floor, or with the first
     later setting that could fit where that one cannot (:func:`layout_floor`, ``than`` as there); nothing when
     none can or the model cannot take the layout."""
     for r in range(r, len(recompute)):
-        lay = dataclasses.replace(layout, recompute=recompute[r])
+        lay = with_recompute(layout, recompute[r])
         try:
             floor = layout_floor(bg, with_devices(cluster, layout.devices), training, lay, global_batch=global_batch,
                                  micro_batch_size=1, memory_limit=memory_limit, index=index, than=than,
-                                 whole_sync=whole_sync)
+                                 whole_sync=whole_sync, schedule=schedule)
         except OpschedError:
             return  # a layout the model cannot take (evaluate_layout would refuse it too)
         if floor is not None:
@@ -153,6 +213,60 @@ def _push_costed(heap: list, bg: nx.DiGraph, cluster: Cluster, training: Trainin
             return
         if than is None:
             return  # its parameters' state overflows: so with every setting
+
+
+#: a layout with its schedule (None: Megatron's 1F1B, interleaved when vpp > 1)
+Candidate = tuple[ParallelLayout, "str | None"]
+
+#: recomputation by module (Megatron-Core's ``--recompute-modules``) the search tries on a MoE model between no
+#: recomputation and the selective one: DeepSeek-V3's own (RMSNorm and the MLA up-projections, arXiv 2412.19437
+#: §3.3.3) and Megatron-Bridge's for DeepSeek-V3 (the MLA up-projections and the dense MLPs)
+MODULE_SETTINGS = ("modules:layernorm+mla_up_proj", "modules:mla_up_proj+mlp")
+
+
+def recompute_ladder(modes: tuple[str, ...], experts: int) -> tuple[str, ...]:
+    """The recomputation settings :func:`search_layouts` tries in turn: ``modes`` and, on a MoE model
+    (``experts``) searched with every mode, :data:`MODULE_SETTINGS` after the first.
+
+    >>> recompute_ladder(RECOMPUTE_MODES, 8)
+    ('none', 'modules:layernorm+mla_up_proj', 'modules:mla_up_proj+mlp', 'selective', 'full')
+    >>> recompute_ladder(RECOMPUTE_MODES, 0) == RECOMPUTE_MODES
+    True
+    """
+    if not experts or tuple(modes) != tuple(RECOMPUTE_MODES):
+        return tuple(modes)
+    return modes[:1] + MODULE_SETTINGS + tuple(modes[1:])
+
+
+def with_recompute(layout: ParallelLayout, setting: str) -> ParallelLayout:
+    """``layout`` with one setting of :func:`recompute_ladder`: a recompute mode, or ``modules:`` Megatron's modules.
+
+    >>> str(with_recompute(ParallelLayout(), "modules:layernorm+mla_up_proj"))
+    'tp1 pp1 dp0 recompute_modules=layernorm+mla_up_proj'
+    """
+    if setting.startswith("modules:"):
+        return dataclasses.replace(layout, recompute="none", recompute_modules=setting.removeprefix("modules:"))
+    return dataclasses.replace(layout, recompute=setting, recompute_modules="")
+
+
+#: schedules the search tries beside Megatron's (interleaved) 1F1B where a layout allows them: DualPipe
+#: (DeepSeek-V3's, arXiv 2412.19437 §3.2.1) on an even pp with one chunk a rank
+EXTRA_SCHEDULES = ("dualpipe",)
+
+
+def layout_schedules(layout: ParallelLayout, experts: int) -> list[str | None]:
+    """The schedules :func:`search_layouts` runs ``layout`` with: Megatron's (None) and, on a MoE model
+    (``experts``, what DualPipe was made for: its overlap hides the expert all-to-all), :data:`EXTRA_SCHEDULES`
+    where the layout allows them (an even pp of at least 2 and vpp 1). Dense models keep Megatron's schedules
+    alone, as their published rows ran.
+
+    >>> layout_schedules(ParallelLayout(pp=4), 8), layout_schedules(ParallelLayout(pp=4, vpp=2), 8)
+    ([None, 'dualpipe'], [None])
+    >>> layout_schedules(ParallelLayout(pp=4), 0)
+    [None]
+    """
+    allowed = experts and layout.pp >= 2 and layout.pp % 2 == 0 and layout.vpp == 1
+    return [None] + (list(EXTRA_SCHEDULES) if allowed else [])
 
 
 def device_counts(devices: int) -> list[int]:
@@ -177,9 +291,11 @@ def search_layouts(
 ) -> list[Evaluation]:
     """The ``keep`` fastest layouts of :func:`layout_grid` that fit, evaluated at micro-batch size 1.
 
-    ``bg`` is the model imported with one sequence per microbatch. A layout is
-    tried with each ``recompute`` setting in turn and kept with the first that
-    fits; layouts whose replicas do not divide the global batch, or whose
+    ``bg`` is the model imported with one sequence per microbatch. Each layout
+    runs with each of :func:`layout_schedules` (DualPipe beside Megatron's
+    1F1B on a MoE model). A layout is tried with each setting of
+    :func:`recompute_ladder` over ``recompute`` in turn and kept with the first
+    that fits; uneven pipeline splits are tried on all the devices only; layouts whose replicas do not divide the global batch, or whose
     parameters' state alone overflows the memory, are skipped. Best first:
     every layout's :func:`layout_floor` is costed first (no schedule is
     simulated), and the layouts are simulated in the order of their floors, so
@@ -202,10 +318,13 @@ def search_layouts(
     counted = (lambda e: e.planner_step) if whole_sync else (lambda e: e.step_time)
     index = model_index(bg)
     counts = device_counts(cluster.devices) if fewer_devices else [cluster.devices]
-    grid = [lay for n in counts
+    grid = [(lay, schedule) for n in counts
             for lay in layout_grid(n, cluster.devices_per_node, len(index.layers), index.experts, zero,
                                    seq_len=tokens_per_sequence, tp_overlap=training.tp_comm_overlap,
-                                   attention=training.attention)]
+                                   attention=training.attention, mtp_layers=len(index.mtp_layers),
+                                   uneven=n == cluster.devices)  # bounded: the halvings keep the even splits
+            for schedule in layout_schedules(lay, index.experts)]
+    recompute = recompute_ladder(recompute, index.experts)
     # best first: (floor, grid position, recompute position) in a heap; a layout's next recomputation setting
     # joins it only when the one before does not fit, with its own (higher) floor
     heap = _costed_layouts(bg, cluster, training, grid, global_batch=global_batch, memory_limit=memory_limit,
@@ -223,7 +342,7 @@ def search_layouts(
         try:
             e = evaluate_layout(bg, with_devices(cluster, layout.devices), training, layout,
                                 global_batch=global_batch, micro_batch_size=1, tokens_per_sequence=tokens_per_sequence,
-                                memory_limit=memory_limit, index=index, memory_first=True)
+                                memory_limit=memory_limit, index=index, memory_first=True, schedule=grid[k][1])
         except OpschedError:
             continue  # the schedule cannot run this layout (e.g. too few microbatches for interleaving)
         if e.fits:
@@ -231,7 +350,8 @@ def search_layouts(
                 found.append(e)
         elif r + 1 < len(recompute):  # the next setting that stores less (one that does not would peak the same)
             _push_costed(heap, bg, cluster, training, layout, k, recompute, r + 1, global_batch=global_batch,
-                         memory_limit=memory_limit, index=index, than=e.schedule.stage_graph, whole_sync=whole_sync)
+                         memory_limit=memory_limit, index=index, than=e.schedule.stage_graph, whole_sync=whole_sync,
+                         schedule=grid[k][1])
     # on a tie (to the nanosecond: sums of the same work in another order differ in the last bits) the layout
     # that uses more devices goes first: it leaves none idle for nothing; then the one with the fewest
     # context-parallel ranks (a shorter K/V ring for the same step)

@@ -43,7 +43,7 @@ from opsched.errors import OpschedError, Unsupported
 from opsched.model.graph import COST_FIELDS, Block
 from opsched.cost.parallel_layout import ParallelLayout
 from opsched.lower.jobs import order_peak_activation
-from opsched.plan.chunk_cost import _block_held_bytes, _chunk_cost, _cluster_key, _rank_devices
+from opsched.plan.chunk_cost import _block_held_bytes, _chunk_cost, _cluster_key, _rank_devices, chunk_classes
 from opsched.plan.phases import StepPhases, step_phases
 from opsched.schedule import Edge, Schedule, Stage, StageGraph, device_param_bytes, metrics
 from opsched.upper.stages import LAYER_COMPONENT, layer_path
@@ -367,13 +367,14 @@ def _busiest_rank_work(stages: list[Stage], optimizer: list[float], pp: int, mic
 
 def layout_floor(bg: nx.DiGraph, cluster: Cluster, training: Training, layout: ParallelLayout, *, global_batch: int,
                  micro_batch_size: int, memory_limit: float | None = None, index: ModelIndex | None = None,
-                 than: StageGraph | None = None, whole_sync: bool = False) -> float | None:
+                 than: StageGraph | None = None, whole_sync: bool = False, schedule: str | None = None) -> float | None:
     """A lower bound on :func:`evaluate_layout`'s step time for ``layout`` (its busiest rank's work, costed
     without simulating a schedule; with ``whole_sync`` on its :attr:`Evaluation.planner_step`, which has no
     optimizer step), or None when its parameters' state alone overflows the memory limit (no
     recomputation makes it fit), or when ``than`` (the stages of the same layout under another recomputation,
     whose schedule overflowed) held no more activations in any stage: Megatron's schedules run a fixed order
-    per rank, so the peak would be the same.
+    per rank, so the peak would be the same. ``schedule``: as :func:`evaluate_layout` takes it; DualPipe holds
+    two copies of the chunks (their parameters twice) and needs an even count of at least 2 x pp microbatches.
 
     Cheap next to :func:`evaluate_layout` (no schedule is simulated), so
     :func:`search_layouts` ranks every layout by it first.
@@ -383,15 +384,37 @@ def layout_floor(bg: nx.DiGraph, cluster: Cluster, training: Training, layout: P
     split = split_layers(index, layout.encoders_first)[0]
     layout.check_model(len(split), index.experts, len(index.mtp_layers))
     M = global_batch // (layout.dp * micro_batch_size)
-    chunks = layer_chunks(bg, layout.pp * layout.vpp, index, encoders_first=layout.encoders_first,
-                          units=layout.chunk_units(len(split), len(index.mtp_layers)))
+    copies = copies_of_chunks(schedule or "")
+    if copies > 1 and (layout.pp % 2 or layout.vpp > 1 or M % 2 or M < 2 * layout.pp):
+        raise OpschedError(f"{schedule} needs an even pp, vpp 1 and an even count of at least 2 x pp microbatches")
+    # a split's chunks and their blocks by cost class, found once per split: the grid has thousands of layouts
+    # of each (the same chunks under every tp, ep, dp and recomputation)
+    units = layout.chunk_units(len(split), len(index.mtp_layers))
+    key = ("chunk classes", units, layout.encoders_first)
+    if key not in index.block_shares:
+        chunks = layer_chunks(bg, layout.pp * layout.vpp, index, encoders_first=layout.encoders_first, units=units)
+        index.block_shares[key] = [chunk_classes(index, members) for members in chunks]
+    classes = index.block_shares[key]
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
-    if max(_held_param_bytes(bg, index, chunks, layout, training)) > limit:
+    if max(_per_rank_of_copies(_held_param_bytes(bg, index, classes, layout, training), schedule or "")) > limit:
         return None  # checked before the passes are costed: most layouts of a large model end here
-    stages, _, optimizer, _ = _chunk_stages(bg, index, chunks, layout, cluster, training, streams=False)
-    if than is not None and all(s.act_bytes >= t.act_bytes and s.act_w_bytes >= t.act_w_bytes
+    stages, _, optimizer, _ = _chunk_stages(bg, index, [[b for b, _ in c] for c in classes], layout, cluster,
+                                            training, streams=False, comm=(comm := []), classes=classes)
+    # (to rounding: the floor sums a chunk's blocks by class, the evaluation block by block)
+    if than is not None and all(s.act_bytes >= t.act_bytes * (1 - 1e-9) and s.act_w_bytes >= t.act_w_bytes * (1 - 1e-9)
                                 for s, t in zip(stages, than.stages)):
         return None
+    optimizer = _per_rank_of_copies(optimizer, schedule or "")
+    if copies > 1:
+        # rank r runs chunk r for half the microbatches and chunk pp-1-r for the other half; an overlapped F&B
+        # pair may hide communication under compute, so its compute and its communication each bound it
+        def rank_work(r: int) -> float:
+            mine = (r, layout.pp - 1 - r)
+            total = M / 2 * sum(stages[c].duration(p) for c in mine for p in "FIW")
+            hidden = M / 2 * sum(comm[c] for c in mine)
+            return max(total - hidden, hidden)
+
+        return max(map(rank_work, range(layout.pp))) + (0.0 if whole_sync else max(optimizer))
     return _busiest_rank_work(stages, optimizer, layout.pp, M, with_optimizer=not whole_sync)
 
 
@@ -433,39 +456,46 @@ def _breakdown(busy: list[float], context: list[float] | None, makespan: float, 
 
 def _chunk_stages(
     bg: nx.DiGraph, index: ModelIndex, chunks: list[list[int]], layout: ParallelLayout, cluster: Cluster,
-    training: Training, streams: bool = True,
+    training: Training, streams: bool = True, comm: list[float] | None = None,
+    classes: list[list[tuple[int, int]]] | None = None,
 ) -> tuple[list[Stage], list[float], list[float], list[float]]:
     """One stage per chunk on its pipeline rank, with each rank's gradient sync, optimizer step and exposed K/V ring;
-    without ``streams`` the stages carry no stream operations (a floor needs only the passes' times)."""
+    without ``streams`` the stages carry no stream operations (a floor needs only the passes' times). ``comm``:
+    a list that receives each chunk's communication in F and I per microbatch; ``classes``: each chunk's blocks by
+    cost class (:func:`opsched.plan.chunk_cost.chunk_classes`), summed per class without ``streams``."""
     stages, sync, optimizer, ring = [], [0.0] * layout.pp, [0.0] * layout.pp, [0.0] * layout.pp
     cluster_key = _cluster_key(cluster)  # the same for every chunk
     for c, members in enumerate(chunks):
         rank = c % layout.pp
         cost = _chunk_cost(bg, index, members, layout, cluster, cluster_key, training, rank,
-                           streams=streams and training.overlap_pairs)
+                           streams=streams and training.overlap_pairs, classes=None if streams else classes[c]
+                           if classes else None)
         stages.append(Stage(id=c, devices=(rank,), time={"F": cost.F, "I": cost.I, "W": cost.W},
                             param_bytes=cost.param_bytes, act_bytes=cost.act_bytes, act_w_bytes=cost.act_w_bytes,
                             name=f"chunk{c}", streams=cost.streams if training.overlap_pairs else None))
         sync[rank] += cost.grad_sync
         optimizer[rank] += cost.optimizer
         ring[rank] += cost.context_ring
+        if comm is not None:
+            comm.append(cost.comm)
     return stages, sync, optimizer, ring
 
 
-def _held_param_bytes(bg: nx.DiGraph, index: ModelIndex, chunks: list[list[int]], layout: ParallelLayout,
-                      training: Training) -> list[float]:
+def _held_param_bytes(bg: nx.DiGraph, index: ModelIndex, chunks: list[list[tuple[int, int]]],
+                      layout: ParallelLayout, training: Training) -> list[float]:
     """Per pipeline rank: the bytes of parameter state (weights, gradients, optimizer) one device holds, as
-    :func:`_chunk_cost` counts them, without costing any pass."""
+    :func:`_chunk_cost` counts them, without costing any pass; ``chunks``: each chunk's blocks by cost class
+    (:func:`opsched.plan.chunk_cost.chunk_classes`)."""
     held = [0.0] * layout.pp
     # a block's held bytes by its cost class, under what decides them (kept on the index like the blocks' shares)
     by_class = index.block_shares.setdefault(("held", layout.tp, layout.ep, layout.etp, layout.dp, layout.cp,
                                               layout.zero, training), {})
     for c, members in enumerate(chunks):
-        for b in members:
+        for b, n in members:
             k = index.cost_class[b]
             if k not in by_class:
                 by_class[k] = _block_held_bytes(bg.nodes[b]["block"], index.experts_of[b] > 0, layout, training)
-            held[c % layout.pp] += by_class[k]
+            held[c % layout.pp] += n * by_class[k]
     return held
 
 
