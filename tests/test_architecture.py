@@ -125,6 +125,7 @@ def test_the_plan_schema_names_what_the_registries_hold():
     import json
 
     from opsched.cost.cluster import ATTENTION_MODES, OPTIMIZER_STATE_BYTES, RECOMPUTE_MODES, ZERO_LEVELS
+    from opsched.model.recompute_modules import RECOMPUTE_MODULES
     from opsched.schedule.actions import PASSES
 
     schema = json.loads((REPO / "docs" / "plan.schema.json").read_text())
@@ -132,6 +133,7 @@ def test_the_plan_schema_names_what_the_registries_hold():
     assert set(props["runtimes"]["items"]["enum"]) == set(RUNTIMES)
     assert set(props["runtimes_refused"]["propertyNames"]["enum"]) == set(RUNTIMES)
     assert set(props["recompute"]["enum"]) == set(RECOMPUTE_MODES)
+    assert set(props["recompute_modules"]["items"]["enum"]) == set(RECOMPUTE_MODULES)
     assert set(props["attention"]["enum"]) == set(ATTENTION_MODES)
     assert set(props["optimizer_state"]["enum"]) == set(OPTIMIZER_STATE_BYTES)
     assert set(props["zero"]["enum"]) == set(ZERO_LEVELS)

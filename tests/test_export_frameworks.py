@@ -63,6 +63,7 @@ def make_plan(
     tp_comm_overlap: bool | None = None,
     attention: str | None = None,
     dtype: str | None = None,
+    recompute_modules: list[str] | None = None,
 ) -> Path:
     """A plan.json as `opsched plan` writes one: ``method`` run on ``len(layers)`` stages over ``groups`` device
     groups of ``group_size`` devices, stage k holding ``layers[k]`` numbered layers (the embedding with the first,
@@ -90,6 +91,8 @@ def make_plan(
         extra["attention"] = attention
     if dtype is not None:  # nor this (bf16)
         extra["dtype"] = dtype
+    if recompute_modules is not None:  # nor this (no recomputation by module)
+        extra["recompute_modules"] = recompute_modules
     path = tmp_path / name
     write_plan(path, sched, extra=extra)
     return path
@@ -116,15 +119,18 @@ def megatron_argv(path: Path) -> list[str]:
     return done.stdout.splitlines()
 
 
-def flags_of(argv: list[str]) -> dict[str, str | None]:
-    """``--flag value`` words as a dict; a flag followed by another flag (or nothing) is a switch (None)."""
-    out: dict[str, str | None] = {}
+def flags_of(argv: list[str]) -> dict[str, str | list[str] | None]:
+    """``--flag value`` words as a dict; a flag followed by another flag (or nothing) is a switch (None), one
+    followed by several words takes them all (a list, as argparse's ``nargs="*"``)."""
+    out: dict[str, str | list[str] | None] = {}
     k = 0
     while k < len(argv):
         assert argv[k].startswith("--"), argv[k]
-        value = argv[k + 1] if k + 1 < len(argv) and not argv[k + 1].startswith("--") else None
-        out[argv[k]] = value
-        k += 1 if value is None else 2
+        values = []
+        while k + 1 + len(values) < len(argv) and not argv[k + 1 + len(values)].startswith("--"):
+            values.append(argv[k + 1 + len(values)])
+        out[argv[k]] = None if not values else values[0] if len(values) == 1 else values
+        k += 1 + len(values)
     return out
 
 
@@ -182,6 +188,9 @@ def megatron_config(argv: list[str], **model):
             from megatron.core.transformer.enums import AttnBackend
 
             fields[field.name] = AttnBackend[value]
+            continue
+        if field.name == "recompute_modules":  # nargs="*": a list however many
+            fields[field.name] = value if isinstance(value, list) else [value]
             continue
         fields[field.name] = True if value is None else value if field.name in (
             "recompute_granularity", "recompute_method", "pipeline_model_parallel_layout", "fp8", "fp8_recipe") \
@@ -662,6 +671,23 @@ def test_selective_recomputation_is_megatrons_and_refused_by_torchtitan(tmp_path
     code, _, err = export(tmp_path, plan, "--torchtitan", str(tmp_path / "t.toml"))
     assert code == 2 and "selective recomputation" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "t.toml").exists()
+
+
+def test_megatron_recomputes_the_plans_modules_and_torchtitan_refuses_them(tmp_path):
+    """A Megatron-style layout that recomputes by module (recompute_modules=layernorm+mlp) is exported as Megatron's
+    selective recompute of those modules, which Megatron-Core's own config takes; torchtitan has no such setting."""
+    plan = make_plan(tmp_path, layers=[8] * 4, groups=4, group_size=2, method="1f1b", config="tp2",
+                     microbatch_size=1, microbatches=8, recompute_modules=["layernorm", "mlp"])
+    assert export(tmp_path, plan, "--megatron", str(tmp_path / "m.sh"))[0] == 0
+    argv = megatron_argv(tmp_path / "m.sh")
+    assert argv[argv.index("--recompute-modules") + 1:][:2] == ["layernorm", "mlp"]
+    config, _ = megatron_config(argv, **LLAMA)
+    assert config.recompute_granularity == "selective" and config.recompute_modules == ["layernorm", "mlp"]
+    code, _, err = export(tmp_path, plan, "--torchtitan", str(tmp_path / "t.toml"))
+    assert code == 2 and "layernorm, mlp" in err and len(err.strip().splitlines()) == 1
+    bad = make_plan(tmp_path, layers=[16, 16], config="tp2.dp2", recompute_modules=["attention"], name="bad.json")
+    code, _, err = export(tmp_path, bad, "--megatron", str(tmp_path / "b.sh"))
+    assert code == 2 and "recompute_modules" in err and not (tmp_path / "b.sh").exists()
 
 
 @pytest.mark.parametrize("dtype, words", [("bf16", {"bf16": True, "fp8": None}),

@@ -60,11 +60,13 @@ class MegatronArg:
     """One Megatron-LM argument: its flag, its value (None for a switch) and what in the plan it comes from."""
 
     flag: str
-    value: str | None
+    value: str | tuple[str, ...] | None  # a tuple: a flag taking several values (nargs="*")
     source: str
 
     def words(self) -> list[str]:
-        return [self.flag] if self.value is None else [self.flag, self.value]
+        if self.value is None:
+            return [self.flag]
+        return [self.flag, *self.value] if isinstance(self.value, tuple) else [self.flag, self.value]
 
 
 def megatron_args(layout: PlanLayout) -> list[MegatronArg]:
@@ -119,6 +121,11 @@ def megatron_args(layout: PlanLayout) -> list[MegatronArg]:
         ]
     elif p.recompute == "selective":  # Megatron's selective recompute runs the attention core again (core_attn)
         out.append(arg("--recompute-granularity", "selective", "plan recompute selective: the attention core"))
+    elif p.recompute_modules:  # Megatron's selective recompute of the modules named (its default: core_attn alone)
+        out += [
+            arg("--recompute-granularity", "selective", "plan recompute_modules: Megatron's selective recompute"),
+            arg("--recompute-modules", p.recomputed_modules, "plan recompute_modules: these modules' forward again"),
+        ]
     out.append(arg("--num-layers", str(layout.num_layers), f"{layout.layer_stack}.0-{layout.num_layers - 1}"))
     out += _layer_split(layout)
     samples = layout.global_batch_size // layout.microbatches

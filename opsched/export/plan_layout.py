@@ -27,6 +27,9 @@ reason (their own limits stay in their modules). From plan.json:
   the plan does not say);
 * ``dtype``: the compute precision the plan was costed in (bf16 when the
   plan does not say);
+* ``recompute_modules``: Megatron's modules (``--recompute-modules``)
+  whose forward the plan was costed as running again (none when the plan
+  does not say);
 * ``attention``: the attention kernel the plan was costed with, ``fused``
   (when the plan does not say) or ``unfused``;
 * ``microbatch_size``, ``microbatches``, ``zero``, ``recompute`` and
@@ -62,6 +65,7 @@ from opsched.export.framework import Framework
 from opsched.cost.parallel_layout import ParallelLayout
 from opsched.export.torch_csv import check_expressible
 from opsched.model.coarsen import UNSCOPED
+from opsched.model.recompute_modules import RECOMPUTE_MODULES
 from opsched.schedule import Schedule, StageGraph
 from opsched.units import plural
 from opsched.upper.layouts import Layout, parse_config
@@ -136,7 +140,7 @@ def plan_layout(schedule: Schedule, doc: dict, runtime: Framework) -> PlanLayout
             etp=1 if experts else 0,  # opsched's expert-parallel mode does not split an expert tensor-parallel
             cp=base.cp, dp=base.dp, sp=base.tp > 1,  # the cost model shards activations tp ways: sequence parallelism
             zero=zero, recompute=recompute, tp_overlap=_tp_comm_overlap(doc, refuse) and base.tp > 1,
-            attention=_attention(doc, refuse),
+            attention=_attention(doc, refuse), recompute_modules="+".join(_recompute_modules(doc, refuse)),
         ).resolved(layout.devices)
     except OpschedError as exc:
         raise refuse(str(exc)) from None
@@ -286,6 +290,14 @@ def _tp_comm_overlap(doc: Mapping, refuse) -> bool:
     if not isinstance(overlap, bool):
         raise refuse(f"field tp_comm_overlap is {overlap!r}; true or false")
     return overlap
+
+
+def _recompute_modules(doc: Mapping, refuse) -> list[str]:
+    """Megatron's modules the plan recomputes (``recompute_modules``); none when the plan does not say."""
+    modules = doc.get("recompute_modules", [])
+    if not isinstance(modules, list) or not all(m in RECOMPUTE_MODULES for m in modules):
+        raise refuse(f"field recompute_modules is {modules!r}; a list of {', '.join(RECOMPUTE_MODULES)}")
+    return modules
 
 
 def _attention(doc: Mapping, refuse) -> str:

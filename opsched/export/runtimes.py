@@ -186,7 +186,7 @@ def verdicts(schedule: Schedule, doc: Mapping) -> dict[str, str | None]:
 
 def layout_fields(contents: Mapping[int, StageContents], microbatch_size: int, zero: int, recompute: str,
                   optimizer_state: str = "fp32", tp_comm_overlap: bool = False, attention: str = "fused",
-                  dtype: str = "bf16") -> dict:
+                  dtype: str = "bf16", recompute_modules: tuple[str, ...] = ()) -> dict:
     """The plan.json fields besides the schedule that a runtime's export reads (``opsched plan`` writes them so).
 
     >>> from opsched.upper.stages import stage_contents
@@ -202,4 +202,6 @@ def layout_fields(contents: Mapping[int, StageContents], microbatch_size: int, z
         "attention": attention,
         "dtype": dtype,
         "stage_contents": {str(k): c.to_dict() for k, c in contents.items()},
+        # Megatron's names, only when the plan recomputes by module (plans without them read as before)
+        **({"recompute_modules": list(recompute_modules)} if recompute_modules else {}),
     }

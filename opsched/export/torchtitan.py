@@ -85,6 +85,10 @@ def _check_training(layout: PlanLayout) -> None:
         raise TORCHTITAN.cannot_run("its selective recomputation runs the attention "
                            "core again (Megatron's); torchtitan's selective modes recompute other things: plan with "
                            "--recompute none or full")
+    if p.recompute_modules:
+        raise TORCHTITAN.cannot_run(f"it recomputes Megatron's modules {', '.join(p.recomputed_modules)}; torchtitan's "
+                                    "activation checkpointing is by layer or by op, not by these modules: plan with "
+                                    "--recompute none or full, or export it --megatron")
     if p.tp_overlap:
         # torchtitan's async tensor parallel (a compiler pass, with torch.compile) is another mechanism, not costed
         raise TORCHTITAN.cannot_run("its tensor-parallel collectives are costed as "

@@ -40,6 +40,8 @@ class ScheduledPlan:
     microbatch_size: int | None = field(default=None, kw_only=True)
     #: activation recomputation of ``schedule`` when not the planner's (a Megatron-style layout tries both)
     recompute: str | None = field(default=None, kw_only=True)
+    #: Megatron's recompute modules of ``schedule`` when not the planner's (a Megatron-style layout tries them)
+    recompute_modules: tuple[str, ...] | None = field(default=None, kw_only=True)
 
 
 @dataclass

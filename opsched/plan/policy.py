@@ -244,7 +244,7 @@ def megatron_layouts(request: PlanRequest, dims: dict[str, int], cluster, traini
         return refusal(request.runtime, row.schedule, layout_fields(row.contents, row.microbatch_size, training.zero,
                                                                  row.recompute, training.optimizer_state,
                                                                  training.tp_comm_overlap, training.attention,
-                                                                 training.dtype)) is None
+                                                                 training.dtype, row.recompute_modules)) is None
 
     found = search_layouts(bg, cluster, training, global_batch=global_batch,
                            tokens_per_sequence=int(og.graph.get("dims", {}).get("seq", 1)), memory_limit=limit,
@@ -280,6 +280,7 @@ def layout_row(e, bg, cluster, t0: float):
         makespan=m.makespan, step_time=e.planner_step, bubble_ratio=m.bubble_ratio,
         peak_memory_bytes=e.peak_memory_bytes, grad_sync=e.grad_sync, solve_seconds=time.perf_counter() - t0,
         contents=contents, microbatch_size=lay.dp, recompute=lay.recompute,  # one sequence per replica
+        recompute_modules=lay.recomputed_modules,
     )
 
 

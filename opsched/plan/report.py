@@ -48,7 +48,8 @@ def plan_extra(model: str, cluster, training, result, warnings: list[str] | None
         "grad_sync_seconds": result.grad_sync,
         "throughput": samples / result.step_time if result.step_time > 0 else 0.0,
         **layout_fields(result.contents, result.microbatch_size, training.zero, result.recompute,
-                        training.optimizer_state, training.tp_comm_overlap, training.attention, training.dtype),
+                        training.optimizer_state, training.tp_comm_overlap, training.attention, training.dtype,
+                        result.recompute_modules or ()),
         "stage_blocks": {str(k): c.blocks for k, c in result.contents.items()},
         "baselines": [b.to_dict(samples) for b in result.baselines],
         "refused_baselines": [{"method": k, "reason": v} for k, v in result.refused_baselines.items()],
@@ -80,7 +81,9 @@ def report_text(model: str, cluster, training, limit: float, result, warnings: l
         f"dtype {training.dtype}",
         f"- ZeRO {training.zero}: {ZERO_LEVELS[training.zero]}; optimizer states in {training.optimizer_state} "
         f"({plain(training.bytes_per_param)} bytes per parameter with weight and gradient); "
-        f"activation recomputation: {result.recompute}",
+        f"activation recomputation: {result.recompute}" + (
+            f" (by module, Megatron's --recompute-modules: {', '.join(result.recompute_modules)})"
+            if result.recompute_modules else ""),
         "- tensor-parallel collectives: " + ("run under their GEMMs (Megatron's --tp-comm-overlap; torch and "
                                              "torchtitan do not)" if training.tp_comm_overlap else "exposed"),
         f"- attention: {training.attention}" + (" (the scores written to memory between its kernels)"

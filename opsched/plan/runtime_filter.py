@@ -46,7 +46,7 @@ def _baseline_option(b: Baseline) -> Option:
     return Option(layout=b.layout, schedule=b.schedule, step_time=b.step_time, grad_sync=b.grad_sync,
                   source=f"baseline {b.method}", metrics={"solver": "none", "solve_seconds": b.solve_seconds},
                   stage_blocks=b.stage_blocks, contents=b.contents, microbatch_size=b.microbatch_size,
-                  recompute=b.recompute)
+                  recompute=b.recompute, recompute_modules=b.recompute_modules)
 
 
 @dataclass
@@ -90,7 +90,7 @@ class RuntimeFilter:
         t = self.training
         doc = layout_fields(self.contents(plan), plan.microbatch_size or t.microbatch_size, t.zero,
                             plan.recompute or t.recompute, t.optimizer_state, t.tp_comm_overlap, t.attention,
-                            t.dtype)
+                            t.dtype, t.recompute_modules if plan.recompute_modules is None else plan.recompute_modules)
         return refusal(self.runtime, plan.schedule, doc)
 
     def baselines(self, rows: list[Baseline], refused: dict[str, str]) -> list[Baseline]:

@@ -187,6 +187,7 @@ def _plan_result(options: list[Option], cluster: Cluster, training: Training, ru
         blocks=blocks,
         microbatch_size=best.microbatch_size or training.microbatch_size,
         recompute=best.recompute or training.recompute,
+        recompute_modules=training.recompute_modules if best.recompute_modules is None else best.recompute_modules,
         seconds=seconds,
         refused_baselines=refused,
         idle_devices=idle,
