@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from opsched.cost.cluster import Training, cluster_from_dict
 from opsched.model.graph import Block
 from opsched.plan.branches import block_order, chain_only, has_parallel_blocks
-from opsched.plan.search import plan_block_graph
+from opsched.plan.search import PlanOptions, plan_block_graph
 from opsched.schedule import validate
 from helpers import SLOW_LINK_CLUSTER
 
@@ -64,8 +64,8 @@ def test_chain_only_orders_the_towers_one_after_the_other():
 def test_off_gives_a_chain_of_stages_and_on_may_run_towers_side_by_side():
     g = branchy_graph([[2e12, 2e12], [2e12, 2e12]])
     cluster = cluster_from_dict(SLOW_LINK_CLUSTER)
-    off = plan_block_graph(g, cluster, Training(microbatches=4), time_limit=20, branches=False)
-    on = plan_block_graph(g, cluster, Training(microbatches=4), time_limit=20)
+    off = plan_block_graph(g, cluster, Training(microbatches=4), PlanOptions(time_limit=20, branches=False))
+    on = plan_block_graph(g, cluster, Training(microbatches=4), PlanOptions(time_limit=20))
     validate(off.schedule)
     validate(on.schedule)
     assert is_chain(off.schedule.stage_graph) and off.chain_step_time is None
@@ -81,8 +81,8 @@ def never_slower(towers: list[list[float]], microbatches: int, devices: int) -> 
     g = branchy_graph(towers)
     cluster = cluster_from_dict({**SLOW_LINK_CLUSTER, "devices": devices})
     training = Training(microbatches=microbatches)
-    off = plan_block_graph(g, cluster, training, time_limit=30, branches=False)
-    on = plan_block_graph(g, cluster, training, time_limit=30)
+    off = plan_block_graph(g, cluster, training, PlanOptions(time_limit=30, branches=False))
+    on = plan_block_graph(g, cluster, training, PlanOptions(time_limit=30))
     validate(on.schedule)
     validate(off.schedule)
     assert is_chain(off.schedule.stage_graph)

@@ -11,7 +11,7 @@ from opsched.cli import main
 from opsched.cost.cluster import Training, cluster_from_dict
 from opsched.export.plan_json import read_plan
 from opsched.model.graph import Block
-from opsched.plan.search import plan_block_graph
+from opsched.plan.search import PlanOptions, plan_block_graph
 from opsched.schedule import validate
 from opsched.upper.layouts import parse_config
 from helpers import SLOW_LINK_CLUSTER
@@ -35,7 +35,7 @@ def two_tower_graph():
 
 def test_two_towers_run_on_different_groups_and_overlap_in_time():
     cluster = cluster_from_dict(SPEC)
-    result = plan_block_graph(two_tower_graph(), cluster, Training(microbatches=8), time_limit=20)
+    result = plan_block_graph(two_tower_graph(), cluster, Training(microbatches=8), PlanOptions(time_limit=20))
     validate(result.schedule)
     sg = result.schedule.stage_graph
     assert result.source == "upper"
@@ -101,7 +101,7 @@ def test_report_words_memory_refusals_in_units():
     from opsched.plan.report import report_text, summary_text
 
     cluster, training = cluster_from_dict(SPEC), Training(microbatches=8)
-    result = plan_block_graph(two_tower_graph(), cluster, training, memory_limit=3e8, time_limit=4)
+    result = plan_block_graph(two_tower_graph(), cluster, training, PlanOptions(memory_limit=3e8, time_limit=4))
     assert "gpipe" in result.refused_baselines
     report = report_text("towers.onnx", cluster, training, 3e8, result)
     summary = summary_text("towers.onnx", cluster, training, result, 8, Path("out"), ["plan.json"])
@@ -624,7 +624,7 @@ def test_adding_nodes_never_makes_the_plan_slower():
 
     spec = {**SLOW_LINK_CLUSTER, "inter_node_bandwidth": 1e9}  # one device per node
     four, two = (plan_block_graph(_slow_link_chain(), cluster_from_dict({**spec, "devices": n}), Training(2),
-                                  time_limit=300) for n in (4, 2))
+                                  PlanOptions(time_limit=300)) for n in (4, 2))
     assert four.on_half_the_nodes == FewerNodesPlan(2, two.source, two.layout, two.step_time,
                                                     chosen=four.schedule.stage_graph.num_devices == 2)
     assert two.on_half_the_nodes.devices == 1  # and so on down to one node, which has no half
@@ -639,11 +639,11 @@ def test_a_plan_says_when_the_time_limit_left_fewer_nodes_unsearched(monkeypatch
 
     spec = {**SLOW_LINK_CLUSTER, "inter_node_bandwidth": 1e9, "devices": 4}  # one device per node
     cluster = cluster_from_dict(spec)
-    searched = plan_block_graph(_slow_link_chain(), cluster, Training(2), time_limit=300)
+    searched = plan_block_graph(_slow_link_chain(), cluster, Training(2), PlanOptions(time_limit=300))
     assert searched.fewer_nodes_unsearched is None
     assert not any("no plan was searched" in w for w in plan_warnings(searched, cluster))
     monkeypatch.setattr(planner, "LEAST_PART", 1e9)  # as if the search on every node had spent the time limit
-    cut = plan_block_graph(_slow_link_chain(), cluster, Training(2), time_limit=300)
+    cut = plan_block_graph(_slow_link_chain(), cluster, Training(2), PlanOptions(time_limit=300))
     assert cut.on_half_the_nodes is None and cut.fewer_nodes_unsearched == 2
     said = [w for w in plan_warnings(cut, cluster) if "no plan was searched" in w]
     assert said == ["no plan was searched on 2 devices (the first nodes, the others idle): the time limit was spent "
@@ -665,7 +665,7 @@ def test_the_plan_on_half_the_nodes_is_returned_when_the_search_on_all_finds_onl
                                                        if c.devices < 4 or str(lay).startswith("4x1")])
     monkeypatch.setattr(runtime_filter, "fewer_device_baselines", lambda *a, **k: [])
     monkeypatch.setattr(runtime_filter, "contiguous_baselines", lambda *a, **k: ([], None, {}))
-    result = plan_block_graph(_slow_link_chain(), cluster_from_dict(spec), Training(4), time_limit=300)
+    result = plan_block_graph(_slow_link_chain(), cluster_from_dict(spec), Training(4), PlanOptions(time_limit=300))
     assert result.on_half_the_nodes.chosen and result.layout.endswith(", on 2 of the 4 devices")
     assert result.idle_devices == (2, 3)
     validate(result.schedule)

@@ -174,13 +174,13 @@ def test_the_planner_returns_only_what_the_runtime_runs_and_says_why_it_left_the
     chain may win, and the branching candidates say why they were left out."""
     from opsched.cost.cluster import Training, cluster_from_dict
     from opsched.export.torch_csv import check_expressible
-    from opsched.plan.search import plan_block_graph
+    from opsched.plan.search import PlanOptions, plan_block_graph
     from helpers import SLOW_LINK_CLUSTER
     from test_plan_cli import two_tower_graph
 
     # a time limit a loaded machine does not spend before every candidate is asked (the reasons are the point)
     result = plan_block_graph(two_tower_graph(), cluster_from_dict(SLOW_LINK_CLUSTER), Training(microbatches=4),
-                              time_limit=30, runtime="torch")
+                              PlanOptions(time_limit=30, runtime="torch"))
     check_expressible(result.schedule.stage_graph, result.schedule.microbatches)  # a chain torch runs
     left_out = [c for c in result.candidates if c.status.startswith("not scheduled: ")]
     assert left_out and all("the StageGraph branches" in c.status for c in left_out)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from opsched.cost.cluster import Training, cluster_from_dict
-from opsched.plan.search import plan_block_graph
+from opsched.plan.search import PlanOptions, plan_block_graph
 from opsched.schedule import Edge, Job, Pair, Schedule, Stage, StageGraph, chain_stage_graph, pair_duration, simulate
 from opsched.units import seconds_text
 from opsched.schedule.shape import branches_text, overlap_text, schedule_shape, shape_title
@@ -121,7 +121,7 @@ def test_the_plan_summary_report_and_gantt_title_say_the_branches(tmp_path):
     from opsched.export.gantt import write_html, write_trace
 
     cluster, training = cluster_from_dict(SLOW_LINK_CLUSTER), Training(microbatches=8)
-    result = plan_block_graph(two_tower_graph(), cluster, training, time_limit=10)
+    result = plan_block_graph(two_tower_graph(), cluster, training, PlanOptions(time_limit=10))
     shape = schedule_shape(result.schedule)
     assert len(shape.branches) == 2 and not shape.share_devices
     line = branches_text(shape)

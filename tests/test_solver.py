@@ -91,7 +91,7 @@ def _lower_level_aborts(*args, **kwargs):
 def test_a_solver_crash_costs_a_candidate_not_the_plan(monkeypatch):
     monkeypatch.setattr(planner, "_lower_solve", _lower_level_aborts)
     result = planner.plan_block_graph(two_tower_graph(), cluster_from_dict(SLOW_LINK_CLUSTER), Training(4),
-                                      time_limit=10)
+                                      planner.PlanOptions(time_limit=10))
     # every lower solve crashed: the plan is the best baseline, and each candidate says what happened
     assert result.source.startswith("baseline ")
     validate(result.schedule)
@@ -106,15 +106,16 @@ def _bug_in_the_lower_level(sg, *args, **kwargs):
 def test_a_bug_in_an_isolated_solve_fails_the_command_with_its_traceback(monkeypatch):
     monkeypatch.setattr(planner, "lower_schedule", _bug_in_the_lower_level)
     with pytest.raises(KeyError) as bug:
-        planner.plan_block_graph(two_tower_graph(), cluster_from_dict(SLOW_LINK_CLUSTER), Training(4), time_limit=10)
+        planner.plan_block_graph(two_tower_graph(), cluster_from_dict(SLOW_LINK_CLUSTER), Training(4),
+                                 planner.PlanOptions(time_limit=10))
     assert "_bug_in_the_lower_level" in str(bug.value.__cause__)
 
 
 def test_the_planner_never_catches_user_errors_as_candidate_failures():
     # a memory limit below anything that fits is the user's error: one line, not a candidate status
     with pytest.raises(OpschedError, match="smallest memory that works"):
-        planner.plan_block_graph(two_tower_graph(), preset("h100-sxm", 4), Training(4), memory_limit=1e6,
-                                 time_limit=10)
+        planner.plan_block_graph(two_tower_graph(), preset("h100-sxm", 4), Training(4),
+                                 planner.PlanOptions(memory_limit=1e6, time_limit=10))
 
 
 def _sleepy_lower_schedule(*args, **kwargs):
@@ -129,7 +130,7 @@ def test_the_time_limit_is_a_wall_clock_limit_even_when_a_solve_ignores_it(monke
     monkeypatch.setattr(planner, "lower_schedule", _sleepy_lower_schedule)
     began = time.monotonic()
     result = planner.plan_block_graph(two_tower_graph(), cluster_from_dict(SLOW_LINK_CLUSTER), Training(4),
-                                      time_limit=4)
+                                      planner.PlanOptions(time_limit=4))
     took = time.monotonic() - began
     # every lower solve was stopped at its part of the clock; the plan is the best baseline, found in time
     assert took <= 4 * 1.1 + 1.0, took
@@ -143,7 +144,7 @@ def test_the_plan_is_the_same_for_any_number_of_workers():
     # budgets in work, not the clock, decide every solve here (the limit is far away): two workers give the
     # very plan one gives, candidate by candidate
     plans = [planner.plan_block_graph(two_tower_graph(), cluster_from_dict(SLOW_LINK_CLUSTER), Training(4),
-                                      time_limit=300, workers=w) for w in (1, 2)]
+                                      planner.PlanOptions(time_limit=300, workers=w)) for w in (1, 2)]
     one, two = plans
     assert (one.source, one.layout, one.step_time) == (two.source, two.layout, two.step_time)
     assert one.schedule.events == two.schedule.events

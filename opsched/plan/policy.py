@@ -5,7 +5,6 @@ reader of the chosen plan must be warned about."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from opsched.model.onnx_import import import_onnx, routing_assumptions
 from opsched.plan.contiguous import on_real_devices
 from opsched.plan.layout_search import search_layouts
 from opsched.plan.plan_records import NO_FIT, Baseline, PlanResult
-from opsched.plan.search import plan_block_graph
+from opsched.plan.search import PlanOptions, plan_block_graph
 from opsched.plan.smallest_memory import smallest_memory
 from opsched.schedule import metrics
 from opsched.solving.isolate import usable_cores
@@ -149,9 +148,13 @@ def plan_with_recompute(request: PlanRequest, bg, cluster, training, limit: floa
     and :class:`NoRunnablePlan` says why none can, and how to widen the search. ``today``: the Megatron-style
     layouts found (``searched``: whether they were looked for)."""
     runtime = None if runtime_named(request.runtime) is None else request.runtime  # None: any runtime
-    plan = functools.partial(plan_block_graph, bg, cluster, memory_limit=limit, time_limit=request.time_limit,
-                             solver=request.solver, layouts_run_today=today, runtime=runtime,
-                             workers=request.jobs or usable_cores(), branches=request.branches)
+    options = PlanOptions(memory_limit=limit, time_limit=request.time_limit, solver=request.solver,
+                          layouts_run_today=today, runtime=runtime, workers=request.jobs or usable_cores(),
+                          branches=request.branches)
+
+    def plan(training, deadline: float):
+        return plan_block_graph(bg, cluster, training, dataclasses.replace(options, deadline=deadline))
+
     # the planner logs its own progress (opsched.plan.search)
     try:
         try:

@@ -72,22 +72,36 @@ LOWER_AT_MOST = 10
 LOWER_WITHIN = 1.15
 
 
-def plan_block_graph(
-    bg: nx.DiGraph,
-    cluster: Cluster,
-    training: Training,
-    memory_limit: float | None = None,
-    time_limit: float = 60.0,
-    solver: str = "cbc",
-    keep: int = 2,
-    target_blocks: int | None = None,
-    deadline: float | None = None,
-    layouts_run_today: list[Baseline] | None = None,
-    workers: int = 1,
-    runtime: str | None = None,
-    branches: bool = True,
-) -> PlanResult:
-    """Plan ``bg`` on ``cluster`` (see the module docstring) within ``time_limit`` seconds of wall clock.
+@dataclass(frozen=True)
+class PlanOptions:
+    """How :func:`plan_block_graph` searches: ``opsched plan``'s search flags, typed (the model, the cluster and the
+    training settings are its arguments)."""
+
+    memory_limit: float | None = None
+    """Bytes per device for parameters, gradients, optimizer state and activations; None: the cluster's memory."""
+    time_limit: float = 60.0
+    """Seconds of wall clock for the whole search (used when ``deadline`` is None)."""
+    deadline: float | None = None
+    """A :func:`time.monotonic` instant the search ends by; None: now + ``time_limit``."""
+    solver: str = "cbc"
+    """The MIP solver (:data:`opsched.solving.solver.SOLVERS`)."""
+    keep: int = 2
+    """How many of the best lower-level candidates get the longer solves."""
+    target_blocks: int | None = None
+    """The reduced block graph's size for the upper MIP; None: chosen from the layouts."""
+    workers: int = 1
+    """Solves run at once, each in its own process with its own work budget (the same plan sooner)."""
+    runtime: str | None = None
+    """Only plans this runtime (:data:`opsched.export.runtimes.RUNTIMES`) can run; None: any."""
+    branches: bool = True
+    """False: the model as one chain of blocks (``plan --branches off``)."""
+    layouts_run_today: list[Baseline] | None = None
+    """Megatron-style layouts found before the search (``plan_with_optimizer_state``), offered as baselines."""
+
+
+def plan_block_graph(bg: nx.DiGraph, cluster: Cluster, training: Training,
+                     options: PlanOptions = PlanOptions()) -> PlanResult:
+    """Plan ``bg`` on ``cluster`` (see the module docstring) within ``options.time_limit`` seconds of wall clock.
 
     The work is the upper MIP of every layout, a quick lower solve of every
     upper solution and of the best baseline's split, longer lower solves of
@@ -105,14 +119,15 @@ def plan_block_graph(
     (``Runtime.context_parallel``) every replica takes whole sequences. ``branches=False`` plans the model as
     one chain of blocks (:func:`opsched.plan.branches.chain_only`): a sequential pipeline.
     """
-    require(solver)
-    if not branches:
+    o = options
+    require(o.solver)
+    if not o.branches:
         bg = chain_only(bg)
-    asked, training = _for_runtime(runtime, training)
-    limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
+    asked, training = _for_runtime(o.runtime, training)
+    limit = float(cluster.memory_bytes if o.memory_limit is None else o.memory_limit)
     t_start = time.perf_counter()
-    full = time.monotonic() + time_limit if deadline is None else deadline
-    as_chain_too = branches and has_parallel_blocks(bg)
+    full = time.monotonic() + o.time_limit if o.deadline is None else o.deadline
+    as_chain_too = o.branches and has_parallel_blocks(bg)
     # with towers, the search as a chain keeps a part of the clock: the search with branches, whose shares are parts
     # of the clock, would otherwise leave it nothing whenever the time limit binds (and lose to --branches off,
     # 0.74x on 2 towers at 32 devices). Experts alone keep the whole clock for the search with branches.
@@ -120,37 +135,38 @@ def plan_block_graph(
     clock = Clock(time.monotonic() + (1 - reserve) * (full - time.monotonic()))
     all_layouts = layouts(cluster)
     # a runtime that builds its stages from whole layers gets only plans that keep them whole
-    small, members = _reduced(bg, all_layouts, target_blocks, whole_layers=asked is not None and asked.needs_whole_layers)
+    small, members = _reduced(bg, all_layouts, o.target_blocks, whole_layers=asked is not None and asked.needs_whole_layers)
     _log_layouts(all_layouts, bg, small, clock)
     table = CostTable(small, cluster, training)  # each block costed once per group shape, for every layout
     problems = {str(lay): upper_problem(small, lay, cluster, training, limit, table) for lay in all_layouts}
-    solutions, candidates = _solve_layouts(problems, clock, solver, workers)
+    solutions, candidates = _solve_layouts(problems, clock, o.solver, o.workers)
     t_upper = time.perf_counter()
-    runnable = RuntimeFilter(runtime, training, members, bg)
-    baselines, best_split, refused = runnable.all_baselines(small, cluster, limit, layouts_run_today, table,
-                                                            clock.share(BASELINE_SHARE), workers)
+    runnable = RuntimeFilter(o.runtime, training, members, bg)
+    baselines, best_split, refused = runnable.all_baselines(small, cluster, limit, o.layouts_run_today, table,
+                                                            clock.share(BASELINE_SHARE), o.workers)
     t_base = time.perf_counter()
     if not solutions and not baselines:
         runnable.none_left()
-        raise _nothing_fits(problems, solver, clock, limit, cluster)
+        raise _nothing_fits(problems, o.solver, clock, limit, cluster)
     jobs, unscheduled = _lower_jobs(solutions, problems, best_split)
     jobs = runnable.jobs(jobs, training.microbatches)
-    _schedule_jobs(jobs, training.microbatches, limit, clock, solver, keep, workers)
-    options = [_job_option(j) for j in jobs if j.schedule is not None] + [_baseline_option(b) for b in baselines]
+    _schedule_jobs(jobs, training.microbatches, limit, clock, o.solver, o.keep, o.workers)
+    found = [_job_option(j) for j in jobs if j.schedule is not None] + [_baseline_option(b) for b in baselines]
+    # the searches below are this one's again, on other terms: with no layouts of their own (those are this
+    # cluster's), the memory limit resolved, and the clock's deadline
+    again = dataclasses.replace(o, memory_limit=limit, layouts_run_today=None)
     t_lower, (half, unsearched) = time.perf_counter(), _plan_on_half_the_nodes(
-        bg, cluster, training, limit, clock, t_base - t_upper, solver=solver, keep=keep, target_blocks=target_blocks,
-        workers=workers, runtime=runtime, branches=branches)
-    options = runnable.options(options) + ([_half_option(half, cluster)] if half is not None else [])
+        bg, cluster, training, limit, clock, t_base - t_upper, again)
+    found = runnable.options(found) + ([_half_option(half, cluster)] if half is not None else [])
     t_half = time.perf_counter()
-    chain = _plan_as_chain(bg, cluster, training, limit, Clock(full), solver=solver, keep=keep,
-                           target_blocks=target_blocks, workers=workers, runtime=runtime) if as_chain_too else None
-    options += [_chain_option(chain)] if chain is not None else []
-    if not options:
+    chain = _plan_as_chain(bg, cluster, training, Clock(full), again) if as_chain_too else None
+    found += [_chain_option(chain)] if chain is not None else []
+    if not found:
         smallest = min((minimum_memory_limit(j.stage_graph, training.microbatches) for j in jobs), default=math.inf)
         raise _too_small("no candidate could be scheduled within", smallest, limit, cluster)
     seconds = {"upper": t_upper - t_start, "baselines": t_base - t_upper, "lower": t_lower - t_base,
                "half the nodes": t_half - t_lower, "as a chain": time.perf_counter() - t_half}
-    return _plan_result(options, cluster, training, runnable, candidates + unscheduled, baselines, refused,
+    return _plan_result(found, cluster, training, runnable, candidates + unscheduled, baselines, refused,
                         blocks=small.number_of_nodes(), seconds=seconds, half=half, unsearched=unsearched, chain=chain)
 
 
@@ -198,8 +214,8 @@ def _plan_result(options: list[Option], cluster: Cluster, training: Training, ru
     )
 
 
-def _plan_as_chain(bg: nx.DiGraph, cluster: Cluster, training: Training, limit: float, clock: Clock,
-                   **options) -> PlanResult | None:
+def _plan_as_chain(bg: nx.DiGraph, cluster: Cluster, training: Training, clock: Clock,
+                   options: PlanOptions) -> PlanResult | None:
     """:func:`plan_block_graph` of ``bg`` as one chain (``branches=False``) in the time left, or None (less than
     :data:`LEAST_PART` left, or nothing fits): the plan ``--branches off`` finds, when work budgets decide both."""
     if clock.left() < LEAST_PART:
@@ -208,8 +224,8 @@ def _plan_as_chain(bg: nx.DiGraph, cluster: Cluster, training: Training, limit: 
     log.info("plan: now as a chain (the stage graph a sequence, as --branches off), within %s",
              seconds_text(clock.left()))
     try:
-        found = plan_block_graph(bg, cluster, training, memory_limit=limit, deadline=clock.deadline, branches=False,
-                                 **options)
+        found = plan_block_graph(bg, cluster, training,
+                                 dataclasses.replace(options, deadline=clock.deadline, branches=False))
     except (MemoryTooSmall, NoRunnablePlan) as exc:
         log.info("plan: nothing as a chain: %s", exc)
         return None
@@ -224,7 +240,7 @@ def _chain_option(chain: PlanResult) -> Option:
 
 
 def _plan_on_half_the_nodes(bg: nx.DiGraph, cluster: Cluster, training: Training, limit: float, clock: Clock,
-                            baselines_took: float, **options) -> tuple[PlanResult | None, int | None]:
+                            baselines_took: float, options: PlanOptions) -> tuple[PlanResult | None, int | None]:
     """(:func:`plan_block_graph` on the first half of the nodes, in the time left, or None; the most devices on
     which the time limit left no search, or None).
 
@@ -261,7 +277,7 @@ def _plan_on_half_the_nodes(bg: nx.DiGraph, cluster: Cluster, training: Training
     log.info("plan: now on %s of the %s devices (the others idle), within %s", plain(half.devices),
              plain(cluster.devices), seconds_text(clock.left()))
     try:
-        found = plan_block_graph(bg, half, training, memory_limit=limit, deadline=clock.deadline, **options)
+        found = plan_block_graph(bg, half, training, dataclasses.replace(options, deadline=clock.deadline))
     except (MemoryTooSmall, NoRunnablePlan) as exc:
         log.info("plan: nothing on %s devices: %s", plain(half.devices), exc)
         return None, None
