@@ -30,13 +30,14 @@ output directory can be written, --memory-limit has a unit (a bare 80 is
 import, every --dim names one of the model's symbolic dimensions.
 
 --runtime R keeps only plans runtime R can run, asked with `opsched export`'s
-own checks, so the chosen plan always exports to it: torch (--torch-csv),
-megatron (--megatron) or torchtitan (--torchtitan with --torch-csv); any
-(default) keeps every plan. Megatron-LM and torchtitan need whole layers per
-stage, one parallel configuration for the whole model and whole samples per
-data-parallel replica, so with them the fastest Megatron-style layout joins
-the search even without --global-batch; a model they cannot run at all (two
-stacks of layers, e.g. CLIP's towers) is refused right after the import.
+own checks, so the chosen plan always exports to it (--runtime's help lists
+each runtime with the export options that write its files); any (default)
+keeps every plan. A runtime of one configuration (Megatron-LM, torchtitan)
+needs whole layers per stage, one parallel configuration for the whole model
+and whole samples per data-parallel replica, so with it the fastest
+Megatron-style layout joins the search even without --global-batch; a model
+it cannot run at all (two stacks of layers, e.g. CLIP's towers) is refused
+right after the import.
 plan.json (`runtimes`), the summary and report.md list the runtimes that can
 run the chosen plan; report.md says why each other one cannot.
 
