@@ -269,7 +269,7 @@ def test_a_plan_for_a_runtime_exports_to_it(runtime, tmp_path, capsys):
     code, stdout, err = export(tmp_path, out / "plan.json", *export_argv(runtime, tmp_path / "files"))
     assert code == 0, err
     if runtime == "megatron":
-        config, training = megatron_config(megatron_argv(tmp_path / "files" / "m.sh"), **LLAMA)
+        config, training = megatron_config(megatron_argv(tmp_path / "files" / "F"), **LLAMA)
         assert config.tensor_model_parallel_size * config.pipeline_model_parallel_size <= 4
         assert int(training["--global-batch-size"]) == 16  # the plan's samples per step: 16 microbatches of 1
 
@@ -279,7 +279,7 @@ def test_a_torchtitan_plan_loads_in_torchtitan(tmp_path, torchtitan_config):  # 
     out, _doc = _plan(tmp_path, "torchtitan")
     code, _stdout, err = export(tmp_path, out / "plan.json", *export_argv("torchtitan", tmp_path / "files"))
     assert code == 0, err
-    job, dims = torchtitan_config(tmp_path / "files" / "t.toml", 4)
+    job, dims = torchtitan_config(tmp_path / "files" / "F.toml", 4)
     assert dims.dp_replicate * dims.dp_shard * dims.tp * dims.pp == 4
     assert job.training.global_batch_size == 16
 
