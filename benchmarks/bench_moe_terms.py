@@ -4,11 +4,15 @@ For a published row that stays off (docs/BENCHMARKS.md, "MoE at the frontier"), 
 device's forward, input-gradient and weight-gradient time for one microbatch of one chunk, the
 communication inside the forward, the forward's compute by kind of operator (expert matmuls, other
 matmuls, attention, vector work), and, with ``--layer N``, the vector (non-matmul, non-attention) memory
-traffic of the model's N-th numbered layer by ONNX operator type.
+traffic of the model's N-th numbered layer by ONNX operator type. With ``--memory`` (and the row's
+``--global-batch``, ``--schedule``, ``--optimizer-state``), where the busiest device's peak memory goes: its
+parameter state, each chunk's stored activations per microbatch, and how many microbatches' worth are in
+flight at the peak.
 
 usage:
   python benchmarks/bench_moe_terms.py MODEL.onnx DEVICES LAYOUT [--preset h100-sxm] [--dtype fp8] [--chunk 0]
   python benchmarks/bench_moe_terms.py MODEL.onnx DEVICES LAYOUT --layer 10
+  python benchmarks/bench_moe_terms.py MODEL.onnx DEVICES LAYOUT --memory --global-batch B [--schedule dualpipe]
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from opsched.model.coarsen import coarsen
 from opsched.model.onnx_import import import_onnx
 from opsched.plan import chunk_cost as C
 from opsched.plan import layouts as L
+from opsched.schedule import metrics
 
 
 def chunk_terms(bg, layout: ParallelLayout, cluster, training: Training, chunk: int) -> tuple[dict, dict]:
@@ -67,6 +72,24 @@ def chunk_terms(bg, layout: ParallelLayout, cluster, training: Training, chunk: 
     return passes, kinds
 
 
+def memory_terms(bg, layout: ParallelLayout, cluster, training: Training, global_batch: int, seq_len: int,
+                 schedule: str | None) -> list[str]:
+    """Lines: the busiest device's peak = parameter state + activations, and the activations as chunks in flight."""
+    result = L.evaluate_layout(bg, cluster, training, layout, global_batch=global_batch, micro_batch_size=1,
+                               tokens_per_sequence=seq_len, schedule=schedule)
+    m = metrics(result.schedule)
+    dev = max(range(len(m.peak_memory_bytes)), key=m.peak_memory_bytes.__getitem__)
+    stages = [s for s in result.schedule.stage_graph.stages if dev in s.devices]
+    per_chunk = max(s.act_bytes for s in stages)
+    gib = 2.0 ** 30
+    return [f"peak {m.peak_memory_bytes[dev] / gib:.1f} GiB on device {dev} of {result.memory_limit / gib:.1f}: "
+            f"parameter state {m.param_bytes[dev] / gib:.1f} GiB, activations {m.peak_activation_bytes[dev] / gib:.1f}"
+            f" GiB = {m.peak_activation_bytes[dev] / per_chunk:.1f} x {per_chunk / gib:.2f} GiB (its largest chunk's "
+            "stored activations per microbatch)",
+            "its chunks: " + ", ".join(f"{s.name} activations {s.act_bytes / gib:.2f} GiB, parameter state "
+                                       f"{s.param_bytes / gib:.1f} GiB" for s in stages)]
+
+
 def vector_traffic(og, layer: str) -> dict[str, tuple[int, float]]:
     """ONNX operator type -> (operators, vector bytes) in the numbered layer ``layer`` (a module path)."""
     out: dict[str, tuple[int, float]] = {}
@@ -88,6 +111,10 @@ def main() -> int:
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--chunk", type=int, default=0)
     parser.add_argument("--layer", type=int, help="print the vector traffic of this numbered layer instead")
+    parser.add_argument("--memory", action="store_true", help="print where the peak memory goes instead")
+    parser.add_argument("--global-batch", type=int, default=0)
+    parser.add_argument("--schedule")
+    parser.add_argument("--optimizer-state", default="fp32")
     args = parser.parse_args()
     og = import_onnx(args.model, dims={"batch": 1, "seq": args.seq_len})
     bg = coarsen(og)
@@ -98,6 +125,11 @@ def main() -> int:
               ", ".join(f"{k} {n} {b / 1e9:.2f}" for k, (n, b) in rows[:8]))
         return 0
     layout = ParallelLayout.parse(args.layout).resolved(args.devices)
+    if args.memory:
+        training = Training(dtype=args.dtype, optimizer_state=args.optimizer_state)
+        print("\n".join(memory_terms(bg, layout, preset(args.preset, args.devices), training,
+                                     args.global_batch or layout.dp, args.seq_len, args.schedule)))
+        return 0
     passes, kinds = chunk_terms(bg, layout, preset(args.preset, args.devices), Training(dtype=args.dtype), args.chunk)
     print(f"chunk {args.chunk}, one microbatch, one device (ms):",
           ", ".join(f"{k} {v * 1e3:.1f}" for k, v in passes.items()))

@@ -232,13 +232,14 @@ RUNS = [
     foundry("7B", "H100", 8192, 8, 128, True, 6935.0),
     # MoE at the frontier (issue 43; docs/published-runs.md, "MoE at the frontier"), models written on demand
     Run("DeepSeek-V3 + MTP, DualPipe, 2,048 x H800, FP8", "deepseek_v3_mtp.onnx", 2048, "h800",
-        "tp=1,pp=16,ep=64,zero=1,max_nodes=4,recompute_modules=layernorm+mla_up_proj,"
+        "tp=1,pp=16,ep=64,zero=1,max_nodes=4,recompute_modules=layernorm+mla_up_proj+moe_act,"
         "pipeline_layout=Ettt|(tttt|)*14ttmL", 4096, 15360, 1, 19.926, "s/step",
         "ISCA'25 'Insights into DeepSeek-V3' (arXiv 2505.09343) §5.1.2 Table 4; layout and precision: DeepSeek-V3 "
         "technical report (arXiv 2412.19437) §3",
         "PP16 with DualPipe, EP64 over 8 nodes, node-limited routing to 4 nodes, ZeRO-1, no TP; 61 layers + MTP as "
         "16 chunks of 4 units; FP8 GEMMs and dispatch, BF16 moments with an FP32 master (optimizer_state bf16); "
-        "RMSNorm and the MLA up-projections recomputed (recompute_modules=layernorm+mla_up_proj)",
+        "RMSNorm and the MLA up-projections recomputed (§3.2.3), and the experts' SwiGLU output from its inputs "
+        "cached in FP8 (§3.3.3 (2); recompute_modules=layernorm+mla_up_proj+moe_act)",
         dtype="fp8", schedule="dualpipe", optimizer_state="bf16"),
     Run("DeepSeek-V3 + MTP, Megatron-Bridge 25.09, 1,024 x H100, FP8", "deepseek_v3_mtp.onnx", 1024, "h100-sxm",
         "tp=2,pp=8,ep=64,etp=1,sp=1,zero=1,recompute_modules=mla_up_proj+mlp,pipeline_layout=Et|(tt|)*30mL", 4096, 8192, 1, 1297.0, "tokens/s/GPU",

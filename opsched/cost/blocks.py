@@ -47,7 +47,7 @@ from opsched.cost.cluster import DTYPE_BYTES, ZERO_LEVELS, Cluster, Training, at
 from opsched.cost.collectives import RingExchange, allreduce_time, context_ring_time, spread_alltoall_time
 from opsched.errors import OpschedError
 from opsched.model.graph import Block
-from opsched.model.recompute_modules import parts_of
+from opsched.model.recompute_modules import kept_for_recompute, parts_of
 from opsched.cost.overlap import COMM, COMPUTE, PassStreams, StreamOp, compact
 
 
@@ -617,8 +617,12 @@ def recomputed_parts(block: Block, parts: frozenset[str], share: int, cluster: C
                         matmul_io_bytes=p.matmul_io_bytes, attention_flops=p.attention_flops,
                         attention_io_bytes=p.attention_io_bytes)
             again += compute_time(sub, share, cluster, training.dtype, training.attention)
-            # what the part kept, as it kept it: its linear layers' inputs in FP8 under --dtype fp8
-            saved += (p.saved_bytes - (p.fp8_input_saving if training.dtype == "fp8" else 0.0)) / share
+            # what the part kept, as it kept it: its linear layers' inputs in FP8 under --dtype fp8; less what its
+            # recomputation keeps to run it again (a MoE activation's inputs: in FP8 under --dtype fp8, as
+            # DeepSeek-V3 caches the SwiGLU's inputs, arXiv 2412.19437 §3.3.3)
+            fp8 = training.dtype == "fp8"
+            kept, kept_fp8 = kept_for_recompute(p, parts)
+            saved += (p.saved_bytes - p.fp8_input_saving * fp8 - (kept - kept_fp8 * fp8)) / share
     return again, saved
 
 

@@ -79,8 +79,19 @@ class OpNode:
     attention_gemm_padded_flops: float = 0.0
     #: of ``saved_bytes``: what keeping the activation inputs of weight matmuls (linear layers) in FP8, one byte
     #: an element, frees: an FP8 GEMM keeps its input cast to FP8 for the weight gradient (Transformer Engine's
-    #: Linear; DeepSeek-V3 caches these activations in FP8, arXiv 2412.19437 §3.3), read with ``--dtype fp8``
+    #: Linear; DeepSeek-V3 caches these activations in FP8, arXiv 2412.19437 §3.3), read with ``--dtype fp8``. On a
+    #: fused attention: what keeping its output, the input of the linear layer after it, in E5M6 (12 bits) frees
+    #: (DeepSeek-V3 keeps that one activation in E5M6 for both backwards, arXiv 2412.19437 §3.3.3 (1))
     fp8_input_saving: float = 0.0
+    #: of an operator of a MoE expert's activation (Megatron-Core's ``moe_act``, the SwiGLU): bytes of the inputs it
+    #: reads from outside the activation (the gate and up projections' outputs), which recomputing the activation
+    #: keeps to run it again, and what keeping those in FP8 frees of them (:func:`opsched.model.recompute_modules.
+    #: mark_activation_checkpoints`). Not in :data:`COST_FIELDS`: read per operator by ``part_costs``.
+    act_input_bytes: float = 0.0
+    act_input_fp8_saving: float = 0.0
+    #: of a weight matmul's ``saved_bytes``: the output of a MoE activation it keeps (the down projection's input),
+    #: which recomputing the activation does not store (it is made again in the backward)
+    act_output_saved_bytes: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -172,7 +172,7 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
     split_tensors: set[str] = set()  # activations each tensor-parallel rank holds a part of (see _split_over_tensor_ranks)
     kept = _KeptActivations(weights, const_tensors, bytes_of, readers)
     unfused = _UnfusedAttention(nodes, kept)
-    mla = _MlaUpProjections(g_onnx.node, keys, scopes, producer)
+    mla, e5m6 = _MlaUpProjections(g_onnx.node, keys, scopes, producer), _E5M6AttentionOutputs(nodes, kept, shapes)
     edges: dict[tuple[str, str], dict] = {}  # (writer, reader) -> bytes and tensors, in the order met
     for i in order:
         n = g_onnx.node[i]
@@ -211,6 +211,7 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
                     fp8_input_saving=_fp8_input_saving(saved, shapes) if kind["matmul"] and param_count else 0.0,
                     **(_attention_unfused_fields(n, shapes, scale) if kind["attention"] else {}))
         is_const = all((not x) or x in const_tensors for x in inputs)
+        e5m6.see(op, inputs)
         nodes.append((key, {"op": op, "const": is_const}))
         unfused.see(len(nodes) - 1, inputs, outputs, is_const, bytes_of)
         if is_const:
@@ -241,6 +242,44 @@ def _new_graph(model, path, init_names, dims, weight_inputs, warnings, capacity_
 
 #: the scopes of multi-latent attention's up-projections (DeepSeek-V2/V3: the query's, the keys' and values')
 MLA_UP_PROJECTIONS = ("q_b_proj", "kv_b_proj")
+
+
+#: bytes an element of DeepSeek-V3's E5M6 format takes (1 sign, 5 exponent and 6 mantissa bits), in which it keeps the
+#: input of the linear layer after the attention (arXiv 2412.19437 §3.3.3, "Low-Precision Activation" (1))
+E5M6_BYTES = 1.5
+
+
+class _E5M6AttentionOutputs:
+    """Marks on a fused attention what keeping its output in E5M6 frees under ``--dtype fp8``.
+
+    DeepSeek-V3 caches the inputs of its FP8 linear layers in FP8, except the input of the linear layer after the
+    attention, which the attention's backward reads too: that one is kept in E5M6 (arXiv 2412.19437 §3.3.3). The
+    attention keeps its output first (a fused attention's backward reads it), so the linear layer's FP8 rule frees
+    nothing of it; when a weight matmul reads that output (through views), the attention's ``fp8_input_saving``
+    gains its bytes less their E5M6 size, once per output.
+    """
+
+    def __init__(self, nodes: list, kept: "_KeptActivations", shapes):
+        self.nodes, self.kept, self.shapes, self.done = nodes, kept, shapes, set()
+
+    def see(self, op: OpNode, inputs: list[str]) -> None:
+        """``op`` (its OpNode, not yet in ``nodes``) reads ``inputs``: a weight matmul reading an attention's output
+        marks the attention."""
+        if op.op_type not in MATMUL_OPS or not op.param_count:
+            return
+        for x in inputs[:1]:
+            base = self.kept.storage.get(x, x)
+            j = self.kept.keeper.get(base)
+            if j is None or base in self.done or self.kept.producer.get(base) != j:
+                continue
+            attention = self.nodes[j][1]["op"]
+            element = _DTYPE_BYTES.get(self.shapes.get(base, (None, 0))[1], 4)
+            if attention.op_type != "Attention" or element <= E5M6_BYTES:
+                continue
+            self.done.add(base)
+            saving = self.kept.by_node[j].get(base, 0.0) * (1 - E5M6_BYTES / element)
+            self.nodes[j][1]["op"] = dataclasses.replace(attention,
+                                                         fp8_input_saving=attention.fp8_input_saving + saving)
 
 
 class _MlaUpProjections:

@@ -16,6 +16,7 @@ part's forward again in the backward and stores none of what it saved (:func:`op
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import NamedTuple
 
@@ -56,6 +57,27 @@ class PartCost(NamedTuple):
     attention_io_bytes: float
     saved_bytes: float
     fp8_input_saving: float = 0.0  # of saved_bytes: what keeping weight matmuls' inputs in FP8 frees
+    #: what recomputing the part keeps to run it again, when no other part keeps it (a MoE activation's inputs: the
+    #: gate and up projections' outputs), and what keeping that in FP8 frees of it (under ``--dtype fp8``)
+    kept_bytes: float = 0.0
+    kept_fp8_saving: float = 0.0
+
+
+#: a part whose recomputation keeps inputs (``PartCost.kept_bytes``) -> the part that makes them: recomputing both
+#: (``moe``) makes the inputs again from further back instead of keeping them
+INPUTS_MADE_BY = {"moe_act": "moe_experts"}
+
+
+def kept_for_recompute(part: PartCost, parts: frozenset[str]) -> tuple[float, float]:
+    """(bytes, of them what FP8 frees) recomputing ``part`` keeps when the parts ``parts`` are recomputed.
+
+    >>> act = PartCost("moe_act", 0, 0, 0, 0, 0, 0, 0, 512.0, 64.0, 256.0, 128.0)
+    >>> kept_for_recompute(act, frozenset({"moe_act"})), kept_for_recompute(act, parts_of(("moe",)))
+    ((256.0, 128.0), (0.0, 0.0))
+    """
+    if INPUTS_MADE_BY.get(part.part) in parts:
+        return 0.0, 0.0
+    return part.kept_bytes, part.kept_fp8_saving
 
 
 def parts_of(modules) -> frozenset[str]:
@@ -100,18 +122,69 @@ def part_costs(ops) -> tuple[PartCost, ...]:
     (``OpNode.mla_qkv_saved_bytes``; Megatron-Core's multi-latent attention
     discards them after the core attention and recomputes them in the
     backward); the attention's part keeps the rest of its saved bytes.
+    Likewise ``moe_act`` frees, besides what the activation's operators keep,
+    the activation's output the down projection keeps
+    (``OpNode.act_output_saved_bytes``), and keeps the activation's inputs
+    (``kept_bytes``): Megatron-Core's checkpoint of the activation keeps its
+    input and discards its output once the down projection has run.
     """
     sums: dict[str, list[float]] = {}
     for op in ops:
         part = module_part(op)
         if part is None:
             continue
-        row = sums.setdefault(part, [0.0] * 9)
-        kept = 0.0 if part == "mla_up_proj" else op.saved_bytes - op.mla_qkv_saved_bytes
+        row = sums.setdefault(part, [0.0] * 11)
+        kept = 0.0 if part == "mla_up_proj" else op.saved_bytes - op.mla_qkv_saved_bytes - op.act_output_saved_bytes
         fp8 = 0.0 if part == "mla_up_proj" else op.fp8_input_saving
+        moved_fp8 = op.fp8_input_saving * op.act_output_saved_bytes / op.saved_bytes if op.saved_bytes else 0.0
         for k, value in enumerate((op.flops, op.matmul_flops, op.matmul_padded_flops, op.io_bytes, op.matmul_io_bytes,
-                                   op.attention_flops, op.attention_io_bytes, kept, fp8)):
+                                   op.attention_flops, op.attention_io_bytes, kept, fp8 - moved_fp8,
+                                   op.act_input_bytes, op.act_input_fp8_saving)):
             row[k] += value
         if op.mla_qkv_saved_bytes:
-            sums.setdefault("mla_up_proj", [0.0] * 9)[7] += op.mla_qkv_saved_bytes
+            sums.setdefault("mla_up_proj", [0.0] * 11)[7] += op.mla_qkv_saved_bytes
+        if op.act_output_saved_bytes:
+            act = sums.setdefault("moe_act", [0.0] * 11)
+            act[7] += op.act_output_saved_bytes
+            act[8] += moved_fp8
     return tuple(PartCost(part, *row) for part, row in sums.items())
+
+
+def mark_activation_checkpoints(g) -> None:
+    """Mark on an OpGraph (:mod:`opsched.model.graph`) what recomputing each MoE expert's activation keeps and frees.
+
+    Megatron-Core's ``moe_act`` checkpoints the experts' activation function (the SwiGLU): it keeps the
+    activation's input, the gate and up projections' outputs, and discards its output once the down projection
+    has run, making it again in the backward. DeepSeek-V3 does the same ("cache the inputs of the SwiGLU operator
+    and recompute its output in the backward pass", keeping them in FP8: arXiv 2412.19437 §3.3.3). Per activation
+    (the connected operators of part ``moe_act``): its first reader of each input written outside it gets the
+    input's bytes (``OpNode.act_input_bytes``), and a weight matmul reading its output (the down projection) gets
+    what it keeps of that output (``OpNode.act_output_saved_bytes``). What keeping the inputs in FP8 frees
+    (``act_input_fp8_saving``) takes the down projection's ratio: the activation is elementwise, its inputs and
+    output of one element type.
+    """
+    import networkx as nx
+
+    act = [v for v, data in g.nodes(data=True) if module_part(data["op"]) == "moe_act"]
+    tensor_bytes = g.graph.get("tensor_bytes", {})
+    for region in nx.weakly_connected_components(g.subgraph(act)):
+        inputs: dict[str, tuple[str, float]] = {}  # tensor -> (its first reader in the region, bytes)
+        ratio = 0.0
+        for v in sorted(region):
+            for u, _, data in g.in_edges(v, data=True):
+                if u in region or g.nodes[u].get("const"):
+                    continue
+                tensors = data.get("tensors") or [f"{u}->{v}"]
+                for t in tensors:
+                    inputs.setdefault(t, (v, tensor_bytes.get(t, data.get("bytes", 0.0) / len(tensors))))
+            for _, w, data in g.out_edges(v, data=True):
+                down = g.nodes[w]["op"]
+                if w in region or not (down.param_count and down.matmul_flops and down.saved_bytes):
+                    continue
+                out = min(down.saved_bytes - down.act_output_saved_bytes, data.get("bytes", 0.0))
+                g.nodes[w]["op"] = dataclasses.replace(down, act_output_saved_bytes=down.act_output_saved_bytes + out)
+                ratio = down.fp8_input_saving / down.saved_bytes
+        for v, nbytes in inputs.values():
+            op = g.nodes[v]["op"]
+            g.nodes[v]["op"] = dataclasses.replace(op, act_input_bytes=op.act_input_bytes + nbytes,
+                                                   act_input_fp8_saving=op.act_input_fp8_saving + nbytes * ratio)

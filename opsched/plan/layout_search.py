@@ -220,8 +220,9 @@ Candidate = tuple[ParallelLayout, "str | None"]
 
 #: recomputation by module (Megatron-Core's ``--recompute-modules``) the search tries on a MoE model between no
 #: recomputation and the selective one: DeepSeek-V3's own (RMSNorm and the MLA up-projections, arXiv 2412.19437
-#: §3.3.3) and Megatron-Bridge's for DeepSeek-V3 (the MLA up-projections and the dense MLPs)
-MODULE_SETTINGS = ("modules:layernorm+mla_up_proj", "modules:mla_up_proj+mlp")
+#: §3.2.3, and the experts' SwiGLU output from its cached inputs, §3.3.3) and Megatron-Bridge's for DeepSeek-V3
+#: (the MLA up-projections and the dense MLPs)
+MODULE_SETTINGS = ("modules:layernorm+mla_up_proj+moe_act", "modules:mla_up_proj+mlp")
 
 
 def recompute_ladder(modes: tuple[str, ...], experts: int) -> tuple[str, ...]:
@@ -229,7 +230,7 @@ def recompute_ladder(modes: tuple[str, ...], experts: int) -> tuple[str, ...]:
     (``experts``) searched with every mode, :data:`MODULE_SETTINGS` after the first.
 
     >>> recompute_ladder(RECOMPUTE_MODES, 8)
-    ('none', 'modules:layernorm+mla_up_proj', 'modules:mla_up_proj+mlp', 'selective', 'full')
+    ('none', 'modules:layernorm+mla_up_proj+moe_act', 'modules:mla_up_proj+mlp', 'selective', 'full')
     >>> recompute_ladder(RECOMPUTE_MODES, 0) == RECOMPUTE_MODES
     True
     """
