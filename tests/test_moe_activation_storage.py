@@ -91,3 +91,15 @@ def test_fp8_keeps_the_attention_output_read_by_the_linear_after_it_in_e5m6(tmp_
     fp8 = block_cost(block, Mode(), (0,), cluster, Training(dtype="fp8")).act_bytes
     assert bf16 - fp8 == pytest.approx(block.fp8_input_saving)
     assert bf16 - fp8 >= out / 4
+
+
+def test_recomputing_mlp_frees_nothing_of_a_moe_layer(tmp_path):
+    """Megatron-Core's ``mlp`` module recomputes a dense MLP: on a MoE layer (the router, the experts, the routing
+    weights' multiply of the combine) it frees nothing, where ``moe`` frees everything the layer's MLP kept."""
+    g = _moe_model(tmp_path)
+    ops = [d["op"] for _, d in g.nodes(data=True)]
+    assert not [op for op in ops if module_part(op) == "mlp"]
+    glue = [op for op in ops if op.in_moe_layer and op.saved_bytes]  # in the MoE layer's scope, outside an expert
+    assert glue and all(module_part(op) == "moe_experts" for op in glue)
+    bg = coarsen(g)
+    assert _stored(bg, Training(recompute_modules=("mlp",))) == _stored(bg, Training())

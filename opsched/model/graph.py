@@ -92,6 +92,10 @@ class OpNode:
     #: of a weight matmul's ``saved_bytes``: the output of a MoE activation it keeps (the down projection's input),
     #: which recomputing the activation does not store (it is made again in the backward)
     act_output_saved_bytes: float = 0.0
+    #: an operator of a MoE layer's MLP scope outside its experts (the router, dispatch, combine and the routing
+    #: weights' multiply): Megatron-Core's ``mlp`` recompute module names a dense MLP and does not cover it, its
+    #: ``moe`` module does (:func:`opsched.model.recompute_modules.mark_moe_layers`)
+    in_moe_layer: bool = False
 
 
 @dataclass(frozen=True)

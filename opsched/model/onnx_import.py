@@ -141,7 +141,7 @@ from opsched.model.onnx_dims import (
 from opsched.model.onnx_build import _build_graph, _node_keys, _weight_inputs
 from opsched.model.onnx_ops import _FLOAT_TYPES, NAME_SCOPES_KEY, _attr, _numel, _static
 from opsched.model.stacked_experts import find_families, router_sizes, split_families, stacked_weights
-from opsched.model.recompute_modules import mark_activation_checkpoints
+from opsched.model.recompute_modules import mark_activation_checkpoints, mark_moe_layers
 from opsched.units import plural
 
 
@@ -464,6 +464,7 @@ def import_onnx(path, dims: dict[str, int] | None = None, capacity_factor: float
     g.graph["static_batch"] = exported_batch
     _split_stacked_experts(g, model, order, shapes, weight_inputs, capacity_factor, keys, scopes)
     mark_activation_checkpoints(g)  # after the split: stacked experts' activations are per expert only then
+    mark_moe_layers(g)
     return g
 
 

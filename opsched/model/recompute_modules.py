@@ -108,8 +108,39 @@ def module_part(op) -> str | None:
     if any(_EXPERT.match(part) for part in scope):
         return "moe_act" if op.matmul_flops == 0 else "moe_experts"
     if any(part in _MLP_SCOPES for part in scope):
-        return "moe_experts" if op.op_type in _ROUTING or "gate" in scope else "mlp"
+        return "moe_experts" if op.op_type in _ROUTING or "gate" in scope or op.in_moe_layer else "mlp"
     return None
+
+
+def _mlp_prefix(scope: tuple[str, ...]) -> tuple[str, ...] | None:
+    """``scope`` up to its MLP scope (``model/layers.3/mlp``), or None outside any MLP."""
+    for k, part in enumerate(scope):
+        if part in _MLP_SCOPES:
+            return scope[:k + 1]
+    return None
+
+
+def mark_moe_layers(g) -> None:
+    """Mark (``OpNode.in_moe_layer``) every operator of an OpGraph that sits in the MLP scope of a layer with
+    experts, outside them: the routing weights' multiply or a reshape of the combine is no dense MLP, so
+    ``recompute_modules=mlp`` must not free what it keeps (Megatron-Core applies ``mlp`` to dense MLPs only).
+
+    >>> import networkx as nx
+    >>> from opsched.model.graph import OpNode
+    >>> g = nx.DiGraph()
+    >>> g.add_node("e", op=OpNode("e", "MatMul", ("model", "layers.1", "mlp", "experts.0", "down_proj")))
+    >>> g.add_node("w", op=OpNode("w", "Mul", ("model", "layers.1", "mlp")))
+    >>> g.add_node("d", op=OpNode("d", "Mul", ("model", "layers.0", "mlp")))
+    >>> mark_moe_layers(g); [module_part(g.nodes[v]["op"]) for v in "wd"]
+    ['moe_experts', 'mlp']
+    """
+    moe = {_mlp_prefix(data["op"].scope) for _, data in g.nodes(data=True)
+           if any(_EXPERT.match(part) for part in data["op"].scope)} - {None}
+    for v, data in g.nodes(data=True):
+        op = data["op"]
+        inside_an_expert = any(_EXPERT.match(part) for part in op.scope)
+        if not op.in_moe_layer and not inside_an_expert and _mlp_prefix(op.scope) in moe:
+            data["op"] = dataclasses.replace(op, in_moe_layer=True)
 
 
 def part_costs(ops) -> tuple[PartCost, ...]:
