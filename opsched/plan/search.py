@@ -86,6 +86,7 @@ def plan_block_graph(
     workers: int = 1,
     runtime: str | None = None,
     branches: bool = True,
+    found_elsewhere: bool = False,
 ) -> PlanResult:
     """Plan ``bg`` on ``cluster`` (see the module docstring) within ``time_limit`` seconds of wall clock.
 
@@ -103,7 +104,9 @@ def plan_block_graph(
     builds stages from whole layers (``Runtime.needs_whole_layers``) the search places whole
     numbered layers, and for one without context parallelism
     (``Runtime.context_parallel``) every replica takes whole sequences. ``branches=False`` plans the model as
-    one chain of blocks (:func:`opsched.plan.branches.chain_only`): a sequential pipeline.
+    one chain of blocks (:func:`opsched.plan.branches.chain_only`): a sequential pipeline. ``found_elsewhere``:
+    the caller holds a plan already (this is the search on half the nodes, or as a chain), so past the deadline
+    no step runs on to find one to fall back on.
     """
     require(solver)
     if not branches:
@@ -123,12 +126,15 @@ def plan_block_graph(
     small, members = _reduced(bg, all_layouts, target_blocks, whole_layers=asked is not None and asked.needs_whole_layers)
     _log_layouts(all_layouts, bg, small, clock)
     table = CostTable(small, cluster, training)  # each block costed once per group shape, for every layout
-    problems = {str(lay): upper_problem(small, lay, cluster, training, limit, table) for lay in all_layouts}
+    problems = _upper_problems(small, all_layouts, cluster, training, limit, table, clock)
+    t_prepared = time.perf_counter()
     solutions, candidates = _solve_layouts(problems, clock, solver, workers)
+    candidates += [Candidate("upper", str(lay), "skipped: the time limit was spent") for lay in all_layouts
+                   if str(lay) not in problems]
     t_upper = time.perf_counter()
     runnable = RuntimeFilter(runtime, training, members, bg)
     baselines, best_split, refused = runnable.all_baselines(small, cluster, limit, layouts_run_today, table,
-                                                            clock.share(BASELINE_SHARE), workers)
+                                                            clock.share(BASELINE_SHARE), workers, found_elsewhere)
     t_base = time.perf_counter()
     if not solutions and not baselines:
         runnable.none_left()
@@ -139,11 +145,12 @@ def plan_block_graph(
     options = [_job_option(j) for j in jobs if j.schedule is not None] + [_baseline_option(b) for b in baselines]
     t_lower, (half, unsearched) = time.perf_counter(), _plan_on_half_the_nodes(
         bg, cluster, training, limit, clock, t_base - t_upper, solver=solver, keep=keep, target_blocks=target_blocks,
-        workers=workers, runtime=runtime, branches=branches)
+        workers=workers, runtime=runtime, branches=branches, found_elsewhere=found_elsewhere or bool(options))
     options = runnable.options(options) + ([_half_option(half, cluster)] if half is not None else [])
     t_half = time.perf_counter()
-    chain = _plan_as_chain(bg, cluster, training, limit, Clock(full), solver=solver, keep=keep,
-                           target_blocks=target_blocks, workers=workers, runtime=runtime) if as_chain_too else None
+    chain = _plan_as_chain(bg, cluster, training, limit, Clock(full), t_prepared - t_start, solver=solver, keep=keep,
+                           target_blocks=target_blocks, workers=workers, runtime=runtime,
+                           found_elsewhere=found_elsewhere or bool(options)) if as_chain_too else None
     options += [_chain_option(chain)] if chain is not None else []
     if not options:
         smallest = min((minimum_memory_limit(j.stage_graph, training.microbatches) for j in jobs), default=math.inf)
@@ -198,10 +205,12 @@ def _plan_result(options: list[Option], cluster: Cluster, training: Training, ru
 
 
 def _plan_as_chain(bg: nx.DiGraph, cluster: Cluster, training: Training, limit: float, clock: Clock,
-                   **options) -> PlanResult | None:
+                   prepared: float, **options) -> PlanResult | None:
     """:func:`plan_block_graph` of ``bg`` as one chain (``branches=False``) in the time left, or None (less than
-    :data:`LEAST_PART` left, or nothing fits): the plan ``--branches off`` finds, when work budgets decide both."""
-    if clock.left() < LEAST_PART:
+    :data:`LEAST_PART` left, or less than ``prepared``, the seconds the search with branches took to reduce and
+    cost the model before its first MIP, which the search as a chain takes again with no clock to stop it; or
+    nothing fits): the plan ``--branches off`` finds, when work budgets decide both."""
+    if clock.left() < max(LEAST_PART, prepared):
         log.info("plan: not as a chain: the time limit was spent")
         return None
     log.info("plan: now as a chain (the stage graph a sequence, as --branches off), within %s",
@@ -214,6 +223,19 @@ def _plan_as_chain(bg: nx.DiGraph, cluster: Cluster, training: Training, limit: 
         return None
     log.info("plan: as a chain: %s on %s, step time %s", found.source, found.layout, seconds_text(found.step_time))
     return found
+
+
+def _upper_problems(small: nx.DiGraph, all_layouts: list, cluster: Cluster, training: Training, limit: float,
+                    table: CostTable, clock: Clock) -> dict[str, UpperProblem]:
+    """Layout name -> its placement problem, for the layouts of ``all_layouts`` costed before the deadline (a
+    MoE model of 15,000 blocks on 1,024 devices takes about a second each)."""
+    problems = {}
+    for lay in all_layouts:
+        if problems and clock.left() <= 0.0:
+            log.info("upper: the time limit was spent: %s not costed", plural(len(all_layouts) - len(problems), "layout"))
+            break
+        problems[str(lay)] = upper_problem(small, lay, cluster, training, limit, table)
+    return problems
 
 
 def _chain_option(chain: PlanResult) -> Option:
