@@ -116,21 +116,14 @@ def plan_block_graph(
     t_start = time.perf_counter()
     full = time.monotonic() + time_limit if deadline is None else deadline
     as_chain_too = branches and has_parallel_blocks(bg)
-    # with towers, the search as a chain keeps a part of the clock: the search with branches, whose shares are parts
-    # of the clock, would otherwise leave it nothing whenever the time limit binds (and lose to --branches off,
-    # 0.74x on 2 towers at 32 devices). Experts alone keep the whole clock for the search with branches.
-    reserve = CHAIN_SHARE if as_chain_too and has_parallel_towers(bg) else 0.0
-    clock = Clock(time.monotonic() + (1 - reserve) * (full - time.monotonic()))
+    clock = _clock_with_branches(bg, full, as_chain_too)
     all_layouts = layouts(cluster)
     # a runtime that builds its stages from whole layers gets only plans that keep them whole
     small, members = _reduced(bg, all_layouts, target_blocks, whole_layers=asked is not None and asked.needs_whole_layers)
     _log_layouts(all_layouts, bg, small, clock)
     table = CostTable(small, cluster, training)  # each block costed once per group shape, for every layout
-    problems = _upper_problems(small, all_layouts, cluster, training, limit, table, clock)
-    t_prepared = time.perf_counter()
-    solutions, candidates = _solve_layouts(problems, clock, solver, workers)
-    candidates += [Candidate("upper", str(lay), "skipped: the time limit was spent") for lay in all_layouts
-                   if str(lay) not in problems]
+    problems, skipped = _upper_problems(small, all_layouts, cluster, training, limit, table, clock)
+    t_prepared, (solutions, candidates) = time.perf_counter(), _solve_layouts(problems, clock, solver, workers)
     t_upper = time.perf_counter()
     runnable = RuntimeFilter(runtime, training, members, bg)
     baselines, best_split, refused = runnable.all_baselines(small, cluster, limit, layouts_run_today, table,
@@ -157,7 +150,7 @@ def plan_block_graph(
         raise _too_small("no candidate could be scheduled within", smallest, limit, cluster)
     seconds = {"upper": t_upper - t_start, "baselines": t_base - t_upper, "lower": t_lower - t_base,
                "half the nodes": t_half - t_lower, "as a chain": time.perf_counter() - t_half}
-    return _plan_result(options, cluster, training, runnable, candidates + unscheduled, baselines, refused,
+    return _plan_result(options, cluster, training, runnable, candidates + skipped + unscheduled, baselines, refused,
                         blocks=small.number_of_nodes(), seconds=seconds, half=half, unsearched=unsearched, chain=chain)
 
 
@@ -225,17 +218,27 @@ def _plan_as_chain(bg: nx.DiGraph, cluster: Cluster, training: Training, limit: 
     return found
 
 
+def _clock_with_branches(bg: nx.DiGraph, full: float, as_chain_too: bool) -> Clock:
+    """The clock of the search with branches, up to ``full`` (a :func:`time.monotonic` instant)."""
+    # with towers, the search as a chain keeps a part of the clock: the search with branches, whose shares are parts
+    # of the clock, would otherwise leave it nothing whenever the time limit binds (and lose to --branches off,
+    # 0.74x on 2 towers at 32 devices). Experts alone keep the whole clock for the search with branches.
+    reserve = CHAIN_SHARE if as_chain_too and has_parallel_towers(bg) else 0.0
+    return Clock(time.monotonic() + (1 - reserve) * (full - time.monotonic()))
+
+
 def _upper_problems(small: nx.DiGraph, all_layouts: list, cluster: Cluster, training: Training, limit: float,
-                    table: CostTable, clock: Clock) -> dict[str, UpperProblem]:
-    """Layout name -> its placement problem, for the layouts of ``all_layouts`` costed before the deadline (a
-    MoE model of 15,000 blocks on 1,024 devices takes about a second each)."""
+                    table: CostTable, clock: Clock) -> tuple[dict[str, UpperProblem], list[Candidate]]:
+    """(layout name -> its placement problem, for the layouts of ``all_layouts`` costed before the deadline (a
+    MoE model of 15,000 blocks on 1,024 devices takes about a second each); a candidate row for each other one)."""
     problems = {}
     for lay in all_layouts:
         if problems and clock.left() <= 0.0:
             log.info("upper: the time limit was spent: %s not costed", plural(len(all_layouts) - len(problems), "layout"))
             break
         problems[str(lay)] = upper_problem(small, lay, cluster, training, limit, table)
-    return problems
+    return problems, [Candidate("upper", str(lay), "skipped: the time limit was spent") for lay in all_layouts
+                      if str(lay) not in problems]
 
 
 def _chain_option(chain: PlanResult) -> Option:
