@@ -178,3 +178,33 @@ def test_baselines_past_their_deadline_keep_what_they_found_and_say_what_was_not
     cut, _, refused = contiguous_baselines(bg, cluster, training, 2e9, deadline=0.0, workers=2)
     assert 1 <= len(cut) <= 2 and set(refused_everywhere) <= set(refused)
     assert all(why.startswith("not tried") and "8 groups" not in why for why in refused.values())
+    # with a plan found elsewhere (the search on half the nodes, as a chain, or the Megatron-style layouts) the
+    # clock alone decides: past the deadline no depth runs to find one to fall back on
+    for workers in (1, 2):
+        cut, best, refused = contiguous_baselines(bg, cluster, training, 2e9, deadline=0.0, workers=workers,
+                                                  found_elsewhere=True)
+        assert cut == [] and best is None
+        assert set(refused) == set(refused_everywhere) | set(every_method(every)) and \
+            all(why == "not tried: the time limit was spent" for why in refused.values())
+
+
+def every_method(rows) -> set[str]:
+    return {b.method for b in rows}
+
+
+def test_a_search_that_holds_a_plan_elsewhere_stops_at_its_deadline(caplog):
+    """The planner's search past its deadline runs its baselines until one is found (a plan to write), unless
+    its caller holds one (``found_elsewhere``: the search as a chain, on half the nodes): then nothing runs."""
+    import time
+
+    from opsched.errors import MemoryTooSmall
+
+    bg, cluster = two_tower_graph(), cluster_from_dict(SLOW_LINK_CLUSTER)
+    late = planner.plan_block_graph(bg, cluster, Training(4), planner.PlanOptions(deadline=time.monotonic() - 1))
+    assert late.source.startswith("baseline ")  # the fallback a user gets when the clock is spent
+    caplog.clear()
+    with caplog.at_level("INFO", logger="opsched"):
+        with pytest.raises(MemoryTooSmall, match="time limit was spent"):
+            planner.plan_block_graph(bg, cluster, Training(4), planner.PlanOptions(deadline=time.monotonic() - 1, found_elsewhere=True))
+    assert not any(r.getMessage().startswith("baseline: ") and "step time" in r.getMessage() for r in caplog.records)
+    assert any("not costed" in r.getMessage() for r in caplog.records)  # one layout's problem costed, not all

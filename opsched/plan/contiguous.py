@@ -136,7 +136,7 @@ SPLIT_MEMORY_SCALES = (1.0, 0.9, 0.8, 0.7, 0.6)
 
 def contiguous_baselines(
     bg: nx.DiGraph, cluster: Cluster, training: Training, memory_limit: float, table: CostTable | None = None,
-    deadline: float | None = None, workers: int = 1,
+    deadline: float | None = None, workers: int = 1, found_elsewhere: bool = False,
 ) -> tuple[list[Baseline], Baseline | None, dict[str, str]]:
     """Every hand-written method on its best contiguous split at the same memory.
 
@@ -149,10 +149,14 @@ def contiguous_baselines(
     anywhere (sorted by step time), the overall best, and method -> the reason
     for every method that fits nowhere (:func:`refusal_reason`). Past
     ``deadline`` (a :func:`time.monotonic` instant) the depths not yet tried
-    are skipped once some method has a baseline; a method left with none
-    says so. ``workers`` depths are tried at once, each in its own process.
+    are skipped once some method has a baseline, or at once with
+    ``found_elsewhere`` (the caller holds a plan already: a search on fewer
+    devices or as a chain, or one offered the Megatron-style layouts); a
+    method left with none says so. ``workers`` depths are tried at once,
+    each in its own process.
     """
-    rows, best, refused = _contiguous_rows(bg, cluster, training, memory_limit, table, deadline, workers)
+    rows, best, refused = _contiguous_rows(bg, cluster, training, memory_limit, table, deadline, workers,
+                                           found_elsewhere)
     _log_rows(rows)
     for name, reason in refused.items():
         log.info("baseline: %s refused: %s", name, reason)
@@ -161,7 +165,7 @@ def contiguous_baselines(
 
 def _contiguous_rows(
     bg: nx.DiGraph, cluster: Cluster, training: Training, memory_limit: float, table: CostTable | None = None,
-    deadline: float | None = None, workers: int = 1,
+    deadline: float | None = None, workers: int = 1, found_elsewhere: bool = False,
 ) -> tuple[list[Baseline], Baseline | None, dict[str, str]]:
     """:func:`contiguous_baselines` without its progress lines; ``workers`` pipeline depths at once.
 
@@ -179,8 +183,9 @@ def _contiguous_rows(
 
     def next_call(k: int, running: int) -> Call | None:
         # past the deadline, the depths not yet tried are skipped once some method has a baseline, and a depth
-        # under way stops between methods (once it, or a depth before it, has one)
-        some = any(isinstance(r, _DepthRows) and r.best for r in found)
+        # under way stops between methods (once it, or a depth before it, has one); with a plan found elsewhere
+        # the clock alone decides: the search for one to fall back on cost a 1,024-GPU DeepSeek-V3 plan 230 s
+        some = found_elsewhere or any(isinstance(r, _DepthRows) and r.best for r in found)
         if deadline is not None and time.monotonic() > deadline and some:
             return None
         return Call(_rows_at_depth, (bg, depths[k], cluster, training, memory_limit, table, deadline, some),
@@ -316,8 +321,9 @@ def fewer_device_baselines(
     rows, n, per_node = [], cluster.devices, cluster.devices_per_node
     while n % (2 * per_node) == 0 and (deadline is None or time.monotonic() < deadline):
         n //= 2
+        # a row here is only an alternative to those on every device: the clock alone stops it
         found, _, _ = _contiguous_rows(bg, with_devices(cluster, n), training, memory_limit, deadline=deadline,
-                                       workers=workers)
+                                       workers=workers, found_elsewhere=True)
         rows += [replace(b, layout=f"{b.layout}, on {plain(n)} of the {plain(cluster.devices)} devices")
                  for b in found[:1]]
     _log_rows(rows)

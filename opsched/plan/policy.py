@@ -63,8 +63,9 @@ EXPORT_SHARE = 0.05
 #: 0.47 ms measured for a 16,384-job plan on 3,072 devices (7.7 s on a 2-core machine at load 1), with a margin
 EXPORT_SECONDS_PER_JOB = 6e-4
 
-#: the part of the time left that the Megatron-style layout search may use (with a global batch): past it the
-#: layouts not yet evaluated are skipped, and the planner's search gets the rest
+#: the part of the time left after its own import (at one sequence per microbatch) that the Megatron-style layout
+#: search may use (with a global batch): past it the layouts not yet evaluated are skipped, and the planner's search
+#: gets the rest
 LAYOUT_SEARCH_SHARE = 0.3
 
 
@@ -118,8 +119,7 @@ def plan_with_optimizer_state(request: PlanRequest, bg, cluster, training, limit
     auto`` once more with Adam's state in BF16 when nothing fits in FP32 and something does in BF16 (a sentence in
     ``warnings`` says so); (training as planned, :class:`opsched.plan.plan_records.PlanResult`)."""
     def layouts_today(training) -> list:  # within its share of the time left
-        share = time.monotonic() + LAYOUT_SEARCH_SHARE * max(0.0, deadline - time.monotonic())
-        return megatron_layouts(request, dims, cluster, training, limit, global_batch, share) if global_batch else []
+        return megatron_layouts(request, dims, cluster, training, limit, global_batch, deadline) if global_batch else []
 
     today = layouts_today(training)
     deadline = files_deadline(deadline, request.time_limit, today)
@@ -232,12 +232,17 @@ def megatron_layouts(request: PlanRequest, dims: dict[str, int], cluster, traini
     The model is imported again with one sequence per microbatch (Megatron's
     micro-batch size 1); its step is counted as the planner counts every
     candidate's (makespan + the whole gradient sync), so the rows compare like
-    with like. Empty when no such layout fits. Past ``deadline`` the layouts
-    not yet evaluated are skipped.
+    with like. Empty when no such layout fits. ``deadline``: the planner's;
+    the search gets :data:`LAYOUT_SEARCH_SHARE` of the time left after the
+    import (which has no clock to stop it: 40 s of DeepSeek-V3's at load 3,
+    which would otherwise leave the search half its share), and past that the
+    layouts not yet evaluated are skipped.
     """
     t0 = time.perf_counter()
     og = import_onnx(request.model, dims={**dims, "batch": 1}, capacity_factor=request.capacity_factor, strict_dims=True)
     bg = coarsen(og)
+    if deadline is not None:
+        deadline = time.monotonic() + LAYOUT_SEARCH_SHARE * max(0.0, deadline - time.monotonic())
     modes = RECOMPUTE_MODES if request.recompute == "auto" else (training.recompute,)
 
     def runs(e) -> bool:  # the runtime asked for can run the layout as plan.json would hold it

@@ -63,12 +63,14 @@ class RuntimeFilter:
 
     def all_baselines(self, small: nx.DiGraph, cluster: Cluster, limit: float, today: list[Baseline] | None,
                       table: CostTable | None = None, deadline: float | None = None, workers: int = 1,
-                      ) -> tuple[list[Baseline], Baseline | None, dict[str, str]]:
+                      found_elsewhere: bool = False) -> tuple[list[Baseline], Baseline | None, dict[str, str]]:
         """:func:`contiguous_baselines` on ``small``, the best of them on fewer devices
         (:func:`fewer_device_baselines`) and the Megatron-style layouts (``today``), those the runtime can run,
         by step time (on a tie, the one using more devices first); the best contiguous one on every device
-        (the lower level's split); method -> why refused."""
-        rows, best_split, refused = contiguous_baselines(small, cluster, self.training, limit, table, deadline, workers)
+        (the lower level's split); method -> why refused. Past ``deadline`` the contiguous splits stop as soon as
+        a plan exists: one of theirs, one of ``today`` or, with ``found_elsewhere``, one the caller holds."""
+        rows, best_split, refused = contiguous_baselines(small, cluster, self.training, limit, table, deadline, workers,
+                                                         found_elsewhere=found_elsewhere or bool(today))
         fewer = fewer_device_baselines(small, cluster, self.training, limit, deadline, workers)
         today = list(today or [])
         if self.runtime is not None:

@@ -97,6 +97,9 @@ class PlanOptions:
     """False: the model as one chain of blocks (``plan --branches off``)."""
     layouts_run_today: list[Baseline] | None = None
     """Megatron-style layouts found before the search (``plan_with_optimizer_state``), offered as baselines."""
+    found_elsewhere: bool = False
+    """The caller holds a plan already (the search on half the nodes, or as a chain): past the deadline no step
+    runs on to find one to fall back on."""
 
 
 def plan_block_graph(bg: nx.DiGraph, cluster: Cluster, training: Training,
@@ -117,7 +120,9 @@ def plan_block_graph(bg: nx.DiGraph, cluster: Cluster, training: Training,
     builds stages from whole layers (``Runtime.needs_whole_layers``) the search places whole
     numbered layers, and for one without context parallelism
     (``Runtime.context_parallel``) every replica takes whole sequences. ``branches=False`` plans the model as
-    one chain of blocks (:func:`opsched.plan.branches.chain_only`): a sequential pipeline.
+    one chain of blocks (:func:`opsched.plan.branches.chain_only`): a sequential pipeline. ``found_elsewhere``:
+    the caller holds a plan already (this is the search on half the nodes, or as a chain), so past the deadline
+    no step runs on to find one to fall back on.
     """
     o = options
     require(o.solver)
@@ -128,22 +133,19 @@ def plan_block_graph(bg: nx.DiGraph, cluster: Cluster, training: Training,
     t_start = time.perf_counter()
     full = time.monotonic() + o.time_limit if o.deadline is None else o.deadline
     as_chain_too = o.branches and has_parallel_blocks(bg)
-    # with towers, the search as a chain keeps a part of the clock: the search with branches, whose shares are parts
-    # of the clock, would otherwise leave it nothing whenever the time limit binds (and lose to --branches off,
-    # 0.74x on 2 towers at 32 devices). Experts alone keep the whole clock for the search with branches.
-    reserve = CHAIN_SHARE if as_chain_too and has_parallel_towers(bg) else 0.0
-    clock = Clock(time.monotonic() + (1 - reserve) * (full - time.monotonic()))
+    clock = _clock_with_branches(bg, full, as_chain_too)
     all_layouts = layouts(cluster)
     # a runtime that builds its stages from whole layers gets only plans that keep them whole
     small, members = _reduced(bg, all_layouts, o.target_blocks, whole_layers=asked is not None and asked.needs_whole_layers)
     _log_layouts(all_layouts, bg, small, clock)
     table = CostTable(small, cluster, training)  # each block costed once per group shape, for every layout
-    problems = {str(lay): upper_problem(small, lay, cluster, training, limit, table) for lay in all_layouts}
-    solutions, candidates = _solve_layouts(problems, clock, o.solver, o.workers)
+    problems, skipped = _upper_problems(small, all_layouts, cluster, training, limit, table, clock)
+    t_prepared, (solutions, candidates) = time.perf_counter(), _solve_layouts(problems, clock, o.solver, o.workers)
     t_upper = time.perf_counter()
     runnable = RuntimeFilter(o.runtime, training, members, bg)
     baselines, best_split, refused = runnable.all_baselines(small, cluster, limit, o.layouts_run_today, table,
-                                                            clock.share(BASELINE_SHARE), o.workers)
+                                                            clock.share(BASELINE_SHARE), o.workers,
+                                                            o.found_elsewhere)
     t_base = time.perf_counter()
     if not solutions and not baselines:
         runnable.none_left()
@@ -156,17 +158,20 @@ def plan_block_graph(bg: nx.DiGraph, cluster: Cluster, training: Training,
     # cluster's), the memory limit resolved, and the clock's deadline
     again = dataclasses.replace(o, memory_limit=limit, layouts_run_today=None)
     t_lower, (half, unsearched) = time.perf_counter(), _plan_on_half_the_nodes(
-        bg, cluster, training, limit, clock, t_base - t_upper, again)
+        bg, cluster, training, limit, clock, t_base - t_upper,
+        dataclasses.replace(again, found_elsewhere=o.found_elsewhere or bool(found)))
     found = runnable.options(found) + ([_half_option(half, cluster)] if half is not None else [])
     t_half = time.perf_counter()
-    chain = _plan_as_chain(bg, cluster, training, Clock(full), again) if as_chain_too else None
+    chain = _plan_as_chain(bg, cluster, training, Clock(full), t_prepared - t_start,
+                           dataclasses.replace(again, found_elsewhere=o.found_elsewhere or bool(found))
+                           ) if as_chain_too else None
     found += [_chain_option(chain)] if chain is not None else []
     if not found:
         smallest = min((minimum_memory_limit(j.stage_graph, training.microbatches) for j in jobs), default=math.inf)
         raise _too_small("no candidate could be scheduled within", smallest, limit, cluster)
     seconds = {"upper": t_upper - t_start, "baselines": t_base - t_upper, "lower": t_lower - t_base,
                "half the nodes": t_half - t_lower, "as a chain": time.perf_counter() - t_half}
-    return _plan_result(found, cluster, training, runnable, candidates + unscheduled, baselines, refused,
+    return _plan_result(found, cluster, training, runnable, candidates + skipped + unscheduled, baselines, refused,
                         blocks=small.number_of_nodes(), seconds=seconds, half=half, unsearched=unsearched, chain=chain)
 
 
@@ -214,11 +219,13 @@ def _plan_result(options: list[Option], cluster: Cluster, training: Training, ru
     )
 
 
-def _plan_as_chain(bg: nx.DiGraph, cluster: Cluster, training: Training, clock: Clock,
+def _plan_as_chain(bg: nx.DiGraph, cluster: Cluster, training: Training, clock: Clock, prepared: float,
                    options: PlanOptions) -> PlanResult | None:
     """:func:`plan_block_graph` of ``bg`` as one chain (``branches=False``) in the time left, or None (less than
-    :data:`LEAST_PART` left, or nothing fits): the plan ``--branches off`` finds, when work budgets decide both."""
-    if clock.left() < LEAST_PART:
+    :data:`LEAST_PART` left, or less than ``prepared``, the seconds the search with branches took to reduce and
+    cost the model before its first MIP, which the search as a chain takes again with no clock to stop it; or
+    nothing fits): the plan ``--branches off`` finds, when work budgets decide both."""
+    if clock.left() < max(LEAST_PART, prepared):
         log.info("plan: not as a chain: the time limit was spent")
         return None
     log.info("plan: now as a chain (the stage graph a sequence, as --branches off), within %s",
@@ -231,6 +238,29 @@ def _plan_as_chain(bg: nx.DiGraph, cluster: Cluster, training: Training, clock: 
         return None
     log.info("plan: as a chain: %s on %s, step time %s", found.source, found.layout, seconds_text(found.step_time))
     return found
+
+
+def _clock_with_branches(bg: nx.DiGraph, full: float, as_chain_too: bool) -> Clock:
+    """The clock of the search with branches, up to ``full`` (a :func:`time.monotonic` instant)."""
+    # with towers, the search as a chain keeps a part of the clock: the search with branches, whose shares are parts
+    # of the clock, would otherwise leave it nothing whenever the time limit binds (and lose to --branches off,
+    # 0.74x on 2 towers at 32 devices). Experts alone keep the whole clock for the search with branches.
+    reserve = CHAIN_SHARE if as_chain_too and has_parallel_towers(bg) else 0.0
+    return Clock(time.monotonic() + (1 - reserve) * (full - time.monotonic()))
+
+
+def _upper_problems(small: nx.DiGraph, all_layouts: list, cluster: Cluster, training: Training, limit: float,
+                    table: CostTable, clock: Clock) -> tuple[dict[str, UpperProblem], list[Candidate]]:
+    """(layout name -> its placement problem, for the layouts of ``all_layouts`` costed before the deadline (a
+    MoE model of 15,000 blocks on 1,024 devices takes about a second each); a candidate row for each other one)."""
+    problems = {}
+    for lay in all_layouts:
+        if clock.left() <= 0.0:  # one problem can take 20 s on 2,048 devices: none is costed past the deadline
+            log.info("upper: the time limit was spent: %s not costed", plural(len(all_layouts) - len(problems), "layout"))
+            break
+        problems[str(lay)] = upper_problem(small, lay, cluster, training, limit, table)
+    return problems, [Candidate("upper", str(lay), "skipped: the time limit was spent") for lay in all_layouts
+                      if str(lay) not in problems]
 
 
 def _chain_option(chain: PlanResult) -> Option:

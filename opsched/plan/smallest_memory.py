@@ -81,7 +81,7 @@ def _nothing_fits(problems: dict[str, UpperProblem], solver: str, clock: Clock, 
     """The error when no layout fits in ``limit``: with the smallest memory that works, as far as the time limit
     lets the layouts be tried."""
     smallest, tried = _smallest_memory(problems, solver, clock.deadline)
-    if tried == len(problems):
+    if problems and tried == len(problems):
         return _too_small("no layout fits in", smallest, limit, cluster)
     if tried == 0 or smallest == math.inf:
         return MemoryTooSmall(f"no layout fits in {bytes_text(limit)} per device (the time limit was spent before "
