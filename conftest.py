@@ -26,7 +26,8 @@ _PACKAGE_ROOT = Path(__file__).parent / "opsched"
 def pytest_ignore_collect(collection_path, config):
     """Leave out an ``opsched`` module whose import needs an absent optional extra."""
     path = Path(collection_path)
-    if path.suffix != ".py" or _PACKAGE_ROOT not in path.parents:
+    # __main__.py runs the CLI when imported (and --doctest-modules never collects it)
+    if path.suffix != ".py" or path.name == "__main__.py" or _PACKAGE_ROOT not in path.parents:
         return None
     module = ".".join(path.relative_to(_PACKAGE_ROOT.parent).with_suffix("").parts)
     if module.endswith(".__init__"):
