@@ -211,6 +211,32 @@ def test_unsupported_model_kind_is_refused(tmp_path, capsys):
             "'vit' is not supported", "causal language models")
 
 
+@pytest.mark.slow  # imports transformers
+@pytest.mark.parametrize("name, change, words", [
+    ("mixtral", dict(hidden_size=44), ("hidden_size 44 / num_attention_heads 4", "rotary dimension of 11")),
+    # an explicit head dim transformers checks itself, in a line of its own
+    ("llama", dict(head_dim=9), ("rotary dimension", "9")),
+    ("deepseek_v3", dict(qk_rope_head_dim=5), ("rotary dimension", "5")),
+])
+def test_odd_rotary_dimension_is_refused_before_the_export(tmp_path, capsys, name, change, words):
+    """rotate_half needs an even rotary dimension; a derived one (hidden / heads) transformers does not check, and
+    the export then failed inside attention with a shape error."""
+    pytest.importorskip("transformers")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**CONFIGS[name], **change}))
+    refused(tmp_path, capsys, ["onnx", "--hf-config", str(config), "-o", str(tmp_path / "m.onnx")], *words, "even")
+
+
+def test_odd_head_dim_without_rotary_embeddings_is_not_refused():
+    """GPT-2 and CLIP learn their positions: an odd head dimension is theirs to have."""
+    pytest.importorskip("transformers")
+    from transformers import GPT2Config
+
+    from opsched.model.hf_onnx import _check_rotary_dim
+
+    _check_rotary_dim(GPT2Config(n_embd=33, n_head=3), "config.json")  # head dim 11, no rotary: no error
+
+
 def test_missing_output_directory_is_refused(tmp_path, capsys):
     config = write_config(tmp_path, "llama")
     refused(tmp_path, capsys, ["onnx", "--hf-config", str(config), "-o", str(tmp_path / "no" / "m.onnx")],

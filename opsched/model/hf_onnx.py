@@ -160,10 +160,35 @@ def _build_config(data: dict, path: str, transformers) -> Any:
         config = CONFIG_MAPPING[model_type].from_dict(fields)
     except Exception as exc:  # transformers validates values in many ways; any refusal is the file's
         raise OpschedError(f"--hf-config {path}: transformers refused the config ({_one_line(exc)})") from None
+    _check_rotary_dim(config, path)
     config.use_cache = False
     # stacked [experts, ...] weights read by expert index: traceable, and counted by opsched.model.stacked_experts
     config._experts_implementation = "batched_mm"
     return config
+
+
+def _check_rotary_dim(config, path: str) -> None:
+    """Refuse an odd rotary dimension before the export, which would fail deep inside the model's attention.
+
+    Rotary position embeddings turn pairs of channels (``rotate_half`` splits the rotated part in two halves),
+    so the rotated part of a head must have an even size. transformers checks an explicit ``head_dim`` when it
+    builds the config, not one derived from ``hidden_size / num_attention_heads``.
+    """
+    rope = getattr(config, "rope_parameters", None)
+    if not rope:  # learned or no positions (gpt2, clip)
+        return
+    heads = getattr(config, "num_attention_heads", None)
+    head = getattr(config, "qk_rope_head_dim", None) or getattr(config, "head_dim", None)
+    shown = "qk_rope_head_dim" if getattr(config, "qk_rope_head_dim", None) else "head_dim"
+    if not head and heads:
+        head, shown = config.hidden_size // heads, f"head dim (hidden_size {config.hidden_size} / num_attention_heads {heads})"
+    if not head:
+        return
+    rotary = int(head * rope.get("partial_rotary_factor", 1.0))
+    if rotary % 2:
+        raise OpschedError(f"--hf-config {path}: {shown} gives a rotary dimension of {rotary}, which is odd; rotary "
+                           "position embeddings rotate pairs of channels, so make it even (e.g. another "
+                           "num_attention_heads or hidden_size)")
 
 
 def _model_kind(config) -> str:
