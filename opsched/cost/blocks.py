@@ -264,7 +264,10 @@ def modes_for(block: Block, group_size: int, samples: int | None = None, context
     parallelism's weight split: they take ``dp = group_size`` when the samples
     allow it, else ``tp = group_size``, the work split along the hidden or
     sequence axis within a tensor-parallel group (Megatron's sequence
-    parallelism), which costs the same.
+    parallelism), which costs the same. A block with attention takes only
+    tensor-parallel degrees that divide its heads (``Block.attention_heads``:
+    Megatron-Core splits the query and key-value heads over the ranks); when
+    none of those leaves whole sequences, the split is context parallelism.
 
     >>> [str(m) for m in modes_for(Block(0, "attn", (), (), flops=1.0, param_count=10), 4)]
     ['dp4', 'tp2.dp2', 'tp4']
@@ -274,6 +277,12 @@ def modes_for(block: Block, group_size: int, samples: int | None = None, context
     ['cp4.dp2', 'tp2.cp2.dp2', 'tp4.dp2', 'tp8']
     >>> [str(m) for m in modes_for(Block(0, "norm", (), (), flops=1.0), 4, samples=1)]
     ['tp4']
+    >>> [str(m) for m in modes_for(Block(0, "attn", (), (), flops=1.0, param_count=10, attention_heads=6), 4)]
+    ['dp4', 'tp2.dp2']
+    >>> [str(m) for m in modes_for(Block(0, "core", (), (), flops=1.0, attention_heads=6), 4, samples=2, context=True)]
+    ['cp2.dp2', 'tp2.dp2']
+    >>> [str(m) for m in modes_for(Block(0, "attn", (), (), flops=1.0, param_count=10, attention_heads=6), 4, samples=1)]
+    ['cp4', 'tp2.cp2']
     """
     if group_size < 1:
         raise OpschedError(f"group size must be at least 1, got {group_size}")
@@ -281,16 +290,24 @@ def modes_for(block: Block, group_size: int, samples: int | None = None, context
     def whole(dp: int) -> bool:
         return samples is None or samples % dp == 0
 
-    if block.param_count <= 0:
+    def splits_heads(tp: int) -> bool:
+        return not block.attention_heads or block.attention_heads % tp == 0
+
+    if block.param_count <= 0 and (whole(group_size) or splits_heads(group_size)):
         return [Mode(dp=group_size) if whole(group_size) else Mode(tp=group_size)]
+    # an attention core whose heads do not split group_size ways takes the splits below, as a layer does
     modes = []
     for t in divisors(group_size):
+        if not splits_heads(t):
+            continue
         rest = group_size // t
         if whole(rest):
             modes.append(Mode(tp=t, dp=rest))
         elif context:
             dp = math.gcd(rest, samples)
             modes.append(Mode(tp=t, cp=rest // dp, dp=dp))
+    if not modes:  # no tensor-parallel degree both splits the heads and leaves replicas whole sequences
+        return modes_for(block, group_size, samples, context=True)
     if group_size > 1 and expert_count(block) >= group_size:
         modes.append(Mode(ep=group_size))
     return modes

@@ -235,8 +235,14 @@ class ParallelLayout:
                            ends_as_layers=self.ends_as_layers, first_layers=self.first_layers,
                            last_layers=self.last_layers, pipeline_layout=self.pipeline_layout)
 
-    def check_model(self, layers: int, experts: int, mtp_layers: int = 0) -> None:
-        """Refuse a layout the model cannot take: ep that does not divide its experts, chunks of partial layers."""
+    def check_model(self, layers: int, experts: int, mtp_layers: int = 0, heads: int = 0) -> None:
+        """Refuse a layout the model cannot take: tp that does not divide its attention ``heads`` (the greatest
+        common divisor of every attention's query and key-value heads: Megatron-Core splits both over the
+        tensor-parallel ranks; 0: not known), ep that does not divide its experts, chunks of partial layers."""
+        if heads and heads % self.tp:
+            fits = [t for t in range(1, heads + 1) if heads % t == 0]
+            raise OpschedError(f"tp={self.tp} does not divide the attention heads (their query and key-value heads "
+                               f"share {heads} as greatest common divisor): use tp={', '.join(map(str, fits))}")
         if self.ep > 1:
             if experts == 0:
                 raise OpschedError(f"ep={self.ep} but the model has no experts; use ep=1")

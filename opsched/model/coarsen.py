@@ -61,7 +61,7 @@ from collections import defaultdict
 import networkx as nx
 
 from opsched.errors import OpschedError
-from opsched.model.graph import COST_FIELDS, Block, gc_paused
+from opsched.model.graph import COST_FIELDS, Block, common_heads, gc_paused
 from opsched.model.recompute_modules import part_costs
 
 #: the name of a block whose operators carry no module scope (the exporter left none): it belongs to no module
@@ -547,7 +547,7 @@ def _block_graph(opgraph, order, members, edges, labels, depth, target_blocks) -
         sums = {f: sum(getattr(r, f) for r in recs) for f in COST_FIELDS}
         sums["param_count"] = int(sums["param_count"])
         bg.add_node(new_id[g], block=Block(new_id[g], name, scope, tuple(ops_sorted), op_types=types,
-                                           parts=part_costs(recs), **sums))
+                                           parts=part_costs(recs), attention_heads=common_heads(recs), **sums))
     tensor_bytes = opgraph.graph.get("tensor_bytes", {})
     crossing: dict[tuple[int, int], dict[str, float]] = defaultdict(dict)
     for u, v, data in opgraph.edges(data=True):

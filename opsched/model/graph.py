@@ -26,6 +26,7 @@ distinct tensor that crosses it. Both are optional for hand-built graphs.
 from __future__ import annotations
 
 import gc
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -96,6 +97,10 @@ class OpNode:
     #: weights' multiply): Megatron-Core's ``mlp`` recompute module names a dense MLP and does not cover it, its
     #: ``moe`` module does (:func:`opsched.model.recompute_modules.mark_moe_layers`)
     in_moe_layer: bool = False
+    #: of a fused ``Attention`` op: the greatest common divisor of its query heads and key-value heads, which a
+    #: tensor-parallel degree must divide (Megatron-Core divides both over the ranks); 0 when not an attention or
+    #: its shapes are unknown (an attention exported as its MatMul / Softmax chain)
+    attention_heads: int = 0
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,8 @@ class Block:
     attention_gemm_padded_flops: float = 0.0
     matmul_padded_flops: float = 0.0
     fp8_input_saving: float = 0.0  # OpNode.fp8_input_saving, summed
+    #: what every tensor-parallel degree of this block must divide: :func:`common_heads` of its attentions (0: none)
+    attention_heads: int = 0
     op_types: dict[str, int] = field(default_factory=dict, compare=False)
     #: the forward costs of its operators by the part of Megatron's recompute modules they belong to
     #: (:func:`opsched.model.recompute_modules.part_costs`; empty for a hand-made Block)
@@ -135,6 +142,17 @@ COST_FIELDS = ("flops", "param_count", "param_bytes", "output_bytes", "io_bytes"
                "matmul_flops", "matmul_io_bytes", "attention_flops", "attention_io_bytes", "tp_replicated_bytes",
                "attention_kv_bytes", "mla_qkv_saved_bytes", "attention_scores_bytes", "attention_scores", "attention_gemm_padded_flops",
                "matmul_padded_flops", "fp8_input_saving")
+
+
+def common_heads(records) -> int:
+    """The heads every attention of ``records`` (operators or blocks) splits into: the gcd of their
+    ``attention_heads``, so a tensor-parallel degree dividing it divides each; 0 when none has attention.
+
+    >>> from types import SimpleNamespace as R
+    >>> common_heads([R(attention_heads=0), R(attention_heads=28), R(attention_heads=4)])
+    4
+    """
+    return math.gcd(*(r.attention_heads for r in records)) if records else 0
 
 
 def common_scope(scopes) -> tuple[str, ...]:

@@ -12,6 +12,7 @@ inputs are weights (:func:`_weight_inputs`).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 from opsched.model.gemm import matmul_shape, padded_flops
@@ -209,7 +210,7 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
                     attention_kv_bytes=float(sum(bytes_of[x] for x in inputs[1:3] if x)) if kind["attention"] else 0.0,
                     mla_qkv_saved_bytes=mla.saved_bytes(inputs[:3], saved, kept.storage) if kind["attention"] else 0.0,
                     fp8_input_saving=_fp8_input_saving(saved, shapes) if kind["matmul"] and param_count else 0.0,
-                    **(_attention_unfused_fields(n, shapes, scale) if kind["attention"] else {}))
+                    **(_attention_shape_fields(n, shapes, scale) if kind["attention"] else {}))
         is_const = all((not x) or x in const_tensors for x in inputs)
         e5m6.see(op, inputs)
         nodes.append((key, {"op": op, "const": is_const}))
@@ -223,6 +224,39 @@ def _build_graph(model, path, order, shapes, dims, weight_inputs, warnings, capa
     warnings.extend(_cost_warnings(unknown, uncosted))
     g.graph["tensor_bytes"] = tensor_bytes
     return g
+
+
+#: the operators transformers' ``repeat_kv`` writes a grouped-query attention's key or value repeat with
+_REPEAT_OPS = frozenset({"Reshape", "Expand", "Unsqueeze", "Identity", "Cast"})
+
+
+def mark_grouped_kv_heads(g, model, keys: list[str], shapes) -> None:
+    """Fused attentions whose keys were repeated up to the query heads before the op (transformers' ``repeat_kv``:
+    unsqueeze, expand to ``[batch, kv heads, repeats, seq, dim]``, reshape): their ``attention_heads`` become the
+    gcd of the query heads and the key-value heads before the repeat, which the key and value projections hold
+    and a tensor-parallel degree must divide (Megatron-Core's ``num_query_groups``)."""
+    writer = {o: n for n in model.graph.node for o in n.output}
+    for key, n in zip(keys, model.graph.node):
+        op = g.nodes[key]["op"] if n.op_type == "Attention" and key in g else None
+        if op is None or not op.attention_heads or len(n.input) < 2:
+            continue
+        kv = _heads_before_repeat(n.input[1], writer, shapes)
+        if kv and op.attention_heads % kv == 0:
+            g.nodes[key]["op"] = dataclasses.replace(op, attention_heads=math.gcd(op.attention_heads, kv))
+
+
+def _heads_before_repeat(tensor: str, writer, shapes, depth: int = 4) -> int:
+    """The key-value heads ``tensor`` was repeated from: the second axis of the 5-d tensor an ``Expand`` made on
+    its way (``[batch, kv heads, repeats, seq, dim]``), through at most ``depth`` repeat operators; 0: no repeat."""
+    for _ in range(depth):
+        n = writer.get(tensor)
+        if n is None or n.op_type not in _REPEAT_OPS or not n.input:
+            return 0
+        shape = shapes.get(n.output[0], (None, 0))[0]
+        if n.op_type == "Expand" and shape is not None and len(shape) == 5 and isinstance(shape[1], int):
+            return shape[1]
+        tensor = n.input[0]
+    return 0
 
 
 def _new_graph(model, path, init_names, dims, weight_inputs, warnings, capacity_factor, routing, masks):
@@ -508,14 +542,16 @@ def _matmul_padded_flops(n, shapes, flops: float) -> float:
     return float(flops) * padded_flops(shape) / shape.flops
 
 
-def _attention_unfused_fields(n, shapes, batch_scale: float = 1.0) -> dict[str, float]:
-    """An ``Attention`` op's ``attention_scores`` and ``attention_gemm_padded_flops`` (none if its shapes are unknown),
-    ``batch_scale`` times its shapes' (a rescaled static batch)."""
+def _attention_shape_fields(n, shapes, batch_scale: float = 1.0) -> dict[str, float | int]:
+    """An ``Attention`` op's ``attention_scores`` and ``attention_gemm_padded_flops``, ``batch_scale`` times its
+    shapes' (a rescaled static batch), and the ``attention_heads`` a tensor-parallel degree must divide; none if its
+    shapes are unknown."""
     dims = _attention_dims(n, _input_shapes(n, shapes))
     if dims is None:
         return {}
     return {"attention_scores": float(dims.scores) * batch_scale,
-            "attention_gemm_padded_flops": dims.gemm_padded_flops() * batch_scale}
+            "attention_gemm_padded_flops": dims.gemm_padded_flops() * batch_scale,
+            "attention_heads": math.gcd(dims.heads, dims.kv_heads)}
 
 
 def _input_shapes(n, shapes) -> list:

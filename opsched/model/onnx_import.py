@@ -138,7 +138,7 @@ from opsched.model.graph import gc_paused
 from opsched.model.onnx_dims import (
     BATCH, DATA_INPUTS_KEY, find_static_batch, model_metadata, resolve_dims, substitute_dims, symbolic_dim_names,
 )
-from opsched.model.onnx_build import _build_graph, _node_keys, _weight_inputs
+from opsched.model.onnx_build import _build_graph, _node_keys, _weight_inputs, mark_grouped_kv_heads
 from opsched.model.onnx_ops import _FLOAT_TYPES, NAME_SCOPES_KEY, _attr, _numel, _static
 from opsched.model.stacked_experts import find_families, router_sizes, split_families, stacked_weights
 from opsched.model.recompute_modules import mark_activation_checkpoints, mark_moe_layers
@@ -461,6 +461,7 @@ def import_onnx(path, dims: dict[str, int] | None = None, capacity_factor: float
     scopes = [node_scope(n) for n in model.graph.node]
     g = _build_graph(model, path, order, shapes, resolved, weight_inputs, warnings, capacity_factor, routing, masks,
                      keys, scopes, batch_scale)
+    mark_grouped_kv_heads(g, model, keys, shapes)
     g.graph["static_batch"] = exported_batch
     _split_stacked_experts(g, model, order, shapes, weight_inputs, capacity_factor, keys, scopes)
     mark_activation_checkpoints(g)  # after the split: stacked experts' activations are per expert only then

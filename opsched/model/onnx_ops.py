@@ -205,6 +205,8 @@ class _AttentionDims:
     skv: int
     dqk: int
     dv: int
+    heads: int = 0  # query heads
+    kv_heads: int = 0  # key-value heads (fewer than ``heads`` under grouped-query attention)
 
     @property
     def scores(self) -> int:
@@ -227,7 +229,7 @@ def _attention_dims(node, in_shapes) -> _AttentionDims | None:
         return None
     if len(q) == 4:
         b, h, sq, dqk = q
-        skv, dv = k[2], v[3]
+        skv, dv, hkv = k[2], v[3], k[1]
     elif len(q) == 3:
         hq = _attr(node, "q_num_heads")
         hkv = _attr(node, "kv_num_heads")
@@ -240,7 +242,7 @@ def _attention_dims(node, in_shapes) -> _AttentionDims | None:
     past = in_shapes[4] if len(in_shapes) > 4 else None
     if _static(past) and len(past) == 4:
         skv += past[2]
-    return _AttentionDims(batch_heads=b * h, sq=sq, skv=skv, dqk=dqk, dv=dv)
+    return _AttentionDims(batch_heads=b * h, sq=sq, skv=skv, dqk=dqk, dv=dv, heads=h, kv_heads=hkv)
 
 
 #: ops that run as matrix multiplies on tensor cores (their FLOPs and bytes are costed apart, cost.compute_time)

@@ -63,10 +63,11 @@ def context_degrees(per_pipeline_rank: int, tp: int, devices_per_node: int, seq_
 
 def layout_grid(devices: int, devices_per_node: int, layers: int, experts: int, zero: int = 1,
                 seq_len: int = 0, tp_overlap: bool = False, attention: str = "fused",
-                mtp_layers: int = 0, uneven: bool = True) -> list[ParallelLayout]:
+                mtp_layers: int = 0, uneven: bool = True, heads: int = 0) -> list[ParallelLayout]:
     """Megatron-style layouts a user could run on ``devices``: the space :func:`search_layouts` evaluates.
 
-    tp up to a node (tensor groups stay on NVLink), pp dividing the layers
+    tp up to a node (tensor groups stay on NVLink) dividing the attention
+    ``heads`` (:attr:`ModelIndex.heads`; 0: any), pp dividing the layers
     (and, where none divides them, with ``uneven`` the uneven splits of
     :func:`uneven_splits` as Megatron-Core's ``pipeline_layout`` strings over
     ``layers`` decoder and ``mtp_layers`` MTP layers), vpp from :data:`SEARCH_VPP` dividing the layers
@@ -86,9 +87,12 @@ def layout_grid(devices: int, devices_per_node: int, layers: int, experts: int, 
     ['tp1 pp1 cp2 dp2 zero1', 'tp1 pp1 cp4 dp1 zero1', 'tp1 pp2 cp2 dp1 zero1', 'tp2 pp1 cp2 dp1 sp zero1']
     >>> [str(l) for l in layout_grid(4, 4, layers=5, experts=0) if l.pipeline_layout][:2]
     ['tp1 pp2 dp2 zero1 pipeline_layout=Et*3|ttL', 'tp2 pp2 dp1 sp zero1 pipeline_layout=Et*3|ttL']
+    >>> sorted({l.tp for l in layout_grid(8, 8, layers=4, experts=0, heads=6)})   # 6 heads: no tp4, no tp8
+    [1, 2]
     """
     grid = []
-    tps = [t for t in range(1, min(devices, devices_per_node) + 1) if devices % t == 0 and devices_per_node % t == 0]
+    tps = [t for t in range(1, min(devices, devices_per_node) + 1) if devices % t == 0 and devices_per_node % t == 0
+           and not (heads and heads % t)]
     for tp in tps:
         splits = []  # (pp, vpps, ends_as_layers, pipeline_layout per vpp)
         for pp, ends in pipeline_depths(layers, devices // tp):
@@ -323,7 +327,8 @@ def search_layouts(
             for lay in layout_grid(n, cluster.devices_per_node, len(index.layers), index.experts, zero,
                                    seq_len=tokens_per_sequence, tp_overlap=training.tp_comm_overlap,
                                    attention=training.attention, mtp_layers=len(index.mtp_layers),
-                                   uneven=n == cluster.devices)  # bounded: the halvings keep the even splits
+                                   uneven=n == cluster.devices,  # bounded: the halvings keep the even splits
+                                   heads=index.heads)
             for schedule in layout_schedules(lay, index.experts)]
     recompute = recompute_ladder(recompute, index.experts)
     # best first: (floor, grid position, recompute position) in a heap; a layout's next recomputation setting

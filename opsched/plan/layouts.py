@@ -40,7 +40,7 @@ from opsched.baselines import baseline_order, placed_stage_graph, run_baseline
 from opsched.cost.cluster import Cluster, Training
 from opsched.cost.blocks import expert_count
 from opsched.errors import OpschedError, Unsupported
-from opsched.model.graph import COST_FIELDS, Block
+from opsched.model.graph import COST_FIELDS, Block, common_heads
 from opsched.cost.parallel_layout import ParallelLayout
 from opsched.lower.jobs import order_peak_activation
 from opsched.plan.chunk_cost import _block_held_bytes, _chunk_cost, _cluster_key, _rank_devices, chunk_classes
@@ -135,6 +135,8 @@ class ModelIndex:
     #: block holding experts -> copies of each token its MoE layer routes (top-k times the capacity factor): the
     #: layer's expert inputs over its input, the residual stream (what node-limited routing sends once a node)
     routed_copies: dict[int, float] = dataclasses.field(default_factory=dict)
+    #: what a layout's tensor-parallel degree must divide: every attention's heads (:func:`common_heads`; 0: none known)
+    heads: int = 0
 
 
 def model_index(bg: nx.DiGraph) -> ModelIndex:
@@ -173,7 +175,8 @@ def model_index(bg: nx.DiGraph) -> ModelIndex:
     return ModelIndex(order, layer_of, [path for path in layers if not is_mtp_path(path)], experts_of,
                       max(per_layer.values(), default=0), expert_share, tokens_in,
                       sum(bg.nodes[b]["block"].flops for b in order), cost_class, mtp_layers=mtp,
-                      routed_copies=_routed_copies(order, layer_of, expert_layer, tokens_in))
+                      routed_copies=_routed_copies(order, layer_of, expert_layer, tokens_in),
+                      heads=common_heads([bg.nodes[b]["block"] for b in order]))
 
 
 def _routed_copies(order: list[int], layer_of: dict[int, str | None], expert_layer: dict[int, str],
@@ -298,7 +301,8 @@ def evaluate_layout(
     """
     index = index or model_index(bg)
     layout = layout.resolved(cluster.devices)
-    layout.check_model(len(split_layers(index, layout.encoders_first)[0]), index.experts, len(index.mtp_layers))
+    layout.check_model(len(split_layers(index, layout.encoders_first)[0]), index.experts, len(index.mtp_layers),
+                       index.heads)
     if global_batch % (layout.dp * micro_batch_size):
         raise OpschedError(f"global batch {global_batch} is not a multiple of dp x micro-batch size = "
                            f"{layout.dp} x {micro_batch_size}")
@@ -382,7 +386,7 @@ def layout_floor(bg: nx.DiGraph, cluster: Cluster, training: Training, layout: P
     index = index or model_index(bg)
     layout = layout.resolved(cluster.devices)
     split = split_layers(index, layout.encoders_first)[0]
-    layout.check_model(len(split), index.experts, len(index.mtp_layers))
+    layout.check_model(len(split), index.experts, len(index.mtp_layers), index.heads)
     M = global_batch // (layout.dp * micro_batch_size)
     copies = copies_of_chunks(schedule or "")
     if copies > 1 and (layout.pp % 2 or layout.vpp > 1 or M % 2 or M < 2 * layout.pp):

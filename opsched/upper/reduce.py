@@ -36,7 +36,7 @@ from collections import defaultdict
 import networkx as nx
 
 from opsched.cost.blocks import expert_count
-from opsched.model.graph import COST_FIELDS, Block, common_scope
+from opsched.model.graph import COST_FIELDS, Block, common_heads, common_scope
 from opsched.upper.stages import LAYER_COMPONENT, layer_path
 
 
@@ -215,6 +215,7 @@ def _renumbered(g: nx.DiGraph, members, records) -> tuple[nx.DiGraph, dict[int, 
                 common_scope([r.scope for r in recs]),
                 tuple(op for r in recs for op in r.ops),
                 op_types=op_types,
+                attention_heads=common_heads(recs),
                 **sums,
             ),
         )
