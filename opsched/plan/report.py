@@ -91,7 +91,7 @@ def report_text(model: str, cluster, training, limit: float, result, warnings: l
         f"- chosen: {result.source} on layout {result.layout} ({describe_layout(result.layout)}), "
         f"{plural(stages, 'pipeline stage')}",
         *(f"- {name}: {line}" for name, line in shape_lines(result.schedule)),
-        *([f"- context parallelism: {', '.join(context_modes(result))}: {CONTEXT_WORDS}"] if context_modes(result)
+        *([f"- context parallelism: {', '.join(context_modes(result))}: {context_words(training)}"] if context_modes(result)
           else []),
         f"- step time {seconds_text(result.step_time)} (makespan {seconds_text(m.makespan)} + gradient sync "
         f"{seconds_text(result.grad_sync)}), throughput {plain(samples / result.step_time)} samples/s",
@@ -157,9 +157,12 @@ def baselines_table(result, m, samples: int, solve: float | None) -> list[str]:
     return lines
 
 
-#: what the summary and report.md say of a plan whose modes split sequences (issue 45)
-CONTEXT_WORDS = ("sequences split over context-parallel ranks, their K/V ring costed; --global-batch G keeps "
-                 "every replica's sequences whole")
+def context_words(training) -> str:
+    """What the summary and report.md say of a plan whose modes split sequences (issue 45): with ``--global-batch``
+    only a tensor-parallel degree the attention heads do not allow leaves a group no other split."""
+    why = ("the attention heads allow no tensor-parallel degree that leaves every replica whole sequences"
+           if training.whole_sequences else "--global-batch G keeps every replica's sequences whole")
+    return f"sequences split over context-parallel ranks, their K/V ring costed; {why}"
 
 
 def context_modes(result) -> list[str]:
@@ -314,7 +317,7 @@ def summary_text(model: str, cluster, training, result, samples: int, out: Path,
         lines.append(f"  refused     {', '.join(result.refused_baselines)} (reasons in report.md)")
     split = context_modes(result)
     if split:
-        lines.append(f"  context     {', '.join(split)}: {CONTEXT_WORDS}")
+        lines.append(f"  context     {', '.join(split)}: {context_words(training)}")
     if runtimes:
         lines.append(f"  runtimes    {runtimes_line(runtimes)}"
                      + (" (reasons in report.md)" if any(why for why in runtimes.values()) else ""))
