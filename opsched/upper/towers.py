@@ -125,14 +125,24 @@ def _cut(blocks: list[int], slots: list[int], work: dict[int, float]) -> dict[in
     return out
 
 
-def side_by_side_start(p: UpperProblem, chosen: dict[int, Mode]) -> Assignment | None:
+def tower_regions(p: UpperProblem) -> list[list[list[int]]]:
+    """The regions of ``p``'s blocks (:func:`regions`) with two towers or more and no expert among their blocks: an
+    MoE layer's experts are the expert-parallel modes' to spread (and :func:`opsched.upper.reduce.reduce_block_graph`
+    merges them), not towers (as :func:`opsched.plan.branches.has_parallel_towers` counts them)."""
+    return [r for r in regions(p.blocks, list(p.edges))
+            if len(r) >= 2 and not any(b in p.experts for t in r for b in t)]
+
+
+def side_by_side_start(p: UpperProblem, chosen: dict[int, Mode],
+                       found: list[list[list[int]]] | None = None) -> Assignment | None:
     """The start of the module docstring for ``p`` with each block in its mode ``chosen[b]``, or None (no region of
-    two towers or more, or one group only). Memory is not checked here (:func:`opsched.upper.mip.estimate` is)."""
+    two towers or more, or one group only). ``found``: :func:`tower_regions` of ``p``, when the caller has them.
+    Memory is not checked here (:func:`opsched.upper.mip.estimate` is)."""
     S, G = p.slots, p.layout.groups
     if G < 2:
         return None
     work = {b: p.cost[(b, 0, chosen[b])].work for b in p.blocks}
-    found = [r for r in regions(p.blocks, list(p.edges)) if len(r) >= 2]
+    found = tower_regions(p) if found is None else found
     if not found:
         return None
     towers = max(found, key=lambda r: sum(work[b] for t in r for b in t))
