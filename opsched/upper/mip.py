@@ -28,6 +28,7 @@ microbatches in flight at slot ``s``.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -38,7 +39,7 @@ import mip
 import networkx as nx
 
 from opsched.cost.cluster import Cluster, Training
-from opsched.cost.blocks import BlockCost, Mode, block_cost, modes_for
+from opsched.cost.blocks import BlockCost, Mode, block_cost, expert_count, modes_for
 from opsched.errors import OpschedError
 from opsched.solving.solver import Status, new_model
 from opsched.units import bytes_text
@@ -50,6 +51,7 @@ from opsched.upper.constraints import (
     step_time_estimate,
 )
 from opsched.upper.layouts import Layout, config_name
+from opsched.upper.towers import side_by_side_start, tower_regions
 
 #: block id -> (slot, mode)
 Assignment = dict[int, tuple[int, Mode]]
@@ -70,6 +72,7 @@ class UpperProblem:
     names: dict[int, str] = field(default_factory=dict)
     domain: dict[int, list[int]] | None = None  # block -> slots it may take (None: all)
     overlap_pairs: bool = True  # the stages carry stream operations (Training.overlap_pairs)
+    experts: frozenset[int] = frozenset()  # blocks holding experts (not towers: opsched.upper.towers)
 
     @property
     def slots(self) -> int:
@@ -138,6 +141,12 @@ class CostTable:
         self._costs: dict[tuple[int, Mode, int, int], BlockCost] = {}
         self._extra: dict[int, dict] = {}
 
+    @functools.cached_property
+    def experts(self) -> frozenset[int]:
+        """The blocks holding experts, found once for every layout (:func:`expert_count` reads every op's name)."""
+        return frozenset(b for b in self.bg.nodes
+                         if self.bg.nodes[b].get("expert_params") or expert_count(self.bg.nodes[b]["block"]) > 0)
+
     def shape(self, devices: tuple[int, ...]) -> tuple[int, int]:
         """What a block's cost on ``devices`` (consecutive) depends on: their count and offset within a node."""
         return len(devices), devices[0] % self.cluster.devices_per_node
@@ -202,6 +211,7 @@ def upper_problem(
         links=SlotLinks(layout, cluster),
         names={b: records[b].name for b in blocks},
         overlap_pairs=training.overlap_pairs,
+        experts=table.experts,
     )
 
 
@@ -361,11 +371,8 @@ def contiguous_start(p: UpperProblem, refine_modes: bool = True, solver: str = "
     (:func:`best_modes`, a small MIP) and is cut once more with those modes.
     Returns the best of these under :func:`estimate`, or None when none fits.
     """
-    rules = [{b: min(p.modes[b], key=_mode_key(p, b, pick)) for b in p.blocks} for pick in ("work", "memory")]
-    for scale in (1.0, 0.7, 0.5):
-        rules.append(_fair_share_modes(p, scale))
     candidates = []
-    for chosen in rules:
+    for chosen in _mode_rules(p):
         candidates.append(_proportional_cut(p, chosen))
         candidates.append(_capped_cut(p, chosen))
     if refine_modes:
@@ -387,6 +394,43 @@ def contiguous_start(p: UpperProblem, refine_modes: bool = True, solver: str = "
         if est["feasible"] and (best is None or est["step_time"] < best[1]):
             best = (a, est["step_time"])
     return None if best is None else best[0]
+
+
+def _mode_rules(p: UpperProblem) -> list[dict[int, Mode]]:
+    """The modes :func:`contiguous_start` cuts with: each block's least-work mode; its least-memory mode; its
+    least-work mode within a fair share of memory, at three scales."""
+    rules = [{b: min(p.modes[b], key=_mode_key(p, b, pick)) for b in p.blocks} for pick in ("work", "memory")]
+    for scale in (1.0, 0.7, 0.5):
+        rules.append(_fair_share_modes(p, scale))
+    return rules
+
+
+def towers_start(p: UpperProblem, solver: str = "cbc") -> Assignment | None:
+    """The best start with the model's towers side by side on groups of their own
+    (:func:`opsched.upper.towers.side_by_side_start`) under :func:`estimate`, over the mode rules of
+    :func:`contiguous_start`, its modes then refined as there (:func:`best_modes`); None when the model has no
+    parallel towers or none of these fits.
+
+    A start of its own, not one of :func:`contiguous_start`'s cuts: that one is also the contiguous split the
+    hand-written schedules run on (a chain), and these stages form a DAG.
+    """
+    found = tower_regions(p)
+    if not found:
+        return None
+    best = None
+    for chosen in _mode_rules(p):
+        a = side_by_side_start(p, chosen, found)
+        if a is None:
+            return None  # one group: the same for every rule
+        est = estimate(p, a)
+        if est["feasible"] and (best is None or est["step_time"] < best[1]):
+            best = (a, est["step_time"])
+    if best is None:
+        return None
+    better = best_modes(p, best[0], solver=solver)
+    if better is not None and estimate(p, better)["step_time"] < best[1]:
+        return better
+    return best[0]
 
 
 def uniform_families(p: UpperProblem) -> list[tuple[str, dict[int, Mode]]]:
