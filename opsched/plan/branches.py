@@ -28,8 +28,9 @@ from opsched.model.graph import Block  # noqa: F401 (the doctests build blocks)
 
 
 def block_order(bg: nx.DiGraph) -> list[int]:
-    """A topological order of the blocks, the lowest id first among the ready ones (ids are the import's order,
-    which keeps a tower's layers together)."""
+    """A topological order of the blocks, the lowest id first among the ready ones. Ids are the import's order:
+    a model exported tower by tower keeps each tower's layers together here, one built layer by layer across its
+    towers (GraphPipe's MMT) interleaves them, so a chain cut from this order may mix towers in one stage."""
     return list(nx.lexicographical_topological_sort(bg))
 
 
