@@ -166,9 +166,11 @@ def test_bad_flags_give_one_line_and_exit_2(tmp_path, capsys, argv, message):
 
 
 def _fake_solve(calls: list):
-    def fake_solve(sg, microbatches, memory_limit=None, time_limit=30, solver="cbc", warm_orders=None,
-                   objective="makespan", fallback=True):
-        calls.append((len(sg.stages), microbatches, memory_limit, time_limit, solver, sorted(warm_orders), objective))
+    def fake_solve(sg, microbatches, options):
+        memory_limit, time_limit, solver = options.memory_limit, options.time_limit, options.solver
+        objective = str(options.objective)
+        calls.append((len(sg.stages), microbatches, memory_limit, time_limit, solver, sorted(options.warm_orders),
+                      objective))
         schedule = run_baseline("zb-h1", sg, microbatches)
         schedule.name = "mip"
         value = metrics(schedule).makespan if objective == "makespan" else 24.0
@@ -385,9 +387,9 @@ def test_auto_placement_row_names_the_winner_and_every_placement_tried(capsys, m
     from opsched.lower import placements
     from opsched.schedule import Schedule, simulate
 
-    def first_order_solve(sg, microbatches, memory_limit=None, time_limit=30, solver="cbc", warm_orders=None,
-                          objective="makespan", thin=True, fallback=True):
-        name, order = sorted(warm_orders.items())[0]
+    def first_order_solve(sg, microbatches, options):
+        solver, objective = options.solver, options.objective
+        name, order = sorted(options.warm_orders.items())[0]
         schedule = Schedule(sg, microbatches, simulate(sg, order, microbatches), name="mip")
         value = metrics(schedule).makespan
         return SimpleNamespace(schedule=schedule, lower_bound=value - 1, gap=1 / value, solver=solver,

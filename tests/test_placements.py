@@ -167,9 +167,9 @@ def test_a_placement_that_cannot_win_gets_no_time_and_its_share_goes_to_the_othe
     tries = placements_to_try(sg, 8)
     shares: dict[str, float] = {}
 
-    def spy(graph, m, *, time_limit, warm_orders, **options):
-        shares[next(c.placement for c in tries if c.stage_graph is graph)] = time_limit
-        return solve(graph, m, time_limit=time_limit, warm_orders=warm_orders, thin=False, **options)
+    def spy(graph, m, options):
+        shares[next(c.placement for c in tries if c.stage_graph is graph)] = options.time_limit
+        return solve(graph, m, options, thin=False)
 
     found = solve_placements(tries, 8, memory_limit=limit, time_limit=30, solve_one=spy, **BUDGET)
     assert [t.placement for t in found.tried] == [c.placement for c in tries]
@@ -182,10 +182,10 @@ def test_a_placement_that_cannot_win_gets_no_time_and_its_share_goes_to_the_othe
     assert found.lower_bound_all == min(t.lower_bound for t in found.tried if t.lower_bound is not None)
 
     # should the placements that were to beat it fail, the chain is solved after all
-    def others_fail(graph, m, *, time_limit, warm_orders, **options):
+    def others_fail(graph, m, options):
         if next(c.placement for c in tries if c.stage_graph is graph) != "chain":
             raise OpschedError("this placement failed")
-        return solve(graph, m, time_limit=time_limit, warm_orders=warm_orders, thin=False, **options)
+        return solve(graph, m, options, thin=False)
 
     found = solve_placements(tries, 8, memory_limit=limit, time_limit=30, solve_one=others_fail, **BUDGET)
     assert found.placement == "chain" and found.tried[0].value == found.result.value
@@ -209,9 +209,9 @@ def test_the_placements_solves_leave_thinning_out_and_the_winner_is_thinned():
     tries = placements_to_try(sg, 8)
     thin_flags, thinned = [], []
 
-    def spy(graph, m, *, thin=True, **options):
-        thin_flags.append(thin)
-        return solve(graph, m, thin=thin, **options)
+    def spy(graph, m, options):
+        thin_flags.append(options.thin)
+        return solve(graph, m, options)
 
     def thin_spy(graph, m, result, **options):
         out = thin_pairs(graph, m, result, **options)
@@ -248,9 +248,9 @@ def test_each_best_result_is_thinned_as_it_comes_with_one_more_placements_share(
     def placement_of(graph):
         return next(c.placement for c in tries if c.stage_graph is graph)
 
-    def spy(graph, m, *, time_limit, **options):
-        steps.append(("solve", placement_of(graph), time.monotonic(), time_limit))
-        result = solve(graph, m, time_limit=time_limit, **options)
+    def spy(graph, m, options):
+        steps.append(("solve", placement_of(graph), time.monotonic(), options.time_limit))
+        result = solve(graph, m, options)
         assert pair_count(result.order) > 0  # every placement's result here has pairs to thin
         return result
 
@@ -331,11 +331,11 @@ def test_a_placement_whose_search_finds_nothing_in_its_share_makes_no_fallback_o
     monkeypatch.setattr(placements, "_prospects", lambda candidates, *_: [None] * len(candidates))
     asked = []
 
-    def nothing_after_the_first(graph, m, *, fallback, **options):
-        asked.append(fallback)
-        if not fallback:
+    def nothing_after_the_first(graph, m, options):
+        asked.append(options.fallback)
+        if not options.fallback:
             raise NoScheduleInTime("no schedule: its search had found nothing by the time limit (1 s)")
-        return solve(graph, m, **options)
+        return solve(graph, m, options)
 
     tries = [PlacementToTry("first", chain_stage_graph(4, f=1, b=2, w=1)),
              PlacementToTry("second", chain_stage_graph(4))]

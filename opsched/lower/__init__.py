@@ -7,6 +7,6 @@
 """
 
 from opsched.lower.jobs import minimum_memory_limit
-from opsched.lower.solve import LowerResult, solve
+from opsched.lower.solve import LowerOptions, LowerResult, solve
 
-__all__ = ["LowerResult", "minimum_memory_limit", "solve"]
+__all__ = ["LowerOptions", "LowerResult", "minimum_memory_limit", "solve"]

@@ -53,6 +53,7 @@ placements it did not try).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -60,7 +61,7 @@ from typing import Callable, NamedTuple
 
 from opsched.errors import MemoryTooSmall, OpschedError
 from opsched.lower.jobs import noise
-from opsched.lower.solve import LowerResult, Prospect, prospect, solve, thin_pairs
+from opsched.lower.solve import LowerOptions, LowerResult, Prospect, prospect, solve, thin_pairs
 from opsched.schedule import Order, StageGraph
 from opsched.solving.solver import Status
 
@@ -83,8 +84,6 @@ SOLVE_OVERHEAD_FACTOR = 2.0
 LAST_RESORT_SHARE = 0.1
 #: why a placement has no result when its lower bound proves it cannot beat what is in hand (module docstring)
 CANNOT_WIN = "not solved: its lower bound {bound:g} is not below the {value:g} that {what} already reaches"
-#: the solve options a prospect reads (the rest are the search's own)
-_PROSPECT_OPTIONS = ("memory_limit", "split_backward", "allow_pairs", "objective")
 
 
 @dataclass(frozen=True)
@@ -149,18 +148,21 @@ class PlacementSearch:
 def solve_placements(
     candidates: list[PlacementToTry],
     microbatches: int,
+    options: LowerOptions | None = None,
+    /,
     *,
-    time_limit: float = 30.0,
-    solve_one: Callable[..., LowerResult] | None = None,
+    solve_one: Callable[[StageGraph, int, LowerOptions], LowerResult] | None = None,
     thin_one: Callable[..., LowerResult] | None = None,
-    **solve_options,
+    **changes,
 ) -> PlacementSearch:
     """Solve each candidate placement at the same memory and keep the lowest objective (ties: the earliest).
 
-    ``solve_options`` go to every :func:`opsched.lower.solve` call as they
-    are (``memory_limit``, ``solver``, ``objective``, ``search_budget``...),
-    so each placement gets the work budget it would get alone; ``time_limit``
-    is shared (see the module docstring). A placement that cannot run (a
+    ``options`` (a :class:`~opsched.lower.solve.LowerOptions`, whose fields
+    keyword ``changes`` replace) go to every :func:`opsched.lower.solve` call
+    (``memory_limit``, ``solver``, ``objective``, ``search_budget``...), so each
+    placement gets the work budget it would get alone; its ``time_limit`` is
+    shared (see the module docstring), and each candidate's warm orders are its
+    own. A placement that cannot run (a
     memory limit below its minimum, a refusal from its builder) is recorded
     in ``tried`` with the reason; when none runs, the first reason is raised
     as :class:`~opsched.errors.OpschedError` naming every placement's reason.
@@ -178,19 +180,19 @@ def solve_placements(
     """
     if not candidates:
         raise ValueError("solve_placements needs at least one candidate placement")
+    options = dataclasses.replace(options or LowerOptions(), **changes)
     thin = thin_pairs if solve_one is None and thin_one is None else thin_one
     started = time.monotonic()
     several = sum(1 for c in candidates if c.stage_graph is not None) > 1
     # (with one placement there is nothing to leave out, and it gets the whole limit exactly)
-    hopes = _prospects(candidates, microbatches, solve_options) if several else [None] * len(candidates)
+    hopes = _prospects(candidates, microbatches, options) if several else [None] * len(candidates)
+    # each best result is thinned when it comes, with a share of its own (a solve's own thinning would take the
+    # solve's share to the end)
+    thin_here = several and thin is not None
     turns = _Turns(
-        candidates, microbatches, float(time_limit), started + float(time_limit),
-        solve if solve_one is None else solve_one, thin, several,
-        # each best result is thinned when it comes, with a share of its own (a solve's own thinning would take the
-        # solve's share to the end)
-        {"thin": False} if several and thin is not None else {},
-        {k: v for k, v in solve_options.items() if k in ("memory_limit", "solver", "threads")},
-        solve_options, hopes,
+        candidates, microbatches, float(options.time_limit), started + float(options.time_limit),
+        solve if solve_one is None else solve_one, thin, several, thin_here,
+        dataclasses.replace(options, thin=False) if thin_here else options, hopes,
         # the best schedule in hand, which its own placement's solve keeps
         min((_InHand(h.warm_value, f"{h.warm_name} on {c.placement}", c.placement)
              for c, h in zip(candidates, hopes) if h is not None and h.warm_value is not None), default=None),
@@ -240,9 +242,8 @@ class _Turns:
     run: Callable[..., LowerResult]
     thin: Callable[..., LowerResult] | None
     several: bool  # more than one placement can run
-    thin_options: dict  # {"thin": False} when each best result is thinned here, not by its own solve
-    thin_with: dict  # the solve options the thinning takes
-    solve_options: dict
+    thin_here: bool  # each best result is thinned here, not by its own solve (whose options say thin=False)
+    options: LowerOptions  # every solve's, but for its time limit, warm orders and fallback
     hopes: list[Prospect | None]
     in_hand: _InHand | None
     tried: list[Tried | None]
@@ -272,9 +273,8 @@ class _Turns:
         try:
             # with a schedule in hand, a search that found none in its share gives up the fallback start, whose
             # making would run past the share (a list schedule when no warm order fits: 11 s at p=64, m=256)
-            result = self.run(candidate.stage_graph, self.microbatches, time_limit=share,
-                              warm_orders=candidate.warm_orders, fallback=self.best is None, **self.thin_options,
-                              **self.solve_options)
+            result = self.run(candidate.stage_graph, self.microbatches, dataclasses.replace(
+                self.options, time_limit=share, warm_orders=candidate.warm_orders, fallback=self.best is None))
         except OpschedError as exc:  # this placement does not fit (e.g. its minimum memory is over the limit)
             if isinstance(exc, MemoryTooSmall):
                 self.too_small.append(exc)
@@ -292,9 +292,11 @@ class _Turns:
         if self.in_hand is None or result.value < self.in_hand.value - noise(self.in_hand.value):
             self.in_hand = _InHand(result.value, f"the search on {candidate.placement}", candidate.placement)
         if self.best is None or result.value < self.best[1].value - noise(self.best[1].value):
-            if self.thin_options:  # the best so far, thinned now with one more placement's share of the time left
+            if self.thin_here:  # the best so far, thinned now with one more placement's share of the time left
+                o = self.options
                 result = self.thin(candidate.stage_graph, self.microbatches, result, time_limit=max(
-                    0.0, self.deadline - time.monotonic()) / (1 + len(self.contenders(waiting))), **self.thin_with)
+                    0.0, self.deadline - time.monotonic()) / (1 + len(self.contenders(waiting))),
+                    memory_limit=o.memory_limit, solver=o.solver, threads=o.threads)
             self.best = (candidate.placement, result)  # only the best schedule is kept (they are large at scale)
 
 def _cannot_win(candidate: PlacementToTry, hope: Prospect | None, in_hand: _InHand | None) -> bool:
@@ -303,16 +305,15 @@ def _cannot_win(candidate: PlacementToTry, hope: Prospect | None, in_hand: _InHa
             and hope.lower_bound >= in_hand.value - noise(in_hand.value))
 
 
-def _prospects(candidates: list[PlacementToTry], microbatches: int, solve_options: dict) -> list[Prospect | None]:
+def _prospects(candidates: list[PlacementToTry], microbatches: int, options: LowerOptions) -> list[Prospect | None]:
     """Each candidate's :class:`~opsched.lower.solve.Prospect` (``None``: refused, or its memory is too small, which
     its solve reports)."""
-    options = {k: v for k, v in solve_options.items() if k in _PROSPECT_OPTIONS}
     out: list[Prospect | None] = []
     for c in candidates:
         began = time.monotonic()
         try:
-            hope = None if c.stage_graph is None else prospect(c.stage_graph, microbatches, warm_orders=c.warm_orders,
-                                                               **options)
+            hope = None if c.stage_graph is None else prospect(c.stage_graph, microbatches, options,
+                                                               warm_orders=c.warm_orders)
         except MemoryTooSmall:
             hope = None
         out.append(None if hope is None else hope._replace(seconds=time.monotonic() - began))

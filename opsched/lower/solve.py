@@ -108,6 +108,46 @@ GRACE = 1.0
 GRACE_SHARE = 0.02
 
 
+@dataclass(frozen=True)
+class LowerOptions:
+    """How :func:`solve` (and :func:`prospect`, and a search over placements) treat a stage graph: one record for
+    the options every layer passes on (a caller changes a field with :func:`dataclasses.replace`)."""
+
+    memory_limit: float | None = None
+    """Bytes per device for parameters plus activations (``None``: unlimited); below
+    :func:`opsched.lower.jobs.minimum_memory_limit` the solve raises :class:`opsched.lower.jobs.MemoryTooSmall`."""
+    split_backward: bool = True
+    """Each backward as its input-gradient I and weight-gradient W jobs (Zero Bubble's split); False: fused B."""
+    allow_pairs: bool = True
+    """Overlapped F&B pairs (DualPipe's) may be searched where the stage graph's pair times allow them."""
+    slot: float | None = None
+    """The time-indexed MIP's slot (``None``: :func:`opsched.lower.timeindexed.auto_slot`)."""
+    time_limit: float = 30.0
+    """Seconds of wall clock for the whole solve, a hard limit (see :func:`solve`)."""
+    solver: str = "cbc"
+    """The MIP solver python-mip drives (``cbc`` or ``highs``)."""
+    threads: int = 1
+    """Solver threads per sub-MIP."""
+    warm_orders: dict[str, Order] | None = None
+    """Starting orders, tried in the order given (ties keep the earliest), each kept only when it runs the same
+    jobs and fits in memory; with ``split_backward`` a fused B is replaced by its I then its W. The lower level
+    knows no hand-written schedule itself: callers pass them (:func:`opsched.baselines.baseline_orders`)."""
+    objective: Objective | str = Objective.MAKESPAN
+    """:attr:`Objective.MAKESPAN`, or :attr:`Objective.ZB_SPAN`, the Zero Bubble paper's cost (the longest device
+    span from its first F to its last W or B); the bound and gap refer to it."""
+    search_budget: int | None = SEARCH_BUDGET
+    """Neighbourhood sub-MIPs (``None``: until a sweep at full width finds nothing): work, not time, decides."""
+    thin: bool = True
+    """With pairs (makespan objective), end by thinning the best order's pairs at its makespan while time is left
+    (:func:`thin_pairs`, which a search over placements runs on the winner only)."""
+    fallback: bool = True
+    """When the search sent no order by its stop (a clock or a crash), make the first start that fits after the
+    stop; False raises :class:`opsched.errors.NoScheduleInTime` instead, for a caller with a schedule in hand."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "objective", objective_of(self.objective))
+
+
 @dataclass
 class LowerResult:
     """What :func:`solve` returns; times are in the StageGraph's units."""
@@ -141,19 +181,13 @@ class LowerResult:
 
 
 
-def solve(
-    sg: StageGraph, microbatches: int, *, memory_limit: float | None = None, split_backward: bool = True,
-    allow_pairs: bool = True, slot: float | None = None, time_limit: float = 30.0, solver: str = "cbc",
-    threads: int = 1, warm_orders: dict[str, Order] | None = None, objective: Objective | str = Objective.MAKESPAN,
-    search_budget: int | None = SEARCH_BUDGET, thin: bool = True, fallback: bool = True,
-) -> LowerResult:
+def solve(sg: StageGraph, microbatches: int, options: LowerOptions | None = None, /, **changes) -> LowerResult:
     """Find a short schedule of every job within the memory limit, with a proven lower bound.
 
-    ``memory_limit`` is per device for parameters plus activations (``None``:
-    unlimited); below :func:`opsched.lower.jobs.minimum_memory_limit` it
-    raises :class:`opsched.lower.jobs.MemoryTooSmall` naming that minimum.
-    ``slot`` is the MIP's time slot (default:
-    :func:`opsched.lower.timeindexed.auto_slot`).
+    ``options`` (a :class:`LowerOptions`; keyword ``changes`` replace its fields, so
+    ``solve(sg, 4, time_limit=5)`` is ``solve(sg, 4, LowerOptions(time_limit=5))``) say what the fields mean.
+    Below :func:`opsched.lower.jobs.minimum_memory_limit` it raises
+    :class:`opsched.lower.jobs.MemoryTooSmall` naming that minimum.
 
     Time: ``time_limit`` (seconds of wall clock) bounds the whole solve: the
     search runs in a child process that sends each better order as it finds
@@ -169,63 +203,38 @@ def solve(
     docs/formulation.md, "Solution method", has the details. Progress goes
     to this module's logger.
 
-    ``warm_orders`` are starting orders, tried in the order given (ties keep
-    the earliest), each kept only when it runs the same jobs and fits in
-    memory; with ``split_backward`` a warm order with fused B jobs is used
-    with each B replaced by its I then its W. The lower level knows no
-    hand-written schedule itself: callers pass them here
-    (:func:`opsched.baselines.baseline_orders`).
-
-    ``objective`` is :attr:`Objective.MAKESPAN` (default) or
-    :attr:`Objective.ZB_SPAN`, the Zero Bubble paper's cost (the longest
-    device span from its first F to its last W or B); ``lower_bound`` and
-    ``gap`` then refer to that objective.
-
-    ``fallback``: when the search sent no order by its stop (a clock or a
-    crash), the first start that fits is made here, after the stop (a
-    simulation per warm order, a list schedule when none fits); without it
-    :class:`opsched.errors.NoScheduleInTime` is raised instead, for a caller
-    that has a schedule in hand and would rather hold its time.
-
-    ``thin``: with pairs (makespan objective), the search ends by thinning
-    the best order's pairs at its makespan while time is left
-    (:func:`thin_pairs`, which a search over placements runs on the winner
-    only).
-
     >>> from opsched.schedule import chain_stage_graph
     >>> r = solve(chain_stage_graph(2, f=1, b=2, w=1), 4, time_limit=5)
     >>> r.makespan, r.lower_bound, r.status
     (13.0, 13.0, <Status.OPTIMAL: 'optimal'>)
     """
     t0 = time.monotonic()
-    objective = objective_of(objective)
-    _check_arguments(solver, time_limit, slot)
-    check_memory_limit(sg, microbatches, memory_limit)
-    js = JobSet(sg, microbatches, split_backward)
-    budgets = activation_budgets(sg, memory_limit)
-    bound = _proven_bound(js, budgets, objective)
-    search_bound = _search_bound(js, budgets, objective, bound, allow_pairs)
+    o = dataclasses.replace(options or LowerOptions(), **changes)
+    _check_arguments(o.solver, o.time_limit, o.slot)
+    check_memory_limit(sg, microbatches, o.memory_limit)
+    js = JobSet(sg, microbatches, o.split_backward)
+    budgets = activation_budgets(sg, o.memory_limit)
+    bound = _proven_bound(js, budgets, o.objective)
+    search_bound = _search_bound(js, budgets, o.objective, bound, o.allow_pairs)
     setup = time.monotonic() - t0
     watch = _Watch(t0, bound)
-    stop, deadline = _stop_and_deadline(t0, time_limit, setup, _pairs_searched(js, allow_pairs))
-    crash = _run_search(watch, stop, _search, js, budgets, objective, solver, threads, allow_pairs, slot,
-                        warm_orders, search_budget, bound, search_bound, deadline, thin)
+    stop, deadline = _stop_and_deadline(t0, o.time_limit, setup, _pairs_searched(js, o.allow_pairs))
+    crash = _run_search(watch, stop, _search, js, budgets, o, bound, search_bound, deadline)
     # work that ran up to the deadline was cut by it (every loop of the search checks it)
     cut = watch.done is None or watch.done >= deadline
     if watch.order is None:  # nothing came in time: a cheap order, made here
-        _fall_back(watch, js, budgets, allow_pairs, warm_orders, crash, time_limit, fallback)
-    return _result(watch, js, memory_limit, objective, solver, time_limit if cut else None, crash)
+        _fall_back(watch, js, budgets, o, crash)
+    return _result(watch, js, o.memory_limit, o.objective, o.solver, o.time_limit if cut else None, crash)
 
 
 
-def _fall_back(watch: _Watch, js: JobSet, budgets, allow_pairs: bool, warm_orders: dict[str, Order] | None,
-               crash: str | None, time_limit: float, fallback: bool) -> None:
+def _fall_back(watch: _Watch, js: JobSet, budgets, o: LowerOptions, crash: str | None) -> None:
     """Put the first start that fits in ``watch`` when the search sent no order by its stop (a clock or a crash), so
     that a solve always returns a schedule; without ``fallback``, raise :class:`NoScheduleInTime` instead."""
     what = "crashed" if crash else "had found nothing by the time limit"
-    if not fallback:
-        raise NoScheduleInTime(f"no schedule: its search {what} ({time_limit:.3g} s)")
-    watch.start, watch.order = _first_start(js, budgets, allow_pairs, warm_orders)
+    if not o.fallback:
+        raise NoScheduleInTime(f"no schedule: its search {what} ({o.time_limit:.3g} s)")
+    watch.start, watch.order = _first_start(js, budgets, o.allow_pairs, o.warm_orders)
     log.info("[lower] the search %s: the result is the first start that fits, %s", what, watch.start)
 
 class Prospect(NamedTuple):
@@ -242,20 +251,12 @@ class Prospect(NamedTuple):
     seconds: float = 0.0
 
 
-def prospect(
-    sg: StageGraph,
-    microbatches: int,
-    *,
-    memory_limit: float | None = None,
-    split_backward: bool = True,
-    allow_pairs: bool = True,
-    warm_orders: dict[str, Order] | None = None,
-    objective: Objective | str = Objective.MAKESPAN,
-) -> Prospect:
+def prospect(sg: StageGraph, microbatches: int, options: LowerOptions | None = None, /, **changes) -> Prospect:
     """The bound :func:`solve` would report for ``sg`` and the best of ``warm_orders`` it would start from, without
     solving: a search over several stage graphs gives its time to those that can still beat what it has in hand.
 
-    Raises :class:`opsched.lower.jobs.MemoryTooSmall` as :func:`solve` does.
+    ``options`` as :func:`solve`'s (its time, solver and search fields are not used). Raises
+    :class:`opsched.lower.jobs.MemoryTooSmall` as :func:`solve` does.
 
     >>> from opsched.baselines import baseline_order
     >>> from opsched.schedule import chain_stage_graph
@@ -264,20 +265,20 @@ def prospect(
     >>> p.lower_bound, p.warm_value, p.warm_name
     (13.0, 14.0, 'gpipe')
     """
-    objective = objective_of(objective)
-    check_memory_limit(sg, microbatches, memory_limit)
-    js = JobSet(sg, microbatches, split_backward)
-    budgets = activation_budgets(sg, memory_limit)
+    o = dataclasses.replace(options or LowerOptions(), **changes)
+    check_memory_limit(sg, microbatches, o.memory_limit)
+    js = JobSet(sg, microbatches, o.split_backward)
+    budgets = activation_budgets(sg, o.memory_limit)
     best: tuple[float, str] | None = None
-    for name, order in _start_pool(js, budgets, allow_pairs, warm_orders):
+    for name, order in _start_pool(js, budgets, o.allow_pairs, o.warm_orders):
         if isinstance(order, Variant):
             break  # the warm orders come first; list-scheduler variants are the solve's own work
-        events = _fitting(js, budgets, allow_pairs, order)
+        events = _fitting(js, budgets, o.allow_pairs, order)
         if events is not None:
-            value = objective_value(js, events, objective)
+            value = objective_value(js, events, o.objective)
             if best is None or value < best[0] - noise(best[0]):
                 best = (value, name)
-    return Prospect(_proven_bound(js, budgets, objective), *(best or (None, None)))
+    return Prospect(_proven_bound(js, budgets, o.objective), *(best or (None, None)))
 
 
 def _proven_bound(js: JobSet, budgets, objective: Objective) -> float:
@@ -316,21 +317,18 @@ def _run_search(watch: _Watch, stop: float, search: Callable[..., _News], *args)
     return None
 
 
-def _search(
-    js: JobSet, budgets, objective: Objective, solver: str, threads: int, allow_pairs: bool, slot: float | None,
-    warm_orders: dict[str, Order] | None, search_budget: int | None, bound: float, search_bound: float,
-    deadline: float, thin: bool, report: Callable[[_News], None],
-) -> _News:
+def _search(js: JobSet, budgets, o: LowerOptions, bound: float, search_bound: float, deadline: float,
+            report: Callable[[_News], None]) -> _News:
     """Steps 3 to 5 of :func:`solve`, in its search process: every new best order goes to ``report`` at once.
 
     Returns the last news (``done``). Stops itself at ``deadline`` between
     pieces of work (the solve stops the process there anyway).
     """
-    run = _Search(js, budgets, objective, solver, threads, deadline, bound, report, search_bound=search_bound)
-    name, start, _ = _best_start(run, allow_pairs, warm_orders)
-    best = incumbent_of(js, start, objective)
-    pairs = _pairs_searched(js, allow_pairs)
-    slot = slot or auto_slot(js.sg, best.makespan, pairs=pairs)
+    run = _Search(js, budgets, o.objective, o.solver, o.threads, deadline, bound, report, search_bound=search_bound)
+    name, start, _ = _best_start(run, o.allow_pairs, o.warm_orders)
+    best = incumbent_of(js, start, o.objective)
+    pairs = _pairs_searched(js, o.allow_pairs)
+    slot = o.slot or auto_slot(js.sg, best.makespan, pairs=pairs)
     run.pairs = pairs  # an inexact slot rounds pair lengths up, as it does every pass (pair_length)
     if pair_count(start) and not run.pairs:  # the MIP cannot move these pairs: the order is kept as it is
         run.send(f"warm start {name}")
@@ -341,10 +339,10 @@ def _search(
         run.slot = slot
         _solve_whole_mip(run)
     if not run.searched_out():
-        _neighbourhood_search(run, search_budget)
+        _neighbourhood_search(run, o.search_budget)
     if run.pairs and run.objective == Objective.MAKESPAN and not run.searched_out():
         _pair_up_the_best(run)
-    if thin and run.pairs and run.objective == Objective.MAKESPAN:
+    if o.thin and run.pairs and run.objective == Objective.MAKESPAN:
         _thin_pairs(run, slot)
     return run.news(done=True)
 

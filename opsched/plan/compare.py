@@ -88,8 +88,9 @@ def run_mip(sg, microbatches: int, limit: float | None, args, time_limit: float)
     # limit); this outer child, as the planner's, is the backstop: a native abort or hang anywhere costs this row
     # (SolverCrash), not the command. The hand-written orders that run on a placement start its solve.
     found = isolate.run_isolated(
-        solve_placements, tries, microbatches, memory_limit=limit, time_limit=time_limit, solver=args.solver,
-        objective=args.objective, solve_one=lower.solve, thin_one=thin_pairs,
+        solve_placements, tries, microbatches,
+        lower.LowerOptions(memory_limit=limit, time_limit=time_limit, solver=args.solver, objective=args.objective),
+        solve_one=lower.solve, thin_one=thin_pairs,
         timeout=solve_timeout(time_limit),
     )
     result = found.result

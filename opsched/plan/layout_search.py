@@ -181,35 +181,32 @@ def pipeline_depths(layers: int, devices: int) -> list[tuple[int, bool]]:
     return sorted(plain + ends)
 
 
-def _costed_layouts(bg: nx.DiGraph, cluster: Cluster, training: Training, grid: list[Candidate], *,
-                    global_batch: int, memory_limit: float | None, recompute: tuple[str, ...], index: ModelIndex,
-                    deadline: float | None, whole_sync: bool) -> list[tuple[float, int, int, ParallelLayout]]:
-    """A heap of (floor, grid position, 0, layout with ``recompute[0]``) for every layout of ``grid`` whose
+def _costed_layouts(bg: nx.DiGraph, cluster: Cluster, training: Training, grid: list[GridEntry], o: LayoutSearch,
+                    index: ModelIndex) -> list[tuple[float, int, int, ParallelLayout]]:
+    """A heap of (floor, grid position, 0, layout with ``o.recompute[0]``) for every layout of ``grid`` whose
     replicas divide the global batch and whose parameters' state fits (:func:`layout_floor`)."""
     heap: list[tuple[float, int, int, ParallelLayout]] = []
-    for k, (layout, schedule) in enumerate(grid):
-        if deadline is not None and time.monotonic() > deadline:
+    for k, candidate in enumerate(grid):
+        if o.deadline is not None and time.monotonic() > o.deadline:
             log.info("layouts: the time limit was spent: %s of %s not costed", plain(len(grid) - k), plain(len(grid)))
             break
-        if global_batch % layout.dp == 0:
-            _push_costed(heap, bg, cluster, training, layout, k, recompute, 0, global_batch=global_batch,
-                         memory_limit=memory_limit, index=index, whole_sync=whole_sync, schedule=schedule)
+        if o.global_batch % candidate[0].dp == 0:
+            _push_costed(heap, bg, cluster, training, o, index, candidate, k, 0)
     return heap
 
 
-def _push_costed(heap: list, bg: nx.DiGraph, cluster: Cluster, training: Training, layout: ParallelLayout, k: int,
-                 recompute: tuple[str, ...], r: int, *, global_batch: int, memory_limit: float | None,
-                 index: ModelIndex, than: StageGraph | None = None, whole_sync: bool = False,
-                 schedule: str | None = None) -> None:
-    """Push ``layout`` (grid position ``k``) with recomputation ``recompute[r]`` and its floor, or with the first
-    later setting that could fit where that one cannot (:func:`layout_floor`, ``than`` as there); nothing when
-    none can or the model cannot take the layout."""
-    for r in range(r, len(recompute)):
-        lay = with_recompute(layout, recompute[r])
+def _push_costed(heap: list, bg: nx.DiGraph, cluster: Cluster, training: Training, o: LayoutSearch,
+                 index: ModelIndex, candidate: GridEntry, k: int, r: int, than: StageGraph | None = None) -> None:
+    """Push ``candidate``'s layout (grid position ``k``) with recomputation ``o.recompute[r]`` and its floor, or with
+    the first later setting that could fit where that one cannot (:func:`layout_floor`, ``than`` as there); nothing
+    when none can or the model cannot take the layout."""
+    layout, schedule = candidate
+    for r in range(r, len(o.recompute)):
+        lay = with_recompute(layout, o.recompute[r])
         try:
-            floor = layout_floor(bg, with_devices(cluster, layout.devices), training, lay, global_batch=global_batch,
-                                 micro_batch_size=1, memory_limit=memory_limit, index=index, than=than,
-                                 whole_sync=whole_sync, schedule=schedule)
+            floor = layout_floor(bg, with_devices(cluster, layout.devices), training, lay,
+                                 global_batch=o.global_batch, micro_batch_size=1, memory_limit=o.memory_limit,
+                                 index=index, than=than, whole_sync=o.whole_sync, schedule=schedule)
         except OpschedError:
             return  # a layout the model cannot take (evaluate_layout would refuse it too)
         if floor is not None:
@@ -220,7 +217,7 @@ def _push_costed(heap: list, bg: nx.DiGraph, cluster: Cluster, training: Trainin
 
 
 #: a layout with its schedule (None: Megatron's 1F1B, interleaved when vpp > 1)
-Candidate = tuple[ParallelLayout, "str | None"]
+GridEntry = tuple[ParallelLayout, "str | None"]
 
 #: recomputation by module (Megatron-Core's ``--recompute-modules``) the search tries on a MoE model between no
 #: recomputation and the selective one: DeepSeek-V3's own (RMSNorm and the MLA up-projections, arXiv 2412.19437
@@ -286,17 +283,38 @@ def device_counts(devices: int) -> list[int]:
     return counts
 
 
-def search_layouts(
-    bg: nx.DiGraph, cluster: Cluster, training: Training, *, global_batch: int, tokens_per_sequence: int,
-    memory_limit: float | None = None, recompute: tuple[str, ...] = RECOMPUTE_MODES, keep: int = 1, zero: int = 1,
-    fewer_devices: bool = False,
-    accept: Callable[[Evaluation], bool] | None = None,
-    deadline: float | None = None,
-    whole_sync: bool = False,
-) -> list[Evaluation]:
+@dataclasses.dataclass(frozen=True)
+class LayoutSearch:
+    """What :func:`search_layouts` searches for: the batch, the memory, and how much of the grid."""
+
+    global_batch: int
+    """Sequences a step; a layout whose data-parallel replicas do not divide it is skipped."""
+    tokens_per_sequence: int
+    """The sequence length (context parallelism is tried only on long ones)."""
+    memory_limit: float | None = None
+    """Bytes per device (``None``: the cluster's memory)."""
+    recompute: tuple[str, ...] = RECOMPUTE_MODES
+    """The recomputation settings to climb (:func:`recompute_ladder`): a layout keeps the first that fits."""
+    keep: int = 1
+    """How many of the fastest layouts to return (with 1 the search stops at the first floor not below the best)."""
+    zero: int = 1
+    """The ZeRO stage every layout takes."""
+    fewer_devices: bool = False
+    """Try the layouts on the first half, quarter, ... of the devices too (the rest idle)."""
+    accept: Callable[[Evaluation], bool] | None = None
+    """A layout that fits but is not accepted (a runtime that cannot run it) is left out."""
+    deadline: float | None = None
+    """A :func:`time.monotonic` instant past which the layouts not yet tried are skipped."""
+    whole_sync: bool = False
+    """Rank by :attr:`Evaluation.planner_step` (how ``opsched plan`` counts every candidate), not the step time."""
+
+
+def search_layouts(bg: nx.DiGraph, cluster: Cluster, training: Training, search: LayoutSearch | None = None, /,
+                   **changes) -> list[Evaluation]:
     """The ``keep`` fastest layouts of :func:`layout_grid` that fit, evaluated at micro-batch size 1.
 
-    ``bg`` is the model imported with one sequence per microbatch. Each layout
+    ``search`` (a :class:`LayoutSearch`; keyword ``changes`` replace its fields, or make it when it is not given)
+    says what is searched for. ``bg`` is the model imported with one sequence per microbatch. Each layout
     runs with each of :func:`layout_schedules` (DualPipe beside Megatron's
     1F1B on a MoE model). A layout is tried with each setting of
     :func:`recompute_ladder` over ``recompute`` in turn and kept with the first
@@ -320,45 +338,44 @@ def search_layouts(
     a layout with more replicas, whose larger sync the step time partly hides,
     does not win on a count the planner does not use.
     """
-    counted = (lambda e: e.planner_step) if whole_sync else (lambda e: e.step_time)
+    o = LayoutSearch(**changes) if search is None else dataclasses.replace(search, **changes)
+    counted = (lambda e: e.planner_step) if o.whole_sync else (lambda e: e.step_time)
     index = model_index(bg)
-    counts = device_counts(cluster.devices) if fewer_devices else [cluster.devices]
+    counts = device_counts(cluster.devices) if o.fewer_devices else [cluster.devices]
     grid = [(lay, schedule) for n in counts
-            for lay in layout_grid(n, cluster.devices_per_node, len(index.layers), index.experts, zero,
-                                   seq_len=tokens_per_sequence, tp_overlap=training.tp_comm_overlap,
+            for lay in layout_grid(n, cluster.devices_per_node, len(index.layers), index.experts, o.zero,
+                                   seq_len=o.tokens_per_sequence, tp_overlap=training.tp_comm_overlap,
                                    attention=training.attention, mtp_layers=len(index.mtp_layers),
                                    uneven=n == cluster.devices,  # bounded: the halvings keep the even splits
                                    heads=index.heads)
             for schedule in layout_schedules(lay, index.experts)]
-    recompute = recompute_ladder(recompute, index.experts)
+    o = dataclasses.replace(o, recompute=recompute_ladder(o.recompute, index.experts))
     # best first: (floor, grid position, recompute position) in a heap; a layout's next recomputation setting
     # joins it only when the one before does not fit, with its own (higher) floor
-    heap = _costed_layouts(bg, cluster, training, grid, global_batch=global_batch, memory_limit=memory_limit,
-                           recompute=recompute, index=index, deadline=deadline, whole_sync=whole_sync)
+    heap = _costed_layouts(bg, cluster, training, grid, o, index)
     found: list[Evaluation] = []
     while heap:
         floor, k, r, layout = heapq.heappop(heap)
-        best = min((counted(f) for f in found), default=None) if keep == 1 else None
+        best = min((counted(f) for f in found), default=None) if o.keep == 1 else None
         if best is not None and floor >= best:
             break  # the floors only rise from here: no layout left beats the best
-        if deadline is not None and time.monotonic() > deadline:
+        if o.deadline is not None and time.monotonic() > o.deadline:
             log.info("layouts: the time limit was spent: %s that fit not simulated (the least promising)",
                      plain(len(heap) + 1))
             break
         try:
             e = evaluate_layout(bg, with_devices(cluster, layout.devices), training, layout,
-                                global_batch=global_batch, micro_batch_size=1, tokens_per_sequence=tokens_per_sequence,
-                                memory_limit=memory_limit, index=index, memory_first=True, schedule=grid[k][1])
+                                global_batch=o.global_batch, micro_batch_size=1,
+                                tokens_per_sequence=o.tokens_per_sequence, memory_limit=o.memory_limit, index=index,
+                                memory_first=True, schedule=grid[k][1])
         except OpschedError:
             continue  # the schedule cannot run this layout (e.g. too few microbatches for interleaving)
         if e.fits:
-            if accept is None or accept(e):
+            if o.accept is None or o.accept(e):
                 found.append(e)
-        elif r + 1 < len(recompute):  # the next setting that stores less (one that does not would peak the same)
-            _push_costed(heap, bg, cluster, training, layout, k, recompute, r + 1, global_batch=global_batch,
-                         memory_limit=memory_limit, index=index, than=e.schedule.stage_graph, whole_sync=whole_sync,
-                         schedule=grid[k][1])
+        elif r + 1 < len(o.recompute):  # the next setting that stores less (one that does not would peak the same)
+            _push_costed(heap, bg, cluster, training, o, index, grid[k], k, r + 1, than=e.schedule.stage_graph)
     # on a tie (to the nanosecond: sums of the same work in another order differ in the last bits) the layout
     # that uses more devices goes first: it leaves none idle for nothing; then the one with the fewest
     # context-parallel ranks (a shorter K/V ring for the same step)
-    return sorted(found, key=lambda e: (round(counted(e), 9), -e.layout.devices, e.layout.cp, str(e.layout)))[:keep]
+    return sorted(found, key=lambda e: (round(counted(e), 9), -e.layout.devices, e.layout.cp, str(e.layout)))[:o.keep]

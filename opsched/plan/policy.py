@@ -17,7 +17,7 @@ from opsched.export.runtimes import ANY, layout_fields, refusal, runtime_named
 from opsched.model.coarsen import coarsen
 from opsched.model.onnx_import import import_onnx, routing_assumptions
 from opsched.plan.contiguous import on_real_devices
-from opsched.plan.layout_search import search_layouts
+from opsched.plan.layout_search import LayoutSearch, search_layouts
 from opsched.plan.plan_records import NO_FIT, Baseline, PlanResult
 from opsched.plan.search import PlanOptions, plan_block_graph
 from opsched.plan.smallest_memory import smallest_memory
@@ -254,10 +254,10 @@ def megatron_layouts(request: PlanRequest, dims: dict[str, int], cluster, traini
                                                                  training.tp_comm_overlap, training.attention,
                                                                  training.dtype, row.recompute_modules)) is None
 
-    found = search_layouts(bg, cluster, training, global_batch=global_batch,
-                           tokens_per_sequence=int(og.graph.get("dims", {}).get("seq", 1)), memory_limit=limit,
-                           recompute=modes, zero=training.zero, accept=runs,
-                           fewer_devices=True, deadline=deadline, whole_sync=True)
+    found = search_layouts(bg, cluster, training, LayoutSearch(
+        global_batch=global_batch, tokens_per_sequence=int(og.graph.get("dims", {}).get("seq", 1)),
+        memory_limit=limit, recompute=modes, zero=training.zero, accept=runs, fewer_devices=True, deadline=deadline,
+        whole_sync=True))
     rows = []
     for e in found:
         rows.append(layout_row(e, bg, cluster, t0))

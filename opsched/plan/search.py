@@ -44,7 +44,7 @@ from opsched.plan.smallest_memory import _nothing_fits, _reduced, _too_small
 from opsched.errors import MemoryTooSmall, NoRunnablePlan
 from opsched.export.runtimes import Runtime, runtime_named
 from opsched.solving.isolate import Call, SolverCrash, run_isolated_all
-from opsched.lower import minimum_memory_limit, solve
+from opsched.lower import LowerOptions, minimum_memory_limit, solve
 from opsched.schedule import Order, Schedule, StageGraph, metrics, order_from_schedule, validate
 from opsched.solving.solver import require
 from opsched.units import bytes_text, plain, plural, seconds_text
@@ -652,15 +652,15 @@ def lower_schedule(
     status says when it bound. The lower level's own progress lines are left out (the
     planner reports one line per solve).
     """
-    kwargs = {} if search_budget is None else {"search_budget": search_budget}
     warm_orders: dict[str, Order] = {}
     if warm is not None:
         warm_orders[warm.name or "warm"] = order_from_schedule(warm)
     for name, order in baseline_orders(sg, microbatches).items():
         warm_orders.setdefault(name, order)  # on a name clash the caller's schedule comes first
     with _quiet("opsched.lower"):
-        result = solve(sg, microbatches, memory_limit=memory_limit, time_limit=time_limit, solver=solver,
-                       warm_orders=warm_orders, **kwargs)
+        options = LowerOptions(memory_limit=memory_limit, time_limit=time_limit, solver=solver, warm_orders=warm_orders)
+        result = solve(sg, microbatches, options if search_budget is None else
+                       dataclasses.replace(options, search_budget=search_budget))
     outcome = LowerOutcome(result.lower_bound, result.gap, result.solver, result.solve_seconds, result.status,
                            result.pairs_parted)
     return result.schedule, outcome
