@@ -117,6 +117,10 @@ def test_every_registry_reaches_the_cli():
         methods = ",".join(METHODS)
 
     assert [m for m in method_names(Args) if m != "mip"] == list(METHODS)
+    export = build_parser(only="export")
+    export_help = next(a for a in export._actions if a.dest == "command").choices["export"].format_help()
+    no_torch_schedule = [name for name, module in METHODS.items() if module.TORCH_SCHEDULE is None]
+    assert f"({', '.join(['mip', *no_torch_schedule])})" in export_help, "export --help lists them from METHODS"
 
 
 def test_the_plan_schema_names_what_the_registries_hold():

@@ -34,10 +34,9 @@ that is refused with the reason, as is one that torch's runtime cannot run
 deadlock; --torch-csv alone: context-parallel stages) or that breaks a validity rule (overlapping events), as `opsched
 gantt` refuses it. Megatron also refuses stages in a V, ZeRO-2 and an
 interleaved plan whose microbatches are no multiple of pp; torchtitan an
-order torch has no schedule for by name (mip, zb-h1, zb-h2) unless
---torch-csv gives it. A refusal is one line, exit 2, and nothing is written;
-every output place is checked before the plan is read, and each file is
-written whole or not at all.
+order torch has no schedule for by name unless --torch-csv gives it
+({NO_TORCH_SCHEDULE}). A refusal is one line, exit 2, nothing is written;
+every output place is checked before the plan is read, each file written whole.
 
 examples:
   opsched export out/plan.json --torch-csv out/schedule.csv
@@ -49,6 +48,12 @@ from __future__ import annotations
 
 import argparse
 import os
+
+from opsched.baselines import METHODS
+
+#: what torch has no schedule class for: mip's order, a baseline setting no TORCH_SCHEDULE (the help reads METHODS)
+NO_TORCH_SCHEDULE = ("mip", *(name for name, module in METHODS.items() if module.TORCH_SCHEDULE is None))
+__doc__ = __doc__.replace("{NO_TORCH_SCHEDULE}", ", ".join(NO_TORCH_SCHEDULE))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
