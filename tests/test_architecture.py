@@ -111,6 +111,7 @@ def test_every_registry_reaches_the_cli():
     assert tuple(zero.choices) == tuple(ZERO_LEVELS) and all(what in " ".join(zero.help.split())
                                                              for what in ZERO_LEVELS.values())
     assert all(runtime.export_flags in _choices("plan", "--runtime").help for runtime in RUNTIMES.values())
+    assert "Only with any" in _choices("plan", "--runtime").help or any(r.overlaps_pairs for r in RUNTIMES.values())
     from opsched.commands.compare import method_names
 
     class Args:
