@@ -101,6 +101,9 @@ def _choices(command: str, flag: str) -> tuple:
 def test_every_registry_reaches_the_cli():
     assert tuple(_choices("plan", "--runtime").choices) == (ANY, *RUNTIMES)
     assert set(PLACEMENTS) <= set(_choices("compare", "--placement").choices)
+    assert all(name in _choices("compare", "--placement").help for name in PLACEMENTS)
+    # mip re-places a chain by the rule of a baseline so placed: every placement needs one
+    assert {METHODS[m].PLACEMENT for m in METHODS} >= set(PLACEMENTS)
     gantt_help = _choices("gantt", "--output").help
     assert all(suffix in gantt_help for fmt in GANTT_FORMATS for suffix in fmt.suffixes)
     preset = _choices("plan", "--preset")
