@@ -101,6 +101,9 @@ def _choices(command: str, flag: str) -> tuple:
 def test_every_registry_reaches_the_cli():
     assert tuple(_choices("plan", "--runtime").choices) == (ANY, *RUNTIMES)
     assert set(PLACEMENTS) <= set(_choices("compare", "--placement").choices)
+    assert all(name in _choices("compare", "--placement").help for name in PLACEMENTS)
+    # mip re-places a chain by the rule of a baseline so placed: every placement needs one
+    assert {METHODS[m].PLACEMENT for m in METHODS} >= set(PLACEMENTS)
     gantt_help = _choices("gantt", "--output").help
     assert all(suffix in gantt_help for fmt in GANTT_FORMATS for suffix in fmt.suffixes)
     preset = _choices("plan", "--preset")
@@ -111,12 +114,17 @@ def test_every_registry_reaches_the_cli():
     assert tuple(zero.choices) == tuple(ZERO_LEVELS) and all(what in " ".join(zero.help.split())
                                                              for what in ZERO_LEVELS.values())
     assert all(runtime.export_flags in _choices("plan", "--runtime").help for runtime in RUNTIMES.values())
+    assert "Only with any" in _choices("plan", "--runtime").help or any(r.overlaps_pairs for r in RUNTIMES.values())
     from opsched.commands.compare import method_names
 
     class Args:
         methods = ",".join(METHODS)
 
     assert [m for m in method_names(Args) if m != "mip"] == list(METHODS)
+    export = build_parser(only="export")
+    export_help = next(a for a in export._actions if a.dest == "command").choices["export"].format_help()
+    no_torch_schedule = [name for name, module in METHODS.items() if module.TORCH_SCHEDULE is None]
+    assert f"({', '.join(['mip', *no_torch_schedule])})" in export_help, "export --help lists them from METHODS"
 
 
 def test_the_plan_schema_names_what_the_registries_hold():

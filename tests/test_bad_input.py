@@ -155,7 +155,7 @@ CASES = {
     "gantt out under a file": (["gantt", "{plan}", "-o", "{file}/g.svg"], "is a file, not a directory"),
     "gantt out is a directory": (["gantt", "{plan}", "-o", "{tmp}/adir.svg"], "is a directory"),
     "gantt over another plan": (["gantt", "{plan}", "-o", "{tmp}/other/plan.json"], "is a plan file"),
-    "gantt unknown suffix": (["gantt", "{plan}", "-o", "{tmp}/g.txt"], "cannot tell the Gantt format"),
+    "gantt unknown suffix": (["gantt", "{plan}", "-o", "{tmp}/g.unknown"], "cannot tell the Gantt format"),
     "gantt overlapping events": (["gantt", "{bad_plan}", "-o", "{tmp}/g.svg"], "is not a valid plan"),
     "gantt plan missing": (["gantt", "{tmp}/nope.json", "-o", "{tmp}/g.svg"], "nope.json"),
     "gantt plan not json": (["gantt", "{tmp}/notjson.json", "-o", "{tmp}/g.svg"], "notjson.json"),

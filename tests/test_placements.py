@@ -177,7 +177,7 @@ def test_a_placement_that_cannot_win_gets_no_time_and_its_share_goes_to_the_othe
     assert chain.value is None and chain.lower_bound > 47.5
     assert chain.refused == f"not solved: its lower bound {chain.lower_bound:g} is not below the 47.5 that " \
                            "dualpipev on v already reaches"
-    assert "chain" not in shares and shares["v"] == pytest.approx(30 / 3, abs=0.5)  # less the prospects' time
+    assert "chain" not in shares and shares["v"] == pytest.approx(30 / len(shares), abs=0.5)  # less the prospects' time
     assert found.result.value <= 47.5 and found.lower_bound_all <= found.result.lower_bound
     assert found.lower_bound_all == min(t.lower_bound for t in found.tried if t.lower_bound is not None)
 
@@ -189,7 +189,7 @@ def test_a_placement_that_cannot_win_gets_no_time_and_its_share_goes_to_the_othe
 
     found = solve_placements(tries, 8, memory_limit=limit, time_limit=30, solve_one=others_fail, **BUDGET)
     assert found.placement == "chain" and found.tried[0].value == found.result.value
-    assert [t.refused for t in found.tried[1:]] == ["this placement failed"] * 3
+    assert [t.refused for t in found.tried[1:]] == ["this placement failed"] * (len(tries) - 1)
 
 
 @pytest.mark.slow

@@ -6,8 +6,8 @@ on the same devices (see docs/baselines.md) and goes through the one
 simulator and validator; a method whose preconditions fail, or that needs
 more memory than --memory-limit, is listed with the reason. When every method
 is refused, the table is still printed and the exit code is 2. The mip
-method tries the chain, the V, interleaved and DualPipe's two-copy
-(bidirectional) placements at the same memory and keeps the best
+method tries every placement (the chain, the V, interleaved, DualPipe's
+two-copy bidirectional, ...) at the same memory and keeps the best
 (--placement auto; a name fixes it): its lower bound and gap are the winning
 placement's, for that placement only.
 
@@ -68,8 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--devices", type=device_count, metavar="D", help="devices, at most 65,536 (default P)")
     src.add_argument(
         "--placement", default="auto", choices=PLACEMENT_CHOICES,
-        help="where mip puts the chain: auto (default) solves the chain, the V, interleaved (v >= 2) and DualPipe's "
-             "two-copy bidirectional layout at the same memory and keeps the best (one whose lower bound is not below "
+        help=f"where mip puts the chain: auto (default) solves every placement ({', '.join(PLACEMENT_CHOICES[1:])}; "
+             "interleaved with v >= 2) at the same memory and keeps the best (one whose lower bound is not below "
              "a schedule already in hand is left out, its time going to the others); a name fixes it (each baseline "
              "re-places the chain its own way). The P stages as given, which --schedule files use, follow its rule "
              "where that holds P stages, else the chain if P = D, the V if P = 2D, interleaved otherwise",

@@ -34,10 +34,9 @@ that is refused with the reason, as is one that torch's runtime cannot run
 deadlock; --torch-csv alone: context-parallel stages) or that breaks a validity rule (overlapping events), as `opsched
 gantt` refuses it. Megatron also refuses stages in a V, ZeRO-2 and an
 interleaved plan whose microbatches are no multiple of pp; torchtitan an
-order torch has no schedule for by name (mip, zb-h1, zb-h2) unless
---torch-csv gives it. A refusal is one line, exit 2, and nothing is written;
-every output place is checked before the plan is read, and each file is
-written whole or not at all.
+order torch has no schedule for by name unless --torch-csv gives it
+({NO_TORCH_SCHEDULE}). A refusal is one line, exit 2, nothing is written;
+every output place is checked before the plan is read, each file written whole.
 
 examples:
   opsched export out/plan.json --torch-csv out/schedule.csv
@@ -49,6 +48,12 @@ from __future__ import annotations
 
 import argparse
 import os
+
+from opsched.baselines import METHODS
+
+#: what torch has no schedule class for: mip's order, a baseline setting no TORCH_SCHEDULE (the help reads METHODS)
+NO_TORCH_SCHEDULE = ("mip", *(name for name, module in METHODS.items() if module.TORCH_SCHEDULE is None))
+__doc__ = __doc__.replace("{NO_TORCH_SCHEDULE}", ", ".join(NO_TORCH_SCHEDULE))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,11 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from opsched.errors import OpschedError
     from opsched.export import torch_csv
-    from opsched.export.megatron import megatron_file
     from opsched.export.plan_json import read_plan
     from opsched.export.plan_layout import check_torch_can_run
-    from opsched.export.runtimes import copied_stages
-    from opsched.export.torchtitan import torchtitan_file
+    from opsched.export.runtimes import copied_stages, framework_files
     from opsched.fileio import check_not_input, check_output_file, write_text
     from opsched.schedule import ScheduleError, validate
 
@@ -98,17 +101,8 @@ def run(args: argparse.Namespace) -> int:
         check_torch_can_run(doc, torch_csv.TORCH_RUNTIME, copied_stages(schedule))
 
     # every file's text is made, and every check passed, before the first one is written
-    texts: list[tuple[str, str, str]] = []  # (path, text, what the summary line says)
-    if args.megatron:
-        mfile = megatron_file(schedule, doc, args.plan)
-        texts.append((args.megatron, mfile.text,
-                      f"Megatron-LM arguments for {mfile.layout.describe()}, {len(mfile.args)} flags"))
-    if args.torchtitan:
-        csv = os.path.abspath(args.torch_csv) if args.torch_csv else None  # torchtitan opens it from its own cwd
-        tfile = torchtitan_file(schedule, doc, args.plan, csv, torch_check)
-        order = f"the plan's order from {args.torch_csv}" if csv else f"torch's {tfile.schedule} schedule"
-        texts.append((args.torchtitan, tfile.text, f"torchtitan configuration for {tfile.layout.describe()}, "
-                      + (order if tfile.layout.parallel.pp > 1 else "no pipeline")))
+    texts = framework_files(schedule, doc, args.plan, args.torch_csv, torch_check,
+                            megatron=args.megatron, torchtitan=args.torchtitan)
     if args.torch_csv:  # written first: torch's loader checks the file itself, inside its atomic write
         rows = torch_csv.write_torch_csv(args.torch_csv, schedule, check_with_torch=torch_check)
         groups = torch_csv.torch_ranks(schedule.stage_graph)

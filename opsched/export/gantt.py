@@ -14,10 +14,10 @@ without a cycle. matplotlib is imported only when a picture is drawn.
 >>> from opsched.schedule import chain_stage_graph, simulate, Schedule, Job
 >>> sg = chain_stage_graph(1)
 >>> schedule = Schedule(sg, 1, simulate(sg, {0: [Job(0, 0, "F"), Job(0, 0, "B")]}, 1))
->>> write_gantt(schedule, "timeline.pdf")
+>>> write_gantt(schedule, "timeline.pdf")  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-opsched.errors.OpschedError: cannot tell the Gantt format of 'timeline.pdf': use a .svg, .png, .html or .json (Perfetto) file name
+opsched.errors.OpschedError: cannot tell the Gantt format of 'timeline.pdf': use a .svg, .png, ... file name
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def gantt_format(path: str | os.PathLike) -> GanttFormat:
     for fmt in GANTT_FORMATS:
         if suffix in fmt.suffixes + fmt.aliases:
             return fmt
-    raise OpschedError(f"cannot tell the Gantt format of {str(path)!r}: use a {SUFFIXES_TEXT} (Perfetto) file name")
+    raise OpschedError(f"cannot tell the Gantt format of {str(path)!r}: use a {SUFFIXES_TEXT} file name")
 
 
 def write_gantt(

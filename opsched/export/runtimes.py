@@ -33,6 +33,7 @@ Megatron-LM cannot run this plan: its stages use different parallel configuratio
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -126,7 +127,7 @@ def runtime_help() -> str:
     its files, and which of them run an overlapped F&B pair overlapped."""
     named = ", ".join(f"{r.name} ({r.export_flags})" for r in RUNTIMES.values())
     paired = [r.name for r in RUNTIMES.values() if r.overlaps_pairs]
-    pairs = (f"with {ANY} or {', '.join(paired)}" if paired else f"only with {ANY}")
+    pairs = (f"with {ANY} or {', '.join(paired)}" if paired else f"with {ANY}")
     return (f"keep only plans this runtime can run, so that `opsched export` writes its files: {named}; "
             f"{ANY} (default) keeps every plan. With a runtime of one configuration (Megatron-style layouts: "
             f"{', '.join(r.name for r in RUNTIMES.values() if r.one_configuration)}) those layouts (whole layers, "
@@ -163,6 +164,26 @@ def refusal(runtime: str, schedule: Schedule, doc: Mapping) -> str | None:
     """Why ``opsched export`` refuses ``schedule`` for the runtime named ``runtime``; None if not
     (:meth:`Runtime.refuse`)."""
     return runtime_named(runtime).refuse(schedule, doc)
+
+
+def framework_files(schedule: Schedule, doc: dict, plan_path: str, torch_csv: str | None, torch_check: bool,
+                    **paths: str | None) -> list[tuple[str, str, str]]:
+    """``opsched export``'s framework files (``paths``: export option -> where, None for one not asked), made and
+    checked, nothing written: (path, text, what its summary line says) each, or OpschedError for a plan one of
+    them cannot run. The CSV (``torch_csv``) is torch's own and written by the command; torchtitan points at it.
+    """
+    texts: list[tuple[str, str, str]] = []
+    if paths.get("megatron"):
+        mfile = megatron_file(schedule, doc, plan_path)
+        texts.append((paths["megatron"], mfile.text,
+                      f"Megatron-LM arguments for {mfile.layout.describe()}, {len(mfile.args)} flags"))
+    if paths.get("torchtitan"):
+        csv = os.path.abspath(torch_csv) if torch_csv else None  # torchtitan opens it from its own cwd
+        tfile = torchtitan_file(schedule, doc, plan_path, csv, torch_check)
+        order = f"the plan's order from {torch_csv}" if csv else f"torch's {tfile.schedule} schedule"
+        texts.append((paths["torchtitan"], tfile.text, f"torchtitan configuration for {tfile.layout.describe()}, "
+                      + (order if tfile.layout.parallel.pp > 1 else "no pipeline")))
+    return texts
 
 
 def copied_stages(schedule: Schedule) -> set[int]:
