@@ -543,6 +543,8 @@ def memory_hint(smallest: float, cluster: Cluster) -> str:
     'leave out --memory-limit: the 80 GB of one h100-sxm device is enough'
     >>> memory_hint(94 * 2**30, preset("h100-sxm", 8))
     'more than the 80 GB of one h100-sxm device: use more devices (e.g. --devices 16) or --preset h200 (141 GB per device)'
+    >>> memory_hint(760 * 2**30, preset("h100-sxm", 8))   # about ten devices' memory: 16 times as many devices
+    'more than the 80 GB of one h100-sxm device: use more devices (e.g. --devices 128)'
     """
     own = cluster.memory_bytes
     # a device's own memory in decimal GB, as its vendor names it (an H100 is "80 GB"); never in exponent notation
@@ -555,5 +557,8 @@ def memory_hint(smallest: float, cluster: Cluster) -> str:
         return f"leave out --memory-limit: the {gb(own)} GB of one {cluster.name} device is enough"
     larger = sorted((spec.memory_bytes, name) for name, spec in PRESETS.items() if spec.memory_bytes >= smallest)
     preset_text = f" or --preset {larger[0][1]} ({gb(larger[0][0])} GB per device)" if larger else ""
+    # the parameters' state, most of such a need, spreads over the devices: at least the need's multiple of the device
+    # memory, rounded up to a power of two times today's count (the layouts' degrees divide powers of two best)
+    more = cluster.devices * 2 ** max(1, math.ceil(math.log2(smallest / own)))
     return (f"more than the {gb(own)} GB of one {cluster.name} device: use more devices "
-            f"(e.g. --devices {2 * cluster.devices}){preset_text}")
+            f"(e.g. --devices {more}){preset_text}")

@@ -51,7 +51,9 @@ def smallest_memory(bg: nx.DiGraph, cluster: Cluster, training: Training, solver
     asks it with Adam's state in BF16 when nothing fits in FP32). Past ``deadline`` the layouts not yet tried are
     left out (infinite when none was tried).
     """
-    all_layouts = layouts(cluster)
+    # the deepest pipelines first: they spread the parameters' state most, so a look cut short by ``deadline`` has
+    # tried the layouts most likely to need the least
+    all_layouts = sorted(layouts(cluster), key=lambda lay: (-lay.groups, lay.virtual))
     small, _ = _reduced(bg, all_layouts, target_blocks)
     table = CostTable(small, cluster, training)  # the least memory is its own MIP: no memory limit is needed
     return _smallest_memory({str(lay): upper_problem(small, lay, cluster, training, table=table)
