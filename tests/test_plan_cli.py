@@ -735,3 +735,20 @@ def test_plan_dtype_is_costed_and_carried_into_plan_json_and_the_exports(tmp_pat
     assert main(["export", str(tmp_path / "fp8" / "plan.json"), "--megatron", str(tmp_path / "m.sh")]) == 0
     text = (tmp_path / "m.sh").read_text()
     assert "--fp8-format e4m3" in text and "--bf16" in text
+
+
+def test_a_plan_that_takes_other_microbatches_than_asked_says_so_and_its_dims_agree():
+    """Found by a bug hunt: with --micro-batch-size 3 a Megatron-style layout (one sequence per replica) won, and
+    plan.json said dims batch 3 beside microbatch_size 1 with no word. The dims follow the plan; a warning says it."""
+    from types import SimpleNamespace as NS
+
+    from opsched.plan.policy import dims_as_planned, micro_batch_warning
+
+    won = NS(microbatch_size=1, source="baseline megatron 1f1b", layout="tp1 pp1 dp1 zero1, micro-batch 1")
+    assert dims_as_planned({"batch": 3, "seq": 64}, won) == {"batch": 1, "seq": 64}
+    assert dims_as_planned({"seq": 64}, won) == {"seq": 64}  # no batch axis: nothing to agree with
+    line = micro_batch_warning(won, 3)
+    assert line.startswith("--micro-batch-size 3: the fastest plan, baseline megatron 1f1b") and "not 3" in line
+    assert micro_batch_warning(won, None) is None and micro_batch_warning(won, 1) is None
+    same = NS(microbatch_size=3, source="upper", layout="2x1")
+    assert dims_as_planned({"batch": 3}, same) == {"batch": 3} and micro_batch_warning(same, 3) is None

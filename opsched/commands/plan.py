@@ -97,8 +97,8 @@ from opsched.errors import OpschedError
 from opsched.plan.files import output_files, write_outputs
 from opsched.export.runtimes import ANY, RUNTIMES, runtime_help, runtime_named, runtime_overlaps_pairs, verdicts
 from opsched.fileio import check_output_dir
-from opsched.plan.policy import (EXPORT_SHARE, PlanRequest, imported, microbatch_hint, plan_warnings,
-                                 plan_with_optimizer_state, whole_layer_batch)
+from opsched.plan.policy import (EXPORT_SHARE, PlanRequest, dims_as_planned, imported, micro_batch_warning,
+                                 microbatch_hint, plan_warnings, plan_with_optimizer_state, whole_layer_batch)
 from opsched.plan.report import plan_extra, report_text, runtimes_fields, summary_dict, summary_text
 from opsched.plan.search import GLOSSARY
 from opsched.solving.solver import SOLVERS, require
@@ -218,10 +218,11 @@ def run(args: argparse.Namespace) -> int:
     log.info("validate: %s on %s", result.source, result.layout)
     hint = microbatch_hint(result, training, args.global_batch if not (args.microbatches or args.micro_batch_size)
                            else None)
-    for sentence in plan_warnings(result, cluster) + ([hint] if hint else []):
+    asked = micro_batch_warning(result, args.micro_batch_size)
+    for sentence in plan_warnings(result, cluster) + [s for s in (hint, asked) if s]:
         warnings.append(sentence)
         log.warning("plan: %s", sentence)
-    extra = plan_extra(args.model, cluster, training, result, warnings, dims=used_dims)
+    extra = plan_extra(args.model, cluster, training, result, warnings, dims=dims_as_planned(used_dims, result))
     runtimes = verdicts(result.schedule, extra)  # the export's own checks, on the plan as written
     extra.update(runtimes_fields(runtimes))
     # report.html shows the summary as printed, so it is written first, with the names of the files to come

@@ -324,6 +324,25 @@ def microbatch_hint(result: PlanResult, training, global_batch: int | None) -> s
             "pipelines fit and shortens their bubbles, for more search time")
 
 
+def dims_as_planned(dims: dict[str, int], result: PlanResult) -> dict[str, int]:
+    """The import's ``dims`` with the batch the chosen plan's microbatches hold: a Megatron-style layout takes one
+    sequence per data-parallel replica, whatever batch the model was imported at (plan.json's ``dims`` and
+    ``microbatch_size`` then agree, and the exports read the same batch)."""
+    if "batch" in dims and result.microbatch_size and dims["batch"] != result.microbatch_size:
+        return {**dims, "batch": int(result.microbatch_size)}
+    return dims
+
+
+def micro_batch_warning(result: PlanResult, asked: int | None) -> str | None:
+    """The sentence saying that the chosen plan's microbatches are not the ``--micro-batch-size`` asked for (a
+    Megatron-style layout, searched at one sequence per replica, won), or None."""
+    if asked is None or not result.microbatch_size or result.microbatch_size == asked:
+        return None
+    return (f"--micro-batch-size {asked}: the fastest plan, {result.source} on {result.layout}, takes "
+            f"{plural(result.microbatch_size, 'sequence')} a microbatch (one per data-parallel replica), not {asked}; "
+            f"report.md's candidates list the plans at {asked}")
+
+
 def plan_warnings(result: PlanResult, cluster: Cluster) -> list[str]:
     """What a reader of the chosen plan must know about it: devices left idle, fewer nodes the time limit left
     unsearched."""
