@@ -752,3 +752,19 @@ def test_a_plan_that_takes_other_microbatches_than_asked_says_so_and_its_dims_ag
     assert micro_batch_warning(won, None) is None and micro_batch_warning(won, 1) is None
     same = NS(microbatch_size=3, source="upper", layout="2x1")
     assert dims_as_planned({"batch": 3}, same) == {"batch": 3} and micro_batch_warning(same, 3) is None
+
+
+def test_the_chosen_line_says_when_the_stages_hold_fewer_devices_than_the_layout():
+    """Found by a bug hunt: "upper on layout 3x1 interleaved v=2, 2 stages" had both stages on one device (the upper
+    MIP left four slots empty); the line now says on how many of the layout's devices the stages are."""
+    from types import SimpleNamespace as NS
+
+    from opsched.plan.report import stages_on
+
+    def result(layout, devices):
+        stages = [NS(devices=d) for d in devices]
+        return NS(layout=layout, schedule=NS(stage_graph=NS(stages=stages)))
+
+    assert stages_on(result("3x1 interleaved v=2", [(1,), (1,)])) == ", on 1 of its 3 devices"
+    assert stages_on(result("2x2", [(0, 1), (2, 3)])) == ""
+    assert stages_on(result("tp1 pp1 dp1 zero1, micro-batch 1", [(0,)])) == ""  # a Megatron layout names its devices

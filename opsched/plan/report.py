@@ -12,7 +12,7 @@ from opsched.export.runtimes import RUNTIMES, layout_fields
 from opsched.schedule.placement import is_chain
 from opsched.schedule import Job, Pair, metrics, pair_duration
 from opsched.units import bytes_text, column_size_unit, column_time_unit, plain, plural, seconds_text
-from opsched.upper.layouts import describe_layout
+from opsched.upper.layouts import describe_layout, layout_devices
 from opsched.plan.search import GLOSSARY
 from opsched.schedule.shape import pair_savings, shape_fields, shape_lines
 from opsched.upper.layouts import NOTATION
@@ -89,7 +89,7 @@ def report_text(model: str, cluster, training, limit: float, result, warnings: l
         f"- attention: {training.attention}" + (" (the scores written to memory between its kernels)"
                                                 if training.attention == "unfused" else " (one kernel)"),
         f"- chosen: {result.source} on layout {result.layout} ({describe_layout(result.layout)}), "
-        f"{plural(stages, 'pipeline stage')}",
+        f"{plural(stages, 'pipeline stage')}{stages_on(result)}",
         *(f"- {name}: {line}" for name, line in shape_lines(result.schedule)),
         *([f"- context parallelism: {', '.join(context_modes(result))}: {context_words(training)}"] if context_modes(result)
           else []),
@@ -290,6 +290,14 @@ def stages_table(result) -> list[str]:
     return lines
 
 
+def stages_on(result) -> str:
+    """", on N of its M devices" when the stages hold fewer devices than the chosen layout spans (the upper MIP may
+    leave slots empty: "3x1 interleaved v=2, 2 stages" both on one device), else ""."""
+    spans = layout_devices(str(result.layout))
+    used = len({d for s in result.schedule.stage_graph.stages for d in s.devices})
+    return f", on {used} of its {spans} devices" if spans is not None and used < spans else ""
+
+
 def summary_text(model: str, cluster, training, result, samples: int, out: Path, names: list[str],
                  warnings: list[str] | None = None, runtimes: dict[str, str | None] | None = None) -> str:
     """The one-screen summary printed at the end; its step time is the one the Gantt titles show."""
@@ -297,7 +305,7 @@ def summary_text(model: str, cluster, training, result, samples: int, out: Path,
     stages = len(result.schedule.stage_graph.stages)
     lines = [
         f"opsched plan {Path(model).name} on {cluster.devices} x {cluster.name}, {plural(result.schedule.microbatches, 'microbatch', 'microbatches')}",
-        f"  chosen      {result.source} on layout {result.layout}, {plural(stages, 'stage')}",
+        f"  chosen      {result.source} on layout {result.layout}, {plural(stages, 'stage')}{stages_on(result)}",
         f"  step time   {seconds_text(result.step_time)} (makespan {seconds_text(m.makespan)} + gradient sync "
         f"{seconds_text(result.grad_sync)})   throughput {plain(samples / result.step_time)} samples/s",
         f"  bubbles     {m.bubble_ratio:.3f}   peak memory {bytes_text(max(m.peak_memory_bytes, default=0.0))} per device",

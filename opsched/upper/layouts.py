@@ -190,6 +190,16 @@ def mode_words(mode: str) -> str:
     return words + (", experts expert-parallel" if experts else "")
 
 
+def layout_devices(text: str) -> int | None:
+    """The devices a layout's name spans (groups x group size), or None for a name of another form.
+
+    >>> layout_devices("3x1 interleaved v=2"), layout_devices("4x4 contiguous, dp4+ep"), layout_devices("tp1 pp1")
+    (3, 16, None)
+    """
+    found = _LAYOUT.match(text.strip())
+    return int(found.group(1)) * int(found.group(2)) if found else None
+
+
 def describe_layout(text: str) -> str:
     """A layout's name (:meth:`Layout.__str__`, or a baseline's ``GxK contiguous, MODE``) in words (see :data:`NOTATION`).
 
