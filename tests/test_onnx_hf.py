@@ -266,3 +266,24 @@ def test_help_teaches(capsys):
         main(["onnx", "--help"])
     out = capsys.readouterr().out
     assert "meta device" in out and "opsched onnx --hf-config" in out and "--seq-len" in out
+
+
+@pytest.mark.slow
+def test_transformers_notes_on_a_config_leave_a_refusal_one_line(tmp_path, capsys):
+    """Found by a bug hunt: a CLIP config whose text vocabulary is smaller than CLIP's default token ids made
+    transformers print two warnings on stderr before the one-line refusal; they go to opsched's log at DEBUG."""
+    pytest.importorskip("transformers")
+    config = write_config(tmp_path, "clip")
+    import logging
+
+    shown = []  # what reached stderr through transformers' own handlers (made before capsys replaced sys.stderr)
+    hf_log = logging.getLogger("transformers")
+    spy = logging.Handler()
+    spy.emit = shown.append
+    hf_log.addHandler(spy)
+    try:
+        refused(tmp_path, capsys, ["onnx", "--hf-config", str(config), "-o", str(tmp_path / "m.onnx"),
+                                   "--seq-len", "17"], "over the model's 16 positions")
+    finally:
+        hf_log.removeHandler(spy)
+    assert shown == []

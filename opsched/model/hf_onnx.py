@@ -157,7 +157,8 @@ def _build_config(data: dict, path: str, transformers) -> Any:
     if "quantization_config" in data:
         log.info("hf: the config's quantization_config is left out: the model is built in --dtype")
     try:
-        config = CONFIG_MAPPING[model_type].from_dict(fields)
+        with _transformers_notes():
+            config = CONFIG_MAPPING[model_type].from_dict(fields)
     except Exception as exc:  # transformers validates values in many ways; any refusal is the file's
         raise OpschedError(f"--hf-config {path}: transformers refused the config ({_one_line(exc)})") from None
     _check_rotary_dim(config, path)
@@ -348,6 +349,26 @@ def _keep_name_scopes(proto) -> None:
         for key, value in scopes:
             entry = node.metadata_props.add()
             entry.key, entry.value = key, value
+
+
+class _ToLog(logging.Handler):
+    """Passes a record on to opsched's log at DEBUG (below the CLI's INFO; a caller's own logging may show it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        log.debug("hf: transformers says: %s", record.getMessage())
+
+
+@contextlib.contextmanager
+def _transformers_notes() -> Iterator[None]:
+    """transformers' warnings on a config (a token id outside a small vocabulary, ...) as DEBUG lines of opsched's log:
+    they say nothing about the cost of training, and a bad-input refusal must stay one line on stderr."""
+    hf_log = logging.getLogger("transformers")
+    handlers, propagate = hf_log.handlers[:], hf_log.propagate
+    hf_log.handlers, hf_log.propagate = [_ToLog()], False
+    try:
+        yield
+    finally:
+        hf_log.handlers, hf_log.propagate = handlers, propagate
 
 
 @contextlib.contextmanager
