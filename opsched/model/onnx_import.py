@@ -380,14 +380,25 @@ def node_scope(node) -> tuple[str, ...]:
     return ()
 
 
+#: the scope torch's exporter gives a node traced outside every module (torch.export's metadata hook)
+NO_MODULE_PLACEHOLDER = "_empty_nn_module_stack_from_metadata_hook"
+
+
 def _dynamo_scope(text: str) -> tuple[str, ...]:
+    """The module path of a dynamo ``name_scopes`` list.
+
+    >>> _dynamo_scope("['', 'model', 'model.layers.0', 'MatMul']"), _dynamo_scope(f"['{NO_MODULE_PLACEHOLDER}', 'sym_size_int_44']")
+    (('model', 'layers.0'), ())
+    """
     try:
         items = ast.literal_eval(text)
     except (ValueError, SyntaxError):
         return ()
     if not isinstance(items, (list, tuple)):
         return ()
-    modules = [str(x) for x in items[:-1] if str(x)]  # the last item is the leaf op
+    # the last item is the leaf op; torch names the module of a node it traced outside every module (a shape
+    # read) with a placeholder, which is no module of the model
+    modules = [str(x) for x in items[:-1] if str(x) and str(x) != NO_MODULE_PLACEHOLDER]
     out: list[str] = []
     full = ""
     for m in modules:
