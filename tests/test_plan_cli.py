@@ -419,7 +419,7 @@ def test_nothing_fits_says_when_adams_state_in_bf16_would(tmp_path, capsys):
     from opsched.errors import MemoryTooSmall
 
     exc = MemoryTooSmall("no layout fits", 2.0)
-    assert with_optimizer_state_hint(exc, None, None, Training(optimizer_state="bf16"), 1.0, "cbc") is exc
+    assert with_optimizer_state_hint(exc, None, None, Training(optimizer_state="bf16"), 1.0, "cbc", 0.0) is exc
 
 
 @pytest.mark.parametrize("state", ["bf16", "auto"])
