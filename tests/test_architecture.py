@@ -179,3 +179,13 @@ def test_functions_and_modules_stay_readable():
     assert not long_functions, long_functions
     commands = sum(p.read_text(encoding="utf-8").count("\n") for p in (PACKAGE / "commands").glob("*.py"))
     assert commands < 1500, commands
+
+
+def test_the_context_parallel_refusal_names_the_runtimes_that_run_it():
+    """export/plan_layout.py cannot import the runtime registry (the registry imports its checks), so its list of
+    the exports that run context parallelism is checked against the registry here."""
+    from opsched.export.plan_layout import _CONTEXT_PARALLEL_EXPORTS
+    from opsched.export.runtimes import RUNTIMES
+
+    runtimes = RUNTIMES.values() if isinstance(RUNTIMES, dict) else RUNTIMES
+    assert _CONTEXT_PARALLEL_EXPORTS == {r.name: r.export_flags for r in runtimes if r.context_parallel}

@@ -175,8 +175,28 @@ def check_without_context_parallel(doc: dict, runtime: Framework) -> None:
         cp = base.cp
         if cp > 1:
             raise runtime.cannot_run(f"its stages split each sequence over {cp} context-parallel ranks ({config}), "
-                                     "which it does not do; export it with --torchtitan F.toml --torch-csv F.csv or "
-                                     "--megatron F")
+                                     f"which it does not do; {_context_parallel_export(doc)}")
+
+
+#: the exports of the runtimes that run context parallelism (``Runtime.context_parallel``), by runtime name
+_CONTEXT_PARALLEL_EXPORTS = {"torchtitan": "--torchtitan F.toml --torch-csv F.csv", "megatron": "--megatron F"}
+
+
+def _context_parallel_export(doc: dict) -> str:
+    """Where to turn for a plan with context parallelism: the exports of the runtimes that run it, those of them
+    plan.json says can run this plan when it says (``runtimes``; the plan's own verdicts are made without it).
+
+    >>> _context_parallel_export({}), _context_parallel_export({"runtimes": ["megatron"]})
+    ('export it with --torchtitan F.toml --torch-csv F.csv or --megatron F', 'export it with --megatron F')
+    >>> _context_parallel_export({"runtimes": []})
+    'no runtime opsched exports to runs this plan (report.md says why for each); plan with --runtime torchtitan or --runtime megatron for one that does'
+    """
+    able = doc.get("runtimes")
+    flags = [flag for name, flag in _CONTEXT_PARALLEL_EXPORTS.items() if able is None or name in able]
+    if flags:
+        return "export it with " + " or ".join(flags)
+    return ("no runtime opsched exports to runs this plan (report.md says why for each); plan with "
+            + " or ".join(f"--runtime {name}" for name in _CONTEXT_PARALLEL_EXPORTS) + " for one that does")
 
 
 def layer_split(doc: dict, stages: int, runtime: Framework) -> tuple[str, list[int]]:
