@@ -56,9 +56,11 @@ def rounds(devices: int, microbatches: int) -> tuple[int, int]:
     """(number of rounds, microbatches per round); raises Unsupported if M is not a multiple of the rounds."""
     n = max(1, microbatches // devices)
     if microbatches % n:
+        fit = devices * -(-microbatches // devices)  # a multiple of D always splits into M // D equal rounds
         raise Unsupported(
-            f"interleaved schedules run microbatches in {n} rounds (M // D with D={devices}), "
-            f"so M must be a multiple of {n}; got {microbatches}"
+            f"interleaved schedules (torch's rule) run the {microbatches} microbatches in M // D = {n} equal rounds "
+            f"on {devices} devices, and {microbatches} is not a multiple of {n}; use a multiple of {devices} "
+            f"microbatches (e.g. {fit})"
         )
     return n, microbatches // n
 
