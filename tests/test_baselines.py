@@ -368,7 +368,8 @@ def test_dualpipev_refuses_fewer_than_2d_microbatches():
 
 
 def test_interleaved_refuses_microbatches_not_a_multiple_of_the_rounds():
-    refused("interleaved-1f1b", chain_stage_graph(8, devices=4, placement="interleaved"), 9, r"9 is not a multiple of 2; use a multiple of 4 microbatches \(e.g. 12\)")
+    refused("interleaved-1f1b", chain_stage_graph(8, devices=4, placement="interleaved"), 9,
+            r"9 is not a multiple of 2; use a multiple of 4 microbatches \(e.g. 12\)")
 
 
 def test_interleaved_order_refuses_one_chunk_per_device():
