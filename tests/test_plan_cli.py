@@ -359,7 +359,7 @@ def test_no_fit_hint_never_asks_for_more_memory_than_the_device_has():
     h100 = preset("h100-sxm", 8)
     assert memory_hint(94 * 2**30, h100).startswith("more than the 80 GB")
     assert "--memory-limit" not in memory_hint(94 * 2**30, h100) and "--preset h200" in memory_hint(94 * 2**30, h100)
-    assert "--preset" not in memory_hint(200e9, h100) and "--devices 16" in memory_hint(200e9, h100)
+    assert "--preset" not in memory_hint(200e9, h100) and "--devices 32" in memory_hint(200e9, h100)  # 2.5 devices' memory: 4x
     assert memory_hint(40 * 2**30, h100) == "pass --memory-limit 40GiB"
 
 
