@@ -257,3 +257,18 @@ def test_a_reduced_moe_block_exchanges_what_its_experts_receive_once_per_layer()
     cost = CostTable(small, cluster, Training()).cost(b, Mode(ep=8), tuple(range(8)))
     bw, lat = cluster.link(tuple(range(8)), tuple(range(8)))
     assert cost.f_comm == pytest.approx(2 * (2 * 7 * lat + 7 / 8 * (16e6 / 8) / bw))
+
+
+@pytest.mark.parametrize("name,flops,edges,devices,layout,limit", CASES, ids=[c[0] for c in CASES])
+def test_memory_floor_is_below_every_assignment(name, flops, edges, devices, layout, limit):
+    """The floor the search skips a layout by is a bound: no assignment (enumerated, each slot and mode of each
+    block, flowing back or not) needs less memory on its fullest group; and the least over them is reached by some."""
+    from opsched.upper.mip import memory_floor
+
+    cluster = cluster_from_dict(dict(SPEC, devices=devices))
+    p = upper_problem(block_graph(flops, edges, params=[3 * 10**8, 10**8, 2 * 10**8, 10**8]), layout, cluster,
+                      Training(microbatches=4), memory_limit=limit)
+    floor = memory_floor(p)
+    choices = [[(s, m) for s in range(p.slots) for m in p.modes[b]] for b in p.blocks]
+    least = min(estimate(p, dict(zip(p.blocks, combo)))["memory"] for combo in itertools.product(*choices))
+    assert 0 < floor <= least * (1 + 1e-12)

@@ -55,6 +55,7 @@ from opsched.upper.mip import (
     UpperSolution,
     contiguous_start,
     estimate,
+    memory_floor,
     solve_upper,
     towers_start,
     upper_problem,
@@ -518,6 +519,8 @@ def _upper_for_layout(p: UpperProblem, time_limit: float,
     the contiguous starts' estimates were 1.2-4x the side-by-side ones). Ties keep the contiguous start.
     """
     began = time.monotonic()
+    if memory_floor(p) > p.memory_limit * (1 + 1e-9):
+        return None  # proven: no assignment fits (no start need be built to know it)
     starts = [(CONTIGUOUS_START, contiguous_start(p, solver=solver)), (TOWERS_START, towers_start(p, solver=solver))]
     scored = [(estimate(p, a), name, a) for name, a in starts if a is not None]
     scored = [(est["step_time"], name, a) for est, name, a in scored if est["feasible"]]
