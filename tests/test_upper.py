@@ -263,7 +263,7 @@ def test_a_reduced_moe_block_exchanges_what_its_experts_receive_once_per_layer()
 def test_memory_floor_is_below_every_assignment(name, flops, edges, devices, layout, limit):
     """The floor the search skips a layout by is a bound: no assignment (enumerated, each slot and mode of each
     block, flowing back or not) needs less memory on its fullest group; and the least over them is reached by some."""
-    from opsched.upper.mip import memory_floor
+    from opsched.upper.constraints import memory_floor
 
     cluster = cluster_from_dict(dict(SPEC, devices=devices))
     p = upper_problem(block_graph(flops, edges, params=[3 * 10**8, 10**8, 2 * 10**8, 10**8]), layout, cluster,

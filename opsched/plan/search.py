@@ -55,11 +55,11 @@ from opsched.upper.mip import (
     UpperSolution,
     contiguous_start,
     estimate,
-    memory_floor,
     solve_upper,
     towers_start,
     upper_problem,
 )
+from opsched.upper.constraints import memory_floor
 from opsched.upper.stages import build_stage_graph
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,8 @@ transfers of cut edges, and the step-time estimate that is the objective.
 
 Each function adds its rows to a python-mip model over an :class:`~opsched.upper.mip.UpperProblem` and the
 binaries ``x[b,s,m]`` (or their sums ``X[b,s]``); :func:`opsched.upper.mip.solve_upper` builds the model from
-them. The symbols are those of :mod:`opsched.upper.mip`'s docstring.
+them. The symbols are those of :mod:`opsched.upper.mip`'s docstring. Beside its rows, the memory family has
+:func:`memory_floor`, the bound its rows imply with no model built.
 """
 
 from __future__ import annotations
@@ -51,6 +52,21 @@ def memory_per_device(model: mip.Model, p: UpperProblem, x) -> None:
     for g, terms in rows.items():
         if terms:
             model.add_constr(mip.xsum(terms) <= p.memory_limit * 1e-9, name=f"memory_{g}")
+
+
+def memory_floor(p: UpperProblem) -> float:
+    """A lower bound on the per-device memory of every assignment of ``p``, with no MIP: summed over the groups,
+    the memory rows (:func:`memory_per_device`) hold each block at its least memory over
+    the slots and modes it may take, so the fullest of the layout's groups holds at least that sum over their count.
+
+    A layout whose floor is over the memory limit has no assignment that fits: the search skips it at once (the
+    starts it would build cost seconds on a large MoE model, and the time is the fallbacks', e.g. recomputation).
+    """
+    least = 0.0
+    for b in p.blocks:
+        least += min(p.cost[(b, p.group(s), m)].param_bytes + p.in_flight(s) * p.cost[(b, p.group(s), m)].act_bytes
+                     for s, m in p.choices(b))
+    return least / p.layout.groups
 
 
 def cut_edge_transfers(model: mip.Model, p: UpperProblem, X):

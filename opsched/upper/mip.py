@@ -656,21 +656,6 @@ def _solve_once(
     return assignment, state, float(model.objective_bound)
 
 
-def memory_floor(p: UpperProblem) -> float:
-    """A lower bound on the per-device memory of every assignment of ``p``, with no MIP: summed over the groups,
-    the memory rows (:func:`opsched.upper.constraints.memory_per_device`) hold each block at its least memory over
-    the slots and modes it may take, so the fullest of the layout's groups holds at least that sum over their count.
-
-    A layout whose floor is over the memory limit has no assignment that fits: the search skips it at once (the
-    starts it would build cost seconds on a large MoE model, and the time is the fallbacks', e.g. recomputation).
-    """
-    least = 0.0
-    for b in p.blocks:
-        least += min(p.cost[(b, p.group(s), m)].param_bytes + p.in_flight(s) * p.cost[(b, p.group(s), m)].act_bytes
-                     for s, m in p.choices(b))
-    return least / p.layout.groups
-
-
 def minimum_memory(p: UpperProblem, solver: str = "cbc", time_limit: float = 10.0) -> float:
     """The least per-device memory any assignment on this layout needs (ignoring time).
 
