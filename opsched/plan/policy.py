@@ -153,7 +153,10 @@ def plan_with_recompute(request: PlanRequest, bg, cluster, training, limit: floa
     runtime = None if runtime_named(request.runtime) is None else request.runtime  # None: any runtime
     options = PlanOptions(memory_limit=limit, time_limit=request.time_limit, solver=request.solver,
                           layouts_run_today=today, runtime=runtime, workers=request.jobs or usable_cores(),
-                          branches=request.branches)
+                          branches=request.branches,
+                          # with --recompute auto a refusal is planned again with recomputation, which says how
+                          # much memory works: the first search's least-memory MIPs would only take its time
+                          least_memory_if_none_fits=request.recompute != "auto")
 
     def plan(training, deadline: float):
         return plan_block_graph(bg, cluster, training, dataclasses.replace(options, deadline=deadline))
@@ -169,7 +172,13 @@ def plan_with_recompute(request: PlanRequest, bg, cluster, training, limit: floa
                      "" if runtime is None else f" {runtime} can run", seconds_text(max(0.0, deadline - time.monotonic())))
             # the Megatron-style layouts already tried recomputation themselves (--recompute auto): kept as found
             training = dataclasses.replace(training, recompute="full")
-            return training, plan(training, deadline=max(deadline, time.monotonic() + 1.0))
+            options = dataclasses.replace(options, least_memory_if_none_fits=True)
+            now = time.monotonic()
+            # with --optimizer-state auto a re-plan with Adam's state in BF16 may follow this one: it keeps half
+            # of the time left (this one, should nothing fit, spends its clock to the end on the least memory)
+            then = request.optimizer_state == "auto" and training.optimizer_state == "fp32"
+            return training, plan(training, deadline=now + (deadline - now) / 2 if then and deadline - now > 2.0
+                                  else max(deadline, now + 1.0))
     except MemoryTooSmall as exc:
         raise with_optimizer_state_hint(exc, bg, cluster, training, limit, request.solver, deadline) from None
     except NoRunnablePlan as exc:
@@ -194,16 +203,22 @@ def with_optimizer_state_hint(exc, bg, cluster, training, limit: float, solver: 
     """``exc`` (a :class:`opsched.errors.MemoryTooSmall`), as :class:`StateInBf16Fits` whose line ends with the memory
     Adam's state in BF16 would need when that fits in ``limit`` and the plan kept it in FP32; else ``exc`` itself.
 
-    The look is held to ``deadline``, or to :data:`HINT_SECONDS` when that has passed (every layout's least-memory
-    MIP took 19 s on Llama 3 405B at 16 devices, past an 8 s limit); a look cut short that finds nothing that fits
-    gives ``exc`` itself (the deepest layouts, the likeliest to fit, are looked at first)."""
+    The look ends by ``deadline`` and within :data:`HINT_SECONDS`; with less than half of that left before
+    ``deadline`` it takes :data:`HINT_SECONDS` anyway (every layout's least-memory MIP, unbounded, took 19 s on
+    Llama 3 405B at 16 devices, past an 8 s limit). Layouts whose memory floor is over ``limit`` are not solved;
+    a look cut short that finds nothing that fits gives ``exc`` itself (the deepest layouts, the likeliest to fit,
+    are looked at first)."""
     if training.optimizer_state != "fp32":
         return exc
     lighter = dataclasses.replace(training, optimizer_state="bf16")
-    smallest = smallest_memory(bg, cluster, lighter, solver, deadline=max(deadline, time.monotonic() + HINT_SECONDS))
-    log.info("plan: with Adam's state in bf16 the least memory per device would be about %s", bytes_text(smallest))
+    now = time.monotonic()
+    until = min(deadline, now + HINT_SECONDS) if deadline > now + HINT_SECONDS / 2 else now + HINT_SECONDS
+    smallest = smallest_memory(bg, cluster, lighter, solver, deadline=until, limit=limit)
     if smallest > limit:
+        log.info("plan: with Adam's state in bf16 nothing was found that fits in %s per device either",
+                 bytes_text(limit))
         return exc
+    log.info("plan: with Adam's state in bf16 the least memory per device would be about %s", bytes_text(smallest))
     return StateInBf16Fits(f"{exc}; with --optimizer-state bf16 (Adam's state in "
                            f"{plain(OPTIMIZER_STATE_BYTES['bf16'])} bytes per parameter, not "
                            f"{plain(OPTIMIZER_STATE_BYTES['fp32'])}) it needs about {bytes_text(smallest)}, which fits",

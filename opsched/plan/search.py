@@ -102,6 +102,9 @@ class PlanOptions:
     found_elsewhere: bool = False
     """The caller holds a plan already (the search on half the nodes, or as a chain): past the deadline no step
     runs on to find one to fall back on."""
+    least_memory_if_none_fits: bool = True
+    """When nothing fits, the refusal names the least memory that works (least-memory MIPs, in the time left);
+    False for a caller that plans again on less memory (recomputation) and would rather have that time."""
 
 
 def plan_block_graph(bg: nx.DiGraph, cluster: Cluster, training: Training,
@@ -151,6 +154,8 @@ def plan_block_graph(bg: nx.DiGraph, cluster: Cluster, training: Training,
     t_base = time.perf_counter()
     if not solutions and not baselines:
         runnable.none_left()
+        if not o.least_memory_if_none_fits:
+            raise MemoryTooSmall(f"no layout fits in {bytes_text(limit)} per device", math.inf)
         raise _nothing_fits(problems, o.solver, clock, limit, cluster)
     jobs, unscheduled = _lower_jobs(solutions, problems, best_split)
     jobs = runnable.jobs(jobs, training.microbatches)

@@ -18,6 +18,7 @@ from opsched.cost.cluster import Cluster, Training, memory_hint
 from opsched.errors import MemoryTooSmall
 from opsched.solving.isolate import SolverCrash, run_isolated
 from opsched.units import bytes_text
+from opsched.upper.constraints import memory_floor
 from opsched.upper.layouts import layouts
 from opsched.upper.mip import CostTable, UpperProblem, minimum_memory, upper_problem
 from opsched.upper.reduce import reduce_block_graph
@@ -45,19 +46,27 @@ def _reduced(bg: nx.DiGraph, all_layouts: list, target_blocks: int | None,
 
 
 def smallest_memory(bg: nx.DiGraph, cluster: Cluster, training: Training, solver: str = "cbc",
-                    target_blocks: int | None = None, deadline: float | None = None) -> float:
+                    target_blocks: int | None = None, deadline: float | None = None,
+                    limit: float | None = None) -> float:
     """The least memory per device any layout of :func:`plan_block_graph` needs for ``bg`` with ``training``, under
     the upper memory model: the figure :class:`MemoryTooSmall` reports, for other training settings (``opsched plan``
     asks it with Adam's state in BF16 when nothing fits in FP32). Past ``deadline`` the layouts not yet tried are
-    left out (infinite when none was tried).
+    left out (infinite when none was tried). With ``limit`` (the question is only whether something fits in it),
+    a layout whose :func:`~opsched.upper.constraints.memory_floor` is over it is not solved; when no layout is left,
+    the least floor is returned, itself over the limit.
     """
     # the deepest pipelines first: they spread the parameters' state most, so a look cut short by ``deadline`` has
     # tried the layouts most likely to need the least
     all_layouts = sorted(layouts(cluster), key=lambda lay: (-lay.groups, lay.virtual))
     small, _ = _reduced(bg, all_layouts, target_blocks)
     table = CostTable(small, cluster, training)  # the least memory is its own MIP: no memory limit is needed
-    return _smallest_memory({str(lay): upper_problem(small, lay, cluster, training, table=table)
-                             for lay in all_layouts}, solver, deadline)[0]
+    problems = {str(lay): upper_problem(small, lay, cluster, training, table=table) for lay in all_layouts}
+    if limit is not None:
+        floors = {name: memory_floor(p) for name, p in problems.items()}
+        if all(f > limit * (1 + 1e-9) for f in floors.values()):
+            return min(floors.values())  # proven: nothing fits in ``limit``, no MIP solved
+        problems = {name: p for name, p in problems.items() if floors[name] <= limit * (1 + 1e-9)}
+    return _smallest_memory(problems, solver, deadline)[0]
 
 
 def _smallest_memory(problems: dict[str, UpperProblem], solver: str,
