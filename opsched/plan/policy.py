@@ -20,7 +20,7 @@ from opsched.plan.contiguous import on_real_devices
 from opsched.plan.layout_search import LayoutSearch, search_layouts
 from opsched.plan.plan_records import NO_FIT, Baseline, PlanResult
 from opsched.plan.search import PlanOptions, plan_block_graph
-from opsched.plan.smallest_memory import smallest_memory
+from opsched.plan.smallest_memory import SMALLEST_MEMORY_SECONDS, smallest_memory
 from opsched.schedule import metrics
 from opsched.solving.isolate import usable_cores
 from opsched.units import bytes_text, plain, plural, ranges_text, seconds_text
@@ -57,8 +57,8 @@ class PlanRequest:
 
 
 #: seconds the look for a plan with Adam's state in BF16 gets when the time limit is spent: one layout's
-#: least-memory MIP (:data:`opsched.plan.smallest_memory.SMALLEST_MEMORY_SECONDS`)
-HINT_SECONDS = 2.0
+#: least-memory MIP
+HINT_SECONDS = SMALLEST_MEMORY_SECONDS
 #: the part of --time-limit kept for validating the plan and writing its files
 EXPORT_SHARE = 0.05
 

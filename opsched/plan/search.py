@@ -59,7 +59,7 @@ from opsched.upper.mip import (
     towers_start,
     upper_problem,
 )
-from opsched.upper.constraints import memory_floor
+from opsched.upper.constraints import floor_over
 from opsched.upper.stages import build_stage_graph
 
 log = logging.getLogger(__name__)
@@ -524,7 +524,7 @@ def _upper_for_layout(p: UpperProblem, time_limit: float,
     the contiguous starts' estimates were 1.2-4x the side-by-side ones). Ties keep the contiguous start.
     """
     began = time.monotonic()
-    if memory_floor(p) > p.memory_limit * (1 + 1e-9):
+    if floor_over(p, p.memory_limit):
         return None  # proven: no assignment fits (no start need be built to know it)
     starts = [(CONTIGUOUS_START, contiguous_start(p, solver=solver)), (TOWERS_START, towers_start(p, solver=solver))]
     scored = [(estimate(p, a), name, a) for name, a in starts if a is not None]

@@ -18,7 +18,7 @@ from opsched.cost.cluster import Cluster, Training, memory_hint
 from opsched.errors import MemoryTooSmall
 from opsched.solving.isolate import SolverCrash, run_isolated
 from opsched.units import bytes_text
-from opsched.upper.constraints import memory_floor
+from opsched.upper.constraints import floor_over, memory_floor
 from opsched.upper.layouts import layouts
 from opsched.upper.mip import CostTable, UpperProblem, minimum_memory, upper_problem
 from opsched.upper.reduce import reduce_block_graph
@@ -62,10 +62,10 @@ def smallest_memory(bg: nx.DiGraph, cluster: Cluster, training: Training, solver
     table = CostTable(small, cluster, training)  # the least memory is its own MIP: no memory limit is needed
     problems = {str(lay): upper_problem(small, lay, cluster, training, table=table) for lay in all_layouts}
     if limit is not None:
-        floors = {name: memory_floor(p) for name, p in problems.items()}
-        if all(f > limit * (1 + 1e-9) for f in floors.values()):
-            return min(floors.values())  # proven: nothing fits in ``limit``, no MIP solved
-        problems = {name: p for name, p in problems.items() if floors[name] <= limit * (1 + 1e-9)}
+        fitting = {name: p for name, p in problems.items() if not floor_over(p, limit)}
+        if not fitting:
+            return min(memory_floor(p) for p in problems.values())  # proven: nothing fits in ``limit``, no MIP solved
+        problems = fitting
     return _smallest_memory(problems, solver, deadline)[0]
 
 

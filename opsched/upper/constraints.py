@@ -69,6 +69,12 @@ def memory_floor(p: UpperProblem) -> float:
     return least / p.layout.groups
 
 
+def floor_over(p: UpperProblem, limit: float) -> bool:
+    """Whether :func:`memory_floor` proves that no assignment of ``p`` fits in ``limit`` bytes per device (a
+    relative tolerance of 1e-9 keeps a floor equal to the limit, up to rounding, as fitting)."""
+    return memory_floor(p) > limit * (1 + 1e-9)
+
+
 def cut_edge_transfers(model: mip.Model, p: UpperProblem, X):
     """Linearised transfers between slots a < c.
 
