@@ -491,7 +491,7 @@ def test_the_planner_offers_the_best_baseline_on_fewer_nodes_when_more_are_slowe
     from opsched.plan.contiguous import contiguous_baselines
     from opsched.model.graph import Block
     from opsched.plan.runtime_filter import RuntimeFilter
-    from opsched.plan.search import idle_devices
+    from opsched.plan.alternatives import idle_devices
 
     bg = nx.DiGraph(kind="BlockGraph")
     for i in range(4):

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from opsched.cost.cluster import Training, cluster_from_dict
 from opsched.model.graph import Block
-from opsched.plan.branches import block_order, chain_only, has_parallel_blocks
+from opsched.plan.branches import block_order, chain_only, has_parallel_blocks, heaviest_fork
+from opsched.plan.report import plan_shape_lines
 from opsched.plan.search import PlanOptions, plan_block_graph
 from opsched.schedule import validate
 from helpers import SLOW_LINK_CLUSTER
@@ -60,6 +61,18 @@ def test_chain_only_orders_the_towers_one_after_the_other():
     assert chain.edges[2, 3]["bytes"] == 0.0 and set(g.edges) < set(chain.edges)
 
 
+def test_heaviest_fork_weighs_towers_and_leaves_experts_out():
+    g = branchy_graph([[1e12, 1e12], [2e12], [0.5e12]])
+    total = 0.1e12 + 4.5e12 + 0.1e12
+    assert heaviest_fork(g) == pytest.approx((2e12 / total, 2e12 / total))
+    assert heaviest_fork(chain_only(g)) is None  # one chain: no fork
+    experts = branchy_graph([[1e12], [1e12]])
+    for b in (1, 2):
+        name = f"mlp.experts.{b - 1}"
+        experts.nodes[b]["block"] = Block(b, name, (name,), (name,), flops=1e12)
+    assert heaviest_fork(experts) is None  # an MoE layer's experts are not branches
+
+
 @pytest.mark.slow
 def test_off_gives_a_chain_of_stages_and_on_may_run_towers_side_by_side():
     g = branchy_graph([[2e12, 2e12], [2e12, 2e12]])
@@ -87,6 +100,12 @@ def never_slower(towers: list[list[float]], microbatches: int, devices: int) -> 
     validate(off.schedule)
     assert is_chain(off.schedule.stage_graph)
     assert on.step_time <= off.step_time * (1 + 1e-9), (on.source, on.layout, off.source, off.layout)
+    # the summary says why a plan is a chain: told so, or the plans with branches apart were slower (named)
+    assert off.branch_search == "off" and "(--branches off)" in dict(plan_shape_lines(off))["branches"]
+    assert on.branch_search == "searched" and on.fork_shares is not None and sum(on.fork_shares) <= 1 + 1e-9
+    if on.side_by_side is not None:
+        assert on.side_by_side.step_time >= on.step_time * (1 - 1e-9)
+        assert on.side_by_side.layout in dict(plan_shape_lines(on))["branches"]
 
 
 @settings(max_examples=5, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])

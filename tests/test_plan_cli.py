@@ -570,14 +570,14 @@ def test_a_plan_that_leaves_devices_idle_says_why():
     from types import SimpleNamespace
 
     from opsched.plan.policy import plan_warnings
-    from opsched.plan.plan_records import EveryDevicePlan
+    from opsched.plan.plan_records import OtherPlan
 
     cluster = SimpleNamespace(devices=16)
     busy = SimpleNamespace(idle_devices=(), on_every_device=None, step_time=1.0, contents={},
                            fewer_nodes_unsearched=None)
     assert plan_warnings(busy, cluster) == []
     faster = SimpleNamespace(idle_devices=(8, 9, 10, 11, 14), step_time=1.0, contents={},
-                             on_every_device=EveryDevicePlan("upper", "4x4", 1.25), fewer_nodes_unsearched=None)
+                             on_every_device=OtherPlan("upper", "4x4", 1.25), fewer_nodes_unsearched=None)
     (sentence,) = plan_warnings(faster, cluster)
     assert sentence.startswith("devices 8-11, 14 (5 of 16) hold no stage of this plan: it is faster that way")
     assert "upper on 4x4" in sentence and "1.25 s per step, 25 % longer" in sentence

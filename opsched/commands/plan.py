@@ -55,7 +55,10 @@ peak_memory_bytes (per device), lower_bound (s) and gap of the lower MIP
 (null for a baseline), best_baseline (method, layout, step_time, speedup;
 null when none fits), refused_baselines (method -> reason), branches (those
 that run side by side: stages, devices), width and pairs (count, overlapped,
-saving_seconds: the overlapped F&B pairs' total saving),
+saving_seconds: the overlapped F&B pairs' total saving), branch_search (off,
+no towers, or searched) and fastest_side_by_side (source, layout, step_time
+of the fastest plan with branches apart, when the chosen one is a chain),
+heaviest_fork_shares (the work in its two heaviest branches, or null),
 on_half_the_nodes (the plan found on half the nodes: devices, source,
 layout, step_time, chosen; null on one node), as_a_chain_step_time (that
 of the plan found with the stage graph a chain, as --branches off, when

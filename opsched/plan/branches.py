@@ -25,6 +25,7 @@ import networkx as nx
 
 from opsched.cost.blocks import expert_count
 from opsched.model.graph import Block  # noqa: F401 (the doctests build blocks)
+from opsched.upper.towers import regions  # the upper level's rule of what a branch is, not a copy of it
 
 
 def block_order(bg: nx.DiGraph) -> list[int]:
@@ -60,6 +61,30 @@ def has_parallel_towers(bg: nx.DiGraph) -> bool:
     order = block_order(bg)
     plain = {b: expert_count(bg.nodes[b]["block"]) == 0 for b in order}
     return any(plain[u] and plain[v] and not bg.has_edge(u, v) for u, v in zip(order, order[1:]))
+
+
+def heaviest_fork(bg: nx.DiGraph) -> tuple[float, float] | None:
+    """The shares of the model's FLOPs in the two heaviest branches of its fork with the most work, or None
+    without one: a fork is a region between blocks every other block reaches or is reached from, with two
+    branches or more and no expert in it (:func:`opsched.upper.towers.regions`). Two branches of equal work can
+    run side by side on groups of equal size; a branch of 1 % beside one of 0 % (LLaVA's vision tower beside its
+    text embedding) leaves the groups of the lighter one idle.
+
+    >>> g = nx.DiGraph([(0, 1), (0, 2), (1, 3), (2, 3)])
+    >>> for i, flops in enumerate([0.0, 3.0, 1.0, 0.0]):
+    ...     g.nodes[i]["block"] = Block(i, f"b{i}", (), (), flops=flops)
+    >>> heaviest_fork(g)
+    (0.75, 0.25)
+    """
+    flops = {b: bg.nodes[b]["block"].flops for b in bg}
+    total = sum(flops.values())
+    forks = [r for r in regions(block_order(bg), list(bg.edges))
+             if len(r) >= 2 and not any(expert_count(bg.nodes[b]["block"]) for t in r for b in t)]
+    if not forks or total <= 0:
+        return None
+    fork = max(forks, key=lambda r: sum(flops[b] for t in r for b in t))
+    work = sorted((sum(flops[b] for b in t) / total for t in fork), reverse=True)
+    return work[0], work[1]
 
 
 def chain_only(bg: nx.DiGraph) -> nx.DiGraph:

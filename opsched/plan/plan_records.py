@@ -4,7 +4,7 @@ A :class:`Candidate` is one row of plan.json's ``candidates``; a :class:`LowerJo
 schedules, with its :class:`LowerOutcome`; a :class:`Baseline` one row of plan.json's ``baselines``; an
 :class:`Option` a plan the search may return (a scheduled candidate, a baseline, the plan on half the nodes or as a
 chain); a :class:`PlanResult` the chosen plan with everything that was tried, and :class:`FewerNodesPlan` /
-:class:`EveryDevicePlan` the alternatives it reports. A baseline and an option are both a :class:`ScheduledPlan`:
+:class:`OtherPlan` the alternatives it reports. A baseline and an option are both a :class:`ScheduledPlan`:
 a schedule with what plan.json and a runtime's check need to write it. docs/architecture.md has the table.
 """
 
@@ -114,8 +114,10 @@ class FewerNodesPlan:
 
 
 @dataclass(frozen=True)
-class EveryDevicePlan:
-    """A plan the search found that gives every device work (reported when the chosen one leaves some idle)."""
+class OtherPlan:
+    """A plan the search found besides the chosen one, which the report names: the fastest that gives every device
+    work (when the chosen one leaves some idle), or the fastest whose branches run side by side (when the chosen
+    one is a chain)."""
 
     source: str
     layout: str
@@ -185,7 +187,7 @@ class PlanResult(Option):
     #: devices of the cluster that hold no stage of the chosen plan
     idle_devices: tuple[int, ...] = ()
     #: when some are idle: the fastest plan found that gives every device work, if any
-    on_every_device: EveryDevicePlan | None = None
+    on_every_device: OtherPlan | None = None
     #: on two nodes or more: the plan found on the first half of the nodes, the others idle (None: one node, or
     #: nothing fits there)
     on_half_the_nodes: FewerNodesPlan | None = None
@@ -195,6 +197,14 @@ class PlanResult(Option):
     #: step time of the plan found with the stage graph a chain (``branches=False``), when the model has parallel
     #: branches and it was searched (None: no branches, searched with ``branches=False``, or no time was left)
     chain_step_time: float | None = None
+    #: why the chosen plan's stages may form one chain: "off" (``--branches off``), "no towers" (the model has no
+    #: parallel branches outside its experts), "searched" (it has some, and the search planned them side by side)
+    branch_search: str = "no towers"
+    #: when the chosen plan is a chain and the search planned branches side by side: the fastest such plan found
+    side_by_side: OtherPlan | None = None
+    #: with ``branch_search`` "searched": the shares of the model's FLOPs in the two heaviest branches of its fork
+    #: with the most work (:func:`opsched.plan.branches.heaviest_fork`)
+    fork_shares: tuple[float, float] | None = None
 
     def as_option(self, **changes) -> Option:
         """This plan as an option of another search (the plan on half the nodes, as a chain): its schedule and

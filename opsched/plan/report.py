@@ -14,7 +14,7 @@ from opsched.schedule import Job, Pair, metrics, pair_duration
 from opsched.units import bytes_text, column_size_unit, column_time_unit, plain, plural, seconds_text
 from opsched.upper.layouts import describe_layout, layout_devices
 from opsched.plan.search import GLOSSARY
-from opsched.schedule.shape import pair_savings, shape_fields, shape_lines
+from opsched.schedule.shape import pair_savings, schedule_shape, shape_fields, shape_lines
 from opsched.upper.layouts import NOTATION
 
 #: how report.md says what each --zero level shards over data-parallel replicas
@@ -90,7 +90,7 @@ def report_text(model: str, cluster, training, limit: float, result, warnings: l
                                                 if training.attention == "unfused" else " (one kernel)"),
         f"- chosen: {result.source} on layout {result.layout} ({describe_layout(result.layout)}), "
         f"{plural(stages, 'pipeline stage')}{stages_on(result)}",
-        *(f"- {name}: {line}" for name, line in shape_lines(result.schedule)),
+        *(f"- {name}: {line}" for name, line in plan_shape_lines(result)),
         *([f"- context parallelism: {', '.join(context_modes(result))}: {context_words(training)}"] if context_modes(result)
           else []),
         f"- step time {seconds_text(result.step_time)} (makespan {seconds_text(m.makespan)} + gradient sync "
@@ -298,6 +298,38 @@ def stages_on(result) -> str:
     return f", on {used} of its {spans} devices" if spans is not None and used < spans else ""
 
 
+def plan_shape_lines(result) -> list[tuple[str, str]]:
+    """:func:`~opsched.schedule.shape.shape_lines` of the chosen schedule, the branches line saying, for a plan
+    whose stages form one chain, why: the search was told so, the model has no branches to run apart, or the
+    fastest plan found with its branches side by side was slower (named, with its step time)."""
+    lines = shape_lines(result.schedule)
+    if schedule_shape(result.schedule).branches:
+        return lines
+    return [(name, line + branch_reason(result) if name == "branches" else line) for name, line in lines]
+
+
+def branch_reason(result) -> str:
+    """Why the chosen plan runs no branches side by side, in parentheses (see :func:`plan_shape_lines`).
+
+    >>> from types import SimpleNamespace as NS
+    >>> from opsched.plan.plan_records import OtherPlan
+    >>> branch_reason(NS(branch_search="searched", step_time=0.1, side_by_side=OtherPlan("upper", "4x4 v v=2", 0.11)))
+    ' (the fastest plan with branches side by side, upper on 4x4 v v=2, takes 110 ms: 1.100x this one)'
+    """
+    search = getattr(result, "branch_search", "no towers")
+    if search == "off":
+        return " (--branches off)"
+    if search == "no towers":
+        return " (the model has no parallel branches outside its experts)"
+    other, fork = result.side_by_side, getattr(result, "fork_shares", None)
+    weights = "" if fork is None else (f"; its heaviest fork has {fork[0]:.1%} of the model's work in one branch and "
+                                       f"{fork[1]:.1%} in the next")
+    if other is None:
+        return f" (no plan found runs the model's branches side by side{weights})"
+    return (f" (the fastest plan with branches side by side, {other.source} on {other.layout}, takes "
+            f"{seconds_text(other.step_time)}: {other.step_time / result.step_time:.3f}x this one{weights})")
+
+
 def summary_text(model: str, cluster, training, result, samples: int, out: Path, names: list[str],
                  warnings: list[str] | None = None, runtimes: dict[str, str | None] | None = None) -> str:
     """The one-screen summary printed at the end; its step time is the one the Gantt titles show."""
@@ -309,7 +341,7 @@ def summary_text(model: str, cluster, training, result, samples: int, out: Path,
         f"  step time   {seconds_text(result.step_time)} (makespan {seconds_text(m.makespan)} + gradient sync "
         f"{seconds_text(result.grad_sync)})   throughput {plain(samples / result.step_time)} samples/s",
         f"  bubbles     {m.bubble_ratio:.3f}   peak memory {bytes_text(max(m.peak_memory_bytes, default=0.0))} per device",
-        *(f"  {name:<11} {line}" for name, line in shape_lines(result.schedule)),
+        *(f"  {name:<11} {line}" for name, line in plan_shape_lines(result)),
     ]
     gap = result.metrics.get("gap")
     if gap is not None:
@@ -365,6 +397,9 @@ def summary_dict(model: str, cluster, training, result, out: Path, names: list[s
         },
         "refused_baselines": dict(result.refused_baselines),
         **shape_fields(result.schedule),
+        "branch_search": result.branch_search,
+        "fastest_side_by_side": None if result.side_by_side is None else dataclasses.asdict(result.side_by_side),
+        "heaviest_fork_shares": None if result.fork_shares is None else list(result.fork_shares),
         "on_half_the_nodes": None if result.on_half_the_nodes is None else dataclasses.asdict(result.on_half_the_nodes),
         "warnings": list(warnings or []),
         **runtimes_fields(runtimes or {}),

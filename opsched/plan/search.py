@@ -36,9 +36,10 @@ import networkx as nx
 
 from opsched.baselines import baseline_orders
 from opsched.cost.cluster import Cluster, Training, with_devices
-from opsched.plan.branches import chain_only, has_parallel_blocks, has_parallel_towers
-from opsched.plan.plan_records import (Baseline, Candidate, EveryDevicePlan, FewerNodesPlan, LowerJob, LowerOutcome,
-                                       NO_FIT, Option, PlanResult, _half_option)
+from opsched.plan.branches import chain_only, has_parallel_blocks, has_parallel_towers, heaviest_fork
+from opsched.plan.alternatives import idle_and_every_device_plan, side_by_side_plan
+from opsched.plan.plan_records import (NO_FIT, Baseline, Candidate, FewerNodesPlan, LowerJob, LowerOutcome, Option,
+                                       PlanResult, _half_option)
 from opsched.plan.runtime_filter import RuntimeFilter, _baseline_option, _job_blocks, _job_name
 from opsched.plan.smallest_memory import _nothing_fits, _reduced, _too_small
 from opsched.errors import MemoryTooSmall, NoRunnablePlan
@@ -178,8 +179,10 @@ def plan_block_graph(bg: nx.DiGraph, cluster: Cluster, training: Training,
         raise _too_small("no candidate could be scheduled within", smallest, limit, cluster)
     seconds = {"upper": t_upper - t_start, "baselines": t_base - t_upper, "lower": t_lower - t_base,
                "half the nodes": t_half - t_lower, "as a chain": time.perf_counter() - t_half}
+    branch_search = "off" if not o.branches else "searched" if has_parallel_towers(bg) else "no towers"
     return _plan_result(found, cluster, training, runnable, candidates + skipped + unscheduled, baselines, refused,
-                        blocks=small.number_of_nodes(), seconds=seconds, half=half, unsearched=unsearched, chain=chain)
+                        blocks=small.number_of_nodes(), seconds=seconds, half=half, unsearched=unsearched, chain=chain,
+                        branch_search=branch_search, fork=heaviest_fork(bg) if branch_search == "searched" else None)
 
 
 def _for_runtime(runtime: str | None, training: Training) -> tuple[Runtime | None, Training]:
@@ -194,14 +197,15 @@ def _for_runtime(runtime: str | None, training: Training) -> tuple[Runtime | Non
 def _plan_result(options: list[Option], cluster: Cluster, training: Training, runnable: RuntimeFilter,
                  candidates: list[Candidate], baselines: list[Baseline], refused: dict[str, str], *, blocks: int,
                  seconds: dict[str, float], half: PlanResult | None, unsearched: int | None,
-                 chain: PlanResult | None) -> PlanResult:
+                 chain: PlanResult | None, branch_search: str,
+                 fork: tuple[float, float] | None) -> PlanResult:
     """The fastest of ``options``, validated, as :func:`plan_block_graph` returns it: with every candidate tried
     (``candidates``: those not scheduled, after the runtime's jobs), the idle devices and the alternatives the
     report names (the plan on every device, on half the nodes, as a chain). Kept apart so the search reads as
     its steps."""
     best = min(options, key=lambda o: o.step_time)
     validate(best.schedule)
-    idle, every = _idle_and_every_device_plan(best, options, cluster.devices)
+    idle, every = idle_and_every_device_plan(best, options, cluster.devices)
     return PlanResult(
         schedule=best.schedule,
         metrics=best.metrics,
@@ -223,6 +227,9 @@ def _plan_result(options: list[Option], cluster: Cluster, training: Training, ru
         on_half_the_nodes=None if half is None else FewerNodesPlan.of(half, chosen=best.schedule is half.schedule),
         fewer_nodes_unsearched=unsearched,
         chain_step_time=None if chain is None else chain.step_time,
+        branch_search=branch_search,
+        side_by_side=side_by_side_plan(best, options) if branch_search == "searched" else None,
+        fork_shares=fork,
     )
 
 
@@ -329,27 +336,6 @@ def _log_layouts(all_layouts: list, bg: nx.DiGraph, small: nx.DiGraph, clock: Cl
     log.info("upper: %s to try (%s; `opsched plan --help` explains the notation); %s for the placement MIP; %s",
              plural(len(all_layouts), "layout"), ", ".join(map(str, all_layouts)), merged, clock.left_text())
 
-
-def _idle_and_every_device_plan(best: Option, options: list[Option],
-                                devices: int) -> tuple[tuple[int, ...], EveryDevicePlan | None]:
-    """The chosen plan's idle devices and, when there are some, the fastest option that keeps every device busy."""
-    idle = idle_devices(best.schedule.stage_graph, devices)
-    if not idle:
-        return idle, None
-    busy = [o for o in options if not idle_devices(o.schedule.stage_graph, devices)]
-    every = min(busy, key=lambda o: o.step_time, default=None)
-    return idle, None if every is None else EveryDevicePlan(every.source, every.layout, every.step_time)
-
-
-def idle_devices(sg: StageGraph, devices: int) -> tuple[int, ...]:
-    """The devices among ``0 .. devices-1`` that hold no stage of ``sg`` (they would do no work).
-
-    >>> from opsched.schedule import chain_stage_graph
-    >>> idle_devices(chain_stage_graph(2), 4)
-    (2, 3)
-    """
-    held = {d for stage in sg.stages for d in stage.devices}
-    return tuple(d for d in range(devices) if d not in held)
 
 #: the part of the time left the search as a chain keeps when the model has parallel towers (plus whatever the
 #: search with branches leaves; docs/formulation.md, "What `--time-limit` does")
