@@ -200,6 +200,39 @@ def balanced_layout(layers: int, mtp_layers: int, chunks: int) -> tuple[str, ...
     return tuple(out)
 
 
+def work_balanced_layout(units: str, work: list[float], chunks: int) -> tuple[str, ...] | None:
+    """``units`` (a layout string's letters in model order, ``E`` first and ``L`` last, one a unit, ``work[i]``
+    the work of unit ``i``) cut into ``chunks`` runs of at least one unit each, the cut after run ``c`` at the
+    unit boundary nearest to ``(c + 1) / chunks`` of the total work: the split for a model whose layers differ
+    in work (a vision encoder's layers beside a language model's, split as one run of layers), where
+    :func:`balanced_layout`'s equal counts leave the chunks of light layers idle. Rounding each cut to the nearest
+    boundary, not packing runs up to a bound, spreads the runs a unit heavier than the rest along the pipeline
+    (an interleaved rank holds every pp-th chunk). None when there are fewer units than chunks.
+
+    >>> work_balanced_layout("E" + "t" * 6 + "L", [0.0, 1, 1, 1, 1, 3, 3, 0.5], 3)
+    ('Ettt', 'tt', 'tL')
+    >>> work_balanced_layout("E" + "t" * 8 + "L", [0.0] + [0.1] * 4 + [1.0] * 4 + [0.0], 4)  # light layers first
+    ('Ettttt', 't', 't', 'tL')
+    >>> work_balanced_layout("EtL", [1.0, 1.0, 1.0], 4) is None
+    True
+    """
+    n = len(units)
+    if n < chunks or len(work) != n:
+        return None
+    total = sum(work)
+    prefix = [0.0]
+    for w in work:
+        prefix.append(prefix[-1] + w)
+    cuts, k = [0], 0
+    for c in range(1, chunks):
+        target = c * total / chunks
+        lowest, highest = cuts[-1] + 1, n - (chunks - c)  # a unit for this run and for each run after it
+        k = min(range(lowest, highest + 1), key=lambda j: (abs(prefix[j] - target), j))
+        cuts.append(k)
+    cuts.append(n)
+    return tuple(units[a:b] for a, b in zip(cuts, cuts[1:]))
+
+
 def split_fixes(layers: int, mtp_layers: int, pp: int, vpp: int, ends_as_layers: bool = False) -> str:
     """What would split ``layers`` (and ``mtp_layers``) into ``pp x vpp`` chunks Megatron takes, as one clause.
 

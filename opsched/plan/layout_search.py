@@ -20,7 +20,7 @@ import networkx as nx
 from opsched.cost.cluster import RECOMPUTE_MODES, Cluster, Training, with_devices
 from opsched.errors import OpschedError
 from opsched.cost.parallel_layout import ParallelLayout
-from opsched.cost.pipeline_split import balanced_layout, compact_pipeline_layout
+from opsched.cost.pipeline_split import balanced_layout, compact_pipeline_layout, work_balanced_layout
 from opsched.schedule import StageGraph
 from opsched.units import plain
 from opsched.plan.layouts import Evaluation, ModelIndex, evaluate_layout, layout_floor, model_index
@@ -158,6 +158,53 @@ def uneven_splits(layers: int, mtp_layers: int, devices: int) -> list[tuple[int,
             chunks = balanced_layout(layers, mtp_layers, pp * vpp)
             if chunks and all(chunks):
                 out.append((pp, vpp, compact_pipeline_layout(chunks)))
+    return out
+
+
+#: layers whose work differs by more than this ratio (a vision encoder's layers beside a language model's) get
+#: pipeline splits balanced by work besides those of equal layer counts (:func:`work_balanced_variants`)
+UNEQUAL_LAYERS = 1.5
+
+
+def unit_work(bg: nx.DiGraph, index: ModelIndex) -> tuple[str, list[float]]:
+    """(a layout string's units in model order, E then every decoder layer t, MTP layer m and L; each unit's
+    forward FLOPs): the blocks outside every layer before the first layer are the embedding's, after the last
+    the loss's (the head), and between two layers the earlier one's, as :func:`opsched.plan.layouts.layer_chunks`
+    places them."""
+    names = ["E", *index.layers, *index.mtp_layers, "L"]
+    position = {name: i for i, name in enumerate(names)}
+    work, at = [0.0] * len(names), 0
+    last = max((i for i, b in enumerate(index.order) if index.layer_of[b] is not None), default=-1)
+    for i, b in enumerate(index.order):
+        layer = index.layer_of[b]
+        at = position[layer] if layer is not None else (len(names) - 1 if i > last else at)
+        work[at] += bg.nodes[b]["block"].flops
+    letters = "E" + "t" * len(index.layers) + "m" * len(index.mtp_layers) + "L"
+    return letters, work
+
+
+def work_balanced_variants(layouts: list[ParallelLayout], bg: nx.DiGraph, index: ModelIndex) -> list[ParallelLayout]:
+    """For a model whose layers differ in work by more than :data:`UNEQUAL_LAYERS` (Optimus's ViT-22B + GPT-175B:
+    an encoder layer is about 3 % of a language-model layer), each layout of ``layouts`` with two chunks or more
+    split by :func:`~opsched.cost.pipeline_split.work_balanced_layout` instead, as a ``pipeline_layout`` string,
+    where that differs from its own split (equal layer counts put the encoder's light layers in chunks of their
+    own, which then idle); none for a model of equal layers."""
+    letters, work = unit_work(bg, index)
+    layer_work = work[1:-1]
+    if not layer_work or max(layer_work) <= UNEQUAL_LAYERS * max(min(layer_work), 1e-30):
+        return []
+    out, seen = [], {str(lay) for lay in layouts}
+    for lay in layouts:
+        chunks = lay.pp * lay.vpp
+        balanced = work_balanced_layout(letters, work, chunks) if chunks > 1 else None
+        if balanced is None:
+            continue
+        text = compact_pipeline_layout(balanced)
+        own = lay.chunk_units(len(index.layers), len(index.mtp_layers))
+        variant = dataclasses.replace(lay, pipeline_layout=text, ends_as_layers=False, first_layers=0, last_layers=0)
+        if tuple(balanced) != tuple(own) and str(variant) not in seen:
+            seen.add(str(variant))
+            out.append(variant)
     return out
 
 
@@ -349,6 +396,8 @@ def search_layouts(bg: nx.DiGraph, cluster: Cluster, training: Training, search:
                                    uneven=n == cluster.devices,  # bounded: the halvings keep the even splits
                                    heads=index.heads)
             for schedule in layout_schedules(lay, index.experts)]
+    grid += [(lay, schedule) for lay in work_balanced_variants(list(dict.fromkeys(lay for lay, _ in grid)), bg, index)
+             for schedule in layout_schedules(lay, index.experts)]
     o = dataclasses.replace(o, recompute=recompute_ladder(o.recompute, index.experts))
     # best first: (floor, grid position, recompute position) in a heap; a layout's next recomputation setting
     # joins it only when the one before does not fit, with its own (higher) floor
