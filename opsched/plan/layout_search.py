@@ -23,7 +23,7 @@ from opsched.cost.parallel_layout import ParallelLayout
 from opsched.cost.pipeline_split import balanced_layout, compact_pipeline_layout, work_balanced_layout
 from opsched.schedule import StageGraph
 from opsched.units import plain
-from opsched.plan.layouts import Evaluation, ModelIndex, evaluate_layout, layout_floor, model_index
+from opsched.plan.layouts import Evaluation, ModelIndex, block_units, evaluate_layout, layout_floor, model_index
 
 log = logging.getLogger(__name__)
 
@@ -167,19 +167,12 @@ UNEQUAL_LAYERS = 1.5
 
 
 def unit_work(bg: nx.DiGraph, index: ModelIndex) -> tuple[str, list[float]]:
-    """(a layout string's units in model order, E then every decoder layer t, MTP layer m and L; each unit's
-    forward FLOPs): the blocks outside every layer before the first layer are the embedding's, after the last
-    the loss's (the head), and between two layers the earlier one's, as :func:`opsched.plan.layouts.layer_chunks`
-    places them."""
-    names = ["E", *index.layers, *index.mtp_layers, "L"]
-    position = {name: i for i, name in enumerate(names)}
-    work, at = [0.0] * len(names), 0
-    last = max((i for i, b in enumerate(index.order) if index.layer_of[b] is not None), default=-1)
-    for i, b in enumerate(index.order):
-        layer = index.layer_of[b]
-        at = position[layer] if layer is not None else (len(names) - 1 if i > last else at)
-        work[at] += bg.nodes[b]["block"].flops
+    """(a layout string's units in model order: E, every decoder layer t, MTP layer m, then L; each unit's forward
+    FLOPs, every block counted with the unit :func:`opsched.plan.layouts.block_units` gives it)."""
     letters = "E" + "t" * len(index.layers) + "m" * len(index.mtp_layers) + "L"
+    work = [0.0] * len(letters)
+    for b, unit in block_units(bg, index).items():
+        work[unit] += bg.nodes[b]["block"].flops
     return letters, work
 
 
@@ -190,7 +183,7 @@ def work_balanced_variants(layouts: list[ParallelLayout], bg: nx.DiGraph, index:
     where that differs from its own split (equal layer counts put the encoder's light layers in chunks of their
     own, which then idle); none for a model of equal layers."""
     letters, work = unit_work(bg, index)
-    layer_work = work[1:-1]
+    layer_work = work[1:1 + len(index.layers)]  # decoder layers: an MTP layer or a head may be heavier alone
     if not layer_work or max(layer_work) <= UNEQUAL_LAYERS * max(min(layer_work), 1e-30):
         return []
     out, seen = [], {str(lay) for lay in layouts}

@@ -217,7 +217,7 @@ def layer_chunks(bg: nx.DiGraph, chunks: int, index: ModelIndex | None = None,
     (:func:`split_layers`; Megatron-Core's multimodal layout, the encoder in the first pipeline stage).
     """
     index = index or model_index(bg)
-    layers, encoders = split_layers(index, encoders_first)
+    layers, _ = split_layers(index, encoders_first)
     if not layers:
         raise OpschedError(f"the model has no numbered layers to split into {chunks} chunks")
     if units is None:
@@ -225,33 +225,45 @@ def layer_chunks(bg: nx.DiGraph, chunks: int, index: ModelIndex | None = None,
                                                                                     len(index.mtp_layers))
     if len(units) != chunks:
         raise OpschedError(f"{len(units)} chunks of units for {chunks} chunks")
-    def owners(letter: str) -> list[int]:  # chunk of each unit of the letter, in model order
-        return [c for c, chunk in enumerate(units) for u in chunk if u == letter]
-    chunk_of_layer = dict(zip(layers, owners("t")))
-    chunk_of_layer.update(zip(index.mtp_layers, owners("m")))
-    embedding, loss = owners("E")[0], owners("L")[0]
-    chunk_of_layer.update((name, embedding) for name in encoders)
-    mtp_chunk = owners("m")[0] if index.mtp_layers else loss
+    owner = [c for c, chunk in enumerate(units) for _ in chunk]  # chunk of each unit, E first and L last
     out: list[list[int]] = [[] for _ in range(chunks)]
-    chunk_of: dict[int, int] = {}
+    for b, unit in block_units(bg, index, encoders_first).items():
+        out[owner[unit]].append(b)
+    return out
+
+
+def block_units(bg: nx.DiGraph, index: ModelIndex, encoders_first: bool = False) -> dict[int, int]:
+    """Each block's unit of a layout string, in topological order: its position in ``E``, the split layers
+    (``t``), the MTP layers (``m``), ``L`` (the one home of where a block outside every layer goes, for
+    :func:`layer_chunks` and the layout search's work per unit). Blocks outside every numbered layer go with
+    the embedding (``E``) when they come before the first split layer, with the first MTP layer when they lie in
+    the MTP module, with the loss (``L``) after the last split layer, and between layers with the latest unit
+    that feeds them (an encoder's final norm and projection join the layers they follow, so every chunk only
+    feeds later ones, as the model's data flows). With ``encoders_first`` the encoders' layers are the
+    embedding's (:func:`split_layers`)."""
+    layers, encoders = split_layers(index, encoders_first)
+    position = {name: 1 + i for i, name in enumerate(layers)}
+    position.update((name, 1 + len(layers) + i) for i, name in enumerate(index.mtp_layers))
+    position.update((name, 0) for name in encoders)
+    loss = 1 + len(layers) + len(index.mtp_layers)
+    mtp_unit = 1 + len(layers) if index.mtp_layers else loss
+    split = set(layers)
     # the last block of the stack that is split (the language model's last layer): what follows it is the head's
-    last = max((i for i, b in enumerate(index.order) if index.layer_of[b] in set(layers)), default=-1)
+    last = max((i for i, b in enumerate(index.order) if index.layer_of[b] in split), default=-1)
+    unit_of: dict[int, int] = {}
     started = False
     for i, b in enumerate(index.order):
         path = index.layer_of[b]
         if path is not None:
             started = started or path not in encoders
-            chunk_of[b] = chunk_of_layer[path]
+            unit_of[b] = position[path]
         elif is_mtp_path(layer_path(bg.nodes[b]["block"].name)):
-            chunk_of[b] = mtp_chunk
+            unit_of[b] = mtp_unit
         elif not started or i > last:
-            chunk_of[b] = loss if started else embedding
+            unit_of[b] = loss if started else 0
         else:
-            # between stacks of layers (an encoder's final norm and projection, before the language model's
-            # layers): with the layers it follows, so every chunk only feeds later ones, as the model's data flows
-            chunk_of[b] = max((chunk_of[a] for a in bg.predecessors(b) if a in chunk_of), default=embedding)
-        out[chunk_of[b]].append(b)
-    return out
+            unit_of[b] = max((unit_of[a] for a in bg.predecessors(b) if a in unit_of), default=0)
+    return unit_of
 
 
 def split_layers(index: ModelIndex, encoders_first: bool) -> tuple[list[str], list[str]]:
