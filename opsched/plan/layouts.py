@@ -270,6 +270,10 @@ def split_layers(index: ModelIndex, encoders_first: bool) -> tuple[list[str], li
     for name in index.layers:
         stacks.setdefault(name.rsplit(".", 1)[0], []).append(name)
     main = stacks[index.layers[-1].rsplit(".", 1)[0]]
+    if len(stacks) == 1:  # nothing to put first: said, not ignored (the layout line would claim "encoders-first")
+        raise OpschedError(f"encoders_first=1 puts every stack of layers but the last whole into the first pipeline "
+                           f"chunk, but the model has one stack ({next(iter(stacks))}: {len(main)} layers); "
+                           "leave encoders_first out")
     return main, [name for name in index.layers if name not in set(main)]
 
 
