@@ -64,6 +64,9 @@ def test_layouts_that_do_not_match_the_devices_are_refused(text, devices, messag
 def test_layouts_the_model_cannot_take_are_refused(llama, mixtral):
     with pytest.raises(OpschedError, match="no experts"):
         run(llama, 8, "ep=2")
+    # the expert layers' keys on a dense model: refused like ep, not ignored while the layout line shows them
+    with pytest.raises(OpschedError, match="etp=1, max_nodes=2 but the model has no experts; leave etp and max_nodes"):
+        run(llama, 8, "tp=2,etp=1,max_nodes=2")
     with pytest.raises(OpschedError, match="does not divide the 8 experts"):
         run(mixtral, 48, "pp=4,ep=3,dp=12", global_batch=48)
     with pytest.raises(OpschedError, match="does not divide the 32 layers"):
