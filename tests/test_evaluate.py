@@ -61,6 +61,13 @@ def test_layouts_that_do_not_match_the_devices_are_refused(text, devices, messag
         ParallelLayout.parse(text).resolved(devices)
 
 
+def test_context_parallel_needs_a_sequence_of_two_cp_equal_chunks(llama):
+    """seq 777 over cp=2: Megatron and torchtitan cut a sequence into 2 x cp chunks; before, evaluate costed it."""
+    with pytest.raises(OpschedError, match="777 tokens does not split into 2 x cp = 4 equal chunks"):
+        evaluate_layout(llama, preset("h100-sxm", 8), Training(), ParallelLayout.parse("tp=1,pp=2,cp=2"),
+                        global_batch=64, micro_batch_size=1, tokens_per_sequence=777)
+
+
 def test_layouts_the_model_cannot_take_are_refused(llama, mixtral):
     with pytest.raises(OpschedError, match="no experts"):
         run(llama, 8, "ep=2")

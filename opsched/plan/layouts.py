@@ -307,6 +307,10 @@ def evaluate_layout(
     layout = layout.resolved(cluster.devices)
     layout.check_model(len(split_layers(index, layout.encoders_first)[0]), index.experts, len(index.mtp_layers),
                        index.heads)
+    if layout.cp > 1 and tokens_per_sequence % (2 * layout.cp):  # as layout_search.context_degrees and the exports
+        raise OpschedError(f"cp={layout.cp}: a sequence of {tokens_per_sequence} tokens does not split into 2 x cp = "
+                           f"{2 * layout.cp} equal chunks (Megatron and torchtitan split it so to balance causal "
+                           f"attention); use a --seq-len divisible by {2 * layout.cp}, or another cp")
     if global_batch % (layout.dp * micro_batch_size):
         raise OpschedError(f"global batch {global_batch} is not a multiple of dp x micro-batch size = "
                            f"{layout.dp} x {micro_batch_size}")
