@@ -61,6 +61,15 @@ def test_layouts_that_do_not_match_the_devices_are_refused(text, devices, messag
         ParallelLayout.parse(text).resolved(devices)
 
 
+@pytest.mark.parametrize("layout, schedule, fix", [("pp=2", "dualpipev", "set vpp=2 for dualpipev"),
+                                                    ("pp=2,vpp=2", "dualpipe", "set vpp=1 for dualpipe"),
+                                                    ("pp=2", "interleaved-1f1b", "set vpp=2 for interleaved-1f1b")])
+def test_a_schedule_that_regroups_the_chunks_says_the_vpp_it_runs(llama, layout, schedule, fix):
+    """Before, the refusal only named other schedules, not the vpp that runs the one asked for."""
+    with pytest.raises(OpschedError, match=fix):
+        run(llama, 8, layout, schedule=schedule)
+
+
 def test_context_parallel_needs_a_sequence_of_two_cp_equal_chunks(llama):
     """seq 777 over cp=2: Megatron and torchtitan cut a sequence into 2 x cp chunks; before, evaluate costed it."""
     with pytest.raises(OpschedError, match="777 tokens does not split into 2 x cp = 4 equal chunks"):

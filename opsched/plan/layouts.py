@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from opsched.baselines import baseline_order, placed_stage_graph, run_baseline
+from opsched.baselines import method as baseline_module
 from opsched.cost.cluster import Cluster, Training
 from opsched.cost.blocks import expert_count
 from opsched.errors import OpschedError, Unsupported
@@ -545,8 +546,11 @@ def _run_on_chunks(name: str, sg: StageGraph, microbatches: int, layout: Paralle
     except Unsupported as exc:
         raise OpschedError(f"schedule {name} cannot run this layout: {exc}") from None
     if len(sched.stage_graph.stages) != len(sg.stages) * copies_of_chunks(name):
-        raise OpschedError(f"schedule {name} regroups the {len(sg.stages)} chunks; pick a schedule for pp={layout.pp}, "
-                           f"vpp={layout.vpp} (1f1b for vpp=1, interleaved-1f1b for vpp>1)")
+        # the chunks a rank must hold for the schedule to run them as they are: how to get it, not only what else runs
+        per_rank = baseline_module(name).stages_per_device(layout.pp, layout.pp)
+        raise OpschedError(f"schedule {name} regroups the {len(sg.stages)} chunks: it runs {per_rank} per pipeline "
+                           f"rank, the layout {layout.vpp}; set vpp={per_rank} for {name}, or pick a schedule for "
+                           f"pp={layout.pp}, vpp={layout.vpp} (1f1b for vpp=1, interleaved-1f1b for vpp>1)")
     return sched
 
 
