@@ -70,6 +70,13 @@ def test_a_schedule_that_regroups_the_chunks_says_the_vpp_it_runs(llama, layout,
         run(llama, 8, layout, schedule=schedule)
 
 
+def test_the_json_layout_says_the_expert_tensor_parallel_size_costed(mixtral):
+    """etp left out is tp (Megatron's default): --json said "etp": 0, a size no layout has."""
+    layout = run(mixtral, 16, "tp=2,pp=1,ep=8").to_dict()["layout"]
+    assert (layout["tp"], layout["ep"], layout["etp"]) == (2, 8, 2)
+    assert run(mixtral, 16, "tp=2,pp=1,ep=8,etp=1").to_dict()["layout"]["etp"] == 1
+
+
 def test_context_parallel_needs_a_sequence_of_two_cp_equal_chunks(llama):
     """seq 777 over cp=2: Megatron and torchtitan cut a sequence into 2 x cp chunks; before, evaluate costed it."""
     with pytest.raises(OpschedError, match="777 tokens does not split into 2 x cp = 4 equal chunks"):

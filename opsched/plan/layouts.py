@@ -84,7 +84,8 @@ class Evaluation:
 
     def to_dict(self) -> dict:
         return {
-            "layout": dataclasses.asdict(self.layout),
+            # etp 0 means "as tp" (ParallelLayout): said as the degree costed, as dp is said resolved
+            "layout": {**dataclasses.asdict(self.layout), "etp": self.layout.etp or self.layout.tp},
             "schedule": self.schedule_name,
             "microbatches": self.microbatches,
             "global_batch": self.global_batch,
