@@ -159,6 +159,16 @@ def test_bf16_optimizer_state_lowers_memory_by_six_bytes_per_parameter_held(llam
     assert bf16.step_time < fp32.step_time
 
 
+def test_command_refuses_recompute_modules_the_model_has_none_of(capsys):
+    """mla_up_proj on Llama (no multi-latent attention): before, costed as nothing and the step printed as if
+    recomputed; Megatron-Core refuses it."""
+    assert main(["evaluate", str(MODELS / "llama_7b.onnx"), "--devices", "8", "--layout",
+                 "tp=2,pp=2,recompute_modules=layernorm+mla_up_proj", "--seq-len", "2048", "--global-batch", "32",
+                 "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "recompute_modules names mla_up_proj, but opsched finds no operators of it" in err, err
+
+
 def test_command_prints_json_and_refuses_bad_input_before_the_import(tmp_path, capsys):
     code = main(["evaluate", str(MODELS / "llama_7b.onnx"), "--devices", "8", "--layout", "tp=2,pp=2,zero=1",
                  "--seq-len", "2048", "--global-batch", "32", "--json", "-q"])
