@@ -111,6 +111,19 @@ def test_dag_plan_with_two_sinks_or_a_torch_csv_is_refused(tmp_path, capsys):
     assert "no torch CSV" in capsys.readouterr().err
 
 
+def test_export_of_towers_joined_late_says_the_plan_branches():
+    """Towers 0 -> 3, 1 -> 4 and 2 joined at 5 (a planned MMT): stage 0 forks nothing, yet no renumbering makes
+    the graph a chain, so the refusal names the join, not the numbering."""
+    from opsched.errors import OpschedError
+    from opsched.export.torch_csv import check_expressible
+
+    stages = [Stage(i, (i % 3,), {"F": 1.0, "I": 1.0, "W": 1.0}) for i in range(6)]
+    sg = StageGraph(stages, [Edge(a, b) for a, b in ((0, 3), (1, 4), (2, 5), (3, 5), (4, 5))], num_devices=3)
+    with pytest.raises(OpschedError, match=r"branches \(stages \[2, 3, 4\] feed stage 5\)") as exc:
+        check_expressible(sg, 2)
+    assert "number the stages" not in str(exc.value)
+
+
 # --------------------------------------------------------------------------- the user's path (slow)
 
 CLIP = dict(model_type="clip", projection_dim=16,

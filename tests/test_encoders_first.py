@@ -69,3 +69,12 @@ def test_encoders_first_is_parsed_counted_and_priced():
                             micro_batch_size=1, tokens_per_sequence=1024)
     assert first.step_time > plain.step_time
     assert model_index(g).layers[:3] == ["vit.layers.0", "vit.layers.1", "vit.layers.2"]
+
+
+def test_encoders_first_on_a_model_of_one_stack_is_refused():
+    """No encoder to put first: refused in one line, not ignored while the layout line says "encoders-first"."""
+    g = two_stack_graph(vit_layers=0)
+    cluster, training = preset("h100-sxm", 4), Training(microbatches=8)
+    with pytest.raises(OpschedError, match=r"one stack \(lm.layers: 4 layers\); leave encoders_first out"):
+        evaluate_layout(g, cluster, training, ParallelLayout.parse("pp=4,encoders_first=1").resolved(4),
+                        global_batch=8, micro_batch_size=1, tokens_per_sequence=1024)

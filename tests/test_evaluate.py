@@ -61,9 +61,35 @@ def test_layouts_that_do_not_match_the_devices_are_refused(text, devices, messag
         ParallelLayout.parse(text).resolved(devices)
 
 
+@pytest.mark.parametrize("layout, schedule, fix", [("pp=2", "dualpipev", "set vpp=2 for dualpipev"),
+                                                    ("pp=2,vpp=2", "dualpipe", "set vpp=1 for dualpipe"),
+                                                    ("pp=2", "interleaved-1f1b", "set vpp=2 for interleaved-1f1b")])
+def test_a_schedule_that_regroups_the_chunks_says_the_vpp_it_runs(llama, layout, schedule, fix):
+    """Before, the refusal only named other schedules, not the vpp that runs the one asked for."""
+    with pytest.raises(OpschedError, match=fix):
+        run(llama, 8, layout, schedule=schedule)
+
+
+def test_the_json_layout_says_the_expert_tensor_parallel_size_costed(mixtral):
+    """etp left out is tp (Megatron's default): --json said "etp": 0, a size no layout has."""
+    layout = run(mixtral, 16, "tp=2,pp=1,ep=8").to_dict()["layout"]
+    assert (layout["tp"], layout["ep"], layout["etp"]) == (2, 8, 2)
+    assert run(mixtral, 16, "tp=2,pp=1,ep=8,etp=1").to_dict()["layout"]["etp"] == 1
+
+
+def test_context_parallel_needs_a_sequence_of_two_cp_equal_chunks(llama):
+    """seq 777 over cp=2: Megatron and torchtitan cut a sequence into 2 x cp chunks; before, evaluate costed it."""
+    with pytest.raises(OpschedError, match="777 tokens does not split into 2 x cp = 4 equal chunks"):
+        evaluate_layout(llama, preset("h100-sxm", 8), Training(), ParallelLayout.parse("tp=1,pp=2,cp=2"),
+                        global_batch=64, micro_batch_size=1, tokens_per_sequence=777)
+
+
 def test_layouts_the_model_cannot_take_are_refused(llama, mixtral):
     with pytest.raises(OpschedError, match="no experts"):
         run(llama, 8, "ep=2")
+    # the expert layers' keys on a dense model: refused like ep, not ignored while the layout line shows them
+    with pytest.raises(OpschedError, match="etp=1, max_nodes=2 but the model has no experts; leave etp and max_nodes"):
+        run(llama, 8, "tp=2,etp=1,max_nodes=2")
     with pytest.raises(OpschedError, match="does not divide the 8 experts"):
         run(mixtral, 48, "pp=4,ep=3,dp=12", global_batch=48)
     with pytest.raises(OpschedError, match="does not divide the 32 layers"):
@@ -131,6 +157,16 @@ def test_bf16_optimizer_state_lowers_memory_by_six_bytes_per_parameter_held(llam
     # the Adam step moves 18 bytes per parameter updated, not 28; nothing else changes
     assert bf16.breakdown["optimizer_step"] == pytest.approx(fp32.breakdown["optimizer_step"] * 18 / 28)
     assert bf16.step_time < fp32.step_time
+
+
+def test_command_refuses_recompute_modules_the_model_has_none_of(capsys):
+    """mla_up_proj on Llama (no multi-latent attention): before, costed as nothing and the step printed as if
+    recomputed; Megatron-Core refuses it."""
+    assert main(["evaluate", str(MODELS / "llama_7b.onnx"), "--devices", "8", "--layout",
+                 "tp=2,pp=2,recompute_modules=layernorm+mla_up_proj", "--seq-len", "2048", "--global-batch", "32",
+                 "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "recompute_modules names mla_up_proj, but opsched finds no operators of it" in err, err
 
 
 def test_command_prints_json_and_refuses_bad_input_before_the_import(tmp_path, capsys):

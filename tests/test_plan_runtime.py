@@ -293,3 +293,26 @@ def test_llama_on_8_devices_plans_for_megatron_and_exports(tmp_path):
     code, _stdout, err = export(tmp_path, out / "plan.json", "--megatron", str(tmp_path / "m.sh"))
     assert code == 0, err
     megatron_config(megatron_argv(tmp_path / "m.sh"), **LLAMA)
+
+
+def test_a_megatron_style_baseline_with_experts_says_ep_to_its_exports():
+    """The Megatron-style baseline tp1 pp1 ep4 dp4: its stage's experts are expert-parallel over the group, so the
+    configuration is dp4+ep and `export --megatron` writes --expert-model-parallel-size 4; before, the experts'
+    mode counted as dense weights (dp4) and the export dropped ep, each rank then holding every expert."""
+    from helpers import real_export
+    from opsched.cost.cluster import Training, preset
+    from opsched.cost.parallel_layout import ParallelLayout
+    from opsched.model.coarsen import coarsen
+    from opsched.model.onnx_import import import_onnx
+    from opsched.plan.layouts import evaluate_layout
+    from opsched.plan.policy import layout_row
+
+    bg = coarsen(import_onnx(str(real_export("mixtral_batched_experts.dynamo.onnx"))))
+    cluster = preset("h100-sxm", 4)
+    e = evaluate_layout(bg, cluster, Training(microbatches=4), ParallelLayout.parse("pp=1,ep=4").resolved(4),
+                        global_batch=8, micro_batch_size=1, tokens_per_sequence=16)
+    assert {c: v.config for c, v in layout_row(e, bg, cluster, 0.0).contents.items()} == {0: "dp4+ep"}
+    # experts over part of the group (ep2 of dp4) are no "+ep": the configuration is not one a framework sets
+    e = evaluate_layout(bg, cluster, Training(microbatches=4), ParallelLayout.parse("pp=1,ep=2").resolved(4),
+                        global_batch=8, micro_batch_size=1, tokens_per_sequence=16)
+    assert layout_row(e, bg, cluster, 0.0).contents[0].config is None

@@ -60,7 +60,7 @@ def test_branches_are_apart_and_never_more_than_the_graph_is_wide(sg):
     assert shape.width == width_by_brute_force(sg)
     assert len(shape.branches) <= shape.width and shape.forks >= (1 if shape.branches else 0)
     # the line never calls a graph a chain when two stages may run at once
-    assert ("one chain" in branches_text(shape)) == (shape.width == 1)
+    assert ("one chain" in branches_text(shape)) == (shape.width == 1 and not shape.skips)
 
 
 def test_a_chain_and_a_v_have_no_branch():
@@ -68,6 +68,17 @@ def test_a_chain_and_a_v_have_no_branch():
         shape = schedule_shape(Schedule(sg, 1, []))
         assert shape.branches == () and shape.width == 1
         assert branches_text(shape) == "none side by side: the stages form one chain"
+
+
+def test_an_edge_past_the_next_stage_is_no_chain_a_runtime_runs():
+    """A --branches off plan of towers: stages one after another, but tower 0's output skips to the join (stage 0
+    feeds 1 and 2), which the runtimes' checks refuse as branching; the line must not call it a chain."""
+    sg = StageGraph([Stage(k, (k,), TIMES) for k in range(3)], [Edge(0, 1), Edge(1, 2), Edge(0, 2)])
+    shape = schedule_shape(Schedule(sg, 1, []))
+    assert shape.branches == () and shape.width == 1 and shape.skips == ((0, 2),)
+    text = branches_text(shape)
+    assert "one chain" not in text and "1 edge passes over a stage (stage 0 feeds stage 2)" in text, text
+    assert "one chain" not in shape_title(shape)
 
 
 def test_dualpipes_second_copy_is_not_a_branch():

@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     from opsched.errors import OpschedError
     from opsched.plan.layouts import ParallelLayout, evaluate_layout
     from opsched.model.onnx_import import import_onnx
+    from opsched.model.recompute_modules import modules_without_parts
 
     cluster = resolve_cluster(args.devices, args.cluster, args.preset)
     # a malformed layout, or one that does not match the devices, fails before the import
@@ -121,6 +122,12 @@ def run(args: argparse.Namespace) -> int:
     log.info("import: %s: %d operators, %d blocks, dims %s", args.model, og.number_of_nodes(), bg.number_of_nodes(), used)
     for sentence in og.graph.get("warnings") or []:  # what the import could not cost (unknown ops...), as plan says
         log.warning("import: warning: %s", sentence)
+    absent = modules_without_parts(layout.recomputed_modules, {p.part for b in bg for p in bg.nodes[b]["block"].parts})
+    if absent:  # said, not costed as nothing: the user asked for a recomputation the step would not show
+        raise OpschedError(f"recompute_modules names {', '.join(absent)}, but opsched finds no operators of "
+                           f"{'it' if len(absent) == 1 else 'them'} in {args.model} (Megatron-Core refuses "
+                           "mla_up_proj without multi-latent attention); leave "
+                           f"{'it' if len(absent) == 1 else 'them'} out")
     result = evaluate_layout(bg, cluster, training, layout, global_batch=args.global_batch,
                              micro_batch_size=args.micro_batch_size, tokens_per_sequence=tokens_per_sequence,
                              schedule=args.schedule, memory_limit=args.memory_limit)

@@ -243,6 +243,10 @@ class ParallelLayout:
             fits = [t for t in range(1, heads + 1) if heads % t == 0]
             raise OpschedError(f"tp={self.tp} does not divide the attention heads (their query and key-value heads "
                                f"share {heads} as greatest common divisor): use tp={', '.join(map(str, fits))}")
+        expert_keys = [f"{k}={v}" for k, v in (("etp", self.etp), ("max_nodes", self.max_nodes)) if v]
+        if expert_keys and experts == 0:  # they shape the expert layers alone: refused like ep, not ignored
+            raise OpschedError(f"{', '.join(expert_keys)} but the model has no experts; leave "
+                               f"{' and '.join(k.split('=')[0] for k in expert_keys)} out")
         if self.ep > 1:
             if experts == 0:
                 raise OpschedError(f"ep={self.ep} but the model has no experts; use ep=1")

@@ -111,17 +111,18 @@ def check_expressible(sg: StageGraph, microbatches: int, runtime: Framework = TO
     """
     name, copies_hint = runtime
     n = len(sg.stages)
+    # a fork or join anywhere comes first: a branching plan's first stage may feed a later one without forking
+    # itself, and renumbering its stages (the hint below) cannot make a DAG a chain
+    which = _branching(sg)
+    if which:
+        raise OpschedError(
+            f"the StageGraph branches ({which}); {name} only runs a chain of "
+            "stages 0 -> 1 -> ... -> N-1, so this plan cannot be exported "
+            "(plan a chain: `opsched plan --runtime torch`; `opsched run` runs a branching plan on its own "
+            "point-to-point executor)"
+        )
     for s in sg.stages:
         succs = sorted(e.dst for e in sg.succs(s.id))
-        preds = sorted(e.src for e in sg.preds(s.id))
-        if len(succs) > 1 or len(preds) > 1:
-            which = f"stage {s.id} feeds stages {succs}" if len(succs) > 1 else f"stages {preds} feed stage {s.id}"
-            raise OpschedError(
-                f"the StageGraph branches ({which}); {name} only runs a chain of "
-                "stages 0 -> 1 -> ... -> N-1, so this plan cannot be exported "
-                "(plan a chain: `opsched plan --runtime torch`; `opsched run` runs a branching plan on its own "
-                "point-to-point executor)"
-            )
         want_succs = [s.id + 1] if s.id < n - 1 else []
         if succs != want_succs:
             got = f"feeds stage {succs[0]}" if succs else "feeds no stage"
@@ -137,6 +138,18 @@ def check_expressible(sg: StageGraph, microbatches: int, runtime: Framework = TO
                 f"every stage, so this plan cannot be exported ({copies_hint})"
             )
     torch_ranks(sg)
+
+
+def _branching(sg: StageGraph) -> str | None:
+    """The first fork or join of ``sg`` in stage order, as a refusal names it (None for a graph without one)."""
+    for s in sg.stages:
+        succs = sorted(e.dst for e in sg.succs(s.id))
+        preds = sorted(e.src for e in sg.preds(s.id))
+        if len(succs) > 1:
+            return f"stage {s.id} feeds stages {succs}"
+        if len(preds) > 1:
+            return f"stages {preds} feed stage {s.id}"
+    return None
 
 
 # --------------------------------------------------------------------------- schedule -> order

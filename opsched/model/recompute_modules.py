@@ -85,6 +85,17 @@ def parts_of(modules) -> frozenset[str]:
     return frozenset().union(*(PARTS[m] for m in modules)) if modules else frozenset()
 
 
+def modules_without_parts(modules, present) -> list[str]:
+    """Of ``modules`` (Megatron names), those none of whose parts is among ``present`` (the parts a model's blocks
+    hold): recomputing them changes nothing opsched costs, and Megatron-Core refuses some of them outright
+    (``mla_up_proj`` without multi-latent attention).
+
+    >>> modules_without_parts(("layernorm", "mla_up_proj"), {"layernorm", "core_attn"})
+    ['mla_up_proj']
+    """
+    return [m for m in modules if not PARTS[m] & set(present)]
+
+
 def module_part(op) -> str | None:
     """The part an :class:`opsched.model.graph.OpNode` belongs to, or None (recomputed by no module).
 

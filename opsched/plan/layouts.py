@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from opsched.baselines import baseline_order, placed_stage_graph, run_baseline
+from opsched.baselines import method as baseline_module
 from opsched.cost.cluster import Cluster, Training
 from opsched.cost.blocks import expert_count
 from opsched.errors import OpschedError, Unsupported
@@ -83,7 +84,8 @@ class Evaluation:
 
     def to_dict(self) -> dict:
         return {
-            "layout": dataclasses.asdict(self.layout),
+            # etp 0 means "as tp" (ParallelLayout): said as the degree costed, as dp is said resolved
+            "layout": {**dataclasses.asdict(self.layout), "etp": self.layout.etp or self.layout.tp},
             "schedule": self.schedule_name,
             "microbatches": self.microbatches,
             "global_batch": self.global_batch,
@@ -282,6 +284,10 @@ def split_layers(index: ModelIndex, encoders_first: bool) -> tuple[list[str], li
     for name in index.layers:
         stacks.setdefault(name.rsplit(".", 1)[0], []).append(name)
     main = stacks[index.layers[-1].rsplit(".", 1)[0]]
+    if len(stacks) == 1:  # nothing to put first: said, not ignored (the layout line would claim "encoders-first")
+        raise OpschedError(f"encoders_first=1 puts every stack of layers but the last whole into the first pipeline "
+                           f"chunk, but the model has one stack ({next(iter(stacks))}: {len(main)} layers); "
+                           "leave encoders_first out")
     return main, [name for name in index.layers if name not in set(main)]
 
 
@@ -315,6 +321,10 @@ def evaluate_layout(
     layout = layout.resolved(cluster.devices)
     layout.check_model(len(split_layers(index, layout.encoders_first)[0]), index.experts, len(index.mtp_layers),
                        index.heads)
+    if layout.cp > 1 and tokens_per_sequence % (2 * layout.cp):  # as layout_search.context_degrees and the exports
+        raise OpschedError(f"cp={layout.cp}: a sequence of {tokens_per_sequence} tokens does not split into 2 x cp = "
+                           f"{2 * layout.cp} equal chunks (Megatron and torchtitan split it so to balance causal "
+                           f"attention); use a --seq-len divisible by {2 * layout.cp}, or another cp")
     if global_batch % (layout.dp * micro_batch_size):
         raise OpschedError(f"global batch {global_batch} is not a multiple of dp x micro-batch size = "
                            f"{layout.dp} x {micro_batch_size}")
@@ -549,8 +559,11 @@ def _run_on_chunks(name: str, sg: StageGraph, microbatches: int, layout: Paralle
     except Unsupported as exc:
         raise OpschedError(f"schedule {name} cannot run this layout: {exc}") from None
     if len(sched.stage_graph.stages) != len(sg.stages) * copies_of_chunks(name):
-        raise OpschedError(f"schedule {name} regroups the {len(sg.stages)} chunks; pick a schedule for pp={layout.pp}, "
-                           f"vpp={layout.vpp} (1f1b for vpp=1, interleaved-1f1b for vpp>1)")
+        # the chunks a rank must hold for the schedule to run them as they are: how to get it, not only what else runs
+        per_rank = baseline_module(name).stages_per_device(layout.pp, layout.pp)
+        raise OpschedError(f"schedule {name} regroups the {len(sg.stages)} chunks: it runs {per_rank} per pipeline "
+                           f"rank, the layout {layout.vpp}; set vpp={per_rank} for {name}, or pick a schedule for "
+                           f"pp={layout.pp}, vpp={layout.vpp} (1f1b for vpp=1, interleaved-1f1b for vpp>1)")
     return sched
 
 

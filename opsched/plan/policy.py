@@ -25,7 +25,7 @@ from opsched.schedule import metrics
 from opsched.solving.isolate import usable_cores
 from opsched.units import bytes_text, plain, plural, ranges_text, seconds_text
 from opsched.upper.layouts import Layout
-from opsched.upper.stages import layer_path, stage_contents
+from opsched.upper.stages import held_block, layer_path, stage_contents
 
 log = logging.getLogger(__name__)
 
@@ -298,8 +298,8 @@ def layout_row(e, bg, cluster, t0: float):
     dense = str(Mode(tp=lay.tp, dp=lay.dp, cp=lay.cp))
     expert = str(Mode(tp=lay.tp, dp=lay.dp // lay.ep, ep=lay.ep, cp=lay.cp))
     contents = {
-        c: stage_contents([(bg.nodes[b]["block"].name,
-                            expert if lay.ep > 1 and expert_count(bg.nodes[b]["block"]) else dense)
+        c: stage_contents([held_block(bg.nodes[b]["block"],
+                                      expert if lay.ep > 1 and expert_count(bg.nodes[b]["block"]) else dense)
                            for b in blocks])
         for c, blocks in enumerate(e.chunks)
     }

@@ -15,13 +15,11 @@ import networkx as nx
 
 from opsched.cost.cluster import Cluster, Training
 from opsched.plan.contiguous import contiguous_baselines, fewer_device_baselines
-from opsched.cost.blocks import expert_count
 from opsched.errors import NoRunnablePlan
 from opsched.export.runtimes import RUNTIMES, layout_fields, refusal
-from opsched.model.graph import Block
 from opsched.schedule import Schedule
 from opsched.upper.mip import CostTable
-from opsched.upper.stages import HeldBlock, StageContents, stage_contents
+from opsched.upper.stages import StageContents, held_block, stage_contents
 from opsched.plan.plan_records import Baseline, Candidate, LowerJob, Option, ScheduledPlan
 
 log = logging.getLogger(__name__)
@@ -152,12 +150,7 @@ def _stage_contents(
 ) -> dict[int, StageContents]:
     """Stage id -> what it holds, in the model's own blocks (each reduced block stands for its ``members``)."""
     return {
-        sid: stage_contents([_held_block(bg.nodes[m]["block"], mode) for b, mode in blocks for m in members[b]])
+        sid: stage_contents([held_block(bg.nodes[m]["block"], mode) for b, mode in blocks for m in members[b]])
         for sid, blocks in held.items()
     }
 
-
-def _held_block(block: Block, mode: str) -> HeldBlock:
-    """A model block in a stage, with what it holds (the stage's configuration counts only blocks with weights)."""
-    holds = "experts" if expert_count(block) > 0 else "weights" if block.param_count > 0 else "none"
-    return HeldBlock(block.name, mode, holds)

@@ -76,6 +76,9 @@ class ScheduleShape:
     pairs: int
     overlapped: int
     saving: float
+    #: edges (src, dst) of a graph of width 1 that pass over a stage (a ``--branches off`` plan's tensors skipping
+    #: ahead): the stages run one after another, yet the graph is no chain a runtime passing only k -> k+1 runs
+    skips: tuple[tuple[int, int], ...] = ()
 
     @property
     def share_devices(self) -> bool:
@@ -92,7 +95,22 @@ def schedule_shape(schedule: Schedule) -> ScheduleShape:
     """The branches of ``schedule``'s StageGraph and what its overlapped pairs save (module docstring)."""
     branches, forks, width = side_by_side(schedule.stage_graph)
     pairs, overlapped, saving = pair_savings(schedule)
-    return ScheduleShape(branches, forks, width, pairs, overlapped, saving)
+    skips = skip_edges(schedule.stage_graph) if width == 1 else ()
+    return ScheduleShape(branches, forks, width, pairs, overlapped, saving, skips)
+
+
+def skip_edges(sg: StageGraph) -> tuple[tuple[int, int], ...]:
+    """The edges of the model's stages (not DualPipe's second copy) that pass over a stage in topological order.
+
+    >>> from opsched.schedule.graph import Edge, Stage
+    >>> t = {"F": 1.0, "I": 1.0, "W": 1.0}
+    >>> skip_edges(StageGraph([Stage(k, (k,), t) for k in range(3)], [Edge(0, 1), Edge(1, 2), Edge(0, 2)]))
+    ((0, 2),)
+    """
+    model = [sid for sid in sg.topological_order() if sg.stage(sid).copy_of is None]
+    place = {sid: k for k, sid in enumerate(model)}
+    return tuple(sorted((e.src, e.dst) for sid in model for e in sg.succs(sid)
+                        if e.dst in place and place[e.dst] > place[sid] + 1))
 
 
 def side_by_side(sg: StageGraph) -> tuple[tuple[Branch, ...], int, int]:
@@ -184,6 +202,12 @@ def branches_text(shape: ScheduleShape) -> str:
     if not shape.branches and shape.width > 1:
         return (f"none apart, but up to {shape.width} stages may run side by side (the edges between them cross, so no "
                 "two branches are apart)")
+    if not shape.branches and shape.skips:
+        first = shape.skips[0]
+        verb = "passes" if len(shape.skips) == 1 else "pass"
+        return (f"none side by side: the stages run one after another, but {plural(len(shape.skips), 'edge')} {verb} "
+                f"over a stage (stage {first[0]} feeds stage {first[1]}), so a runtime passing activations only from "
+                "stage k to k+1 cannot run it as it is")
     if not shape.branches:
         return "none side by side: the stages form one chain"
     named = "; ".join(b.text() for b in shape.branches[:NAMED_BRANCHES])
@@ -226,6 +250,8 @@ def shape_title(shape: ScheduleShape) -> str:
         branches = f"{len(shape.branches)} branches side by side (devices {groups}{more})"
     elif shape.width > 1:
         branches = f"up to {shape.width} stages side by side"
+    elif shape.skips:
+        branches = f"stages one after another, {plural(len(shape.skips), 'edge')} passing over a stage"
     else:
         branches = "one chain of stages"
     if shape.overlapped:

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
-from opsched.cost.blocks import Mode, stage_streams
+from opsched.cost.blocks import Mode, expert_count, stage_streams
 from opsched.errors import OpschedError
 from opsched.schedule import Edge, Stage, StageGraph
 from opsched.upper.layouts import config_name
@@ -123,6 +123,13 @@ class HeldBlock(NamedTuple):
     holds: str = "weights"
 
 
+def held_block(block, mode: str) -> HeldBlock:
+    """A model block (:class:`opsched.model.graph.Block`) in a stage, with what it holds: every caller that names a
+    stage's configuration from its blocks must tell the experts apart, or their mode counts as dense weights'."""
+    holds = "experts" if expert_count(block) > 0 else "weights" if block.param_count > 0 else "none"
+    return HeldBlock(block.name, mode, holds)
+
+
 
 @dataclass
 class StageContents:
@@ -188,7 +195,7 @@ def stage_config(blocks: Sequence[HeldBlock]) -> str | None:
     if not expert or expert == {base}:
         return str(base)
     experts = expert.pop()
-    if experts.ep > 1 and experts.size == base.size:
+    if experts == Mode(ep=base.size):  # "+ep" says the experts spread over the whole group, nothing else
         return config_name(base, experts_parallel=True)
     return None
 
