@@ -19,6 +19,7 @@ import networkx as nx
 
 from opsched.cost.cluster import RECOMPUTE_MODES, Cluster, Training, with_devices
 from opsched.errors import OpschedError
+from opsched.model.recompute_modules import modules_without_parts
 from opsched.cost.parallel_layout import ParallelLayout
 from opsched.cost.pipeline_split import balanced_layout, compact_pipeline_layout, work_balanced_layout
 from opsched.schedule import StageGraph
@@ -266,18 +267,30 @@ GridEntry = tuple[ParallelLayout, "str | None"]
 MODULE_SETTINGS = ("modules:layernorm+mla_up_proj+moe_act", "modules:mla_up_proj+mlp")
 
 
-def recompute_ladder(modes: tuple[str, ...], experts: int) -> tuple[str, ...]:
+def recompute_ladder(modes: tuple[str, ...], experts: int, present: set[str] | None = None) -> tuple[str, ...]:
     """The recomputation settings :func:`search_layouts` tries in turn: ``modes`` and, on a MoE model
-    (``experts``) searched with every mode, :data:`MODULE_SETTINGS` after the first.
+    (``experts``) searched with every mode, :data:`MODULE_SETTINGS` after the first, each without the modules
+    the model has no part of (``present``: the parts its blocks hold; Megatron-Core refuses ``mla_up_proj``
+    without multi-latent attention, and recomputing a module a model lacks changes nothing), a setting left
+    empty or repeated dropped.
 
     >>> recompute_ladder(RECOMPUTE_MODES, 8)
     ('none', 'modules:layernorm+mla_up_proj+moe_act', 'modules:mla_up_proj+mlp', 'selective', 'full')
+    >>> recompute_ladder(RECOMPUTE_MODES, 8, present={"layernorm", "moe_act"})  # Mixtral: no MLA, no dense MLP
+    ('none', 'modules:layernorm+moe_act', 'selective', 'full')
     >>> recompute_ladder(RECOMPUTE_MODES, 0) == RECOMPUTE_MODES
     True
     """
     if not experts or tuple(modes) != tuple(RECOMPUTE_MODES):
         return tuple(modes)
-    return modes[:1] + MODULE_SETTINGS + tuple(modes[1:])
+    settings: list[str] = []
+    for setting in MODULE_SETTINGS:
+        modules = setting.removeprefix("modules:").split("+")
+        absent = set(modules_without_parts(modules, present)) if present is not None else set()
+        kept = "modules:" + "+".join(m for m in modules if m not in absent)
+        if kept != "modules:" and kept not in settings:
+            settings.append(kept)
+    return modes[:1] + tuple(settings) + tuple(modes[1:])
 
 
 def with_recompute(layout: ParallelLayout, setting: str) -> ParallelLayout:
@@ -391,7 +404,8 @@ def search_layouts(bg: nx.DiGraph, cluster: Cluster, training: Training, search:
             for schedule in layout_schedules(lay, index.experts)]
     grid += [(lay, schedule) for lay in work_balanced_variants(list(dict.fromkeys(lay for lay, _ in grid)), bg, index)
              for schedule in layout_schedules(lay, index.experts)]
-    o = dataclasses.replace(o, recompute=recompute_ladder(o.recompute, index.experts))
+    present = {part.part for b in bg for part in bg.nodes[b]["block"].parts}
+    o = dataclasses.replace(o, recompute=recompute_ladder(o.recompute, index.experts, present))
     # best first: (floor, grid position, recompute position) in a heap; a layout's next recomputation setting
     # joins it only when the one before does not fit, with its own (higher) floor
     heap = _costed_layouts(bg, cluster, training, grid, o, index)
