@@ -231,7 +231,8 @@ def test_no_runnable_plan_says_why_and_how_to_widen_the_search(tmp_path, capsys)
     assert "torchtitan" in json.loads((tmp_path / "four" / "plan.json").read_text())["runtimes"]
     capsys.readouterr()
     before = _snapshot(tmp_path)
-    code = main(["plan", model, "--devices", "5", "--time-limit", "2",
+    # time enough for the layout search to end on its own (one cut short says so instead: the test below)
+    code = main(["plan", model, "--devices", "5", "--time-limit", "20",
                  "--runtime", "torchtitan", "-o", str(tmp_path / "out"), "--quiet"])
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
@@ -240,6 +241,27 @@ def test_no_runnable_plan_says_why_and_how_to_widen_the_search(tmp_path, capsys)
     assert "no Megatron-style layout" in lines[0] and "fits: pass a larger --memory-limit or more --devices" in lines[0]
     assert lines[0].endswith("plan with --runtime any for the fastest plan of any shape")
     assert _snapshot(tmp_path) == before
+
+
+def test_a_layout_search_cut_short_says_the_time_ran_out_not_that_nothing_fits(monkeypatch):
+    """When the Megatron-style layout search ran out of time with none found, the refusal must not claim that no
+    such layout fits (it may: the bug hunt saw Qwen3-30B on 40 devices refused so under load)."""
+    import networkx as nx
+
+    from opsched.cost.cluster import Training, preset
+    from opsched.errors import NoRunnablePlan, OpschedError
+    from opsched.plan import policy
+
+    def refused(*args, **kwargs):
+        raise NoRunnablePlan("no plan found can run on megatron (opsched export --megatron F): a reason", ["a reason"])
+
+    monkeypatch.setattr(policy, "plan_block_graph", refused)
+    request = policy.PlanRequest(model="m.onnx", time_limit=10, runtime="megatron", recompute="none")
+    for cut, words in ((True, "share of the time limit ran out: pass a larger --time-limit"),
+                       (False, "fits: pass a larger --memory-limit or more --devices")):
+        with pytest.raises(OpschedError, match=words):
+            policy.plan_with_recompute(request, nx.DiGraph(), preset("h100-sxm", 8), Training(), 8e10, 1e12, [],
+                                       True, cut)
 
 
 # --------------------------------------------------------------------------- end to end, one per runtime

@@ -396,7 +396,7 @@ def layout_floor(bg: nx.DiGraph, cluster: Cluster, training: Training, layout: P
                  than: StageGraph | None = None, whole_sync: bool = False, schedule: str | None = None) -> float | None:
     """A lower bound on :func:`evaluate_layout`'s step time for ``layout`` (its busiest rank's work, costed
     without simulating a schedule; with ``whole_sync`` on its :attr:`Evaluation.planner_step`, which has no
-    optimizer step), or None when its parameters' state alone overflows the memory limit (no
+    optimizer step and the whole gradient sync after the makespan), or None when its parameters' state alone overflows the memory limit (no
     recomputation makes it fit), or when ``than`` (the stages of the same layout under another recomputation,
     whose schedule overflowed) held no more activations in any stage: Megatron's schedules run a fixed order
     per rank, so the peak would be the same. ``schedule``: as :func:`evaluate_layout` takes it; DualPipe holds
@@ -424,13 +424,16 @@ def layout_floor(bg: nx.DiGraph, cluster: Cluster, training: Training, layout: P
     limit = float(cluster.memory_bytes if memory_limit is None else memory_limit)
     if max(_per_rank_of_copies(_held_param_bytes(bg, index, classes, layout, training), schedule or "")) > limit:
         return None  # checked before the passes are costed: most layouts of a large model end here
-    stages, _, optimizer, _ = _chunk_stages(bg, index, [[b for b, _ in c] for c in classes], layout, cluster,
-                                            training, streams=False, comm=(comm := []), classes=classes)
+    stages, sync, optimizer, _ = _chunk_stages(bg, index, [[b for b, _ in c] for c in classes], layout, cluster,
+                                               training, streams=False, comm=(comm := []), classes=classes)
     # (to rounding: the floor sums a chunk's blocks by class, the evaluation block by block)
     if than is not None and all(s.act_bytes >= t.act_bytes * (1 - 1e-9) and s.act_w_bytes >= t.act_w_bytes * (1 - 1e-9)
                                 for s, t in zip(stages, than.stages)):
         return None
     optimizer = _per_rank_of_copies(optimizer, schedule or "")
+    # the planner's step adds the whole gradient sync to the makespan (which is at least the busiest rank's work):
+    # counting it here orders the layouts as the planner ranks them (a layout of many replicas syncs longer)
+    after = max(_per_rank_of_copies(sync, schedule or "")) if whole_sync else 0.0
     if copies > 1:
         # rank r runs chunk r for half the microbatches and chunk pp-1-r for the other half; an overlapped F&B
         # pair may hide communication under compute, so its compute and its communication each bound it
@@ -440,8 +443,8 @@ def layout_floor(bg: nx.DiGraph, cluster: Cluster, training: Training, layout: P
             hidden = M / 2 * sum(comm[c] for c in mine)
             return max(total - hidden, hidden)
 
-        return max(map(rank_work, range(layout.pp))) + (0.0 if whole_sync else max(optimizer))
-    return _busiest_rank_work(stages, optimizer, layout.pp, M, with_optimizer=not whole_sync)
+        return max(map(rank_work, range(layout.pp))) + (after if whole_sync else max(optimizer))
+    return _busiest_rank_work(stages, optimizer, layout.pp, M, with_optimizer=not whole_sync) + after
 
 
 def _untimed_if_over_memory(name: str, sg: StageGraph, microbatches: int, limit: float

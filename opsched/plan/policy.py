@@ -121,13 +121,14 @@ def plan_with_optimizer_state(request: PlanRequest, bg, cluster, training, limit
     """:func:`plan_with_recompute` with the Megatron-style layouts (with a global batch), and with ``--optimizer-state
     auto`` once more with Adam's state in BF16 when nothing fits in FP32 and something does in BF16 (a sentence in
     ``warnings`` says so); (training as planned, :class:`opsched.plan.plan_records.PlanResult`)."""
-    def layouts_today(training) -> list:  # within its share of the time left
-        return megatron_layouts(request, dims, cluster, training, limit, global_batch, deadline) if global_batch else []
+    def layouts_today(training) -> tuple[list, bool]:  # within its share of the time left; and whether it ran out
+        return megatron_layouts(request, dims, cluster, training, limit, global_batch, deadline) if global_batch \
+            else ([], False)
 
-    today = layouts_today(training)
+    today, cut = layouts_today(training)
     deadline = files_deadline(deadline, request.time_limit, today)
     try:
-        return plan_with_recompute(request, bg, cluster, training, limit, deadline, today, bool(global_batch))
+        return plan_with_recompute(request, bg, cluster, training, limit, deadline, today, bool(global_batch), cut)
     except StateInBf16Fits as exc:
         if request.optimizer_state != "auto":
             raise
@@ -135,9 +136,9 @@ def plan_with_optimizer_state(request: PlanRequest, bg, cluster, training, limit
         log.info("plan: %s; planning again with Adam's state in bf16", exc)
         training = dataclasses.replace(training, optimizer_state="bf16",
                                        recompute="none" if request.recompute == "auto" else request.recompute)
-        today = layouts_today(training)
+        today, cut = layouts_today(training)
         planned = plan_with_recompute(request, bg, cluster, training, limit, max(deadline, time.monotonic() + 1.0),
-                                      today, bool(global_batch))
+                                      today, bool(global_batch), cut)
         warnings.append(f"Adam's state is kept in bf16 ({plain(OPTIMIZER_STATE_BYTES['bf16'])} bytes per parameter, "
                         f"not {plain(OPTIMIZER_STATE_BYTES['fp32'])}: Megatron-Core's precision-aware optimizer) because nothing "
                         f"fits with it in fp32: {exc.fp32_refusal}; pass --optimizer-state fp32 to refuse instead")
@@ -145,11 +146,11 @@ def plan_with_optimizer_state(request: PlanRequest, bg, cluster, training, limit
 
 
 def plan_with_recompute(request: PlanRequest, bg, cluster, training, limit: float, deadline: float, today: list,
-                        searched: bool):
+                        searched: bool, cut: bool = False):
     """(training as planned, :class:`opsched.plan.plan_records.PlanResult`): the planner's search, once more with full
     recomputation when nothing fits without it and ``--recompute auto``; for ``--runtime R`` only plans R can run,
     and :class:`NoRunnablePlan` says why none can, and how to widen the search. ``today``: the Megatron-style
-    layouts found (``searched``: whether they were looked for)."""
+    layouts found (``searched``: whether they were looked for; ``cut``: whether their search ran out of time)."""
     runtime = None if runtime_named(request.runtime) is None else request.runtime  # None: any runtime
     options = PlanOptions(memory_limit=limit, time_limit=request.time_limit, solver=request.solver,
                           layouts_run_today=today, runtime=runtime, workers=request.jobs or usable_cores(),
@@ -184,7 +185,9 @@ def plan_with_recompute(request: PlanRequest, bg, cluster, training, limit: floa
     except NoRunnablePlan as exc:
         hint = "plan with --runtime any for the fastest plan of any shape"
         if runtime is not None and runtime_named(runtime).one_configuration and not today:
-            hint = ("no Megatron-style layout (whole layers, one configuration) fits: pass a larger --memory-limit or "
+            hint = ("no Megatron-style layout (whole layers, one configuration) was found before the layout search's "
+                    f"share of the time limit ran out: pass a larger --time-limit, or {hint}" if searched and cut else
+                    "no Megatron-style layout (whole layers, one configuration) fits: pass a larger --memory-limit or "
                     f"more --devices, or {hint}" if searched else
                     "the model has no symbolic batch dimension, so no Megatron-style layout (whole layers, one "
                     f"configuration) was searched; {hint}")
@@ -247,9 +250,10 @@ def check_runtime_model(runtime: str, model: str, bg) -> None:
 
 
 def megatron_layouts(request: PlanRequest, dims: dict[str, int], cluster, training, limit: float,
-                     global_batch: int, deadline: float | None = None) -> list:
-    """The fastest Megatron-style layout that fits (:func:`opsched.plan.layout_search.search_layouts`) as a baseline row;
-    with ``--runtime R``, the fastest R can run (:func:`opsched.export.runtimes.refusal`).
+                     global_batch: int, deadline: float | None = None) -> tuple[list, bool]:
+    """(the fastest Megatron-style layout that fits (:func:`opsched.plan.layout_search.search_layouts`) as a baseline
+    row, with ``--runtime R`` the fastest R can run (:func:`opsched.export.runtimes.refusal`); whether the search
+    ran past its deadline, so that an empty list may only mean the time ran out).
 
     The model is imported again with one sequence per microbatch (Megatron's
     micro-batch size 1); its step is counted as the planner counts every
@@ -285,7 +289,7 @@ def megatron_layouts(request: PlanRequest, dims: dict[str, int], cluster, traini
         rows.append(layout_row(e, bg, cluster, t0))
         log.info("baseline: the fastest Megatron-style layout that fits, %s with %s: step time %s",
                  rows[-1].layout, e.schedule_name, seconds_text(rows[-1].step_time))
-    return rows
+    return rows, deadline is not None and time.monotonic() > deadline
 
 
 def layout_row(e, bg, cluster, t0: float):
