@@ -111,6 +111,8 @@ CASES = {
                                   "torch does not overlap tensor-parallel collectives"),
     "plan tp overlap for torchtitan": (PLAN + ["--devices", "8", "--runtime", "torchtitan", "--tp-comm-overlap", "on"]
                                        + OUT, "plan with --tp-comm-overlap off"),
+    "plan fp8 on a device without it": (PLAN + ["--devices", "8", "--preset", "a100-80g", "--dtype", "fp8"] + OUT,
+                                        "no peak FLOP/s for dtype 'fp8'"),
     "plan no devices": (PLAN + OUT, "--devices N"),
     "plan no output": (PLAN + ["--devices", "8"], "required"),
     "plan unknown flag": (PLAN + ["--devices", "8", "--frobnicate"] + OUT, "unrecognized arguments"),

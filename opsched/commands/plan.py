@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
     if cluster.devices > MAX_DEVICES:  # --devices is bounded by its type; a cluster file's count is not
         raise OpschedError(f"{args.cluster}: {cluster.devices:,} devices; opsched plans for at most {MAX_DEVICES:,} "
                            "(the layout search grows with the device count)")
-    layouts(cluster)  # devices that fit no layout fail here, before the import
+    layouts(cluster), cluster.flops_per_second(args.dtype)  # devices no layout fits, or a dtype they lack, fail here
     limit = args.memory_limit or cluster.memory_bytes
     out = Path(args.out)
     check_output_dir(out, "-o")  # an unwritable place fails here, not after the search
